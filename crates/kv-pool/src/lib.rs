@@ -1,0 +1,9 @@
+//! Paged KV-cache memory: the `PagePool` (page 0 null, index-linked LRU free list, ref counts, lazy eviction
+//! with one notice per evicted block), the prefix index keyed by a collision-resistant hash chain, the
+//! `Geometry` of cache groups with the pure page arithmetic over it, and `PageStorage` (host and CUDA).
+
+mod error;
+mod page;
+
+pub use error::{Error, Result};
+pub use page::{BlockKey, PageId};

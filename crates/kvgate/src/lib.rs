@@ -1,0 +1,1 @@
+//! The kvgate facade: `EngineConfig`, the `Engine` builder, workloads, reports and the `kvgate` binary.

@@ -1,0 +1,39 @@
+//! Request ids and the injected clock's timestamps, shared by every layer above the pool.
+
+use std::time::Duration;
+
+/// Identifies one request (one turn of a session) for its whole life in the engine. Ids may be reused after a
+/// request is freed; nothing a freed request held carries over to a new one with the same id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+/// A point on the injected clock: time since the clock's origin. The ledger never reads a real clock; callers
+/// pass `now` in, so every decision is deterministic and testable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub Duration);
+
+impl Timestamp {
+    /// The clock's origin.
+    pub const ZERO: Timestamp = Timestamp(Duration::ZERO);
+
+    /// Seconds since the origin.
+    pub fn as_secs_f64(self) -> f64 {
+        self.0.as_secs_f64()
+    }
+
+    /// Time elapsed from `earlier` to `self`, zero if `earlier` is later.
+    pub fn since(self, earlier: Timestamp) -> Duration {
+        self.0.saturating_sub(earlier.0)
+    }
+
+    /// This timestamp moved `by` later.
+    pub fn after(self, by: Duration) -> Timestamp {
+        Timestamp(self.0 + by)
+    }
+}

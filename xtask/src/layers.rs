@@ -1,0 +1,106 @@
+//! The layering check: from `cargo metadata`, each crate depends only on the layers below it, and only the
+//! facade re-exports other workspace crates.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+/// Each workspace library and the internal crates it may depend on (normal or dev dependencies).
+const ALLOWED: &[(&str, &[&str])] = &[
+    ("kv-pool", &[]),
+    ("reservation", &["kv-pool"]),
+    ("admission", &["kv-pool", "reservation"]),
+    ("checkpoint-transfer", &["kv-pool", "reservation"]),
+    (
+        "engine",
+        &["kv-pool", "reservation", "admission", "checkpoint-transfer"],
+    ),
+    (
+        "kvgate",
+        &[
+            "kv-pool",
+            "reservation",
+            "admission",
+            "checkpoint-transfer",
+            "engine",
+        ],
+    ),
+    ("xtask", &[]),
+];
+
+pub(crate) fn check(root: &Path) -> Result<(), String> {
+    let output = Command::new(crate::cargo_bin())
+        .args(["metadata", "--format-version", "1", "--no-deps", "--locked"])
+        .current_dir(root)
+        .output()
+        .map_err(|e| format!("cannot run cargo metadata: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let metadata: Value = serde_json::from_slice(&output.stdout)
+        .map_err(|e| format!("cargo metadata printed bad JSON: {e}"))?;
+    let packages = metadata["packages"]
+        .as_array()
+        .ok_or("cargo metadata has no packages")?;
+    let internal: Vec<&str> = ALLOWED.iter().map(|(name, _)| *name).collect();
+    let mut problems = Vec::new();
+    for package in packages {
+        let name = package["name"].as_str().unwrap_or_default();
+        let Some((_, allowed)) = ALLOWED.iter().find(|(n, _)| *n == name) else {
+            problems.push(format!(
+                "crate `{name}` is not in the layer table of xtask/src/layers.rs"
+            ));
+            continue;
+        };
+        for dep in package["dependencies"].as_array().into_iter().flatten() {
+            let dep_name = dep["name"].as_str().unwrap_or_default();
+            if internal.contains(&dep_name) && !allowed.contains(&dep_name) {
+                problems.push(format!(
+                    "`{name}` depends on `{dep_name}`, which is not a layer below it"
+                ));
+            }
+        }
+        if name != "kvgate" {
+            let manifest = package["manifest_path"].as_str().unwrap_or_default();
+            let src = Path::new(manifest).with_file_name("src");
+            problems.extend(reexports(&src, &internal));
+        }
+    }
+    if problems.is_empty() {
+        eprintln!("xtask: layering ok");
+        Ok(())
+    } else {
+        Err(format!(
+            "layering check failed:\n  {}",
+            problems.join("\n  ")
+        ))
+    }
+}
+
+/// `pub use <internal crate>` outside the facade.
+fn reexports(src: &Path, internal: &[&str]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for file in crate::tidy::rust_files(src) {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        for (line_idx, line) in text.lines().enumerate() {
+            let line = line.trim_start();
+            if let Some(rest) = line.strip_prefix("pub use ") {
+                let first = rest.split("::").next().unwrap_or_default().trim();
+                if internal.iter().any(|c| c.replace('-', "_") == first) {
+                    problems.push(format!(
+                        "{}:{}: only the facade re-exports workspace crates",
+                        file.display(),
+                        line_idx + 1
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}

@@ -1,0 +1,64 @@
+//! The tidy check: every Rust module starts with a `//!` doc saying what it owns, and no test is
+//! `#[ignore]`d or `#[should_panic]` (assert the error value instead).
+
+use std::path::{Path, PathBuf};
+
+pub(crate) fn check(root: &Path) -> Result<(), String> {
+    let mut problems = Vec::new();
+    for dir in ["crates", "xtask", "tests"] {
+        for file in rust_files(&root.join(dir)) {
+            let text =
+                std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+            let shown = file
+                .strip_prefix(root)
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            let first_code = text.lines().map(str::trim).find(|l| !l.is_empty());
+            if !first_code.is_some_and(|l| l.starts_with("//!")) {
+                problems.push(format!("{shown}: module has no `//!` doc at its top"));
+            }
+            for (line_idx, line) in text.lines().enumerate() {
+                let line = line.trim_start();
+                if line.starts_with("#[ignore") || line.starts_with("#[should_panic") {
+                    problems.push(format!(
+                        "{shown}:{}: `{line}` is not allowed; assert the error value",
+                        line_idx + 1
+                    ));
+                }
+            }
+        }
+    }
+    if problems.is_empty() {
+        eprintln!("xtask: tidy ok");
+        Ok(())
+    } else {
+        Err(format!("tidy check failed:\n  {}", problems.join("\n  ")))
+    }
+}
+
+/// Every `.rs` file under `dir`, skipping build output, in a stable order.
+pub(crate) fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if path
+                    .file_name()
+                    .is_some_and(|n| n != "target" && n != "snapshots")
+                {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
