@@ -1,0 +1,113 @@
+//! Tests of the trace reader (every malformed line names its number) and the theoretical maximum hit.
+
+use super::*;
+
+fn parse(text: &str) -> Result<Vec<TraceRequest>, TraceError> {
+    parse_trace(std::io::Cursor::new(text), "t.jsonl")
+}
+
+#[test]
+fn reads_records_and_builds_prompts_of_their_length() {
+    let trace = parse(
+        "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 3, \"input_length\": 512, \"output_length\": 1, \"hash_ids\": [1]}\n",
+    )
+    .unwrap();
+    assert_eq!(trace.len(), 2);
+    let (a, b) = (trace[0].prompt(), trace[1].prompt());
+    assert_eq!(a.len(), 600);
+    assert_eq!(b.len(), 512);
+    assert_eq!(a[..512], b[..], "equal hash ids give equal blocks");
+}
+
+#[test]
+fn theoretical_max_counts_leading_seen_blocks_capped_at_input() {
+    let trace = parse(
+        "{\"timestamp\": 0, \"input_length\": 1024, \"output_length\": 5, \"hash_ids\": [1, 2]}\n\
+         {\"timestamp\": 1, \"input_length\": 1100, \"output_length\": 5, \"hash_ids\": [1, 2, 3]}\n\
+         {\"timestamp\": 2, \"input_length\": 700, \"output_length\": 5, \"hash_ids\": [1, 9]}\n\
+         {\"timestamp\": 3, \"input_length\": 1000, \"output_length\": 5, \"hash_ids\": [1, 2]}\n",
+    )
+    .unwrap();
+    // 0 + 1024 + 512 + min(1024, 1000)
+    assert_eq!(theoretical_max_hit_tokens(&trace), (2536, 3824));
+}
+
+#[test]
+fn malformed_json_names_its_line() {
+    let err = parse(
+        "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n{oops\n",
+    )
+    .unwrap_err();
+    let message = err.to_string();
+    assert!(message.starts_with("t.jsonl:2: "), "{message}");
+}
+
+#[test]
+fn inconsistent_hash_blocks_are_rejected() {
+    let err = parse(
+        "{\"timestamp\": 0, \"input_length\": 1025, \"output_length\": 1, \"hash_ids\": [1, 2]}",
+    )
+    .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "t.jsonl:1: input_length 1025 needs 3 hash blocks of 512 tokens, got 2"
+    );
+}
+
+#[test]
+fn zero_input_unknown_field_and_disorder_are_rejected() {
+    let zero =
+        parse("{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 1, \"hash_ids\": []}");
+    assert_eq!(
+        zero.unwrap_err().to_string(),
+        "t.jsonl:1: input_length must be at least 1"
+    );
+    let unknown = parse(
+        "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1], \"x\": 1}",
+    );
+    assert!(
+        unknown
+            .unwrap_err()
+            .to_string()
+            .contains("unknown field `x`")
+    );
+    let disorder = parse(
+        "{\"timestamp\": 5, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n\
+         {\"timestamp\": 4, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}",
+    );
+    assert!(
+        disorder
+            .unwrap_err()
+            .to_string()
+            .starts_with("t.jsonl:2: timestamp 4 is earlier")
+    );
+}
+
+#[test]
+fn empty_trace_and_missing_file_are_errors() {
+    assert_eq!(
+        parse("\n\n").unwrap_err().to_string(),
+        "trace t.jsonl holds no request"
+    );
+    let missing = read_trace(Path::new("/nonexistent/trace.jsonl")).unwrap_err();
+    assert!(
+        missing
+            .to_string()
+            .starts_with("cannot read trace /nonexistent/trace.jsonl: ")
+    );
+}
+
+#[test]
+fn the_shipped_trace_parses_and_has_a_bounded_maximum() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/workloads/mooncake/conversation_trace.jsonl");
+    if !path.exists() {
+        eprintln!("skipped: {} not present", path.display());
+        return;
+    }
+    let trace = read_trace(&path).unwrap();
+    assert_eq!(trace.len(), 12_031);
+    let pct = theoretical_max_hit_pct(&trace);
+    assert!(pct > 0.0 && pct < 100.0, "{pct}");
+}
