@@ -3,7 +3,13 @@
 //! `Geometry` of cache groups with the pure page arithmetic over it, and `PageStorage` (host and CUDA).
 
 mod error;
+mod geometry;
 mod page;
+mod pool;
+mod storage;
 
 pub use error::{Error, Result};
+pub use geometry::{CacheGroup, Continuation, Geometry, GroupKind, RestoreNeed};
 pub use page::{BlockKey, PageId};
+pub use pool::{Eviction, PagePool};
+pub use storage::{CudaStorage, HostStorage, PageStorage, cuda_available};

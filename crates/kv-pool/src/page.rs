@@ -70,3 +70,6 @@ impl BlockKey {
         keys
     }
 }
+
+#[cfg(test)]
+mod tests;

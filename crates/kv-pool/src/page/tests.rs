@@ -1,0 +1,72 @@
+//! Tests of page ids and block keys: the null page, and the BLAKE3 chain (deterministic, order-, parent-,
+//! token- and salt-sensitive, unambiguous field boundaries).
+
+use super::{BlockKey, PageId};
+
+#[test]
+fn null_page_is_page_zero() {
+    assert!(PageId::NULL.is_null());
+    assert_eq!(PageId::NULL, PageId(0));
+    assert!(!PageId(1).is_null());
+    assert_eq!(PageId(7).idx(), 7);
+}
+
+#[test]
+fn chain_is_deterministic_and_depends_on_every_input() {
+    let root = BlockKey::chain(None, &[1, 2, 3], b"salt");
+    assert_eq!(root, BlockKey::chain(None, &[1, 2, 3], b"salt"));
+    assert_ne!(root, BlockKey::chain(None, &[1, 2, 4], b"salt"));
+    assert_ne!(root, BlockKey::chain(None, &[3, 2, 1], b"salt"));
+    assert_ne!(root, BlockKey::chain(None, &[1, 2, 3], b"other"));
+    assert_ne!(root, BlockKey::chain(None, &[1, 2, 3], b""));
+    let child = BlockKey::chain(Some(&root), &[4], b"salt");
+    assert_ne!(
+        child,
+        BlockKey::chain(None, &[4], b"salt"),
+        "parent matters"
+    );
+    let other_root = BlockKey::chain(None, &[9], b"salt");
+    assert_ne!(child, BlockKey::chain(Some(&other_root), &[4], b"salt"));
+}
+
+#[test]
+fn chain_fields_cannot_run_into_each_other() {
+    // Salt bytes that look like a token must not collide with a shorter salt plus that token.
+    let token_bytes = 5u32.to_le_bytes();
+    let mut long_salt = b"s".to_vec();
+    long_salt.extend_from_slice(&token_bytes);
+    assert_ne!(
+        BlockKey::chain(None, &[], &long_salt),
+        BlockKey::chain(None, &[5], b"s")
+    );
+    // No parent is distinct from a parent of all zeros.
+    let zero = BlockKey([0; 32]);
+    assert_ne!(
+        BlockKey::chain(None, &[1], b""),
+        BlockKey::chain(Some(&zero), &[1], b"")
+    );
+}
+
+#[test]
+fn chain_all_keys_full_blocks_only_and_chains_them() {
+    let tokens: Vec<u32> = (0..10).collect();
+    let keys = BlockKey::chain_all(&tokens, 4, b"t");
+    assert_eq!(keys.len(), 2, "the partial block of 2 tokens has no key");
+    assert_eq!(keys[0], BlockKey::chain(None, &tokens[0..4], b"t"));
+    assert_eq!(
+        keys[1],
+        BlockKey::chain(Some(&keys[0]), &tokens[4..8], b"t")
+    );
+    assert!(BlockKey::chain_all(&tokens[..3], 4, b"t").is_empty());
+    // A shared prefix shares keys; a different salt shares none.
+    let longer: Vec<u32> = (0..16).collect();
+    assert_eq!(BlockKey::chain_all(&longer, 4, b"t")[..2], keys[..]);
+    let salted = BlockKey::chain_all(&longer, 4, b"u");
+    assert!(salted.iter().all(|key| !keys.contains(key)));
+}
+
+#[test]
+fn block_key_debug_is_short_hex() {
+    let key = BlockKey([0xab; 32]);
+    assert_eq!(format!("{key:?}"), "BlockKey(abababababab..)");
+}

@@ -1,0 +1,480 @@
+//! Unit tests of the page pool: every operation and every error, the LRU order, lazy eviction with one
+//! notice per evicted block, and salted prefix keys.
+
+use super::{Eviction, PagePool};
+use crate::error::Error;
+use crate::page::{BlockKey, PageId};
+
+fn key(n: u32) -> BlockKey {
+    BlockKey::chain(None, &[n], b"")
+}
+
+fn ids(pages: &[u32]) -> Vec<PageId> {
+    pages.iter().copied().map(PageId).collect()
+}
+
+#[test]
+fn new_counts_pages_and_rejects_tiny_pools() {
+    let pool = PagePool::new(5).unwrap();
+    assert_eq!(pool.n_total(), 5);
+    assert_eq!(pool.n_usable(), 4);
+    assert_eq!(pool.n_free(), 4);
+    assert_eq!(pool.n_cached_free(), 0);
+    assert_eq!(pool.n_in_use(), 0);
+    assert_eq!(pool.free_pages_lru(), ids(&[1, 2, 3, 4]));
+    pool.check_invariants();
+    assert_eq!(
+        PagePool::new(0).unwrap_err(),
+        Error::PoolTooSmall { n_pages: 0 }
+    );
+    assert_eq!(
+        PagePool::new(1).unwrap_err(),
+        Error::PoolTooSmall { n_pages: 1 }
+    );
+    assert!(PagePool::new(2).is_ok());
+}
+
+#[test]
+fn allocate_takes_lru_pages_with_ref_one_and_never_the_null_page() {
+    let mut pool = PagePool::new(5).unwrap();
+    let pages = pool.allocate(2).unwrap();
+    assert_eq!(pages, ids(&[1, 2]));
+    for &page in &pages {
+        assert_eq!(pool.ref_count(page), Ok(1));
+    }
+    assert_eq!((pool.n_free(), pool.n_in_use()), (2, 2));
+    assert_eq!(pool.allocate(2).unwrap(), ids(&[3, 4]));
+    assert_eq!(pool.allocate(0).unwrap(), ids(&[]));
+    pool.check_invariants();
+}
+
+#[test]
+fn allocate_is_all_or_nothing() {
+    let mut pool = PagePool::new(4).unwrap();
+    assert_eq!(
+        pool.allocate(4).unwrap_err(),
+        Error::OutOfPages {
+            requested: 4,
+            free: 3
+        }
+    );
+    assert_eq!(pool.n_free(), 3);
+    assert_eq!(pool.free_pages_lru(), ids(&[1, 2, 3]));
+    pool.allocate(3).unwrap();
+    assert_eq!(
+        pool.allocate(1).unwrap_err(),
+        Error::OutOfPages {
+            requested: 1,
+            free: 0
+        }
+    );
+    assert_eq!(
+        pool.allocate(u32::MAX).unwrap_err(),
+        Error::OutOfPages {
+            requested: u32::MAX,
+            free: 0
+        }
+    );
+    pool.check_invariants();
+}
+
+#[test]
+fn allocate_into_appends_and_leaves_out_unchanged_on_error() {
+    let mut pool = PagePool::new(4).unwrap();
+    let mut out = vec![PageId(9)];
+    pool.allocate_into(2, &mut out).unwrap();
+    assert_eq!(out, ids(&[9, 1, 2]));
+    assert_eq!(
+        pool.allocate_into(2, &mut out).unwrap_err(),
+        Error::OutOfPages {
+            requested: 2,
+            free: 1
+        }
+    );
+    assert_eq!(out, ids(&[9, 1, 2]));
+}
+
+#[test]
+fn free_pushes_to_mru_end_and_allocation_reuses_lru_first() {
+    let mut pool = PagePool::new(5).unwrap();
+    let pages = pool.allocate(4).unwrap();
+    pool.free(pages[2]).unwrap();
+    pool.free(pages[0]).unwrap();
+    assert_eq!(pool.free_pages_lru(), ids(&[3, 1]));
+    assert_eq!(pool.allocate(1).unwrap(), ids(&[3]));
+    assert_eq!(pool.allocate(1).unwrap(), ids(&[1]));
+    pool.check_invariants();
+}
+
+#[test]
+fn free_errors_name_the_page() {
+    let mut pool = PagePool::new(3).unwrap();
+    assert_eq!(pool.free(PageId::NULL).unwrap_err(), Error::NullPage);
+    assert_eq!(
+        pool.free(PageId(3)).unwrap_err(),
+        Error::PageOutOfRange {
+            page: 3,
+            n_pages: 3
+        }
+    );
+    assert_eq!(
+        pool.free(PageId(1)).unwrap_err(),
+        Error::DoubleFree { page: 1 }
+    );
+    let pages = pool.allocate(1).unwrap();
+    pool.free(pages[0]).unwrap();
+    assert_eq!(
+        pool.free(pages[0]).unwrap_err(),
+        Error::DoubleFree { page: 1 }
+    );
+    pool.check_invariants();
+}
+
+#[test]
+fn shared_page_is_free_only_after_last_reference() {
+    let mut pool = PagePool::new(3).unwrap();
+    let page = pool.allocate(1).unwrap()[0];
+    pool.touch(page).unwrap();
+    assert_eq!(pool.ref_count(page), Ok(2));
+    pool.free(page).unwrap();
+    assert_eq!((pool.ref_count(page), pool.n_free()), (Ok(1), 1));
+    pool.free(page).unwrap();
+    assert_eq!((pool.ref_count(page), pool.n_free()), (Ok(0), 2));
+    pool.check_invariants();
+}
+
+#[test]
+fn free_all_frees_in_reverse_order() {
+    let mut pool = PagePool::new(5).unwrap();
+    let pages = pool.allocate(4).unwrap();
+    pool.free_all(&pages).unwrap();
+    assert_eq!(pool.free_pages_lru(), ids(&[4, 3, 2, 1]));
+    assert_eq!(pool.n_in_use(), 0);
+    pool.check_invariants();
+}
+
+#[test]
+fn free_all_validates_everything_before_changing_anything() {
+    let mut pool = PagePool::new(5).unwrap();
+    let pages = pool.allocate(3).unwrap();
+    let before = pool.free_pages_lru();
+    let bad_inputs: [(Vec<PageId>, Error); 4] = [
+        (vec![pages[0], PageId::NULL], Error::NullPage),
+        (
+            vec![pages[0], PageId(7)],
+            Error::PageOutOfRange {
+                page: 7,
+                n_pages: 5,
+            },
+        ),
+        (vec![pages[0], PageId(4)], Error::DoubleFree { page: 4 }),
+        // Listed twice with one reference: the second release is a double free.
+        (
+            vec![pages[1], pages[0], pages[0]],
+            Error::DoubleFree { page: 1 },
+        ),
+    ];
+    for (input, expected) in bad_inputs {
+        assert_eq!(
+            pool.free_all(&input).unwrap_err(),
+            expected,
+            "input {input:?}"
+        );
+        assert_eq!(pool.free_pages_lru(), before);
+        for &page in &pages {
+            assert_eq!(pool.ref_count(page), Ok(1));
+        }
+        pool.check_invariants();
+    }
+    // A page listed twice with two references is fine.
+    pool.touch(pages[0]).unwrap();
+    pool.free_all(&[pages[0], pages[0]]).unwrap();
+    assert_eq!(pool.ref_count(pages[0]), Ok(0));
+    pool.check_invariants();
+}
+
+#[test]
+fn touch_takes_a_free_page_back_and_keeps_its_key() {
+    let mut pool = PagePool::new(4).unwrap();
+    let page = pool.allocate(1).unwrap()[0];
+    assert_eq!(pool.cache_block(page, key(1)), Ok(true));
+    pool.free(page).unwrap();
+    assert_eq!((pool.n_free(), pool.n_cached_free()), (3, 1));
+    pool.touch(page).unwrap();
+    assert_eq!(
+        (pool.n_free(), pool.n_cached_free(), pool.n_in_use()),
+        (2, 0, 1)
+    );
+    assert_eq!(pool.ref_count(page), Ok(1));
+    assert_eq!(pool.lookup(&key(1)), Some(page));
+    assert!(!pool.free_pages_lru().contains(&page));
+    assert!(pool.take_evictions().is_empty());
+    pool.check_invariants();
+}
+
+#[test]
+fn touch_errors_name_the_page() {
+    let mut pool = PagePool::new(3).unwrap();
+    assert_eq!(pool.touch(PageId::NULL).unwrap_err(), Error::NullPage);
+    assert_eq!(
+        pool.touch(PageId(9)).unwrap_err(),
+        Error::PageOutOfRange {
+            page: 9,
+            n_pages: 3
+        }
+    );
+}
+
+#[test]
+fn queries_reject_null_and_out_of_range_pages() {
+    let mut pool = PagePool::new(3).unwrap();
+    assert_eq!(pool.ref_count(PageId::NULL).unwrap_err(), Error::NullPage);
+    assert_eq!(
+        pool.ref_count(PageId(3)).unwrap_err(),
+        Error::PageOutOfRange {
+            page: 3,
+            n_pages: 3
+        }
+    );
+    assert_eq!(pool.key_of(PageId::NULL).unwrap_err(), Error::NullPage);
+    assert_eq!(
+        pool.key_of(PageId(3)).unwrap_err(),
+        Error::PageOutOfRange {
+            page: 3,
+            n_pages: 3
+        }
+    );
+    assert_eq!(pool.uncache(PageId::NULL).unwrap_err(), Error::NullPage);
+    assert_eq!(
+        pool.uncache(PageId(3)).unwrap_err(),
+        Error::PageOutOfRange {
+            page: 3,
+            n_pages: 3
+        }
+    );
+    assert_eq!(
+        pool.cache_block(PageId::NULL, key(1)).unwrap_err(),
+        Error::NullPage
+    );
+    assert_eq!(
+        pool.cache_block(PageId(3), key(1)).unwrap_err(),
+        Error::PageOutOfRange {
+            page: 3,
+            n_pages: 3
+        }
+    );
+}
+
+#[test]
+fn cache_block_registers_in_use_pages_only() {
+    let mut pool = PagePool::new(4).unwrap();
+    assert_eq!(
+        pool.cache_block(PageId(1), key(1)).unwrap_err(),
+        Error::PageNotInUse { page: 1 }
+    );
+    let pages = pool.allocate(2).unwrap();
+    assert_eq!(pool.cache_block(pages[0], key(1)), Ok(true));
+    assert_eq!(pool.key_of(pages[0]), Ok(Some(key(1))));
+    assert_eq!(pool.lookup(&key(1)), Some(pages[0]));
+    // Same page, same key: idempotent.
+    assert_eq!(pool.cache_block(pages[0], key(1)), Ok(true));
+    // Another page with a cached key: refused, nothing changes.
+    assert_eq!(pool.cache_block(pages[1], key(1)), Ok(false));
+    assert_eq!(pool.key_of(pages[1]), Ok(None));
+    assert_eq!(pool.lookup(&key(1)), Some(pages[0]));
+    // A page that holds a key cannot take another.
+    assert_eq!(
+        pool.cache_block(pages[0], key(2)).unwrap_err(),
+        Error::PageAlreadyCached { page: pages[0].0 }
+    );
+    assert_eq!(pool.lookup(&key(2)), None);
+    pool.check_invariants();
+}
+
+#[test]
+fn freed_cached_page_stays_findable_until_reused_then_one_eviction() {
+    let mut pool = PagePool::new(3).unwrap();
+    let pages = pool.allocate(2).unwrap();
+    pool.cache_block(pages[0], key(1)).unwrap();
+    pool.cache_block(pages[1], key(2)).unwrap();
+    pool.free_all(&pages).unwrap();
+    assert_eq!((pool.n_free(), pool.n_cached_free()), (2, 2));
+    assert_eq!(pool.lookup(&key(1)), Some(pages[0]));
+    assert!(pool.take_evictions().is_empty());
+    // Reverse-order free: the tail block (page 2) is the LRU and is evicted first.
+    assert_eq!(pool.allocate(1).unwrap(), vec![pages[1]]);
+    assert_eq!(
+        pool.take_evictions(),
+        vec![Eviction {
+            page: pages[1],
+            key: key(2)
+        }]
+    );
+    assert_eq!(pool.lookup(&key(2)), None);
+    assert_eq!(pool.key_of(pages[1]), Ok(None));
+    assert_eq!(pool.n_cached_free(), 1);
+    assert!(pool.take_evictions().is_empty(), "notices are drained once");
+    pool.free(pages[1]).unwrap();
+    assert_eq!(pool.allocate(2).unwrap(), vec![pages[0], pages[1]]);
+    assert_eq!(
+        pool.take_evictions(),
+        vec![Eviction {
+            page: pages[0],
+            key: key(1)
+        }]
+    );
+    pool.check_invariants();
+}
+
+#[test]
+fn uncache_drops_the_key_with_one_notice() {
+    let mut pool = PagePool::new(4).unwrap();
+    let pages = pool.allocate(2).unwrap();
+    pool.cache_block(pages[0], key(1)).unwrap();
+    pool.cache_block(pages[1], key(2)).unwrap();
+    // In use.
+    assert_eq!(pool.uncache(pages[0]), Ok(Some(key(1))));
+    assert_eq!(pool.ref_count(pages[0]), Ok(1));
+    // Free and cached.
+    pool.free(pages[1]).unwrap();
+    assert_eq!(pool.n_cached_free(), 1);
+    assert_eq!(pool.uncache(pages[1]), Ok(Some(key(2))));
+    assert_eq!(pool.n_cached_free(), 0);
+    assert_eq!(
+        pool.free_pages_lru(),
+        ids(&[3, 2]),
+        "uncache keeps the free-list place"
+    );
+    assert_eq!(pool.uncache(pages[1]), Ok(None));
+    assert_eq!(
+        pool.take_evictions(),
+        vec![
+            Eviction {
+                page: pages[0],
+                key: key(1)
+            },
+            Eviction {
+                page: pages[1],
+                key: key(2)
+            }
+        ]
+    );
+    assert_eq!((pool.lookup(&key(1)), pool.lookup(&key(2))), (None, None));
+    // The key can now be cached by another page.
+    assert_eq!(pool.cache_block(pages[0], key(2)), Ok(true));
+    pool.check_invariants();
+}
+
+#[test]
+fn longest_prefix_stops_at_first_miss_and_does_not_touch() {
+    let mut pool = PagePool::new(8).unwrap();
+    let tokens: Vec<u32> = (0..16).collect();
+    let keys = BlockKey::chain_all(&tokens, 4, b"tenant");
+    let pages = pool.allocate(4).unwrap();
+    for (&page, &key) in pages.iter().zip(&keys) {
+        assert_eq!(pool.cache_block(page, key), Ok(true));
+    }
+    pool.free_all(&pages).unwrap();
+    assert_eq!(pool.longest_prefix(&keys), pages);
+    assert_eq!(pool.longest_prefix(&keys[..2]), pages[..2]);
+    assert_eq!(pool.longest_prefix(&[]), ids(&[]));
+    pool.uncache(pages[2]).unwrap();
+    assert_eq!(pool.longest_prefix(&keys), pages[..2]);
+    assert_eq!(pool.longest_prefix(&keys[1..]), pages[1..2]);
+    assert_eq!(pool.n_in_use(), 0, "lookups do not touch");
+    pool.check_invariants();
+}
+
+#[test]
+fn different_salts_never_share_a_page() {
+    let mut pool = PagePool::new(8).unwrap();
+    let tokens: Vec<u32> = (0..12).collect();
+    let keys_a = BlockKey::chain_all(&tokens, 4, b"tenant-a");
+    let keys_b = BlockKey::chain_all(&tokens, 4, b"tenant-b");
+    let pages = pool.allocate(3).unwrap();
+    for (&page, &key) in pages.iter().zip(&keys_a) {
+        pool.cache_block(page, key).unwrap();
+    }
+    assert_eq!(pool.longest_prefix(&keys_a), pages);
+    assert!(pool.longest_prefix(&keys_b).is_empty());
+    for key in &keys_b {
+        assert_eq!(pool.lookup(key), None);
+    }
+}
+
+#[test]
+fn reset_prefix_cache_drops_every_key_when_nothing_is_in_use() {
+    let mut pool = PagePool::new(5).unwrap();
+    let pages = pool.allocate(3).unwrap();
+    for (n, &page) in pages.iter().enumerate() {
+        pool.cache_block(page, key(n as u32)).unwrap();
+    }
+    assert_eq!(
+        pool.reset_prefix_cache().unwrap_err(),
+        Error::PagesInUse { n: 3 }
+    );
+    assert_eq!(pool.lookup(&key(0)), Some(pages[0]));
+    assert!(pool.take_evictions().is_empty());
+    pool.free_all(&pages).unwrap();
+    pool.reset_prefix_cache().unwrap();
+    assert_eq!((pool.n_free(), pool.n_cached_free()), (4, 0));
+    let expected: Vec<Eviction> = pages
+        .iter()
+        .enumerate()
+        .map(|(n, &page)| Eviction {
+            page,
+            key: key(n as u32),
+        })
+        .collect();
+    assert_eq!(pool.take_evictions(), expected);
+    assert_eq!(pool.lookup(&key(0)), None);
+    // Reallocating the pages now evicts nothing more.
+    pool.allocate(4).unwrap();
+    assert!(pool.take_evictions().is_empty());
+    pool.check_invariants();
+}
+
+#[test]
+fn error_messages_name_the_value() {
+    assert_eq!(
+        Error::OutOfPages {
+            requested: 3,
+            free: 2
+        }
+        .to_string(),
+        "out of pages: requested 3, 2 free"
+    );
+    assert_eq!(
+        Error::PageOutOfRange {
+            page: 9,
+            n_pages: 4
+        }
+        .to_string(),
+        "page 9 is out of range: the pool has 4 pages"
+    );
+    assert!(Error::DoubleFree { page: 5 }.to_string().contains("page 5"));
+    assert!(
+        Error::PageNotInUse { page: 6 }
+            .to_string()
+            .contains("page 6")
+    );
+    assert!(
+        Error::PageAlreadyCached { page: 7 }
+            .to_string()
+            .contains("page 7")
+    );
+    assert!(Error::PagesInUse { n: 8 }.to_string().contains("8 pages"));
+    assert!(
+        Error::PoolTooSmall { n_pages: 1 }
+            .to_string()
+            .contains("1 pages")
+    );
+    assert!(Error::NullPage.to_string().contains("page 0"));
+}
+
+#[test]
+fn debug_shows_counters() {
+    let pool = PagePool::new(3).unwrap();
+    let shown = format!("{pool:?}");
+    assert!(shown.contains("n_free: 2"), "{shown}");
+}

@@ -1,0 +1,113 @@
+//! Where page bytes live: the `PageStorage` trait (read, write and copy whole pages by id, per rank shard),
+//! `HostStorage` (aligned host memory, the embedded default) and `CudaStorage` (a device arena through cudarc,
+//! libcuda loaded at run time). Layout: `n_ranks` shards of `n_pages` pages of `bytes_per_page` bytes; page
+//! `p` of rank `r` lives in shard `r` at offset `p * bytes_per_page`. Page 0 is the null page: it reads as
+//! zeros and is never written.
+
+mod cuda;
+mod host;
+#[cfg(test)]
+mod tests;
+
+pub use cuda::{CudaStorage, cuda_available};
+pub use host::HostStorage;
+
+use crate::error::{Error, Result};
+use crate::page::PageId;
+
+/// Page bytes by page id, one shard per rank. Shared by reference with copy worker threads: every method
+/// takes `&self`, and writes to different pages may run concurrently.
+pub trait PageStorage: Send + Sync {
+    /// Shards (context-parallel ranks).
+    fn n_ranks(&self) -> u32;
+    /// Pages per shard, the null page included.
+    fn n_pages(&self) -> u32;
+    /// Bytes in one page.
+    fn bytes_per_page(&self) -> usize;
+    /// Copy page `page` of `rank` into `dst` (exactly `bytes_per_page` long).
+    fn read(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()>;
+    /// Overwrite page `page` of `rank` with `src` (exactly `bytes_per_page` long); never the null page.
+    fn write(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()>;
+    /// Copy page `src` of `rank` over page `dst` of the same rank (copy-on-write of a partial page);
+    /// `dst` is never the null page. Copying a page onto itself does nothing.
+    fn copy(&self, rank: u32, src: PageId, dst: PageId) -> Result<()>;
+}
+
+/// The validated shape of a storage, shared by the backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Shape {
+    pub(crate) n_ranks: u32,
+    pub(crate) n_pages: u32,
+    pub(crate) bytes_per_page: usize,
+}
+
+impl Shape {
+    /// Check the shape: every count positive and the bytes of one shard addressable.
+    pub(crate) fn new(n_ranks: u32, n_pages: u32, bytes_per_page: usize) -> Result<Shape> {
+        if n_ranks == 0 || n_pages == 0 || bytes_per_page == 0 {
+            return Err(Error::EmptyStorage {
+                n_ranks,
+                n_pages,
+                bytes_per_page,
+            });
+        }
+        let total = (n_pages as usize)
+            .checked_mul(bytes_per_page)
+            .and_then(|shard| shard.checked_mul(n_ranks as usize))
+            .filter(|&total| total <= isize::MAX as usize);
+        if total.is_none() {
+            return Err(Error::StorageTooLarge {
+                n_ranks,
+                n_pages,
+                bytes_per_page,
+            });
+        }
+        Ok(Shape {
+            n_ranks,
+            n_pages,
+            bytes_per_page,
+        })
+    }
+
+    /// Bytes in one rank's shard.
+    pub(crate) fn bytes_per_shard(self) -> usize {
+        self.n_pages as usize * self.bytes_per_page
+    }
+
+    /// Check `rank` and `page` are in range (the null page included).
+    pub(crate) fn check_page(self, rank: u32, page: PageId) -> Result<()> {
+        if rank >= self.n_ranks {
+            return Err(Error::RankOutOfRange {
+                rank,
+                n_ranks: self.n_ranks,
+            });
+        }
+        if page.0 >= self.n_pages {
+            return Err(Error::PageOutOfRange {
+                page: page.0,
+                n_pages: self.n_pages,
+            });
+        }
+        Ok(())
+    }
+
+    /// Check a page may be written: in range and not the null page.
+    pub(crate) fn check_writable(self, rank: u32, page: PageId) -> Result<()> {
+        self.check_page(rank, page)?;
+        if page.is_null() {
+            return Err(Error::NullPage);
+        }
+        Ok(())
+    }
+
+    /// Check a buffer is exactly one page long.
+    pub(crate) fn check_len(self, len: usize) -> Result<()> {
+        if len != self.bytes_per_page {
+            return Err(Error::BufferLength {
+                len,
+                bytes_per_page: self.bytes_per_page,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,291 @@
+//! Tests of page storage: host round trips, alignment, copies, every error, concurrent writers; CUDA tests
+//! (`cuda_*`) print that they skipped when no driver is present, and fail then if `KVGATE_REQUIRE_GPU=1`.
+
+use std::sync::Arc;
+
+use super::{CudaStorage, HostStorage, PageStorage, cuda_available};
+use crate::error::Error;
+use crate::page::PageId;
+
+fn pattern(seed: u8, len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+/// Round trips, copies and errors every backend must agree on.
+fn check_backend(storage: &dyn PageStorage) {
+    let bytes_per_page = storage.bytes_per_page();
+    let mut buffer = vec![0xAA; bytes_per_page];
+    // Fresh pages, the null page included, read as zeros.
+    storage.read(0, PageId::NULL, &mut buffer).unwrap();
+    assert!(buffer.iter().all(|&b| b == 0));
+    // Same page id on two ranks: separate shards.
+    storage
+        .write(0, PageId(1), &pattern(1, bytes_per_page))
+        .unwrap();
+    storage
+        .write(1, PageId(1), &pattern(2, bytes_per_page))
+        .unwrap();
+    storage.read(0, PageId(1), &mut buffer).unwrap();
+    assert_eq!(buffer, pattern(1, bytes_per_page));
+    storage.read(1, PageId(1), &mut buffer).unwrap();
+    assert_eq!(buffer, pattern(2, bytes_per_page));
+    // Copies both ways along the shard; a self-copy is a no-op.
+    storage.copy(0, PageId(1), PageId(3)).unwrap();
+    storage.read(0, PageId(3), &mut buffer).unwrap();
+    assert_eq!(buffer, pattern(1, bytes_per_page));
+    storage
+        .write(0, PageId(3), &pattern(3, bytes_per_page))
+        .unwrap();
+    storage.copy(0, PageId(3), PageId(2)).unwrap();
+    storage.read(0, PageId(2), &mut buffer).unwrap();
+    assert_eq!(buffer, pattern(3, bytes_per_page));
+    storage.copy(0, PageId(2), PageId(2)).unwrap();
+    storage.read(0, PageId(1), &mut buffer).unwrap();
+    assert_eq!(buffer, pattern(1, bytes_per_page), "neighbours untouched");
+    // Errors.
+    let n_pages = storage.n_pages();
+    let n_ranks = storage.n_ranks();
+    let page = pattern(0, bytes_per_page);
+    assert_eq!(
+        storage.write(0, PageId::NULL, &page).unwrap_err(),
+        Error::NullPage
+    );
+    assert_eq!(
+        storage.copy(0, PageId(1), PageId::NULL).unwrap_err(),
+        Error::NullPage
+    );
+    assert_eq!(
+        storage.write(n_ranks, PageId(1), &page).unwrap_err(),
+        Error::RankOutOfRange {
+            rank: n_ranks,
+            n_ranks
+        }
+    );
+    assert_eq!(
+        storage.read(0, PageId(n_pages), &mut buffer).unwrap_err(),
+        Error::PageOutOfRange {
+            page: n_pages,
+            n_pages
+        }
+    );
+    assert_eq!(
+        storage.copy(0, PageId(n_pages), PageId(1)).unwrap_err(),
+        Error::PageOutOfRange {
+            page: n_pages,
+            n_pages
+        }
+    );
+    assert_eq!(
+        storage.write(0, PageId(1), &page[1..]).unwrap_err(),
+        Error::BufferLength {
+            len: bytes_per_page - 1,
+            bytes_per_page
+        }
+    );
+    let mut long = vec![0; bytes_per_page + 1];
+    assert_eq!(
+        storage.read(0, PageId(1), &mut long).unwrap_err(),
+        Error::BufferLength {
+            len: bytes_per_page + 1,
+            bytes_per_page
+        }
+    );
+}
+
+#[test]
+fn host_storage_round_trips_copies_and_errors() {
+    let storage = HostStorage::new(2, 4, 100).unwrap();
+    assert_eq!(
+        (
+            storage.n_ranks(),
+            storage.n_pages(),
+            storage.bytes_per_page()
+        ),
+        (2, 4, 100)
+    );
+    check_backend(&storage);
+}
+
+#[test]
+fn host_storage_rejects_bad_shapes() {
+    for (n_ranks, n_pages, bytes_per_page) in [(0, 4, 64), (1, 0, 64), (1, 4, 0)] {
+        assert_eq!(
+            HostStorage::new(n_ranks, n_pages, bytes_per_page).unwrap_err(),
+            Error::EmptyStorage {
+                n_ranks,
+                n_pages,
+                bytes_per_page
+            }
+        );
+    }
+    assert_eq!(
+        HostStorage::new(u32::MAX, u32::MAX, usize::MAX / 2).unwrap_err(),
+        Error::StorageTooLarge {
+            n_ranks: u32::MAX,
+            n_pages: u32::MAX,
+            bytes_per_page: usize::MAX / 2
+        }
+    );
+}
+
+#[test]
+fn host_pages_are_aligned() {
+    for (bytes_per_page, align_bytes) in [
+        (1, 64),
+        (100, 64),
+        (4096, 64),
+        (16 * 1024, 4096),
+        (40_000, 4096),
+    ] {
+        let storage = HostStorage::new(2, 3, bytes_per_page).unwrap();
+        assert_eq!(storage.align_bytes(), align_bytes);
+        for rank in 0..2 {
+            for page in 0..3 {
+                let addr = storage
+                    .with_page(rank, PageId(page), |b| b.as_ptr().addr())
+                    .unwrap();
+                assert_eq!(
+                    addr % align_bytes,
+                    0,
+                    "page {page} of rank {rank}, {bytes_per_page} bytes"
+                );
+                let len = storage.with_page(rank, PageId(page), <[u8]>::len).unwrap();
+                assert_eq!(len, bytes_per_page);
+            }
+        }
+    }
+}
+
+#[test]
+fn host_with_page_closures_see_the_page_bytes_and_check_ids() {
+    let storage = HostStorage::new(1, 3, 8).unwrap();
+    storage
+        .with_page_mut(0, PageId(2), |bytes| bytes.copy_from_slice(&[7; 8]))
+        .unwrap();
+    assert_eq!(
+        storage.with_page(0, PageId(2), <[u8]>::to_vec).unwrap(),
+        vec![7; 8]
+    );
+    assert_eq!(
+        storage.with_page_mut(0, PageId::NULL, |_| ()).unwrap_err(),
+        Error::NullPage
+    );
+    assert_eq!(
+        storage.with_page(1, PageId(1), |_| ()).unwrap_err(),
+        Error::RankOutOfRange {
+            rank: 1,
+            n_ranks: 1
+        }
+    );
+    assert_eq!(
+        storage.with_page(0, PageId(3), |_| ()).unwrap_err(),
+        Error::PageOutOfRange {
+            page: 3,
+            n_pages: 3
+        }
+    );
+}
+
+#[test]
+fn host_storage_takes_concurrent_writers_and_opposite_copies() {
+    let storage = Arc::new(HostStorage::new(2, 65, 256).unwrap());
+    let writers: Vec<_> = (0..4u32)
+        .map(|worker| {
+            let storage = Arc::clone(&storage);
+            std::thread::spawn(move || {
+                for page in (1 + worker * 16)..(1 + (worker + 1) * 16) {
+                    for rank in 0..2 {
+                        storage
+                            .write(rank, PageId(page), &pattern(page as u8, 256))
+                            .unwrap();
+                    }
+                }
+                // Opposite copies between the same two pages must not deadlock.
+                for _ in 0..200 {
+                    if worker % 2 == 0 {
+                        storage.copy(0, PageId(1), PageId(64)).unwrap();
+                    } else {
+                        storage.copy(0, PageId(64), PageId(1)).unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for writer in writers {
+        writer.join().unwrap();
+    }
+    let mut buffer = vec![0; 256];
+    for page in 2..64 {
+        storage.read(1, PageId(page), &mut buffer).unwrap();
+        assert_eq!(buffer, pattern(page as u8, 256), "page {page}");
+    }
+}
+
+/// `Some(storage)` with a driver; `None` after printing why the test skipped (a failure instead when
+/// `KVGATE_REQUIRE_GPU=1`).
+#[allow(clippy::print_stderr, reason = "a skipped GPU test says so")]
+fn cuda_storage_or_skip(n_ranks: u32, n_pages: u32, bytes_per_page: usize) -> Option<CudaStorage> {
+    if let Err(reason) = cuda_available() {
+        assert!(
+            std::env::var("KVGATE_REQUIRE_GPU").as_deref() != Ok("1"),
+            "KVGATE_REQUIRE_GPU=1 but cuda is unavailable: {reason}"
+        );
+        eprintln!("skipped: {reason}");
+        return None;
+    }
+    Some(CudaStorage::new(0, n_ranks, n_pages, bytes_per_page).unwrap())
+}
+
+#[test]
+fn cuda_storage_round_trips_copies_and_errors() {
+    let Some(storage) = cuda_storage_or_skip(2, 4, 100) else {
+        return;
+    };
+    check_backend(&storage);
+}
+
+#[test]
+fn cuda_storage_large_pages_round_trip() {
+    let Some(storage) = cuda_storage_or_skip(1, 8, 1 << 20) else {
+        return;
+    };
+    let page = pattern(9, 1 << 20);
+    storage.write(0, PageId(7), &page).unwrap();
+    storage.copy(0, PageId(7), PageId(1)).unwrap();
+    let mut buffer = vec![0; 1 << 20];
+    storage.read(0, PageId(1), &mut buffer).unwrap();
+    assert_eq!(buffer, page);
+}
+
+#[test]
+fn cuda_without_driver_is_a_clear_error_never_a_panic() {
+    match cuda_available() {
+        Err(reason) => {
+            assert!(!reason.is_empty());
+            assert_eq!(
+                CudaStorage::new(0, 1, 4, 64).unwrap_err(),
+                Error::CudaUnavailable {
+                    reason: reason.clone()
+                }
+            );
+            let message = Error::CudaUnavailable { reason }.to_string();
+            assert!(message.starts_with("cuda is unavailable: "), "{message}");
+        }
+        Ok(()) => {
+            // With a driver, a device ordinal past the last one is the same clear error.
+            let error = CudaStorage::new(1 << 20, 1, 4, 64).unwrap_err();
+            assert!(matches!(error, Error::CudaUnavailable { .. }), "{error}");
+        }
+    }
+    // A bad shape is reported before the driver is asked anything.
+    assert_eq!(
+        CudaStorage::new(0, 0, 4, 64).unwrap_err(),
+        Error::EmptyStorage {
+            n_ranks: 0,
+            n_pages: 4,
+            bytes_per_page: 64
+        }
+    );
+}

@@ -1,0 +1,386 @@
+//! Property tests: random operation sequences on a `PagePool` (allocate, free, free_all, touch a cached
+//! page, cache_block, lookup, longest_prefix, uncache, reset, and misuse) checked after every step against a
+//! simple reference model: a `VecDeque` for the LRU free list, plain vectors for ref counts and keys.
+
+use std::collections::{HashMap, VecDeque};
+
+use kv_pool::{BlockKey, Error, Eviction, PageId, PagePool};
+use proptest::prelude::*;
+
+const TOKENS_PER_BLOCK: usize = 4;
+const BLOCKS_PER_SALT: usize = 6;
+const SALTS: [&[u8]; 2] = [b"tenant-a", b"tenant-b"];
+
+/// Block keys of one shared token sequence under each salt: `keys[salt][block]`.
+fn key_universe() -> Vec<Vec<BlockKey>> {
+    let tokens: Vec<u32> = (0..(TOKENS_PER_BLOCK * BLOCKS_PER_SALT) as u32).collect();
+    SALTS
+        .iter()
+        .map(|salt| BlockKey::chain_all(&tokens, TOKENS_PER_BLOCK, salt))
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Allocate(u32),
+    /// Free one held reference (index into the held list, modulo its length).
+    FreeHeld(usize),
+    /// Free the last `k` held references with `free_all`.
+    FreeAllTail(usize),
+    /// Free an arbitrary page id, possibly invalid (null, out of range, double free).
+    FreeAny(u32),
+    /// Look up a key and touch the page that caches it (a prefix hit).
+    TouchCached(usize, usize),
+    /// Touch an arbitrary page id, possibly invalid.
+    TouchAny(u32),
+    /// Cache a key on the page of a held reference.
+    CacheHeld(usize, usize, usize),
+    /// Cache a key on an arbitrary page id.
+    CacheAny(u32, usize, usize),
+    Uncache(u32),
+    LongestPrefix(usize, usize),
+    Reset,
+    /// Free every held reference, then reset (a forced reset).
+    ForcedReset,
+}
+
+fn op_strategy(n_pages: u32) -> impl Strategy<Value = Op> {
+    let any_page = 0..n_pages + 2;
+    let salt = 0..SALTS.len();
+    let block = 0..BLOCKS_PER_SALT;
+    prop_oneof![
+        6 => (0..5u32).prop_map(Op::Allocate),
+        4 => any::<usize>().prop_map(Op::FreeHeld),
+        2 => (0..6usize).prop_map(Op::FreeAllTail),
+        1 => any_page.clone().prop_map(Op::FreeAny),
+        3 => (salt.clone(), block.clone()).prop_map(|(s, b)| Op::TouchCached(s, b)),
+        1 => any_page.clone().prop_map(Op::TouchAny),
+        5 => (any::<usize>(), salt.clone(), block.clone()).prop_map(|(h, s, b)| Op::CacheHeld(h, s, b)),
+        1 => (any_page.clone(), salt.clone(), block.clone()).prop_map(|(p, s, b)| Op::CacheAny(p, s, b)),
+        1 => any_page.prop_map(Op::Uncache),
+        2 => (salt, 1..=BLOCKS_PER_SALT).prop_map(|(s, n)| Op::LongestPrefix(s, n)),
+        1 => Just(Op::Reset),
+        1 => Just(Op::ForcedReset),
+    ]
+}
+
+/// The reference model: obviously correct, O(n) everywhere.
+struct Model {
+    n_pages: u32,
+    ref_counts: Vec<u32>,
+    keys: Vec<Option<BlockKey>>,
+    index: HashMap<BlockKey, PageId>,
+    lru: VecDeque<PageId>,
+    evictions: Vec<Eviction>,
+}
+
+impl Model {
+    fn new(n_pages: u32) -> Model {
+        Model {
+            n_pages,
+            ref_counts: vec![0; n_pages as usize],
+            keys: vec![None; n_pages as usize],
+            index: HashMap::new(),
+            lru: (1..n_pages).map(PageId).collect(),
+            evictions: Vec::new(),
+        }
+    }
+
+    fn check(&self, page: PageId) -> Result<(), Error> {
+        if page.0 == 0 {
+            return Err(Error::NullPage);
+        }
+        if page.0 >= self.n_pages {
+            return Err(Error::PageOutOfRange {
+                page: page.0,
+                n_pages: self.n_pages,
+            });
+        }
+        Ok(())
+    }
+
+    fn allocate(&mut self, n: u32) -> Result<Vec<PageId>, Error> {
+        if n as usize > self.lru.len() {
+            return Err(Error::OutOfPages {
+                requested: n,
+                free: self.lru.len() as u32,
+            });
+        }
+        let pages: Vec<PageId> = self.lru.drain(..n as usize).collect();
+        for &page in &pages {
+            self.ref_counts[page.idx()] = 1;
+            self.drop_key(page);
+        }
+        Ok(pages)
+    }
+
+    fn free(&mut self, page: PageId) -> Result<(), Error> {
+        self.check(page)?;
+        if self.ref_counts[page.idx()] == 0 {
+            return Err(Error::DoubleFree { page: page.0 });
+        }
+        self.ref_counts[page.idx()] -= 1;
+        if self.ref_counts[page.idx()] == 0 {
+            self.lru.push_back(page);
+        }
+        Ok(())
+    }
+
+    fn free_all(&mut self, pages: &[PageId]) -> Result<(), Error> {
+        for &page in pages {
+            self.check(page)?;
+        }
+        let mut trial = self.ref_counts.clone();
+        for &page in pages.iter().rev() {
+            if trial[page.idx()] == 0 {
+                return Err(Error::DoubleFree { page: page.0 });
+            }
+            trial[page.idx()] -= 1;
+        }
+        for &page in pages.iter().rev() {
+            self.free(page).unwrap();
+        }
+        Ok(())
+    }
+
+    fn touch(&mut self, page: PageId) -> Result<(), Error> {
+        self.check(page)?;
+        if self.ref_counts[page.idx()] == 0 {
+            let at = self.lru.iter().position(|&p| p == page).unwrap();
+            self.lru.remove(at);
+        }
+        self.ref_counts[page.idx()] += 1;
+        Ok(())
+    }
+
+    fn cache_block(&mut self, page: PageId, key: BlockKey) -> Result<bool, Error> {
+        self.check(page)?;
+        if self.ref_counts[page.idx()] == 0 {
+            return Err(Error::PageNotInUse { page: page.0 });
+        }
+        match self.keys[page.idx()] {
+            Some(held) if held == key => return Ok(true),
+            Some(_) => return Err(Error::PageAlreadyCached { page: page.0 }),
+            None => {}
+        }
+        if self.index.contains_key(&key) {
+            return Ok(false);
+        }
+        self.index.insert(key, page);
+        self.keys[page.idx()] = Some(key);
+        Ok(true)
+    }
+
+    fn drop_key(&mut self, page: PageId) -> Option<BlockKey> {
+        let key = self.keys[page.idx()].take()?;
+        self.index.remove(&key);
+        self.evictions.push(Eviction { page, key });
+        Some(key)
+    }
+
+    fn reset(&mut self) -> Result<(), Error> {
+        let n = self.ref_counts.iter().filter(|&&r| r > 0).count() as u32;
+        if n > 0 {
+            return Err(Error::PagesInUse { n });
+        }
+        for page in 1..self.n_pages {
+            self.drop_key(PageId(page));
+        }
+        Ok(())
+    }
+
+    fn longest_prefix(&self, keys: &[BlockKey]) -> Vec<PageId> {
+        keys.iter()
+            .map_while(|key| self.index.get(key).copied())
+            .collect()
+    }
+}
+
+/// Compare every observable of the pool with the model, and the invariants that need no model.
+fn assert_agrees(pool: &mut PagePool, model: &mut Model, universe: &[Vec<BlockKey>]) {
+    pool.check_invariants();
+    let n_in_use = model.ref_counts.iter().filter(|&&r| r > 0).count() as u32;
+    let n_cached_free = model
+        .lru
+        .iter()
+        .filter(|p| model.keys[p.idx()].is_some())
+        .count() as u32;
+    // free + in use + null == total.
+    assert_eq!(pool.n_free() + pool.n_in_use() + 1, pool.n_total());
+    assert_eq!(pool.n_free(), model.lru.len() as u32);
+    assert_eq!(pool.n_in_use(), n_in_use);
+    assert_eq!(pool.n_cached_free(), n_cached_free);
+    // LRU order.
+    assert_eq!(pool.free_pages_lru(), Vec::from(model.lru.clone()));
+    for page in 1..model.n_pages {
+        let page = PageId(page);
+        let ref_count = pool.ref_count(page).unwrap();
+        assert_eq!(
+            ref_count,
+            model.ref_counts[page.idx()],
+            "ref count of {page:?}"
+        );
+        // No page both free and referenced.
+        assert_eq!(
+            ref_count == 0,
+            model.lru.contains(&page),
+            "{page:?} free and referenced"
+        );
+        assert_eq!(
+            pool.key_of(page).unwrap(),
+            model.keys[page.idx()],
+            "key of {page:?}"
+        );
+    }
+    // Each eviction notified exactly once, in order.
+    assert_eq!(pool.take_evictions(), std::mem::take(&mut model.evictions));
+    // Salted keys never shared: no page is found under two salts.
+    for key_a in &universe[0] {
+        for key_b in &universe[1] {
+            if let (Some(a), Some(b)) = (pool.lookup(key_a), pool.lookup(key_b)) {
+                assert_ne!(a, b, "one page cached under two salts");
+            }
+        }
+    }
+}
+
+fn pick(held: &[PageId], h: usize) -> Option<usize> {
+    (!held.is_empty()).then(|| h % held.len())
+}
+
+fn run_ops(n_pages: u32, ops: &[Op]) {
+    let universe = key_universe();
+    let mut pool = PagePool::new(n_pages).unwrap();
+    let mut model = Model::new(n_pages);
+    // One entry per reference the test holds.
+    let mut held: Vec<PageId> = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Allocate(n) => {
+                let got = pool.allocate(n);
+                assert_eq!(got, model.allocate(n));
+                held.extend(got.unwrap_or_default());
+            }
+            Op::FreeHeld(h) => {
+                if let Some(at) = pick(&held, h) {
+                    let page = held.swap_remove(at);
+                    assert_eq!(pool.free(page), model.free(page));
+                }
+            }
+            Op::FreeAllTail(k) => {
+                let tail = held.split_off(held.len().saturating_sub(k));
+                assert_eq!(pool.free_all(&tail), Ok(()));
+                model.free_all(&tail).unwrap();
+            }
+            Op::FreeAny(page) => {
+                let page = PageId(page);
+                let got = pool.free(page);
+                assert_eq!(got, model.free(page));
+                if got.is_ok() {
+                    let at = held.iter().position(|&p| p == page).unwrap();
+                    held.swap_remove(at);
+                }
+            }
+            Op::TouchCached(salt, block) => {
+                let key = universe[salt][block];
+                assert_eq!(pool.lookup(&key), model.index.get(&key).copied());
+                if let Some(page) = pool.lookup(&key) {
+                    assert_eq!(pool.touch(page), model.touch(page));
+                    held.push(page);
+                }
+            }
+            Op::TouchAny(page) => {
+                let page = PageId(page);
+                let got = pool.touch(page);
+                assert_eq!(got, model.touch(page));
+                if got.is_ok() {
+                    held.push(page);
+                }
+            }
+            Op::CacheHeld(h, salt, block) => {
+                if let Some(at) = pick(&held, h) {
+                    let key = universe[salt][block];
+                    assert_eq!(
+                        pool.cache_block(held[at], key),
+                        model.cache_block(held[at], key)
+                    );
+                }
+            }
+            Op::CacheAny(page, salt, block) => {
+                let key = universe[salt][block];
+                assert_eq!(
+                    pool.cache_block(PageId(page), key),
+                    model.cache_block(PageId(page), key)
+                );
+            }
+            Op::Uncache(page) => {
+                let page = PageId(page);
+                let expected = model.check(page).map(|()| model.drop_key(page));
+                assert_eq!(pool.uncache(page), expected);
+            }
+            Op::LongestPrefix(salt, n) => {
+                let keys = &universe[salt][..n];
+                assert_eq!(pool.longest_prefix(keys), model.longest_prefix(keys));
+            }
+            Op::Reset => assert_eq!(pool.reset_prefix_cache(), model.reset()),
+            Op::ForcedReset => {
+                assert_eq!(pool.free_all(&held), Ok(()));
+                model.free_all(&held).unwrap();
+                held.clear();
+                assert_eq!(pool.reset_prefix_cache(), Ok(()));
+                model.reset().unwrap();
+                assert_eq!(
+                    pool.n_free(),
+                    pool.n_usable(),
+                    "every page but the null page is free"
+                );
+                assert_eq!(pool.n_cached_free(), 0);
+            }
+        }
+        assert_agrees(&mut pool, &mut model, &universe);
+    }
+}
+
+fn pool_and_ops() -> impl Strategy<Value = (u32, Vec<Op>)> {
+    (2..14u32).prop_flat_map(|n_pages| {
+        (
+            Just(n_pages),
+            prop::collection::vec(op_strategy(n_pages), 1..120),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(192))]
+
+    /// Any sequence of pool operations (valid or misuse) agrees with the reference model after every step:
+    /// free + in use + null == total, no page both free and referenced, ref counts never negative (misuse
+    /// is an error that changes nothing), LRU order, each eviction notified exactly once, and keys of
+    /// different salts never share a page.
+    #[test]
+    fn prop_pool_matches_reference_model((n_pages, ops) in pool_and_ops()) {
+        run_ops(n_pages, &ops);
+    }
+
+    /// Requests with different salts never share a page: caching a salted chain and looking it up under
+    /// another salt finds nothing, however the chains overlap in tokens.
+    #[test]
+    fn prop_salted_chains_never_share_pages(
+        tokens in prop::collection::vec(0..4u32, 4..40),
+        salt_a in prop::collection::vec(any::<u8>(), 0..8),
+        salt_b in prop::collection::vec(any::<u8>(), 0..8),
+    ) {
+        prop_assume!(salt_a != salt_b);
+        let keys_a = BlockKey::chain_all(&tokens, TOKENS_PER_BLOCK, &salt_a);
+        let keys_b = BlockKey::chain_all(&tokens, TOKENS_PER_BLOCK, &salt_b);
+        let mut pool = PagePool::new(keys_a.len() as u32 + 1).unwrap();
+        let pages = pool.allocate(keys_a.len() as u32).unwrap();
+        for (&page, &key) in pages.iter().zip(&keys_a) {
+            prop_assert_eq!(pool.cache_block(page, key), Ok(true));
+        }
+        pool.free_all(&pages).unwrap();
+        prop_assert_eq!(pool.longest_prefix(&keys_a), pages);
+        prop_assert!(pool.longest_prefix(&keys_b).is_empty());
+        prop_assert!(keys_b.iter().all(|key| pool.lookup(key).is_none()));
+    }
+}
