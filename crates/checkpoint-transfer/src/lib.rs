@@ -1,3 +1,26 @@
 //! The data side of a restore: the resident checkpoint index (stage, acknowledge, publish, acquire, discard
 //! after drain), the external `CheckpointStore` tiers (host memory, disk) and the `CopyEngine` implementations
 //! (inline simulated, threaded host, CUDA) with drain-before-release.
+
+mod checkpoint;
+pub mod copy;
+mod error;
+mod index;
+mod layout;
+pub mod store;
+
+pub use checkpoint::{
+    CHECKPOINT_ID_BYTES_MAX, Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta,
+    CheckpointPayload, PageSlot, PrefixQuery,
+};
+pub use copy::{
+    CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyModel, CopyOutcome, CopyWork,
+    CudaCopyEngine, Fault, InlineCopyEngine, ThreadedCopyEngine,
+};
+pub use error::{Error, Invalid, Mismatch, Result};
+pub use index::{
+    AcquiredImport, CancelOutcome, CaptureId, ImportEvent, ImportId, ImportState, LookupBudget,
+    RESTORE_LOOKUPS_MAX, ResidentIndex, StageRequest,
+};
+pub use layout::{GroupKind, LayoutDescriptor};
+pub use store::{CheckpointStore, DiskStore, HostStore, PutOutcome, RejectedFile, StoreStats};

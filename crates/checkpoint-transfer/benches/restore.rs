@@ -1,0 +1,164 @@
+//! Restore bandwidth: `ThreadedCopyEngine` restoring 2 MiB pages from store buffers into `HostStorage`
+//! (`restore_host_gib_s`) against plain memcpy of the same bytes in the same run (`memcpy_gib_s`); target
+//! ratio >= 0.8. With `--gpu` and a driver: `CudaCopyEngine` restore GiB/s and the pinned upload baseline.
+//! Prints progress on stderr and one JSON object on stdout.
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark binary reports on stdout/stderr"
+)]
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use checkpoint_transfer::{
+    CopyEngine, CopyJob, CopyOutcome, CopyWork, CudaCopyEngine, ThreadedCopyEngine,
+};
+use kv_pool::{HostStorage, PageId, PageStorage};
+use reservation::Timestamp;
+
+const BYTES_PER_PAGE: usize = 2 << 20;
+
+fn gib_s(n_bytes: usize, elapsed: Duration) -> f64 {
+    n_bytes as f64 / (1u64 << 30) as f64 / elapsed.as_secs_f64()
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn restore_job(sources: &[Arc<[u8]>]) -> CopyJob {
+    CopyJob {
+        rank: 0,
+        work: CopyWork::Restore {
+            pages: sources
+                .iter()
+                .enumerate()
+                .map(|(idx, bytes)| (Arc::clone(bytes), PageId(idx as u32 + 1)))
+                .collect(),
+        },
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let gpu = args.iter().any(|a| a == "--gpu");
+    let (total_bytes, reps) = if quick { (64 << 20, 3) } else { (256 << 20, 7) };
+    let n_pages = total_bytes / BYTES_PER_PAGE;
+    let n_workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(2, 8);
+    eprintln!(
+        "restore bench: {n_pages} pages of 2 MiB ({} MiB), {reps} reps, {n_workers} workers",
+        total_bytes >> 20
+    );
+
+    let sources: Vec<Arc<[u8]>> = (0..n_pages)
+        .map(|page| {
+            (0..BYTES_PER_PAGE)
+                .map(|i| (i ^ page) as u8)
+                .collect::<Vec<u8>>()
+                .into()
+        })
+        .collect();
+    let storage =
+        Arc::new(HostStorage::new(1, n_pages as u32 + 1, BYTES_PER_PAGE).expect("host storage"));
+    let mut copies =
+        ThreadedCopyEngine::new(Arc::clone(&storage) as Arc<dyn PageStorage>, n_workers)
+            .expect("copy workers");
+    let mut memcpy_dst: Vec<Vec<u8>> = (0..n_pages).map(|_| vec![1u8; BYTES_PER_PAGE]).collect();
+
+    let mut restore_samples = Vec::with_capacity(reps);
+    let mut memcpy_samples = Vec::with_capacity(reps);
+    // One warm-up round of each, then alternate so both see the same machine state.
+    for rep in 0..=reps {
+        let job = restore_job(&sources);
+        let started = Instant::now();
+        copies.submit(job, Timestamp::ZERO).expect("submit");
+        let done = copies.wait_all();
+        let restore_elapsed = started.elapsed();
+        assert!(
+            done.iter()
+                .all(|c| matches!(c.outcome, CopyOutcome::Done { .. })),
+            "restore failed: {done:?}"
+        );
+
+        let started = Instant::now();
+        for (dst, src) in memcpy_dst.iter_mut().zip(&sources) {
+            dst.copy_from_slice(src);
+        }
+        black_box(&mut memcpy_dst);
+        let memcpy_elapsed = started.elapsed();
+        if rep > 0 {
+            restore_samples.push(gib_s(total_bytes, restore_elapsed));
+            memcpy_samples.push(gib_s(total_bytes, memcpy_elapsed));
+        }
+    }
+    let last = storage
+        .with_page(0, PageId(n_pages as u32), <[u8]>::to_vec)
+        .expect("read back");
+    assert_eq!(last[..], sources[n_pages - 1][..], "restored bytes differ");
+    let restore_host_gib_s = median(restore_samples);
+    let memcpy_gib_s = median(memcpy_samples);
+    let ratio = restore_host_gib_s / memcpy_gib_s;
+    eprintln!(
+        "restore_host {restore_host_gib_s:.2} GiB/s, memcpy {memcpy_gib_s:.2} GiB/s, ratio {ratio:.2}"
+    );
+    let mut figures = format!(
+        "\"restore_host_gib_s\":{restore_host_gib_s:.3},\"memcpy_gib_s\":{memcpy_gib_s:.3},\"restore_host_vs_memcpy\":{ratio:.3}"
+    );
+    if gpu {
+        match cuda_figures(&sources, reps) {
+            Ok((restore, pinned)) => {
+                eprintln!("cuda restore {restore:.2} GiB/s, pinned upload {pinned:.2} GiB/s");
+                figures.push_str(&format!(
+                    ",\"restore_cuda_gib_s\":{restore:.3},\"pinned_htod_gib_s\":{pinned:.3}"
+                ));
+            }
+            Err(reason) => eprintln!("note: cuda figures omitted: {reason}"),
+        }
+    }
+    println!("{{{figures}}}");
+}
+
+/// Median CUDA restore GiB/s and median pinned-upload GiB/s.
+fn cuda_figures(sources: &[Arc<[u8]>], reps: usize) -> Result<(f64, f64), String> {
+    let n_pages = sources.len();
+    let total_bytes = n_pages * BYTES_PER_PAGE;
+    let mut copies =
+        CudaCopyEngine::new(0, 1, n_pages as u32 + 1, BYTES_PER_PAGE).map_err(|e| e.to_string())?;
+    let pages: Vec<PageId> = (1..=n_pages as u32).map(PageId).collect();
+    let mut restore_samples = Vec::with_capacity(reps);
+    let mut pinned_samples = Vec::with_capacity(reps);
+    for rep in 0..=reps {
+        let started = Instant::now();
+        copies
+            .submit(restore_job(sources), Timestamp::ZERO)
+            .map_err(|e| e.to_string())?;
+        let done = copies.wait_all();
+        let elapsed = started.elapsed();
+        if let Some(failed) = done
+            .iter()
+            .find(|c| !matches!(c.outcome, CopyOutcome::Done { .. }))
+        {
+            return Err(format!("cuda restore failed: {failed:?}"));
+        }
+        let pinned = copies
+            .time_pinned_upload(0, &pages)
+            .map_err(|e| e.to_string())?;
+        if rep > 0 {
+            restore_samples.push(gib_s(total_bytes, elapsed));
+            pinned_samples.push(gib_s(total_bytes, pinned));
+        }
+    }
+    let back = copies
+        .read_page(0, PageId(n_pages as u32))
+        .map_err(|e| e.to_string())?;
+    if back[..] != sources[n_pages - 1][..] {
+        return Err("cuda restored bytes differ".to_string());
+    }
+    Ok((median(restore_samples), median(pinned_samples)))
+}

@@ -1,0 +1,264 @@
+//! What a checkpoint is to this crate: its id, its manifest metadata (`CheckpointMeta`: boundary, kind,
+//! generation, block keys of its token prefix, the layout and the pages it holds) and its page payload
+//! (`CheckpointPayload`: bytes per rank and page). These are the serde types of the system.
+
+use std::sync::Arc;
+
+use kv_pool::BlockKey;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Invalid, Mismatch};
+use crate::layout::LayoutDescriptor;
+
+/// Longest checkpoint id accepted, in bytes (hex-encoded file names must stay under 255 bytes).
+pub const CHECKPOINT_ID_BYTES_MAX: usize = 100;
+
+/// Names a checkpoint in a store (for example a session id plus a turn). Any printable text; the disk store
+/// encodes it, so an id can never name a path outside the store's directory.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct CheckpointId(String);
+
+impl CheckpointId {
+    /// A validated id: non-empty, at most `CHECKPOINT_ID_BYTES_MAX` bytes, no control characters.
+    pub fn new(id: impl Into<String>) -> Result<Self, Invalid> {
+        let id = id.into();
+        let reason = if id.is_empty() {
+            Some("it is empty")
+        } else if id.len() > CHECKPOINT_ID_BYTES_MAX {
+            Some("it is longer than 100 bytes")
+        } else if id.chars().any(char::is_control) {
+            Some("it contains control characters")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(Invalid::CheckpointId { id, reason }),
+            None => Ok(Self(id)),
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for CheckpointId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+/// Which point of a request a checkpoint was taken at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CheckpointKind {
+    /// End of the system instruction.
+    Instruction,
+    /// End of the prompt.
+    Prompt,
+    /// End of the response.
+    Response,
+    /// The tail of a prefill chunk.
+    PrefillTail,
+}
+
+/// One page of a checkpoint: the cache group it belongs to and, for pages that are prefix-cache blocks, the
+/// index of its block key in `CheckpointMeta::block_keys`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PageSlot {
+    /// Index of the cache group in the layout.
+    pub group: u32,
+    /// Index into `block_keys` for a page registered in the prefix cache at publication; `None` for pages
+    /// handed to the consumer directly (recurrent state, auxiliary, a partial last page).
+    pub key_idx: Option<u32>,
+}
+
+impl PageSlot {
+    /// The pages of one full-attention group (group 0) holding `n_tokens` tokens: every full page is keyed
+    /// by its block, a trailing partial page is not.
+    pub fn full_attention(n_tokens: usize, tokens_per_page: usize) -> Vec<PageSlot> {
+        let n_full = n_tokens / tokens_per_page;
+        let n_pages = n_tokens.div_ceil(tokens_per_page);
+        (0..n_pages)
+            .map(|page_idx| PageSlot {
+                group: 0,
+                key_idx: (page_idx < n_full).then_some(page_idx as u32),
+            })
+            .collect()
+    }
+}
+
+/// The manifest data of a checkpoint: everything but the page bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// Store id.
+    pub id: CheckpointId,
+    /// Generation: a newer capture of the same id supersedes an older one.
+    pub generation: u64,
+    /// Where in the request it was taken.
+    pub kind: CheckpointKind,
+    /// Token boundary `n`.
+    pub n_tokens: usize,
+    /// Tokens of the draft model's prefix, `<= n_tokens`.
+    pub draft_prefix_len: usize,
+    /// Block keys of the full blocks of `tokens[..n_tokens]`.
+    #[serde(with = "block_keys_serde")]
+    pub block_keys: Vec<BlockKey>,
+    /// The tokens after the last full block (a partial last page), so a prefix match is exact.
+    pub tail_tokens: Vec<u32>,
+    /// The layout it was written for.
+    pub layout: LayoutDescriptor,
+    /// Its pages, in payload order.
+    pub pages: Vec<PageSlot>,
+}
+
+/// Query for a checkpoint whose token prefix is a prefix of a request: the request's full-block keys and
+/// its tokens (for the partial tail).
+#[derive(Clone, Copy, Debug)]
+pub struct PrefixQuery<'a> {
+    /// Keys of the request's full blocks (`BlockKey::chain_all`).
+    pub block_keys: &'a [BlockKey],
+    /// The request's tokens.
+    pub tokens: &'a [u32],
+}
+
+impl CheckpointMeta {
+    /// Metadata for a checkpoint of `tokens` (its whole length is the boundary) with one full-attention
+    /// group: block keys from `salt`, one keyed page per full block and an unkeyed partial tail page.
+    pub fn full_attention(
+        id: CheckpointId,
+        generation: u64,
+        kind: CheckpointKind,
+        tokens: &[u32],
+        salt: &[u8],
+        layout: LayoutDescriptor,
+    ) -> Self {
+        let tokens_per_page = layout.tokens_per_page as usize;
+        let block_keys = BlockKey::chain_all(tokens, tokens_per_page, salt);
+        let tail_tokens = tokens[block_keys.len() * tokens_per_page..].to_vec();
+        Self {
+            id,
+            generation,
+            kind,
+            n_tokens: tokens.len(),
+            draft_prefix_len: 0,
+            block_keys,
+            tail_tokens,
+            pages: PageSlot::full_attention(tokens.len(), tokens_per_page),
+            layout,
+        }
+    }
+
+    /// Bytes of its payload over all ranks.
+    pub fn payload_bytes(&self) -> u64 {
+        self.pages.len() as u64 * self.layout.bytes_per_page * u64::from(self.layout.n_ranks)
+    }
+
+    /// Whether its token prefix is a prefix of the query's request (and not longer than it).
+    pub fn is_prefix_of(&self, query: &PrefixQuery<'_>) -> bool {
+        let n_full = self.block_keys.len();
+        let tail_start = n_full * self.layout.tokens_per_page as usize;
+        self.n_tokens <= query.tokens.len()
+            && n_full <= query.block_keys.len()
+            && self.block_keys[..] == query.block_keys[..n_full]
+            && tail_start + self.tail_tokens.len() == self.n_tokens
+            && query.tokens.get(tail_start..self.n_tokens) == Some(&self.tail_tokens[..])
+    }
+
+    /// G6: `Ok` when this checkpoint may be restored for the query's request into an engine with `engine`
+    /// layout; otherwise what differs (rank count, groups, page width, tokens per page, token prefix).
+    pub fn check_restorable(
+        &self,
+        engine: &LayoutDescriptor,
+        query: &PrefixQuery<'_>,
+    ) -> Result<(), Mismatch> {
+        self.layout.check_matches(engine)?;
+        if !self.is_prefix_of(query) {
+            return Err(Mismatch::TokenPrefix {
+                n_tokens: self.n_tokens,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Page bytes of a checkpoint: `ranks[rank][page_idx]`, each exactly `bytes_per_page` long. Pages are shared
+/// buffers so a store hands them to a copy engine without copying.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CheckpointPayload {
+    /// Per rank, per checkpoint page, the page's bytes.
+    pub ranks: Vec<Vec<Arc<[u8]>>>,
+}
+
+impl CheckpointPayload {
+    /// Total bytes.
+    pub fn n_bytes(&self) -> u64 {
+        self.ranks
+            .iter()
+            .flatten()
+            .map(|page| page.len() as u64)
+            .sum()
+    }
+
+    /// `Ok` when it holds `meta.layout.n_ranks` ranks of `meta.pages.len()` pages of `bytes_per_page` bytes.
+    pub fn check_shape(&self, meta: &CheckpointMeta) -> Result<(), Invalid> {
+        let expected = meta.pages.len();
+        if self.ranks.len() != meta.layout.n_ranks as usize {
+            return Err(Invalid::PayloadShape {
+                rank: self.ranks.len(),
+                expected,
+                found: 0,
+            });
+        }
+        for (rank, pages) in self.ranks.iter().enumerate() {
+            if pages.len() != expected {
+                return Err(Invalid::PayloadShape {
+                    rank,
+                    expected,
+                    found: pages.len(),
+                });
+            }
+            if let Some(bad) = pages
+                .iter()
+                .position(|page| page.len() as u64 != meta.layout.bytes_per_page)
+            {
+                return Err(Invalid::PayloadShape {
+                    rank,
+                    expected,
+                    found: bad,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A whole checkpoint: manifest data and page bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Its manifest data.
+    pub meta: CheckpointMeta,
+    /// Its page bytes.
+    pub payload: CheckpointPayload,
+}
+
+mod block_keys_serde {
+    //! Serializes `Vec<BlockKey>` as a sequence of 32-byte arrays (kv-pool has no serde).
+    use kv_pool::BlockKey;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(
+        keys: &[BlockKey],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        let raw: Vec<[u8; 32]> = keys.iter().map(|key| key.0).collect();
+        raw.serialize(serializer)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Vec<BlockKey>, D::Error> {
+        let raw = Vec::<[u8; 32]>::deserialize(deserializer)?;
+        Ok(raw.into_iter().map(BlockKey).collect())
+    }
+}

@@ -1,0 +1,125 @@
+//! The `CopyEngine` trait: page copies between a store's buffers and pool page storage, one job per rank,
+//! submitted, polled at step boundaries, cancelled. Every submitted job reports exactly one completion (done,
+//! cancelled or failed) and only after it can no longer touch its pages: that is what lets the index free a
+//! destination page only after its copy drained (O5). Implementations: `InlineCopyEngine` (modeled time,
+//! deterministic, fault injection), `ThreadedCopyEngine` (worker threads, real memcpy), `CudaCopyEngine`.
+
+mod cuda;
+mod inline;
+mod threaded;
+
+use std::sync::Arc;
+
+use kv_pool::PageId;
+use reservation::Timestamp;
+
+pub use cuda::CudaCopyEngine;
+pub use inline::{CopyModel, Fault, InlineCopyEngine};
+pub use threaded::ThreadedCopyEngine;
+
+use crate::error::Result;
+
+/// Identifies one submitted copy job within its engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CopyJobId(pub u64);
+
+/// What a job copies, on one rank.
+#[derive(Clone, Debug)]
+pub enum CopyWork {
+    /// Store buffers into pool pages (restore): each buffer is written to its page.
+    Restore {
+        /// `(source bytes, destination page)`, one per page.
+        pages: Vec<(Arc<[u8]>, PageId)>,
+    },
+    /// Pool pages into new buffers (capture), returned in the completion in this order.
+    Capture {
+        /// Source pages.
+        pages: Vec<PageId>,
+    },
+}
+
+/// One copy job: the work of one rank.
+#[derive(Clone, Debug)]
+pub struct CopyJob {
+    /// The rank whose page storage is read or written.
+    pub rank: u32,
+    /// What to copy.
+    pub work: CopyWork,
+}
+
+impl CopyJob {
+    /// Pages the job copies.
+    pub fn n_pages(&self) -> usize {
+        match &self.work {
+            CopyWork::Restore { pages } => pages.len(),
+            CopyWork::Capture { pages } => pages.len(),
+        }
+    }
+
+    /// Pool pages the job reads or writes.
+    pub fn pool_pages(&self) -> Vec<PageId> {
+        match &self.work {
+            CopyWork::Restore { pages } => pages.iter().map(|(_, page)| *page).collect(),
+            CopyWork::Capture { pages } => pages.clone(),
+        }
+    }
+}
+
+/// How a job ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CopyOutcome {
+    /// Every page was copied. For a capture, the pages' bytes in job order (empty for a restore).
+    Done {
+        /// Captured page bytes.
+        captured: Vec<Arc<[u8]>>,
+    },
+    /// Cancelled; whatever it wrote is garbage, but it writes nothing more.
+    Cancelled,
+    /// The copy failed; whatever it wrote is garbage, but it writes nothing more.
+    Failed {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// The end of one job, reported once by `poll` or `wait_all`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CopyCompletion {
+    /// The job.
+    pub job: CopyJobId,
+    /// Its rank.
+    pub rank: u32,
+    /// How it ended.
+    pub outcome: CopyOutcome,
+    /// Destination pages invalidated while the job ran (fault injection: a page evicted mid-copy).
+    pub invalidated: Vec<PageId>,
+}
+
+/// Copies pages between store buffers and pool page storage.
+pub trait CopyEngine: Send + std::fmt::Debug {
+    /// Starts a job at `now`. The pages must stay allocated until its completion is observed.
+    fn submit(&mut self, job: CopyJob, now: Timestamp) -> Result<CopyJobId>;
+
+    /// Completions of jobs finished by `now`, each reported once, in completion order.
+    fn poll(&mut self, now: Timestamp) -> Vec<CopyCompletion>;
+
+    /// Asks a job to stop early. Its completion (`Cancelled`, or `Done`/`Failed` if it already finished)
+    /// is still reported by `poll`, once it can no longer write. Unknown or finished jobs are ignored.
+    fn cancel(&mut self, job: CopyJobId);
+
+    /// Jobs submitted whose completion has not been reported yet.
+    fn n_in_flight(&self) -> usize;
+
+    /// Blocks until every submitted job has finished and returns their completions (the inline engine
+    /// ignores its clock here).
+    fn wait_all(&mut self) -> Vec<CopyCompletion>;
+
+    /// When the next in-flight job completes on the modeled clock, for engines that know (the inline
+    /// engine); `None` otherwise.
+    fn next_completion_at(&self) -> Option<Timestamp> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,266 @@
+//! Copy engines: modeled timing and fault injection of the inline engine, real bytes and drain semantics of
+//! the threaded engine, and the CUDA engine (skipped, saying why, without a driver).
+#![allow(
+    clippy::print_stderr,
+    reason = "a CUDA test says on stderr that it skipped and why"
+)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kv_pool::{HostStorage, PageId, PageStorage};
+use reservation::Timestamp;
+
+use crate::copy::{
+    CopyCompletion, CopyEngine, CopyJob, CopyModel, CopyOutcome, CopyWork, CudaCopyEngine, Fault,
+    InlineCopyEngine, ThreadedCopyEngine,
+};
+use crate::error::Error;
+
+const BYTES_PER_PAGE: usize = 256;
+
+fn page_bytes(seed: u8) -> Arc<[u8]> {
+    (0..BYTES_PER_PAGE)
+        .map(|i| (i as u8).wrapping_mul(3) ^ seed)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+fn restore_job(rank: u32, pages: &[u32]) -> CopyJob {
+    CopyJob {
+        rank,
+        work: CopyWork::Restore {
+            pages: pages
+                .iter()
+                .map(|&p| (page_bytes(p as u8), PageId(p)))
+                .collect(),
+        },
+    }
+}
+
+fn storage() -> Arc<HostStorage> {
+    Arc::new(HostStorage::new(2, 16, BYTES_PER_PAGE).unwrap())
+}
+
+fn model() -> CopyModel {
+    // 256 bytes per ms, plus 1 ms.
+    CopyModel {
+        bandwidth_bytes_per_s: 256_000.0,
+        latency: Duration::from_millis(1),
+    }
+}
+
+fn at_ms(ms: u64) -> Timestamp {
+    Timestamp::ZERO.after(Duration::from_millis(ms))
+}
+
+#[test]
+fn inline_engine_completes_after_modeled_time_and_writes_at_completion() {
+    let storage = storage();
+    let mut copies =
+        InlineCopyEngine::with_storage(model(), Arc::clone(&storage) as Arc<dyn PageStorage>);
+    let job = copies.submit(restore_job(1, &[3, 4]), at_ms(10)).unwrap();
+    assert_eq!(copies.next_completion_at(), Some(at_ms(13)));
+    assert!(copies.poll(at_ms(12)).is_empty());
+    assert_eq!(
+        storage.with_page(1, PageId(3), |b| b[1]).unwrap(),
+        0,
+        "nothing written before completion"
+    );
+    let done = copies.poll(at_ms(13));
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].job, job);
+    assert_eq!(
+        done[0].outcome,
+        CopyOutcome::Done {
+            captured: Vec::new()
+        }
+    );
+    assert_eq!(
+        storage.with_page(1, PageId(4), <[u8]>::to_vec).unwrap(),
+        page_bytes(4).to_vec()
+    );
+    assert_eq!(copies.n_in_flight(), 0);
+}
+
+#[test]
+fn inline_engine_faults_fail_delay_and_evict() {
+    let mut copies = InlineCopyEngine::new(model(), BYTES_PER_PAGE as u64);
+    copies.inject(Fault::FailNext { rank: 1 });
+    copies.inject(Fault::DelayNext {
+        rank: 0,
+        by: Duration::from_millis(5),
+    });
+    let delayed = copies
+        .submit(restore_job(0, &[1]), Timestamp::ZERO)
+        .unwrap();
+    let failed = copies
+        .submit(restore_job(1, &[1]), Timestamp::ZERO)
+        .unwrap();
+    let evicted = copies
+        .submit(restore_job(1, &[2]), Timestamp::ZERO)
+        .unwrap();
+    copies.inject(Fault::EvictDestination(PageId(2)));
+    let done = copies.poll(at_ms(2));
+    assert_eq!(done.len(), 2);
+    let by_job = |id| done.iter().find(|c: &&CopyCompletion| c.job == id).unwrap();
+    assert!(matches!(by_job(failed).outcome, CopyOutcome::Failed { .. }));
+    assert_eq!(by_job(evicted).invalidated, vec![PageId(2)]);
+    assert_eq!(copies.next_completion_at(), Some(at_ms(7)));
+    copies.cancel(delayed);
+    assert!(
+        copies.poll(at_ms(6)).is_empty(),
+        "a cancelled copy still drains until its completion time"
+    );
+    assert_eq!(copies.poll(at_ms(7))[0].outcome, CopyOutcome::Cancelled);
+}
+
+#[test]
+fn threaded_engine_restores_and_captures_real_bytes() {
+    let storage = storage();
+    let mut copies =
+        ThreadedCopyEngine::new(Arc::clone(&storage) as Arc<dyn PageStorage>, 3).unwrap();
+    copies
+        .submit(restore_job(0, &[1, 2, 3, 4, 5]), Timestamp::ZERO)
+        .unwrap();
+    copies
+        .submit(restore_job(1, &[6]), Timestamp::ZERO)
+        .unwrap();
+    let done = copies.wait_all();
+    assert_eq!(done.len(), 2);
+    assert!(done.iter().all(|c| c.outcome
+        == CopyOutcome::Done {
+            captured: Vec::new()
+        }));
+    for page in 1..=5 {
+        assert_eq!(
+            storage.with_page(0, PageId(page), <[u8]>::to_vec).unwrap(),
+            page_bytes(page as u8).to_vec()
+        );
+    }
+    let capture = CopyJob {
+        rank: 0,
+        work: CopyWork::Capture {
+            pages: vec![PageId(5), PageId(1)],
+        },
+    };
+    copies.submit(capture, Timestamp::ZERO).unwrap();
+    let done = copies.wait_all();
+    let CopyOutcome::Done { captured } = &done[0].outcome else {
+        panic!("capture failed: {done:?}");
+    };
+    assert_eq!(captured[0], page_bytes(5));
+    assert_eq!(captured[1], page_bytes(1));
+    assert_eq!(copies.n_in_flight(), 0);
+}
+
+#[test]
+fn threaded_engine_reports_failures_and_cancelled_jobs_once() {
+    let storage = storage();
+    let mut copies =
+        ThreadedCopyEngine::new(Arc::clone(&storage) as Arc<dyn PageStorage>, 2).unwrap();
+    // Page 0 is the null page: the write fails.
+    let failing = copies
+        .submit(restore_job(0, &[1, 0]), Timestamp::ZERO)
+        .unwrap();
+    let cancelled = copies
+        .submit(
+            restore_job(1, &(1..16).collect::<Vec<_>>()),
+            Timestamp::ZERO,
+        )
+        .unwrap();
+    copies.cancel(cancelled);
+    let mut done = copies.wait_all();
+    done.sort_by_key(|c| c.job);
+    assert_eq!(done.len(), 2);
+    assert_eq!(done[0].job, failing);
+    assert!(
+        matches!(&done[0].outcome, CopyOutcome::Failed { reason } if reason.contains("null page")),
+        "{done:?}"
+    );
+    assert_eq!(done[1].outcome, CopyOutcome::Cancelled);
+    assert!(copies.poll(Timestamp::ZERO).is_empty());
+}
+
+/// Skips (printing why) without a driver, unless `KVGATE_REQUIRE_GPU=1`.
+fn cuda_engine(n_pages: u32) -> Option<CudaCopyEngine> {
+    match CudaCopyEngine::new(0, 2, n_pages, BYTES_PER_PAGE) {
+        Ok(engine) => Some(engine),
+        Err(Error::Unavailable(reason)) => {
+            assert!(
+                std::env::var("KVGATE_REQUIRE_GPU").as_deref() != Ok("1"),
+                "KVGATE_REQUIRE_GPU=1 but CUDA is unavailable: {reason}"
+            );
+            eprintln!("skipped: {reason}");
+            None
+        }
+        Err(other) => panic!("unexpected error: {other}"),
+    }
+}
+
+#[test]
+fn cuda_engine_without_a_driver_is_a_clear_error() {
+    if let Err(reason) = kv_pool::cuda_available() {
+        let err = CudaCopyEngine::new(0, 1, 4, BYTES_PER_PAGE).unwrap_err();
+        assert!(
+            matches!(&err, Error::Unavailable(r) if *r == reason),
+            "{err}"
+        );
+        eprintln!("skipped: {reason}");
+    } else {
+        assert!(cuda_engine(4).is_some());
+    }
+}
+
+#[test]
+fn cuda_restore_and_capture_round_trip() {
+    let Some(mut copies) = cuda_engine(16) else {
+        return;
+    };
+    copies
+        .submit(restore_job(1, &[1, 2, 3, 4, 5, 6]), Timestamp::ZERO)
+        .unwrap();
+    let done = copies.wait_all();
+    assert_eq!(
+        done[0].outcome,
+        CopyOutcome::Done {
+            captured: Vec::new()
+        }
+    );
+    for page in 1..=6u32 {
+        assert_eq!(
+            copies.read_page(1, PageId(page)).unwrap(),
+            page_bytes(page as u8).to_vec()
+        );
+    }
+    let capture = CopyJob {
+        rank: 1,
+        work: CopyWork::Capture {
+            pages: vec![PageId(6)],
+        },
+    };
+    copies.submit(capture, Timestamp::ZERO).unwrap();
+    let done = copies.wait_all();
+    assert_eq!(
+        done[0].outcome,
+        CopyOutcome::Done {
+            captured: vec![page_bytes(6)]
+        }
+    );
+}
+
+#[test]
+fn cuda_cancelled_job_drains_before_it_is_reported() {
+    let Some(mut copies) = cuda_engine(16) else {
+        return;
+    };
+    let job = copies
+        .submit(restore_job(0, &[1, 2, 3]), Timestamp::ZERO)
+        .unwrap();
+    copies.cancel(job);
+    let mut done = copies.poll(Timestamp::ZERO);
+    done.extend(copies.wait_all());
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].outcome, CopyOutcome::Cancelled);
+    assert_eq!(copies.n_in_flight(), 0);
+}

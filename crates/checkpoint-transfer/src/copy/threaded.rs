@@ -1,0 +1,262 @@
+//! `ThreadedCopyEngine`: N worker threads fed by a crossbeam channel, one task per page, doing real memcpy
+//! between store buffers and a `PageStorage` (typically `HostStorage`). A job completes when its last page
+//! task ran; cancellation skips the tasks not started yet, and the completion is only sent once no task of
+//! the job can run any more, so the engine observes it only after every write into its pages ended.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+
+use crossbeam::channel::{Receiver, Sender};
+use kv_pool::{PageId, PageStorage};
+use reservation::Timestamp;
+
+use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
+use crate::error::{Error, Result};
+
+/// Worker threads copying pages with memcpy.
+pub struct ThreadedCopyEngine {
+    storage: Arc<dyn PageStorage>,
+    task_tx: Option<Sender<Task>>,
+    done_tx: Sender<CopyCompletion>,
+    done_rx: Receiver<CopyCompletion>,
+    workers: Vec<JoinHandle<()>>,
+    in_flight: HashSet<CopyJobId>,
+    cancel_flags: std::collections::HashMap<CopyJobId, Arc<JobShared>>,
+    next_job: u64,
+}
+
+impl std::fmt::Debug for ThreadedCopyEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadedCopyEngine")
+            .field("n_workers", &self.workers.len())
+            .field("n_in_flight", &self.in_flight.len())
+            .finish()
+    }
+}
+
+struct JobShared {
+    id: CopyJobId,
+    rank: u32,
+    remaining: AtomicUsize,
+    cancelled: AtomicBool,
+    failure: Mutex<Option<String>>,
+    captured: Mutex<Vec<Option<Arc<[u8]>>>>,
+    done_tx: Sender<CopyCompletion>,
+}
+
+enum TaskItem {
+    Restore(Arc<[u8]>, PageId),
+    Capture(PageId, usize),
+}
+
+struct Task {
+    job: Arc<JobShared>,
+    item: TaskItem,
+}
+
+impl ThreadedCopyEngine {
+    /// An engine with `n_workers` threads (at least one) copying into and out of `storage`.
+    pub fn new(storage: Arc<dyn PageStorage>, n_workers: usize) -> Result<Self> {
+        let (task_tx, task_rx) = crossbeam::channel::unbounded::<Task>();
+        let (done_tx, done_rx) = crossbeam::channel::unbounded();
+        let mut workers = Vec::with_capacity(n_workers.max(1));
+        for worker_idx in 0..n_workers.max(1) {
+            let task_rx = task_rx.clone();
+            let storage = Arc::clone(&storage);
+            let handle = std::thread::Builder::new()
+                .name(format!("kvgate-copy-{worker_idx}"))
+                .spawn(move || run_worker(&task_rx, storage.as_ref()))
+                .map_err(|e| Error::Unavailable(format!("cannot spawn a copy worker: {e}")))?;
+            workers.push(handle);
+        }
+        Ok(Self {
+            storage,
+            task_tx: Some(task_tx),
+            done_tx,
+            done_rx,
+            workers,
+            in_flight: HashSet::new(),
+            cancel_flags: std::collections::HashMap::new(),
+            next_job: 0,
+        })
+    }
+
+    /// Worker threads.
+    pub fn n_workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    fn observed(&mut self, completion: &CopyCompletion) {
+        self.in_flight.remove(&completion.job);
+        self.cancel_flags.remove(&completion.job);
+    }
+}
+
+impl CopyEngine for ThreadedCopyEngine {
+    fn submit(&mut self, job: CopyJob, _now: Timestamp) -> Result<CopyJobId> {
+        let id = CopyJobId(self.next_job);
+        self.next_job += 1;
+        let n_pages = job.n_pages();
+        let bytes_per_page = self.storage.bytes_per_page();
+        let shared = Arc::new(JobShared {
+            id,
+            rank: job.rank,
+            remaining: AtomicUsize::new(n_pages),
+            cancelled: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            captured: Mutex::new(match &job.work {
+                CopyWork::Capture { pages } => vec![None; pages.len()],
+                CopyWork::Restore { .. } => Vec::new(),
+            }),
+            done_tx: self.done_tx.clone(),
+        });
+        self.in_flight.insert(id);
+        self.cancel_flags.insert(id, Arc::clone(&shared));
+        if n_pages == 0 {
+            let _sent = self.done_tx.send(completion_of(&shared));
+            return Ok(id);
+        }
+        let task_tx = self.task_tx.as_ref().expect("workers run until drop");
+        let items: Vec<TaskItem> = match job.work {
+            CopyWork::Restore { pages } => pages
+                .into_iter()
+                .map(|(bytes, page)| {
+                    debug_assert_eq!(
+                        bytes.len(),
+                        bytes_per_page,
+                        "restore buffer of the wrong width"
+                    );
+                    TaskItem::Restore(bytes, page)
+                })
+                .collect(),
+            CopyWork::Capture { pages } => pages
+                .into_iter()
+                .enumerate()
+                .map(|(idx, page)| TaskItem::Capture(page, idx))
+                .collect(),
+        };
+        for item in items {
+            let task = Task {
+                job: Arc::clone(&shared),
+                item,
+            };
+            if let Err(unsent) = task_tx.send(task) {
+                // Workers gone: count the task as run-and-failed so the job still completes.
+                finish_task(&unsent.0.job, Some("copy workers stopped".to_string()));
+            }
+        }
+        Ok(id)
+    }
+
+    fn poll(&mut self, _now: Timestamp) -> Vec<CopyCompletion> {
+        let completions: Vec<CopyCompletion> = self.done_rx.try_iter().collect();
+        for completion in &completions {
+            self.observed(completion);
+        }
+        completions
+    }
+
+    fn cancel(&mut self, job: CopyJobId) {
+        if let Some(shared) = self.cancel_flags.get(&job) {
+            shared.cancelled.store(true, Ordering::Release);
+        }
+    }
+
+    fn n_in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    fn wait_all(&mut self) -> Vec<CopyCompletion> {
+        let mut completions = Vec::new();
+        while !self.in_flight.is_empty() {
+            let Ok(completion) = self.done_rx.recv() else {
+                break;
+            };
+            self.observed(&completion);
+            completions.push(completion);
+        }
+        completions
+    }
+}
+
+impl Drop for ThreadedCopyEngine {
+    fn drop(&mut self) {
+        self.task_tx = None;
+        for worker in self.workers.drain(..) {
+            let _joined = worker.join();
+        }
+    }
+}
+
+fn run_worker(task_rx: &Receiver<Task>, storage: &dyn PageStorage) {
+    for task in task_rx {
+        let job = &task.job;
+        let skip = job.cancelled.load(Ordering::Acquire)
+            || job
+                .failure
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_some();
+        let failure = if skip {
+            None
+        } else {
+            match task.item {
+                TaskItem::Restore(bytes, page) => storage
+                    .write(job.rank, page, &bytes)
+                    .err()
+                    .map(|e| e.to_string()),
+                TaskItem::Capture(page, idx) => {
+                    let mut buffer = vec![0u8; storage.bytes_per_page()];
+                    match storage.read(job.rank, page, &mut buffer) {
+                        Ok(()) => {
+                            job.captured.lock().unwrap_or_else(PoisonError::into_inner)[idx] =
+                                Some(Arc::from(buffer));
+                            None
+                        }
+                        Err(e) => Some(e.to_string()),
+                    }
+                }
+            }
+        };
+        finish_task(job, failure);
+    }
+}
+
+/// Counts one task of the job as ended; the last one sends the job's completion.
+fn finish_task(job: &JobShared, failure: Option<String>) {
+    if let Some(reason) = failure {
+        let mut slot = job.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.get_or_insert(reason);
+    }
+    if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
+        let _sent = job.done_tx.send(completion_of(job));
+    }
+}
+
+fn completion_of(job: &JobShared) -> CopyCompletion {
+    let failure = job
+        .failure
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    let outcome = if let Some(reason) = failure {
+        CopyOutcome::Failed { reason }
+    } else if job.cancelled.load(Ordering::Acquire) {
+        CopyOutcome::Cancelled
+    } else {
+        let captured =
+            std::mem::take(&mut *job.captured.lock().unwrap_or_else(PoisonError::into_inner));
+        match captured.into_iter().collect::<Option<Vec<_>>>() {
+            Some(captured) => CopyOutcome::Done { captured },
+            None => CopyOutcome::Cancelled,
+        }
+    };
+    CopyCompletion {
+        job: job.id,
+        rank: job.rank,
+        outcome,
+        invalidated: Vec::new(),
+    }
+}

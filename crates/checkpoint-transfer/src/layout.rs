@@ -1,0 +1,105 @@
+//! `LayoutDescriptor`: the compact, serializable description of the pool layout a checkpoint was written for
+//! (cache group kinds in order, page width, tokens per page, ranks). The engine fills it from kv-pool's
+//! `Geometry`; manifests carry it so a checkpoint written for another layout is never restored (G6, R4).
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Mismatch;
+
+/// Kind of one cache group, with the parameters that change what its pages hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum GroupKind {
+    /// Full attention: one page per `tokens_per_page` tokens.
+    Full,
+    /// Sliding-window attention over `window` tokens, keeping `retained_tail` extra tokens.
+    SlidingWindow {
+        /// Window in tokens.
+        window: u32,
+        /// Retained tail in tokens.
+        retained_tail: u32,
+    },
+    /// Chunked-local attention with chunks of `chunk` tokens.
+    ChunkedLocal {
+        /// Chunk in tokens.
+        chunk: u32,
+    },
+    /// Recurrent state: one state page per checkpoint.
+    Recurrent,
+    /// Auxiliary pages (draft, speculative, hidden state).
+    Auxiliary,
+}
+
+impl std::fmt::Display for GroupKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GroupKind::Full => write!(f, "full"),
+            GroupKind::SlidingWindow {
+                window,
+                retained_tail,
+            } => write!(f, "sliding({window}+{retained_tail})"),
+            GroupKind::ChunkedLocal { chunk } => write!(f, "chunked({chunk})"),
+            GroupKind::Recurrent => write!(f, "recurrent"),
+            GroupKind::Auxiliary => write!(f, "auxiliary"),
+        }
+    }
+}
+
+/// The layout a checkpoint's pages were written for.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LayoutDescriptor {
+    /// Cache group kinds, in the pool's group order.
+    pub groups: Vec<GroupKind>,
+    /// Bytes of one page on one rank.
+    pub bytes_per_page: u64,
+    /// Tokens one page holds.
+    pub tokens_per_page: u32,
+    /// Ranks the context is sharded over.
+    pub n_ranks: u32,
+}
+
+impl LayoutDescriptor {
+    /// One full-attention group: the simplest layout, used by tests and the simulator's default.
+    pub fn single_full(bytes_per_page: u64, tokens_per_page: u32, n_ranks: u32) -> Self {
+        Self {
+            groups: vec![GroupKind::Full],
+            bytes_per_page,
+            tokens_per_page,
+            n_ranks,
+        }
+    }
+
+    /// `Ok` when a checkpoint written for `self` can be restored into an engine with layout `engine`;
+    /// otherwise the first difference, in the order ranks, groups, page width, tokens per page.
+    pub fn check_matches(&self, engine: &LayoutDescriptor) -> Result<(), Mismatch> {
+        if self.n_ranks != engine.n_ranks {
+            return Err(Mismatch::Ranks {
+                expected: engine.n_ranks,
+                found: self.n_ranks,
+            });
+        }
+        if self.groups != engine.groups {
+            return Err(Mismatch::Groups {
+                expected: groups_to_string(&engine.groups),
+                found: groups_to_string(&self.groups),
+            });
+        }
+        if self.bytes_per_page != engine.bytes_per_page {
+            return Err(Mismatch::PageWidth {
+                expected: engine.bytes_per_page,
+                found: self.bytes_per_page,
+            });
+        }
+        if self.tokens_per_page != engine.tokens_per_page {
+            return Err(Mismatch::TokensPerPage {
+                expected: engine.tokens_per_page,
+                found: self.tokens_per_page,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn groups_to_string(groups: &[GroupKind]) -> String {
+    let names: Vec<String> = groups.iter().map(ToString::to_string).collect();
+    format!("[{}]", names.join(", "))
+}

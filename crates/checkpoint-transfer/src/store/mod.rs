@@ -1,0 +1,64 @@
+//! The external checkpoint store behind the `CheckpointStore` trait, with its tiers: `HostStore` (host
+//! memory, the embedded default) and `DiskStore` (a directory of checksummed manifests and payload files that
+//! survives restarts). Both are capacity-bounded and evict the least recently used checkpoint.
+
+mod catalog;
+mod disk;
+mod host;
+
+use std::sync::Arc;
+
+pub use disk::{DiskStore, MANIFEST_BYTES_MAX, MANIFEST_FORMAT_VERSION, RejectedFile};
+pub use host::HostStore;
+
+use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, PrefixQuery};
+use crate::error::Result;
+
+/// A store of checkpoints (the LMCache-like tier).
+pub trait CheckpointStore: Send + std::fmt::Debug {
+    /// The longest stored checkpoint whose token prefix is a prefix of the query's request (ties: newest
+    /// generation), refreshing its recency. `None` when nothing matches.
+    fn find_longest(&mut self, query: &PrefixQuery<'_>) -> Option<Arc<CheckpointMeta>>;
+
+    /// Stores (captures) a checkpoint. A newer generation of a stored id supersedes it; an older or equal
+    /// one is refused (`Error::StaleGeneration`). Least recently used checkpoints are evicted to make room.
+    fn put(&mut self, checkpoint: Checkpoint) -> Result<PutOutcome>;
+
+    /// The checkpoint's manifest data and page bytes (verified against its checksums where the tier keeps
+    /// them). Refreshes its recency.
+    fn get(&mut self, id: &CheckpointId) -> Result<Checkpoint>;
+
+    /// The manifest data of a stored checkpoint, without touching its recency.
+    fn meta(&self, id: &CheckpointId) -> Option<Arc<CheckpointMeta>>;
+
+    /// Drops a checkpoint; `false` when it was not stored.
+    fn remove(&mut self, id: &CheckpointId) -> Result<bool>;
+
+    /// What the store holds.
+    fn stats(&self) -> StoreStats;
+}
+
+/// What a `put` changed besides storing the checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PutOutcome {
+    /// The older generation it replaced, if any.
+    pub superseded_generation: Option<u64>,
+    /// Checkpoints evicted to make room, least recently used first.
+    pub evicted: Vec<CheckpointId>,
+}
+
+/// What a store holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Checkpoints stored.
+    pub n_checkpoints: usize,
+    /// Payload bytes stored.
+    pub n_bytes: u64,
+    /// Capacity in payload bytes.
+    pub capacity_bytes: u64,
+    /// Checkpoints evicted for room since the store was created or opened.
+    pub n_evictions: u64,
+}
+
+#[cfg(test)]
+mod tests;
