@@ -37,3 +37,20 @@ impl Timestamp {
         Timestamp(self.0 + by)
     }
 }
+
+/// A request's place in the admission order: lower first. FCFS uses `priority == 0` and the arrival sequence;
+/// priority scheduling puts the priority first. Capacity waiters hold back only restores later in this order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AdmissionOrder {
+    /// Scheduling priority, lower first (0 under FCFS).
+    pub priority: u32,
+    /// Arrival sequence number, lower first.
+    pub seq: u64,
+}
+
+impl AdmissionOrder {
+    /// The FCFS order of the `seq`-th arrival.
+    pub fn fcfs(seq: u64) -> AdmissionOrder {
+        AdmissionOrder { priority: 0, seq }
+    }
+}

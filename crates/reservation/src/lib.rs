@@ -2,6 +2,18 @@
 //! waiters in order with their needs, and bounded-wait expiry against an injected clock. Sans-IO and
 //! single-threaded; knows page counts, not bytes.
 
+mod config;
+mod error;
 mod ids;
+mod ledger;
+mod spec;
+#[cfg(test)]
+mod tests;
 
-pub use ids::{RequestId, Timestamp};
+pub use config::{LedgerConfig, Preflight};
+pub use error::{Error, ErrorKind, Result};
+pub use ids::{AdmissionOrder, RequestId, Timestamp};
+pub use ledger::{
+    DrainId, Ledger, LedgerSnapshot, Released, Ticket, TicketState, TicketView, WaiterView,
+};
+pub use spec::RestoreSpec;

@@ -1,0 +1,660 @@
+//! The `Ledger`: tickets (destination pages + one running slot + execution credits, taken together or not at
+//! all), credit consumption as the consumer computes its prompt, capacity waiters in admission order with
+//! their needs, bounded-wait expiry, idempotent release and the drain of cancelled imports' pages.
+//!
+//! Ticket life: `reserve` (Importing: pages copying) -> `publish` (Ready: owned by its waiting consumer) ->
+//! `admit` (Admitted: the slot becomes the consumer's running slot, the ticket's page references are dropped
+//! after the consumer acquired the pages) -> `allocate` / `consume` / `release_window_pages` while the prompt is
+//! computed -> `finish_prompt` (credits gone). `release` ends any stage at once.
+//!
+//! Credits: a ticket reserves `peak` pages; its outstanding credits are `peak - held`, where `held` counts the
+//! pages the consumer currently holds from them. Window pages the consumer frees lower `held`, so freed pages
+//! stay protected for it (C4). Other requests see `n_free - credits` (R2, C1); running decodes may dip into
+//! credit-protected pages (C5): the ledger tolerates `n_free < credits` and never asks anyone to preempt.
+
+use std::collections::BTreeMap;
+
+use kv_pool::{Geometry, PageId, PagePool, RestoreNeed};
+
+use crate::config::{LedgerConfig, Preflight};
+use crate::error::{Error, Result};
+use crate::ids::{AdmissionOrder, RequestId, Timestamp};
+use crate::spec::RestoreSpec;
+
+/// Names the destination pages of a cancelled import while its submitted copies drain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DrainId(pub u64);
+
+/// Where a ticket is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TicketState {
+    /// Destination pages reserved, copies in flight. Schedules nothing.
+    Importing,
+    /// Published on every rank, owned by its waiting consumer: a ready import.
+    Ready,
+    /// The consumer is admitted and computes its prompt from the credits.
+    Admitted,
+}
+
+/// A granted reservation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// The request.
+    pub req: RequestId,
+    /// The destination pages (one reference each, owned by the ticket until `admit` or `release`).
+    pub import_pages: Vec<PageId>,
+    /// Execution credits reserved for the continuation.
+    pub credit_pages: u32,
+}
+
+/// What `release` gave back. All zero / `None` / `false` when the request held nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Released {
+    /// A running slot held by a ticket.
+    pub slot: bool,
+    /// Outstanding credits released.
+    pub credit_pages: u32,
+    /// Destination pages whose ticket reference was dropped now (a ready import: they become evictable).
+    pub freed_import_pages: u32,
+    /// An importing ticket's pages, kept referenced until `pages_drained(drain)`.
+    pub drain: Option<DrainId>,
+    /// A capacity waiter (expired or not) was forgotten.
+    pub waiter: bool,
+}
+
+impl Released {
+    /// Whether nothing was held.
+    pub fn is_noop(&self) -> bool {
+        *self == Released::default()
+    }
+}
+
+/// One ticket, as `snapshot` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TicketView {
+    /// The request.
+    pub req: RequestId,
+    /// Its stage.
+    pub state: TicketState,
+    /// Whether it still holds its own running slot (until admitted).
+    pub holds_slot: bool,
+    /// Destination pages still referenced by the ticket.
+    pub import_pages: u32,
+    /// Credits reserved at the peak.
+    pub peak_credit_pages: u32,
+    /// Pages the consumer holds from its credits now.
+    pub held_pages: u32,
+    /// Outstanding credits: `peak - held`.
+    pub credit_pages: u32,
+}
+
+/// One capacity waiter, as `snapshot` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaiterView {
+    /// The request.
+    pub req: RequestId,
+    /// Its place in the admission order.
+    pub order: AdmissionOrder,
+    /// Pages it needs (import + credits).
+    pub need_pages: u32,
+    /// Its first refusal.
+    pub since: Timestamp,
+    /// Whether its bounded wait is over.
+    pub expired: bool,
+}
+
+/// Everything the ledger holds, for tests and the engine's trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerSnapshot {
+    /// Tickets by request id.
+    pub tickets: Vec<TicketView>,
+    /// Capacity waiters in admission order.
+    pub waiters: Vec<WaiterView>,
+    /// Pages of cancelled imports waiting for their copies to drain.
+    pub draining_pages: u32,
+    /// Outstanding credits of all tickets.
+    pub credit_pages: u32,
+    /// Running slots held by tickets.
+    pub slots_held: u32,
+}
+
+#[derive(Clone, Debug)]
+struct TicketEntry {
+    state: TicketState,
+    import_pages: Vec<PageId>,
+    peak_credit_pages: u32,
+    held_pages: u32,
+}
+
+impl TicketEntry {
+    fn outstanding(&self) -> u32 {
+        self.peak_credit_pages.saturating_sub(self.held_pages)
+    }
+
+    fn holds_slot(&self) -> bool {
+        self.state != TicketState::Admitted
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct WaiterEntry {
+    need_pages: u32,
+    since: Timestamp,
+    expired: bool,
+}
+
+/// The restore-admission ledger over one pool (every rank's pool has the same size; counts are per rank).
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    geometry: Geometry,
+    config: LedgerConfig,
+    tickets: BTreeMap<RequestId, TicketEntry>,
+    waiters: BTreeMap<(AdmissionOrder, RequestId), WaiterEntry>,
+    waiter_orders: BTreeMap<RequestId, AdmissionOrder>,
+    draining: BTreeMap<DrainId, Vec<PageId>>,
+    next_drain: u64,
+    credit_pages: u32,
+    slots_held: u32,
+}
+
+impl Ledger {
+    /// An empty ledger for pools of `geometry`.
+    pub fn new(geometry: Geometry, config: LedgerConfig) -> Ledger {
+        Ledger {
+            geometry,
+            config,
+            tickets: BTreeMap::new(),
+            waiters: BTreeMap::new(),
+            waiter_orders: BTreeMap::new(),
+            draining: BTreeMap::new(),
+            next_drain: 0,
+            credit_pages: 0,
+            slots_held: 0,
+        }
+    }
+
+    /// The pool geometry.
+    pub fn geometry(&self) -> &Geometry {
+        &self.geometry
+    }
+
+    /// The limits.
+    pub fn config(&self) -> &LedgerConfig {
+        &self.config
+    }
+
+    /// Validates `spec` (R4) and computes what it needs: import pages and credits.
+    pub fn need(&self, spec: &RestoreSpec) -> Result<RestoreNeed> {
+        spec.need(&self.geometry)
+    }
+
+    /// Reserve-with-admission (R1): allocates the destination pages from `pool` and takes one running slot and
+    /// the execution credits together, or nothing at all. Answers, in order of precedence:
+    /// - `Invalid` (R4): `req` already holds a ticket, or `spec` is invalid; nothing changes.
+    /// - `Impossible` (R3): import + credits exceed `pool.n_usable()`; the pool is untouched and `req` is no
+    ///   longer a waiter.
+    /// - `Expired` (W1): `req` waited `restore_max_wait` since its first refusal; refused even when space
+    ///   exists, warned about exactly once.
+    /// - `Pressure` (R2, R5, Q2): no free slot, or the need does not fit `n_free` minus other tickets' credits,
+    ///   in-flight unticketed prefill needs, the watermark (only while other work is scheduled) and the space
+    ///   and slots of earlier capacity waiters. Nothing is allocated or evicted; `req` is recorded (or
+    ///   refreshed) as a capacity waiter with its need; with a zero wait it expires at once.
+    pub fn reserve(
+        &mut self,
+        pool: &mut PagePool,
+        req: RequestId,
+        order: AdmissionOrder,
+        spec: &RestoreSpec,
+        preflight: &Preflight,
+        now: Timestamp,
+    ) -> Result<Ticket> {
+        if self.tickets.contains_key(&req) {
+            return Err(Error::TicketExists { req });
+        }
+        let need = self.need(spec)?;
+        let need_pages = need.total_pages();
+        if !Geometry::fits_empty_pool(need_pages, pool.n_usable()) {
+            self.forget_waiter(req);
+            return Err(Error::Impossible {
+                need_pages,
+                usable_pages: pool.n_usable(),
+            });
+        }
+        self.check_expiry(req, now)?;
+        let (held_pages, held_slots) = self.earlier_waiters_hold(order, req, now);
+        let free_slots = self
+            .free_slots(preflight.running_requests)
+            .saturating_sub(held_slots);
+        let available_pages = self
+            .available_pages(pool, preflight)
+            .saturating_sub(held_pages);
+        if free_slots == 0 || need_pages > available_pages {
+            self.record_waiter(req, order, need_pages, now);
+            self.check_expiry(req, now)?;
+            return Err(Error::Pressure {
+                need_pages,
+                available_pages,
+                free_slots,
+            });
+        }
+        let import_pages = pool.allocate(need.import_pages)?;
+        self.forget_waiter(req);
+        self.tickets.insert(
+            req,
+            TicketEntry {
+                state: TicketState::Importing,
+                import_pages: import_pages.clone(),
+                peak_credit_pages: need.credit_pages,
+                held_pages: 0,
+            },
+        );
+        self.credit_pages += need.credit_pages;
+        self.slots_held += 1;
+        Ok(Ticket {
+            req,
+            import_pages,
+            credit_pages: need.credit_pages,
+        })
+    }
+
+    /// The import was published on every rank: the ticket becomes a ready import, still owned by `req`.
+    pub fn publish(&mut self, req: RequestId) -> Result<()> {
+        let entry = self.entry_in(req, TicketState::Importing)?;
+        entry.state = TicketState::Ready;
+        Ok(())
+    }
+
+    /// The consumer is admitted: it has acquired the import's pages through the ordinary prefix-hit path, so
+    /// the ticket drops its page references (they stay held by the consumer) and its slot becomes the
+    /// consumer's running slot (count it in `Preflight::running_requests` from now on). Credits remain until
+    /// `finish_prompt`.
+    pub fn admit(&mut self, req: RequestId, pool: &mut PagePool) -> Result<()> {
+        let entry = self.entry_in(req, TicketState::Ready)?;
+        pool.free_all(&entry.import_pages)?;
+        entry.import_pages.clear();
+        entry.state = TicketState::Admitted;
+        self.slots_held -= 1;
+        Ok(())
+    }
+
+    /// Allocates `n_pages` for admitted `req` from its credits; beyond its outstanding credits it may use only
+    /// pages not protected for others (`n_free - credits`), else `Pressure` and nothing changes.
+    pub fn allocate(
+        &mut self,
+        pool: &mut PagePool,
+        req: RequestId,
+        n_pages: u32,
+    ) -> Result<Vec<PageId>> {
+        let outstanding = self.entry_in(req, TicketState::Admitted)?.outstanding();
+        let excess = n_pages.saturating_sub(outstanding);
+        let unprotected = pool.n_free().saturating_sub(self.credit_pages);
+        if excess > unprotected || n_pages > pool.n_free() {
+            return Err(Error::Pressure {
+                need_pages: n_pages,
+                available_pages: outstanding.min(pool.n_free()) + unprotected,
+                free_slots: 0,
+            });
+        }
+        let pages = pool.allocate(n_pages)?;
+        self.consume(req, n_pages)?;
+        Ok(pages)
+    }
+
+    /// Records that admitted `req` allocated `n_pages` itself: they are drawn from its credits.
+    pub fn consume(&mut self, req: RequestId, n_pages: u32) -> Result<()> {
+        let entry = self.entry_in(req, TicketState::Admitted)?;
+        let before = entry.outstanding();
+        entry.held_pages = entry.held_pages.saturating_add(n_pages);
+        let after = entry.outstanding();
+        self.credit_pages -= before - after;
+        Ok(())
+    }
+
+    /// Records that admitted `req` freed `n_pages` it held from its credits (positions that left a sliding or
+    /// chunked window became null). The credits come back (C4): the freed pages stay protected for `req`.
+    pub fn release_window_pages(&mut self, req: RequestId, n_pages: u32) -> Result<()> {
+        let entry = self.entry_in(req, TicketState::Admitted)?;
+        debug_assert!(
+            n_pages <= entry.held_pages,
+            "{req} frees {n_pages} pages but holds {}",
+            entry.held_pages
+        );
+        let before = entry.outstanding();
+        entry.held_pages = entry.held_pages.saturating_sub(n_pages);
+        let after = entry.outstanding();
+        self.credit_pages += after - before;
+        Ok(())
+    }
+
+    /// The consumer computed all its prompt tokens: the ticket ends and its outstanding credits are released
+    /// (C6). The consumer's pages are its own from now on.
+    pub fn finish_prompt(&mut self, req: RequestId) -> Result<()> {
+        self.entry_in(req, TicketState::Admitted)?;
+        let released = self.release_ticket(req, None);
+        debug_assert!(released.drain.is_none() && !released.slot);
+        Ok(())
+    }
+
+    /// Releases everything `req` holds, idempotently (a second call returns a no-op `Released`): its capacity
+    /// waiter (expired or not: its hold lifts, Q2), its ticket's slot and credits at once, the page
+    /// references of a ready import (they become evictable, O6), and, for an import still copying, its
+    /// destination pages move to a drain set returned as `Released::drain`: they stay referenced until
+    /// `pages_drained` (O5). Also the cancel path.
+    pub fn release(&mut self, req: RequestId, pool: &mut PagePool) -> Released {
+        let waiter = self.forget_waiter(req);
+        let mut released = self.release_ticket(req, Some(pool));
+        released.waiter = waiter;
+        released
+    }
+
+    /// Every submitted copy into the pages of `drain` has finished: drops their references. Returns how many.
+    pub fn pages_drained(&mut self, drain: DrainId, pool: &mut PagePool) -> Result<u32> {
+        let pages = self
+            .draining
+            .remove(&drain)
+            .ok_or(Error::UnknownDrain { drain })?;
+        pool.free_all(&pages)?;
+        Ok(pages.len() as u32)
+    }
+
+    /// Marks every waiter whose bounded wait is over as expired, with its one warning; returns them in order.
+    /// Optional: `reserve` expires a waiter when it is polled, and an overdue waiter holds nobody back.
+    pub fn expire_due(&mut self, now: Timestamp) -> Vec<RequestId> {
+        let due: Vec<RequestId> = self
+            .waiters
+            .iter()
+            .filter(|(_, waiter)| {
+                !waiter.expired && now.since(waiter.since) >= self.config.restore_max_wait
+            })
+            .map(|(&(_, req), _)| req)
+            .collect();
+        for &req in &due {
+            // Marks and warns; the error value is the answer for a polled request, not needed here.
+            let _expired = self.check_expiry(req, now);
+        }
+        due
+    }
+
+    /// Outstanding credits of all tickets.
+    pub fn credit_pages(&self) -> u32 {
+        self.credit_pages
+    }
+
+    /// Outstanding credits of `req` (0 without a ticket).
+    pub fn credit_pages_of(&self, req: RequestId) -> u32 {
+        self.tickets.get(&req).map_or(0, TicketEntry::outstanding)
+    }
+
+    /// Running slots held by tickets not yet admitted.
+    pub fn slots_held(&self) -> u32 {
+        self.slots_held
+    }
+
+    /// Running slots free for a new ticket or admission, given `running_requests` admitted requests.
+    pub fn free_slots(&self, running_requests: u32) -> u32 {
+        self.config
+            .max_running_slots
+            .saturating_sub(running_requests)
+            .saturating_sub(self.slots_held)
+    }
+
+    /// Pages a new request may take now (R2): free pages minus all credits, unticketed prefill needs and the
+    /// applied watermark. Capacity waiters' holds are not subtracted (they only hold back later restores).
+    pub fn available_pages(&self, pool: &PagePool, preflight: &Preflight) -> u32 {
+        pool.n_free()
+            .saturating_sub(self.credit_pages)
+            .saturating_sub(preflight.unticketed_prefill_pages)
+            .saturating_sub(preflight.applied_watermark_pages())
+    }
+
+    /// The stage of `req`'s ticket, if it holds one.
+    pub fn ticket_state(&self, req: RequestId) -> Option<TicketState> {
+        self.tickets.get(&req).map(|entry| entry.state)
+    }
+
+    /// Whether `req` is a capacity waiter (expired or not).
+    pub fn is_waiter(&self, req: RequestId) -> bool {
+        self.waiter_orders.contains_key(&req)
+    }
+
+    /// Whether `req`'s bounded wait is over (it must recompute; admission or release clears this).
+    pub fn is_expired(&self, req: RequestId) -> bool {
+        self.waiter_orders
+            .get(&req)
+            .is_some_and(|&order| self.waiters[&(order, req)].expired)
+    }
+
+    /// Whether `req` holds a ticket or is a waiter.
+    pub fn holds_anything(&self, req: RequestId) -> bool {
+        self.tickets.contains_key(&req) || self.waiter_orders.contains_key(&req)
+    }
+
+    /// Capacity waiters, expired ones included.
+    pub fn n_waiters(&self) -> usize {
+        self.waiters.len()
+    }
+
+    /// Tickets.
+    pub fn n_tickets(&self) -> usize {
+        self.tickets.len()
+    }
+
+    /// Pages of cancelled imports still draining.
+    pub fn draining_pages(&self) -> u32 {
+        self.draining.values().map(|pages| pages.len() as u32).sum()
+    }
+
+    /// Everything the ledger holds.
+    pub fn snapshot(&self) -> LedgerSnapshot {
+        LedgerSnapshot {
+            tickets: self
+                .tickets
+                .iter()
+                .map(|(&req, entry)| TicketView {
+                    req,
+                    state: entry.state,
+                    holds_slot: entry.holds_slot(),
+                    import_pages: entry.import_pages.len() as u32,
+                    peak_credit_pages: entry.peak_credit_pages,
+                    held_pages: entry.held_pages,
+                    credit_pages: entry.outstanding(),
+                })
+                .collect(),
+            waiters: self
+                .waiters
+                .iter()
+                .map(|(&(order, req), waiter)| WaiterView {
+                    req,
+                    order,
+                    need_pages: waiter.need_pages,
+                    since: waiter.since,
+                    expired: waiter.expired,
+                })
+                .collect(),
+            draining_pages: self.draining_pages(),
+            credit_pages: self.credit_pages,
+            slots_held: self.slots_held,
+        }
+    }
+
+    /// Asserts the ledger's invariants against `pool`: slots held by tickets never exceed the limit and match
+    /// the tickets; the credit total is the sum of outstanding credits; every page a ticket or a drain holds
+    /// is referenced in `pool`; a request is never both a ticket holder and a waiter; waiter indexes agree.
+    pub fn check_invariants(&self, pool: &PagePool) {
+        let slots = self
+            .tickets
+            .values()
+            .filter(|entry| entry.holds_slot())
+            .count() as u32;
+        assert_eq!(slots, self.slots_held, "slot count drifted");
+        assert!(
+            self.slots_held <= self.config.max_running_slots,
+            "{} ticket slots exceed the limit {}",
+            self.slots_held,
+            self.config.max_running_slots
+        );
+        let credits: u32 = self.tickets.values().map(TicketEntry::outstanding).sum();
+        assert_eq!(credits, self.credit_pages, "credit total drifted");
+        let ticket_pages = self.tickets.values().flat_map(|entry| &entry.import_pages);
+        for &page in ticket_pages.chain(self.draining.values().flatten()) {
+            let ref_count = pool
+                .ref_count(page)
+                .expect("ledger page in range and not null");
+            assert!(
+                ref_count > 0,
+                "ledger holds {page:?} but the pool has it free"
+            );
+        }
+        for (&req, entry) in &self.tickets {
+            assert!(
+                !self.waiter_orders.contains_key(&req),
+                "{req} is both a ticket and a waiter"
+            );
+            if entry.state == TicketState::Admitted {
+                assert!(
+                    entry.import_pages.is_empty(),
+                    "admitted {req} still holds import pages"
+                );
+            }
+        }
+        assert_eq!(
+            self.waiters.len(),
+            self.waiter_orders.len(),
+            "waiter indexes disagree"
+        );
+        for (&req, &order) in &self.waiter_orders {
+            assert!(
+                self.waiters.contains_key(&(order, req)),
+                "waiter {req} missing at {order:?}"
+            );
+        }
+    }
+
+    fn entry_in(&mut self, req: RequestId, expected: TicketState) -> Result<&mut TicketEntry> {
+        let entry = self.tickets.get_mut(&req).ok_or(Error::NoTicket { req })?;
+        if entry.state != expected {
+            return Err(Error::WrongTicketState {
+                req,
+                state: entry.state,
+                expected,
+            });
+        }
+        Ok(entry)
+    }
+
+    /// Removes `req`'s ticket; with `pool`, a ready import's references are dropped now and an importing
+    /// one's pages go to a drain.
+    fn release_ticket(&mut self, req: RequestId, pool: Option<&mut PagePool>) -> Released {
+        let Some(entry) = self.tickets.remove(&req) else {
+            return Released::default();
+        };
+        let mut released = Released {
+            slot: entry.holds_slot(),
+            credit_pages: entry.outstanding(),
+            ..Released::default()
+        };
+        self.credit_pages -= released.credit_pages;
+        if released.slot {
+            self.slots_held -= 1;
+        }
+        match entry.state {
+            TicketState::Importing => {
+                let drain = DrainId(self.next_drain);
+                self.next_drain += 1;
+                self.draining.insert(drain, entry.import_pages);
+                released.drain = Some(drain);
+            }
+            TicketState::Ready => {
+                if let Some(pool) = pool {
+                    let freed = pool.free_all(&entry.import_pages);
+                    debug_assert!(
+                        freed.is_ok(),
+                        "ticket pages of {req} not referenced: {freed:?}"
+                    );
+                }
+                released.freed_import_pages = entry.import_pages.len() as u32;
+            }
+            TicketState::Admitted => {}
+        }
+        released
+    }
+
+    /// Pages and slots held, for `req` at `order`, by earlier waiters whose wait is not over.
+    fn earlier_waiters_hold(
+        &self,
+        order: AdmissionOrder,
+        req: RequestId,
+        now: Timestamp,
+    ) -> (u32, u32) {
+        let max_wait = self.config.restore_max_wait;
+        self.waiters
+            .range(..(order, req))
+            .filter(|(_, waiter)| !waiter.expired && now.since(waiter.since) < max_wait)
+            .fold((0u32, 0u32), |(pages, slots), (_, waiter)| {
+                (pages.saturating_add(waiter.need_pages), slots + 1)
+            })
+    }
+
+    fn record_waiter(
+        &mut self,
+        req: RequestId,
+        order: AdmissionOrder,
+        need_pages: u32,
+        now: Timestamp,
+    ) {
+        let mut waiter = WaiterEntry {
+            need_pages,
+            since: now,
+            expired: false,
+        };
+        if let Some(old_order) = self.waiter_orders.insert(req, order) {
+            let old = self.waiters.remove(&(old_order, req));
+            debug_assert!(old.is_some(), "waiter index of {req} dangling");
+            if let Some(old) = old {
+                waiter.since = old.since;
+                waiter.expired = old.expired;
+            }
+        }
+        self.waiters.insert((order, req), waiter);
+    }
+
+    /// Whether `req` (a waiter) is out of time: marks it expired with exactly one warning on the transition.
+    fn check_expiry(&mut self, req: RequestId, now: Timestamp) -> Result<()> {
+        let Some(&order) = self.waiter_orders.get(&req) else {
+            return Ok(());
+        };
+        let max_wait = self.config.restore_max_wait;
+        let waiter = self
+            .waiters
+            .get_mut(&(order, req))
+            .expect("waiter indexes agree");
+        let waited = now.since(waiter.since);
+        if !waiter.expired && waited < max_wait {
+            return Ok(());
+        }
+        if !waiter.expired {
+            waiter.expired = true;
+            tracing::warn!(
+                %req,
+                waited_s = waited.as_secs_f64(),
+                max_wait_s = max_wait.as_secs_f64(),
+                "restore gave up waiting for capacity after {:.1} s; recomputing its prompt",
+                waited.as_secs_f64()
+            );
+        }
+        Err(Error::Expired { req, waited })
+    }
+
+    fn forget_waiter(&mut self, req: RequestId) -> bool {
+        match self.waiter_orders.remove(&req) {
+            Some(order) => {
+                self.waiters.remove(&(order, req));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,177 @@
+//! Property tests over random sequences of reserve / publish / admit / allocate / window free / finish /
+//! cancel / drain / competitor allocate and free / clock advance on a small pool.
+
+use std::time::Duration;
+
+use kv_pool::{CacheGroup, Geometry, GroupKind, PageId, PagePool};
+use proptest::prelude::*;
+
+use crate::{
+    AdmissionOrder, Ledger, LedgerConfig, Preflight, RequestId, RestoreSpec, TicketState, Timestamp,
+};
+
+const N_REQUESTS: u64 = 4;
+
+#[derive(Clone, Debug)]
+enum Op {
+    Reserve { id: u64, boundary: u32, extra: u32 },
+    Publish { id: u64 },
+    Admit { id: u64 },
+    Allocate { id: u64, n_pages: u32 },
+    WindowFree { id: u64, n_pages: u32 },
+    Finish { id: u64 },
+    Release { id: u64 },
+    Drain,
+    Compete { n_pages: u32 },
+    CompetitorFree { n_pages: u32 },
+    Advance { secs: u64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let id = 0..N_REQUESTS;
+    prop_oneof![
+        3 => (id.clone(), 1u32..24, 0u32..24).prop_map(|(id, boundary, extra)| Op::Reserve { id, boundary, extra }),
+        2 => id.clone().prop_map(|id| Op::Publish { id }),
+        2 => id.clone().prop_map(|id| Op::Admit { id }),
+        2 => (id.clone(), 0u32..4).prop_map(|(id, n_pages)| Op::Allocate { id, n_pages }),
+        1 => (id.clone(), 0u32..3).prop_map(|(id, n_pages)| Op::WindowFree { id, n_pages }),
+        1 => id.clone().prop_map(|id| Op::Finish { id }),
+        1 => id.prop_map(|id| Op::Release { id }),
+        1 => Just(Op::Drain),
+        1 => (0u32..4).prop_map(|n_pages| Op::Compete { n_pages }),
+        1 => (0u32..4).prop_map(|n_pages| Op::CompetitorFree { n_pages }),
+        1 => (0u64..40).prop_map(|secs| Op::Advance { secs }),
+    ]
+}
+
+/// The engine side: pages each consumer holds, imports it acquired, drains pending, competitor pages.
+#[derive(Default)]
+struct World {
+    consumer_pages: Vec<Vec<PageId>>,
+    acquired: Vec<Vec<PageId>>,
+    ticket_pages: Vec<Vec<PageId>>,
+    drains: Vec<crate::DrainId>,
+    competitor: Vec<PageId>,
+}
+
+fn free_request(world: &mut World, pool: &mut PagePool, idx: usize) {
+    let pages: Vec<PageId> = world.consumer_pages[idx]
+        .drain(..)
+        .chain(world.acquired[idx].drain(..))
+        .collect();
+    pool.free_all(&pages).expect("request pages held");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(192))]
+
+    /// After every operation: the ledger's and the pool's invariants hold; outstanding credits never exceed
+    /// the free pages (nobody allocates past them here); ticket slots never exceed the limit; a released
+    /// request holds no ticket, waiter or credit, and releasing it again changes nothing; at the end, once
+    /// everything is released, drained and freed, every usable page is free again (no leak).
+    #[test]
+    fn prop_ledger_invariants_hold_over_random_operations(ops in proptest::collection::vec(op(), 1..80)) {
+        let group = CacheGroup { kind: GroupKind::Full, bytes_per_page: 64 };
+        let geometry = Geometry::new(vec![group], 4, 1, 4096).expect("geometry");
+        let config = LedgerConfig { max_running_slots: 3, restore_max_wait: Duration::from_secs(60) };
+        let mut ledger = Ledger::new(geometry.clone(), config);
+        let n_usable = 24;
+        let mut pool = PagePool::new(1 + n_usable).expect("pool");
+        let mut world = World {
+            consumer_pages: vec![Vec::new(); N_REQUESTS as usize],
+            acquired: vec![Vec::new(); N_REQUESTS as usize],
+            ticket_pages: vec![Vec::new(); N_REQUESTS as usize],
+            ..World::default()
+        };
+        let mut now = Timestamp::ZERO;
+        for op in ops {
+            match op {
+                Op::Reserve { id, boundary, extra } => {
+                    let spec = RestoreSpec::for_geometry(&geometry, boundary, boundary + extra, 8);
+                    let preflight = Preflight { running_requests: 0, ..Preflight::default() };
+                    let free = pool.n_free();
+                    let credits = ledger.credit_pages();
+                    match ledger.reserve(&mut pool, RequestId(id), AdmissionOrder::fcfs(id), &spec, &preflight, now) {
+                        Ok(ticket) => world.ticket_pages[id as usize] = ticket.import_pages,
+                        Err(_) => {
+                            prop_assert_eq!(pool.n_free(), free);
+                            prop_assert_eq!(ledger.credit_pages(), credits);
+                        }
+                    }
+                }
+                Op::Publish { id } => { let _ = ledger.publish(RequestId(id)); }
+                Op::Admit { id } => {
+                    if ledger.ticket_state(RequestId(id)) == Some(TicketState::Ready) {
+                        let pages = std::mem::take(&mut world.ticket_pages[id as usize]);
+                        for &page in &pages {
+                            pool.touch(page).expect("acquire");
+                        }
+                        ledger.admit(RequestId(id), &mut pool).expect("ready");
+                        world.acquired[id as usize] = pages;
+                    }
+                }
+                Op::Allocate { id, n_pages } => {
+                    if let Ok(pages) = ledger.allocate(&mut pool, RequestId(id), n_pages) {
+                        world.consumer_pages[id as usize].extend(pages);
+                    }
+                }
+                Op::WindowFree { id, n_pages } => {
+                    let held = &mut world.consumer_pages[id as usize];
+                    let n = (n_pages as usize).min(held.len());
+                    if ledger.ticket_state(RequestId(id)) == Some(TicketState::Admitted) && n > 0 {
+                        let freed: Vec<PageId> = held.drain(..n).collect();
+                        pool.free_all(&freed).expect("held");
+                        ledger.release_window_pages(RequestId(id), n as u32).expect("admitted");
+                    }
+                }
+                Op::Finish { id } => { let _ = ledger.finish_prompt(RequestId(id)); }
+                Op::Release { id } => {
+                    let released = ledger.release(RequestId(id), &mut pool);
+                    if let Some(drain) = released.drain {
+                        world.drains.push(drain);
+                    }
+                    world.ticket_pages[id as usize].clear();
+                    free_request(&mut world, &mut pool, id as usize);
+                    prop_assert!(!ledger.holds_anything(RequestId(id)));
+                    prop_assert_eq!(ledger.credit_pages_of(RequestId(id)), 0);
+                    let free = pool.n_free();
+                    prop_assert!(ledger.release(RequestId(id), &mut pool).is_noop());
+                    prop_assert_eq!(pool.n_free(), free);
+                }
+                Op::Drain => {
+                    if let Some(drain) = world.drains.pop() {
+                        ledger.pages_drained(drain, &mut pool).expect("draining");
+                    }
+                }
+                Op::Compete { n_pages } => {
+                    if n_pages <= ledger.available_pages(&pool, &Preflight::default()) {
+                        world.competitor.extend(pool.allocate(n_pages).expect("available"));
+                    }
+                }
+                Op::CompetitorFree { n_pages } => {
+                    let n = (n_pages as usize).min(world.competitor.len());
+                    let freed: Vec<PageId> = world.competitor.drain(..n).collect();
+                    pool.free_all(&freed).expect("held");
+                }
+                Op::Advance { secs } => now = now.after(Duration::from_secs(secs)),
+            }
+            ledger.check_invariants(&pool);
+            pool.check_invariants();
+            prop_assert!(ledger.credit_pages() <= pool.n_free(), "credits {} > free {}", ledger.credit_pages(), pool.n_free());
+            prop_assert!(ledger.slots_held() <= 3);
+        }
+        for id in 0..N_REQUESTS {
+            if let Some(drain) = ledger.release(RequestId(id), &mut pool).drain {
+                world.drains.push(drain);
+            }
+            free_request(&mut world, &mut pool, id as usize);
+        }
+        for drain in std::mem::take(&mut world.drains) {
+            ledger.pages_drained(drain, &mut pool).expect("draining");
+        }
+        pool.free_all(&world.competitor).expect("held");
+        prop_assert_eq!(ledger.snapshot().credit_pages, 0);
+        prop_assert_eq!(ledger.n_tickets() + ledger.n_waiters(), 0);
+        prop_assert_eq!(pool.n_free(), n_usable);
+    }
+}
