@@ -1,2 +1,26 @@
 //! The step loop, the restore coordinator, the `Executor` trait with the simulated executor, the three
 //! policies (`ordinary`, `pages-only`, `reserved`) and the run metrics.
+
+mod engine;
+mod error;
+pub mod executor;
+mod metrics;
+mod params;
+mod policy;
+mod request;
+
+pub use engine::{Engine, RequestView, StepReport};
+pub use error::{Error, Result};
+pub use executor::{CostModel, Executor, SimExecutor};
+pub use metrics::{FallbackReason, RequestMetrics, RunMetrics};
+pub use params::EngineParams;
+pub use policy::Policy;
+pub use request::{FinishedRequest, RequestSpec, STOP_TOKEN, output_token};
+
+/// Copy faults the simulated copy engine can inject (`Engine::inject_copy_fault`).
+pub use checkpoint_transfer::Fault;
+/// Request ids and the clock's timestamps, shared with the lower layers.
+pub use reservation::{RequestId, Timestamp};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,455 @@
+//! The restore coordinator (store side, G1-G5): the lookup on arrival, its timeout and non-blocking refresh,
+//! the reservation (per policy), the copy-slot limit, capacity-wait logging, retry of a shorter checkpoint
+//! after a failed copy, and the import completions (publication, E3 verification, ownership per policy).
+//!
+//! Poll order per pending restore (G2): lookup unanswered -> defer until the lookup timeout, then recompute;
+//! failed or empty lookup -> recompute; complete local hit -> admit without restoring; copy in flight ->
+//! defer; copy tasks at their limit -> wait for a copy slot; else reserve (policy) and copy.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use checkpoint_transfer::{CheckpointMeta, CopyEngine, PrefixQuery, RESTORE_LOOKUPS_MAX};
+use kv_pool::{BlockKey, PageId};
+use reservation::{ErrorKind, Preflight, RequestId, RestoreSpec};
+
+use super::imports::ImportEvent;
+use super::req::{Phase, Restore};
+use super::{Engine, StepReport};
+use crate::error::Result;
+use crate::executor::Executor;
+use crate::metrics::FallbackReason;
+use crate::policy::Policy;
+
+/// A capacity wait is logged when it starts and every this often after (G5).
+const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(30);
+
+impl<E: Executor> Engine<E> {
+    /// A request arrives: it asks the store unless its local prefix already covers every restorable block.
+    pub(crate) fn on_arrival(&mut self, id: RequestId) {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = &self.reqs[&id];
+        let restorable = self.restorable_blocks(id);
+        let local = self
+            .pool
+            .longest_prefix(&req.keys[..restorable as usize])
+            .len() as u32;
+        if local >= restorable || restorable == 0 {
+            let req = self.reqs.get_mut(&id).expect("live");
+            req.expected_local_blocks = local;
+            req.metrics.complete_local_hit |= !req.admitted_once && restorable > 0;
+            self.enqueue_waiting(id, None);
+            return;
+        }
+        let limit_tokens = restorable * tpp + 1;
+        self.send_lookup(id, limit_tokens);
+    }
+
+    /// Blocks of `id`'s prompt a restore may cover: all but the last token's, or the whole prompt when it ends
+    /// on a page boundary and the request has saved logits (Q4).
+    fn restorable_blocks(&self, id: RequestId) -> u32 {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = &self.reqs[&id];
+        let len = req.tokens.len() as u32;
+        if req.spec.saved_logits && len.is_multiple_of(tpp) {
+            len / tpp
+        } else {
+            (len - 1) / tpp
+        }
+    }
+
+    fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) {
+        let (now, latency) = (self.now, self.params.lookup_latency);
+        let req = self.reqs.get_mut(&id).expect("live");
+        req.lookups += 1;
+        req.restore = Restore::Lookup {
+            sent: now,
+            answer_at: now.after(latency),
+            limit_tokens,
+        };
+        req.phase = Phase::Restoring;
+        self.waiting.remove(&req.order);
+        self.restoring.insert(req.order, id);
+    }
+
+    /// The store's answer: the longest checkpoint (shorter than `limit_tokens`) that is a prefix of `id`.
+    fn find_checkpoint(&mut self, id: RequestId, limit_tokens: u32) -> Option<Arc<CheckpointMeta>> {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = &self.reqs[&id];
+        let limit_blocks =
+            (limit_tokens.saturating_sub(1) / tpp).min(self.restorable_blocks(id)) as usize;
+        let query = PrefixQuery {
+            block_keys: &req.keys[..limit_blocks],
+            tokens: &req.tokens[..limit_blocks * tpp as usize],
+        };
+        let meta = self.store.find_longest(&query)?;
+        if let Err(mismatch) = meta.check_restorable(&self.layout, &query) {
+            // G6: never restored; the request recomputes and the log says why.
+            tracing::warn!(request = %id, checkpoint = %meta.id, %mismatch, "checkpoint does not match: recomputing");
+            return None;
+        }
+        Some(meta)
+    }
+
+    /// Polls every pending restore once (Q8).
+    pub(crate) fn poll_restores(&mut self, report: &mut StepReport) -> Result<()> {
+        let pending: Vec<RequestId> = self.restoring.values().copied().collect();
+        for id in pending {
+            report.restore_polls += 1;
+            match self.reqs[&id].restore.clone() {
+                Restore::Lookup {
+                    sent,
+                    answer_at,
+                    limit_tokens,
+                } => {
+                    if self.now >= answer_at {
+                        self.answer_lookup(id, limit_tokens, report)?;
+                    } else if self.now.since(sent) >= self.params.lookup_timeout {
+                        self.fall_back(id, FallbackReason::LookupTimeout, report);
+                    }
+                }
+                Restore::Answered {
+                    checkpoint,
+                    blocks,
+                    answered,
+                } => {
+                    if self.now.since(answered) >= self.params.lookup_timeout / 2 {
+                        // G4: a non-blocking refresh keeps the checkpoint recent in the store.
+                        match self.find_checkpoint(
+                            id,
+                            blocks * self.params.geometry.tokens_per_page() + 1,
+                        ) {
+                            None => {
+                                self.fall_back(id, FallbackReason::NotInStore, report);
+                                continue;
+                            }
+                            Some(fresh) => {
+                                let blocks = blocks.min(fresh.block_keys.len() as u32);
+                                let checkpoint = if fresh.generation > checkpoint.generation {
+                                    fresh
+                                } else {
+                                    checkpoint
+                                };
+                                self.reqs.get_mut(&id).expect("live").restore = Restore::Answered {
+                                    checkpoint,
+                                    blocks,
+                                    answered: self.now,
+                                };
+                            }
+                        }
+                    }
+                    self.try_reserve(id, report)?;
+                }
+                Restore::Importing { .. } => {} // copy in flight: defer
+                Restore::Idle => unreachable!("a restoring request has a restore"),
+            }
+        }
+        Ok(())
+    }
+
+    fn answer_lookup(
+        &mut self,
+        id: RequestId,
+        limit_tokens: u32,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        let Some(checkpoint) = self.find_checkpoint(id, limit_tokens) else {
+            self.fall_back(id, FallbackReason::NotInStore, report);
+            return Ok(());
+        };
+        let blocks = (checkpoint.block_keys.len() as u32).min(self.restorable_blocks(id));
+        let req = &self.reqs[&id];
+        let local = self.pool.longest_prefix(&req.keys[..blocks as usize]).len() as u32;
+        if blocks <= local {
+            // A complete local hit: admitted without the store (G2).
+            let req = self.reqs.get_mut(&id).expect("live");
+            req.metrics.complete_local_hit |= !req.admitted_once;
+            req.expected_local_blocks = local;
+            self.enqueue_waiting(id, None);
+            return Ok(());
+        }
+        self.reqs.get_mut(&id).expect("live").restore = Restore::Answered {
+            checkpoint,
+            blocks,
+            answered: self.now,
+        };
+        if self.params.policy == Policy::Ordinary {
+            // Before the contract: the restore is tried at admission, at once or not at all (G1).
+            self.enqueue_waiting(id, None);
+            return Ok(());
+        }
+        self.try_reserve(id, report)
+    }
+
+    /// Reserves for an answered restore by the policy's mechanism and starts its copy.
+    fn try_reserve(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
+        if self.imports.n_copying() >= self.params.copy_task_limit as usize {
+            return Ok(()); // wait for a copy slot (G2)
+        }
+        let Restore::Answered {
+            checkpoint, blocks, ..
+        } = self.reqs[&id].restore.clone()
+        else {
+            unreachable!()
+        };
+        let tpp = self.params.geometry.tokens_per_page();
+        let dest_pages = if let Some(ledger) = self.ledger.as_mut() {
+            let req = &self.reqs[&id];
+            let mut spec = RestoreSpec::for_geometry(
+                &self.params.geometry,
+                blocks * tpp,
+                req.tokens.len() as u32,
+                self.params.chunk_tokens,
+            );
+            spec.draft_lookahead_tokens = self.params.draft_tokens;
+            spec.captures = 1;
+            let unticketed_prefill_pages = self
+                .running
+                .iter()
+                .map(|running| &self.reqs[running])
+                .filter(|running| {
+                    running.in_prefill() && ledger.ticket_state(running.spec.id).is_none()
+                })
+                .map(|running| {
+                    running
+                        .prompt_end
+                        .div_ceil(tpp)
+                        .saturating_sub(running.pages.len() as u32)
+                })
+                .sum();
+            let preflight = Preflight {
+                running_requests: self.running.len() as u32,
+                unticketed_prefill_pages,
+                watermark_pages: self.params.watermark_pages,
+                other_work_scheduled: !self.running.is_empty(),
+            };
+            match ledger.reserve(&mut self.pool, id, req.order, &spec, &preflight, self.now) {
+                Ok(ticket) => ticket.import_pages,
+                Err(error) => {
+                    let (kind, message) = (error.kind(), error.to_string());
+                    return self.refused(id, kind, &message, report);
+                }
+            }
+        } else {
+            // pages-only: the imported pages alone, taken if free now; no slot, no credits, no hold on others.
+            let busy = !self.running.is_empty();
+            let available = self.pool.n_free().saturating_sub(if busy {
+                self.params.watermark_pages
+            } else {
+                0
+            });
+            if self.params.restore_max_wait.is_zero() {
+                if blocks > available {
+                    self.fall_back(id, FallbackReason::WaitExpired, report);
+                    return Ok(());
+                }
+            } else if blocks > available {
+                let message = format!("need {blocks} pages, {available} free");
+                return self.refused(id, ErrorKind::Pressure, &message, report);
+            }
+            self.pool.allocate(blocks)?
+        };
+        self.end_wait(id);
+        let Ok(stored) = self.store.get(&checkpoint.id) else {
+            // G3: the selected checkpoint was lost: release what was reserved and look up again.
+            self.release_reserved(id, &dest_pages)?;
+            self.retry_lookup(id, blocks * tpp + 1, FallbackReason::NotInStore, report);
+            return Ok(());
+        };
+        let req = &self.reqs[&id];
+        let dest: Vec<(PageId, BlockKey, Arc<[u8]>)> = dest_pages
+            .iter()
+            .enumerate()
+            .map(|(block, &page)| {
+                (
+                    page,
+                    req.keys[block],
+                    Arc::clone(&stored.payload.ranks[0][block]),
+                )
+            })
+            .collect();
+        let owns_pages = self.ledger.is_none();
+        let import = self.imports.stage(
+            &mut self.copies as &mut dyn CopyEngine,
+            id,
+            dest,
+            0,
+            owns_pages,
+            self.now,
+        )?;
+        self.reqs.get_mut(&id).expect("live").restore = Restore::Importing { blocks, import };
+        Ok(())
+    }
+
+    /// A refused reservation: pressure starts or continues a capacity wait (logged, G5); impossible and
+    /// expired recompute at once.
+    fn refused(
+        &mut self,
+        id: RequestId,
+        kind: ErrorKind,
+        message: &str,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        let now = self.now;
+        match kind {
+            ErrorKind::Pressure => {
+                let max_wait = self.params.restore_max_wait;
+                let req = self.reqs.get_mut(&id).expect("live");
+                match req.wait_started {
+                    None => {
+                        req.wait_started = Some(now);
+                        req.wait_logged = now;
+                        req.metrics.capacity_waits += 1;
+                        self.capacity_waits_started += 1;
+                        tracing::info!(request = %id, free_pages = self.pool.n_free(), %message, "restore waits for capacity");
+                    }
+                    Some(started) => {
+                        if self.ledger.is_none() && now.since(started) >= max_wait {
+                            // pages-only keeps its own bounded wait (no ledger).
+                            self.fall_back(id, FallbackReason::WaitExpired, report);
+                            return Ok(());
+                        }
+                        if now.since(req.wait_logged) >= WAIT_LOG_INTERVAL {
+                            req.wait_logged = now;
+                            tracing::info!(request = %id, waited_s = now.since(started).as_secs_f64(), %message, "restore still waits for capacity");
+                        }
+                    }
+                }
+            }
+            ErrorKind::Impossible => self.fall_back(id, FallbackReason::Impossible, report),
+            ErrorKind::Expired => self.fall_back(id, FallbackReason::WaitExpired, report),
+            ErrorKind::Invalid => {
+                tracing::warn!(request = %id, %message, "restore refused as invalid: recomputing");
+                self.fall_back(id, FallbackReason::Invalid, report);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back a reservation whose copy never started.
+    fn release_reserved(&mut self, id: RequestId, dest_pages: &[PageId]) -> Result<()> {
+        match self.ledger.as_mut() {
+            Some(ledger) => {
+                let released = ledger.release(id, &mut self.pool);
+                if let Some(drain) = released.drain {
+                    ledger
+                        .pages_drained(drain, &mut self.pool)
+                        .expect("nothing was submitted");
+                }
+            }
+            None => self.pool.free_all(dest_pages)?,
+        }
+        Ok(())
+    }
+
+    /// Looks up again (a shorter checkpoint below `limit_tokens`) within the lookup budget (O7), or recomputes.
+    fn retry_lookup(
+        &mut self,
+        id: RequestId,
+        limit_tokens: u32,
+        reason: FallbackReason,
+        report: &mut StepReport,
+    ) {
+        if self.reqs[&id].lookups < RESTORE_LOOKUPS_MAX {
+            self.send_lookup(id, limit_tokens);
+        } else {
+            self.fall_back(id, reason, report);
+        }
+    }
+
+    /// The restore recomputes: release what it holds, record why, and queue it as an ordinary request.
+    fn fall_back(&mut self, id: RequestId, reason: FallbackReason, report: &mut StepReport) {
+        self.end_wait(id);
+        if let Some(ledger) = self.ledger.as_mut() {
+            let released = ledger.release(id, &mut self.pool);
+            debug_assert!(released.drain.is_none(), "fallback with a copy in flight");
+        }
+        report.fallbacks.push((id, reason));
+        self.enqueue_waiting(id, Some(reason));
+    }
+
+    /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2), drains.
+    pub(crate) fn poll_imports(&mut self, report: &mut StepReport) -> Result<()> {
+        let tpp = self.params.geometry.tokens_per_page();
+        for event in self
+            .imports
+            .poll(&mut self.pool, &mut self.copies, self.now)?
+        {
+            match event {
+                ImportEvent::Published {
+                    import,
+                    request: id,
+                } => {
+                    self.verify_import(id, import)?;
+                    let req = self
+                        .reqs
+                        .get_mut(&id)
+                        .expect("a live import has a live request");
+                    if req.loading == Some(import) {
+                        // ordinary: the admitted request already holds the pages.
+                        req.loading = None;
+                        self.imports.release_owned(&mut self.pool, import)?;
+                    } else if let Some(ledger) = self.ledger.as_mut() {
+                        ledger.publish(id).expect("an importing ticket");
+                        req.phase = Phase::Ready;
+                        self.restoring.remove(&req.order);
+                        self.ready.insert(req.order, id);
+                    } else {
+                        // pages-only: no ownership once published; the pages are evictable cached pages.
+                        req.published_unowned = self
+                            .imports
+                            .dest(import)
+                            .iter()
+                            .map(|(page, _)| *page)
+                            .collect();
+                        req.restore = Restore::Idle;
+                        self.imports.release_owned(&mut self.pool, import)?;
+                        self.enqueue_waiting(id, None);
+                    }
+                }
+                ImportEvent::Failed { request: id, .. }
+                | ImportEvent::Invalidated { request: id, .. } => {
+                    let reason = FallbackReason::CopyFailed;
+                    let req = self
+                        .reqs
+                        .get_mut(&id)
+                        .expect("a live import has a live request");
+                    if req.loading.take().is_some() {
+                        // ordinary: recompute what the copy should have brought.
+                        let hits = (req.metrics.prompt_tokens_local_hit / tpp) as usize;
+                        let garbage = req.pages.split_off(hits);
+                        req.n_computed = hits as u32 * tpp;
+                        req.metrics.prompt_tokens_restored = 0;
+                        req.metrics.restored = false;
+                        req.fall_back(reason);
+                        report.fallbacks.push((id, reason));
+                        self.pool.free_all(&garbage)?;
+                        continue;
+                    }
+                    let Restore::Importing { blocks, .. } = req.restore.clone() else {
+                        unreachable!()
+                    };
+                    if let Some(ledger) = self.ledger.as_mut() {
+                        let released = ledger.release(id, &mut self.pool);
+                        if let Some(drain) = released.drain {
+                            ledger
+                                .pages_drained(drain, &mut self.pool)
+                                .expect("copy finished");
+                        }
+                    }
+                    self.retry_lookup(id, blocks * tpp, reason, report);
+                }
+                ImportEvent::Drained { import, .. } => {
+                    if let (Some(drain), Some(ledger)) =
+                        (self.drains.remove(&import), self.ledger.as_mut())
+                    {
+                        ledger
+                            .pages_drained(drain, &mut self.pool)
+                            .expect("a recorded drain");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

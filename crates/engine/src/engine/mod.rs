@@ -1,0 +1,589 @@
+//! The `Engine`: owns the pool, the page bytes, the checkpoint store, the copy engine, the reservation ledger
+//! (`reserved` only) and every live request, and exposes the API the facade drives step by step.
+
+mod admit;
+mod coordinator;
+mod imports;
+mod pages;
+mod req;
+mod step;
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use checkpoint_transfer::{
+    CheckpointStore, CopyModel, Fault, HostStore, InlineCopyEngine, LayoutDescriptor, StoreStats,
+};
+use kv_pool::{HostStorage, PageId, PagePool};
+use reservation::{AdmissionOrder, Ledger, LedgerConfig, LedgerSnapshot, RequestId, Timestamp};
+
+use crate::error::{Error, Result};
+use crate::executor::{Executor, SimExecutor};
+use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
+use crate::params::EngineParams;
+use crate::policy::Policy;
+use crate::request::{FinishedRequest, RequestSpec};
+
+use self::imports::Imports;
+use self::req::{Phase, Req, Restore};
+
+/// What one step did, for traces and tests.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepReport {
+    /// Engine clock after the step.
+    pub now: Timestamp,
+    /// Modeled duration of the step (zero when nothing ran and the clock jumped to the next event).
+    pub duration: Duration,
+    /// Requests that computed prefill tokens, with how many.
+    pub prefills: Vec<(RequestId, u32)>,
+    /// Requests that decoded.
+    pub decodes: Vec<RequestId>,
+    /// Ready full-prompt restores given a logits-only entry (Q4).
+    pub logits_only: Vec<RequestId>,
+    /// Requests admitted this step (ordinary admissions and ready imports).
+    pub admitted: Vec<RequestId>,
+    /// Requests preempted by recompute this step.
+    pub preempted: Vec<RequestId>,
+    /// Requests that finished (or paused, for streams) this step.
+    pub finished: Vec<RequestId>,
+    /// Restores that fell back to recompute this step, with why.
+    pub fallbacks: Vec<(RequestId, FallbackReason)>,
+    /// Waiting requests the admission walk examined (Q8: bounded by admissions + 1 + ready imports).
+    pub examined: u32,
+    /// Pending restores polled (each at most once per step).
+    pub restore_polls: u32,
+    /// Free pages after the step.
+    pub free_pages: u32,
+    /// Outstanding credits after the step.
+    pub credit_pages: u32,
+    /// Requests waiting for ordinary admission after the step.
+    pub waiting: u32,
+    /// Requests running after the step.
+    pub running: u32,
+    /// Whether the engine had nothing to do and nothing will happen by itself.
+    pub idle: bool,
+}
+
+impl StepReport {
+    /// Whether the step scheduled any work.
+    pub fn scheduled_any(&self) -> bool {
+        !self.prefills.is_empty() || !self.decodes.is_empty() || !self.logits_only.is_empty()
+    }
+}
+
+/// Where a live request is, for tests and traces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestView {
+    /// State name: arriving, waiting, restoring, ready, running, paused, resuming.
+    pub phase: &'static str,
+    /// Tokens whose KV is computed or restored.
+    pub n_computed: u32,
+    /// Pages in its page table.
+    pub n_pages: u32,
+    /// Whether it holds a ledger ticket.
+    pub has_ticket: bool,
+    /// Whether it is a capacity waiter.
+    pub is_waiter: bool,
+    /// Output tokens so far.
+    pub n_output: u32,
+    /// Store lookups sent for its restore so far.
+    pub lookups: u32,
+}
+
+/// The engine: step loop, restore coordinator, executor, policies and metrics.
+pub struct Engine<E: Executor = SimExecutor> {
+    params: EngineParams,
+    executor: E,
+    pool: PagePool,
+    storage: Arc<HostStorage>,
+    copies: InlineCopyEngine,
+    store: Box<dyn CheckpointStore>,
+    layout: LayoutDescriptor,
+    /// The reservation ledger; `None` under policies without the contract (G1: never called).
+    ledger: Option<Ledger>,
+    imports: Imports,
+    /// Ledger drains of cancelled imports, by import.
+    drains: HashMap<u64, reservation::DrainId>,
+    reqs: HashMap<RequestId, Req>,
+    arriving: BTreeMap<(Timestamp, u64), RequestId>,
+    waiting: BTreeMap<AdmissionOrder, RequestId>,
+    restoring: BTreeMap<AdmissionOrder, RequestId>,
+    ready: BTreeMap<AdmissionOrder, RequestId>,
+    running: Vec<RequestId>,
+    resuming: VecDeque<RequestId>,
+    finished: Vec<FinishedRequest>,
+    done: Vec<RequestMetrics>,
+    now: Timestamp,
+    seq: u64,
+    generation: u64,
+    wall: Duration,
+    steps: u64,
+    capacity_waits_started: u32,
+    pages_verified: u64,
+    page_buf: Vec<u8>,
+}
+
+impl<E: Executor> std::fmt::Debug for Engine<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("policy", &self.params.policy)
+            .field("now", &self.now)
+            .field("live", &self.reqs.len())
+            .field("running", &self.running.len())
+            .field("free_pages", &self.pool.n_free())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine<SimExecutor> {
+    /// An engine with the simulated executor built from `params.cost`.
+    pub fn new(params: EngineParams) -> Result<Self> {
+        let executor = SimExecutor::new(params.cost.clone());
+        Engine::with_executor(params, executor)
+    }
+}
+
+impl<E: Executor> Engine<E> {
+    /// An engine driving `executor`.
+    pub fn with_executor(params: EngineParams, executor: E) -> Result<Self> {
+        params.validate()?;
+        let tpp = params.geometry.tokens_per_page();
+        let n_pages = match params.policy {
+            // The upper bound: enough pages for every running slot at the model's length, capped.
+            Policy::Oracle => {
+                let per_request = params.geometry.max_model_len().div_ceil(tpp) + 1;
+                params
+                    .n_pages
+                    .max(
+                        per_request
+                            .saturating_mul(params.max_running)
+                            .saturating_add(1),
+                    )
+                    .min(1 << 20)
+            }
+            _ => params.n_pages,
+        };
+        let pool = PagePool::new(n_pages)?;
+        let storage = Arc::new(HostStorage::new(
+            1,
+            n_pages,
+            params.sim_bytes_per_page as usize,
+        )?);
+        let latency = executor.copy_time(0);
+        let per_page = executor
+            .copy_time(tpp)
+            .saturating_sub(latency)
+            .as_secs_f64()
+            .max(1e-12);
+        let model = CopyModel {
+            bandwidth_bytes_per_s: f64::from(params.sim_bytes_per_page) / per_page,
+            latency,
+        };
+        let copies = InlineCopyEngine::with_storage(
+            model,
+            Arc::clone(&storage) as Arc<dyn kv_pool::PageStorage>,
+        );
+        let store = Box::new(HostStore::new(
+            params
+                .store_capacity_pages
+                .saturating_mul(u64::from(params.sim_bytes_per_page)),
+        ));
+        let layout = LayoutDescriptor::single_full(u64::from(params.sim_bytes_per_page), tpp, 1);
+        let ledger = params.policy.uses_reservations().then(|| {
+            Ledger::new(
+                params.geometry.clone(),
+                LedgerConfig {
+                    max_running_slots: params.max_running,
+                    restore_max_wait: params.restore_max_wait,
+                },
+            )
+        });
+        Ok(Engine {
+            page_buf: vec![0; params.sim_bytes_per_page as usize],
+            params,
+            executor,
+            pool,
+            storage,
+            copies,
+            store,
+            layout,
+            ledger,
+            imports: Imports::default(),
+            drains: HashMap::new(),
+            reqs: HashMap::new(),
+            arriving: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            restoring: BTreeMap::new(),
+            ready: BTreeMap::new(),
+            running: Vec::new(),
+            resuming: VecDeque::new(),
+            finished: Vec::new(),
+            done: Vec::new(),
+            now: Timestamp::ZERO,
+            seq: 0,
+            generation: 0,
+            wall: Duration::ZERO,
+            steps: 0,
+            capacity_waits_started: 0,
+            pages_verified: 0,
+        })
+    }
+
+    /// The parameters the engine was built from.
+    pub fn params(&self) -> &EngineParams {
+        &self.params
+    }
+
+    /// Submits a request; it is considered from its arrival time on. Errors: an id still live, an empty
+    /// prompt, zero output tokens, or a request longer than the model.
+    pub fn submit(&mut self, spec: RequestSpec) -> Result<()> {
+        let id = spec.id;
+        if self.reqs.contains_key(&id) {
+            return Err(Error::DuplicateRequest { id });
+        }
+        if spec.prompt.is_empty() {
+            return Err(Error::EmptyPrompt { id });
+        }
+        if spec.max_output_tokens == 0 {
+            return Err(Error::InvalidParam {
+                name: "max_output_tokens",
+                reason: format!("{id} asks for 0 output tokens; at least 1"),
+            });
+        }
+        let tokens = spec.prompt.len() as u64
+            + u64::from(spec.max_output_tokens)
+            + u64::from(self.params.draft_tokens);
+        let limit = u64::from(self.params.geometry.max_model_len()).min(
+            u64::from(self.pool.n_usable()) * u64::from(self.params.geometry.tokens_per_page()),
+        );
+        if tokens > limit {
+            return Err(Error::RequestTooLong { id, tokens, limit });
+        }
+        let seq = self.seq;
+        self.seq += 1;
+        let arrival = spec.arrival.max(self.now);
+        let req = Req::new(spec, seq, self.params.geometry.tokens_per_page());
+        self.arriving.insert((arrival, seq), id);
+        self.reqs.insert(id, req);
+        Ok(())
+    }
+
+    /// Cancels a live request at any point: waiting, restoring (slot and credits released at once; pages of a
+    /// copying import drain first, O5), ready (ownership released, O6), running or paused.
+    pub fn cancel(&mut self, id: RequestId) -> Result<()> {
+        let Some(req) = self.reqs.get(&id) else {
+            return Err(Error::UnknownRequest { id });
+        };
+        let phase = req.phase.clone();
+        let order = req.order;
+        let arrival_key = (req.spec.arrival.max(Timestamp::ZERO), order.seq);
+        match phase {
+            Phase::Arriving => {
+                self.arriving.retain(|_, queued| *queued != id);
+                let _ = arrival_key;
+            }
+            Phase::Waiting => {
+                self.waiting.remove(&order);
+                self.drop_restore(id)?;
+            }
+            Phase::Restoring => {
+                self.restoring.remove(&order);
+                self.drop_restore(id)?;
+            }
+            Phase::Ready => {
+                self.ready.remove(&order);
+                self.drop_restore(id)?;
+            }
+            Phase::Running | Phase::Paused | Phase::Resuming => {
+                self.running.retain(|running| *running != id);
+                self.resuming.retain(|resuming| *resuming != id);
+                self.cancel_loading(id)?;
+                if let Some(ledger) = self.ledger.as_mut() {
+                    let _released = ledger.release(id, &mut self.pool);
+                }
+                self.free_request_pages(id)?;
+            }
+        }
+        self.end_wait(id);
+        self.retire(id, true);
+        Ok(())
+    }
+
+    /// Gives a paused streaming session more input and a new output cap; it resumes ahead of the admission
+    /// gate (Q7).
+    pub fn resume(&mut self, id: RequestId, input: &[u32], max_output_tokens: u32) -> Result<()> {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = self.reqs.get_mut(&id).ok_or(Error::UnknownRequest { id })?;
+        if req.phase != Phase::Paused {
+            return Err(Error::NotPaused { id });
+        }
+        req.push_tokens(input, tpp);
+        req.prompt_end = req.tokens.len() as u32;
+        req.prompt_captured = false;
+        req.answer_tokens = 0;
+        req.answer_cap = max_output_tokens.max(1);
+        req.stopped = false;
+        req.phase = Phase::Resuming;
+        self.resuming.push_back(id);
+        Ok(())
+    }
+
+    /// Ends a paused streaming session: its pages are freed (cached) and it is reported finished.
+    pub fn close_stream(&mut self, id: RequestId) -> Result<()> {
+        let req = self.reqs.get(&id).ok_or(Error::UnknownRequest { id })?;
+        if req.phase != Phase::Paused {
+            return Err(Error::NotPaused { id });
+        }
+        self.free_request_pages(id)?;
+        self.retire(id, false);
+        Ok(())
+    }
+
+    /// Resets the prefix cache. Not forced: refused, changing nothing, while any import is staged or owned
+    /// (X2) or any page is in use. Forced (X1): preempts running requests, releases every ready import (its
+    /// request falls back to an ordinary lookup), cancels copying imports (their pages drain first), drops the
+    /// pages of paused streams, then resets: once no copy is draining every page but the null page is free.
+    pub fn reset_prefix_cache(&mut self, forced: bool) -> Result<()> {
+        if !forced {
+            let n_imports = self.imports.n_staged_or_owned();
+            if n_imports > 0 {
+                return Err(Error::ResetRefusedImports { n_imports });
+            }
+            if self.pool.n_in_use() > 0 {
+                return Err(Error::ResetRefusedPagesInUse {
+                    n_pages: self.pool.n_in_use(),
+                });
+            }
+            self.pool.reset_prefix_cache()?;
+            return Ok(());
+        }
+        for id in self.running.clone().into_iter().rev() {
+            self.preempt(id, None, false)?;
+        }
+        let with_imports: Vec<RequestId> = self
+            .ready
+            .values()
+            .chain(self.restoring.values())
+            .copied()
+            .collect();
+        for id in with_imports {
+            let had_import = matches!(self.reqs[&id].restore, Restore::Importing { .. });
+            self.drop_restore(id)?;
+            self.end_wait(id);
+            self.enqueue_waiting(id, had_import.then_some(FallbackReason::Reset));
+        }
+        let paused: Vec<RequestId> = self
+            .reqs
+            .iter()
+            .filter(|(_, req)| matches!(req.phase, Phase::Paused | Phase::Resuming))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in paused {
+            self.free_request_pages(id)?;
+        }
+        if self.pool.n_in_use() == 0 {
+            self.pool.reset_prefix_cache()?;
+        } else {
+            // Copies still draining pin their pages: drop every other key now, the drained pages come back
+            // free and unkeyed.
+            for page in 1..self.pool.n_total() {
+                let page = PageId(page);
+                if self.pool.ref_count(page)? == 0 {
+                    let _dropped = self.pool.uncache(page)?;
+                }
+            }
+        }
+        let _evictions = self.pool.take_evictions();
+        Ok(())
+    }
+
+    /// The engine clock.
+    pub fn now(&self) -> Timestamp {
+        self.now
+    }
+
+    /// Moves the clock forward to `to` (a clock jump in simulations); never backwards.
+    pub fn advance_clock(&mut self, to: Timestamp) {
+        self.now = self.now.max(to);
+    }
+
+    /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
+    pub fn is_idle(&self) -> bool {
+        self.reqs.values().all(|req| req.phase == Phase::Paused) && self.imports.n_copying() == 0
+    }
+
+    /// Takes the requests finished or cancelled since the last call.
+    pub fn take_finished(&mut self) -> Vec<FinishedRequest> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Aggregated metrics of every request finished or cancelled so far.
+    pub fn metrics(&self) -> RunMetrics {
+        let mut run = RunMetrics::aggregate(
+            self.params.policy.name(),
+            &self.done,
+            self.now.0,
+            self.wall,
+            self.leaked_pages(),
+        );
+        run.capacity_waits = run.capacity_waits.max(self.capacity_waits_started);
+        run
+    }
+
+    /// Metrics of every request finished or cancelled so far, in completion order.
+    pub fn request_metrics(&self) -> &[RequestMetrics] {
+        &self.done
+    }
+
+    /// Where a live request is.
+    pub fn request(&self, id: RequestId) -> Option<RequestView> {
+        let req = self.reqs.get(&id)?;
+        Some(RequestView {
+            phase: match req.phase {
+                Phase::Arriving => "arriving",
+                Phase::Waiting => "waiting",
+                Phase::Restoring => "restoring",
+                Phase::Ready => "ready",
+                Phase::Running => "running",
+                Phase::Paused => "paused",
+                Phase::Resuming => "resuming",
+            },
+            n_computed: req.n_computed,
+            n_pages: req.pages.len() as u32,
+            has_ticket: self
+                .ledger
+                .as_ref()
+                .is_some_and(|ledger| ledger.ticket_state(id).is_some()),
+            is_waiter: self
+                .ledger
+                .as_ref()
+                .is_some_and(|ledger| ledger.is_waiter(id))
+                || req.wait_started.is_some(),
+            n_output: req.output.len() as u32,
+            lookups: req.lookups,
+        })
+    }
+
+    /// The page pool (read only).
+    pub fn pool(&self) -> &PagePool {
+        &self.pool
+    }
+
+    /// The ledger's state (`None` under policies without reservations).
+    pub fn ledger_snapshot(&self) -> Option<LedgerSnapshot> {
+        self.ledger.as_ref().map(Ledger::snapshot)
+    }
+
+    /// What the checkpoint store holds.
+    pub fn store_stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+
+    /// Empties the checkpoint store (a store restart that lost everything): pending restores find their
+    /// checkpoint gone at their next lookup or refresh.
+    pub fn forget_checkpoints(&mut self) {
+        let capacity = self
+            .params
+            .store_capacity_pages
+            .saturating_mul(u64::from(self.params.sim_bytes_per_page));
+        self.store = Box::new(HostStore::new(capacity));
+    }
+
+    /// Restored pages verified byte for byte against recompute so far (E3).
+    pub fn pages_verified(&self) -> u64 {
+        self.pages_verified
+    }
+
+    /// Steps run so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// Injects a copy fault (fail, delay, evict a destination page) into the simulated copy engine.
+    pub fn inject_copy_fault(&mut self, fault: Fault) {
+        self.copies.inject(fault);
+    }
+
+    /// Pages in use that no live request, import or ticket accounts for (0 unless there is a bug).
+    pub fn leaked_pages(&self) -> u32 {
+        self.pool
+            .n_in_use()
+            .saturating_sub(self.held_pages().len() as u32)
+    }
+
+    /// Asserts every invariant: the pool's, the ledger's and the imports'; every page in use is held by a
+    /// live request or import and every held page is in use (no leak, no page freed under a holder or a live
+    /// copy); slots within the limit; outstanding credits within the live tickets' needs.
+    pub fn check_invariants(&self) {
+        self.pool.check_invariants();
+        self.imports.check_invariants(&self.pool);
+        let held = self.held_pages();
+        for page in &held {
+            assert!(
+                self.pool.ref_count(*page).expect("held page in range") > 0,
+                "held page {page:?} is free"
+            );
+        }
+        assert_eq!(
+            self.pool.n_in_use() as usize,
+            held.len(),
+            "pages in use != pages held: a leak"
+        );
+        let slots_held = self.ledger.as_ref().map_or(0, Ledger::slots_held);
+        assert!(
+            self.running.len() as u32 + slots_held <= self.params.max_running,
+            "{} running + {slots_held} ticket slots > {}",
+            self.running.len(),
+            self.params.max_running
+        );
+        if let Some(ledger) = &self.ledger {
+            ledger.check_invariants(&self.pool);
+            for ticket in ledger.snapshot().tickets {
+                let req = self
+                    .reqs
+                    .get(&ticket.req)
+                    .expect("a ticket belongs to a live request");
+                let tpp = self.params.geometry.tokens_per_page();
+                let remaining = req.prompt_end.div_ceil(tpp) as i64 - req.pages.len() as i64;
+                assert!(
+                    i64::from(ticket.credit_pages)
+                        <= remaining.max(0) + 2 + i64::from(self.params.draft_tokens.div_ceil(tpp)),
+                    "{} holds {} credits for {remaining} remaining pages",
+                    ticket.req,
+                    ticket.credit_pages
+                );
+            }
+        }
+        for (order, id) in &self.waiting {
+            assert_eq!(self.reqs[id].order, *order, "waiting queue key drifted");
+        }
+    }
+
+    /// Every page a live request or import holds.
+    fn held_pages(&self) -> HashSet<PageId> {
+        let mut held: HashSet<PageId> = self
+            .reqs
+            .values()
+            .flat_map(|req| req.pages.iter().copied())
+            .collect();
+        held.extend(self.imports.all_dest_pages());
+        held
+    }
+
+    /// Takes a request out of the engine, recording its metrics.
+    fn retire(&mut self, id: RequestId, cancelled: bool) {
+        let Some(mut req) = self.reqs.remove(&id) else {
+            return;
+        };
+        req.metrics.finished = Some(self.now);
+        req.metrics.cancelled = cancelled;
+        self.done.push(req.metrics.clone());
+        self.finished.push(FinishedRequest {
+            id,
+            output: req.output,
+            cancelled,
+            metrics: req.metrics,
+        });
+    }
+}

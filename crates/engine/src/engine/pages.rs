@@ -1,0 +1,292 @@
+//! Page-level work of the engine: allocation under credits (C1, C5), page bytes written by the executor,
+//! block registration in the prefix index, checkpoint capture into the store (E2), byte-for-byte verification
+//! of restores (E3), and the moves of a request between queues (preemption, fallback, release).
+
+use std::sync::Arc;
+
+use checkpoint_transfer::{
+    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload,
+};
+use kv_pool::{BlockKey, PageStorage};
+use reservation::{RequestId, TicketState};
+
+use super::req::{Phase, Restore};
+use super::{Engine, StepReport};
+use crate::error::Result;
+use crate::executor::{Executor, PageWrite};
+use crate::metrics::FallbackReason;
+
+/// How an allocation may use credit-protected pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AllocKind {
+    /// A running decode: may use credit-protected free pages (C5).
+    Decode,
+    /// Prefill or admission: only pages not protected for others (C1); a ticket draws its own credits.
+    Prefill,
+}
+
+impl<E: Executor> Engine<E> {
+    /// Pages a new non-ticket allocation may take: free minus every outstanding credit.
+    pub(crate) fn unprotected_free(&self) -> u32 {
+        let credits = self
+            .ledger
+            .as_ref()
+            .map_or(0, |ledger| ledger.credit_pages());
+        self.pool.n_free().saturating_sub(credits)
+    }
+
+    /// Grows `id`'s page table to hold `upto_tokens` tokens. `false` (and nothing changed) when the pages
+    /// are not there for this kind of allocation.
+    pub(crate) fn grow_pages(
+        &mut self,
+        id: RequestId,
+        upto_tokens: u32,
+        kind: AllocKind,
+    ) -> Result<bool> {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = &self.reqs[&id];
+        let need = upto_tokens
+            .div_ceil(tpp)
+            .saturating_sub(req.pages.len() as u32);
+        if need == 0 {
+            return Ok(true);
+        }
+        let ticket_admitted = self
+            .ledger
+            .as_ref()
+            .is_some_and(|ledger| ledger.ticket_state(id) == Some(TicketState::Admitted));
+        let pages = if ticket_admitted {
+            let ledger = self.ledger.as_mut().expect("ticket implies ledger");
+            match ledger.allocate(&mut self.pool, id, need) {
+                Ok(pages) => pages,
+                Err(error) if error.kind() == reservation::ErrorKind::Pressure => return Ok(false),
+                Err(error) => panic!("ledger allocation for {id}: {error}"),
+            }
+        } else {
+            let available = match kind {
+                AllocKind::Decode => self.pool.n_free(),
+                AllocKind::Prefill => self.unprotected_free(),
+            };
+            if need > available {
+                return Ok(false);
+            }
+            self.pool.allocate(need)?
+        };
+        self.reqs.get_mut(&id).expect("live").pages.extend(pages);
+        Ok(true)
+    }
+
+    /// Writes the bytes of every page touched by tokens `[start, end)` of `id` (now computed) and registers
+    /// its newly full blocks in the prefix index.
+    pub(crate) fn write_computed(&mut self, id: RequestId, start: u32, end: u32) -> Result<()> {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = &self.reqs[&id];
+        if end > start {
+            for page_idx in start / tpp..=(end - 1) / tpp {
+                let first_pos = page_idx * tpp;
+                let filled_end = (first_pos + tpp).min(end);
+                let prefix_key = if filled_end == first_pos + tpp {
+                    req.keys[page_idx as usize]
+                } else {
+                    let parent = page_idx.checked_sub(1).map(|idx| &req.keys[idx as usize]);
+                    BlockKey::chain(
+                        parent,
+                        &req.tokens[first_pos as usize..filled_end as usize],
+                        &req.spec.salt,
+                    )
+                };
+                let write = PageWrite {
+                    group: 0,
+                    page: req.pages[page_idx as usize],
+                    first_pos,
+                    prefix_key,
+                };
+                self.executor.fill_page(&write, &mut self.page_buf);
+                self.storage.write(0, write.page, &self.page_buf)?;
+            }
+        }
+        self.register_blocks(id)
+    }
+
+    /// Registers `id`'s computed full blocks in the prefix index.
+    pub(crate) fn register_blocks(&mut self, id: RequestId) -> Result<()> {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = self.reqs.get_mut(&id).expect("live");
+        let full = (req.n_computed / tpp).min(req.pages.len() as u32);
+        for block in req.n_registered..full {
+            // `false`: another page already caches this block; ours stays private.
+            let _registered = self
+                .pool
+                .cache_block(req.pages[block as usize], req.keys[block as usize])?;
+        }
+        req.n_registered = req.n_registered.max(full);
+        Ok(())
+    }
+
+    /// Captures `id`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
+    /// always, whatever ended the response.
+    pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<()> {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = &self.reqs[&id];
+        let n_blocks = (req.n_computed / tpp).min(req.pages.len() as u32) as usize;
+        if n_blocks == 0 {
+            return Ok(());
+        }
+        let n_tokens = n_blocks * tpp as usize;
+        let last_key = req.keys[n_blocks - 1];
+        let hex: String = last_key.0[..12]
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let checkpoint_id =
+            CheckpointId::new(format!("{hex}-{n_tokens}")).expect("hex ids are valid");
+        self.generation += 1;
+        let mut meta = CheckpointMeta::full_attention(
+            checkpoint_id,
+            self.generation,
+            kind,
+            &req.tokens[..n_tokens],
+            &req.spec.salt,
+            self.layout.clone(),
+        );
+        meta.block_keys = req.keys[..n_blocks].to_vec();
+        let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_blocks);
+        for &page in &req.pages[..n_blocks] {
+            self.storage.read(0, page, &mut self.page_buf)?;
+            pages.push(Arc::from(self.page_buf.as_slice()));
+        }
+        let checkpoint = Checkpoint {
+            meta,
+            payload: CheckpointPayload { ranks: vec![pages] },
+        };
+        match self.store.put(checkpoint) {
+            Ok(_outcome) => {}
+            // A capture too large for the store, or an older generation: nothing to restore later.
+            Err(error) => tracing::debug!(request = %id, %error, "checkpoint not stored"),
+        }
+        Ok(())
+    }
+
+    /// E3: asserts that every page of import `import` holds what recomputing its prefix writes.
+    pub(crate) fn verify_import(&mut self, id: RequestId, import: u64) -> Result<()> {
+        if !self.params.verify_restores {
+            return Ok(());
+        }
+        let tpp = self.params.geometry.tokens_per_page();
+        let dest: Vec<_> = self.imports.dest(import).to_vec();
+        let first_block = self.imports.first_block(import);
+        let mut expected = vec![0u8; self.page_buf.len()];
+        for (block, (page, key)) in (first_block..).zip(&dest) {
+            let write = PageWrite {
+                group: 0,
+                page: *page,
+                first_pos: block * tpp,
+                prefix_key: *key,
+            };
+            self.executor.fill_page(&write, &mut expected);
+            self.storage.read(0, *page, &mut self.page_buf)?;
+            assert_eq!(
+                self.page_buf, expected,
+                "E3: restored page {block} of {id} differs from recompute"
+            );
+            self.pages_verified += 1;
+        }
+        Ok(())
+    }
+
+    /// Frees `id`'s pages (cached blocks stay findable until evicted) and resets its progress.
+    pub(crate) fn free_request_pages(&mut self, id: RequestId) -> Result<()> {
+        self.register_blocks(id)?;
+        let req = self.reqs.get_mut(&id).expect("live");
+        let pages = std::mem::take(&mut req.pages);
+        req.n_computed = 0;
+        req.n_registered = 0;
+        self.pool.free_all(&pages)?;
+        Ok(())
+    }
+
+    /// Preempts running `id` by recompute: its pages are freed (their blocks stay cached), its ticket
+    /// released, and it goes back to the waiting queue at its place, through a store lookup first when
+    /// `lookup` (as a newly arrived request would: its prompt-end checkpoint may restore it).
+    pub(crate) fn preempt(
+        &mut self,
+        id: RequestId,
+        report: Option<&mut StepReport>,
+        lookup: bool,
+    ) -> Result<()> {
+        self.running.retain(|running| *running != id);
+        self.cancel_loading(id)?;
+        if let Some(ledger) = self.ledger.as_mut() {
+            let _released = ledger.release(id, &mut self.pool);
+        }
+        self.free_request_pages(id)?;
+        let req = self.reqs.get_mut(&id).expect("live");
+        req.metrics.preemptions += 1;
+        req.restore = Restore::Idle;
+        if let Some(report) = report {
+            report.preempted.push(id);
+        }
+        if lookup {
+            self.on_arrival(id);
+        } else {
+            self.enqueue_waiting(id, None);
+        }
+        Ok(())
+    }
+
+    /// Cancels an `ordinary` restore still copying into `id`'s pages: they hold nothing valid yet, so they
+    /// are never registered as cached blocks; the import keeps them pinned until the copy drains (O5).
+    pub(crate) fn cancel_loading(&mut self, id: RequestId) -> Result<()> {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = self.reqs.get_mut(&id).expect("live");
+        if let Some(import) = req.loading.take() {
+            req.n_computed = req.n_registered * tpp;
+            self.imports
+                .cancel(&mut self.pool, &mut self.copies, import)?;
+        }
+        Ok(())
+    }
+
+    /// Puts `id` in the ordinary waiting queue, recording a restore fallback if given.
+    pub(crate) fn enqueue_waiting(&mut self, id: RequestId, fallback: Option<FallbackReason>) {
+        let req = self.reqs.get_mut(&id).expect("live");
+        if let Some(reason) = fallback {
+            req.fall_back(reason);
+            req.restore = Restore::Idle;
+        }
+        self.restoring.remove(&req.order);
+        self.ready.remove(&req.order);
+        req.phase = Phase::Waiting;
+        self.waiting.insert(req.order, id);
+    }
+
+    /// Drops whatever restore `id` has in progress: its ticket or waiter (slot and credits at once), its
+    /// import (drained before its pages are released, O5; released at once when ready, O6).
+    pub(crate) fn drop_restore(&mut self, id: RequestId) -> Result<()> {
+        let req = self.reqs.get_mut(&id).expect("live");
+        let restore = std::mem::take(&mut req.restore);
+        let released = self
+            .ledger
+            .as_mut()
+            .map(|ledger| ledger.release(id, &mut self.pool));
+        if let Restore::Importing { import, .. } = restore {
+            self.imports
+                .cancel(&mut self.pool, &mut self.copies, import)?;
+            if let Some(drain) = released.and_then(|released| released.drain) {
+                self.drains.insert(import, drain);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends `id`'s capacity wait, if any, recording its length.
+    pub(crate) fn end_wait(&mut self, id: RequestId) {
+        let now = self.now;
+        if let Some(req) = self.reqs.get_mut(&id)
+            && let Some(started) = req.wait_started.take()
+        {
+            let waited_s = now.since(started).as_secs_f64();
+            req.metrics.longest_capacity_wait_s = req.metrics.longest_capacity_wait_s.max(waited_s);
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! A live request inside the engine: its tokens and block keys, its page table, where it is in the request
+//! state machine, and its metrics.
+
+use std::sync::Arc;
+
+use checkpoint_transfer::CheckpointMeta;
+use kv_pool::{BlockKey, PageId};
+use reservation::{AdmissionOrder, Timestamp};
+
+use crate::metrics::{FallbackReason, RequestMetrics};
+use crate::request::RequestSpec;
+
+/// Position of a request in the waiting order: higher `RequestSpec::priority` first, then arrival.
+pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
+    AdmissionOrder {
+        priority: (i64::from(i32::MAX) - i64::from(priority)) as u32,
+        seq,
+    }
+}
+
+/// The request state machine.
+///
+/// ```text
+/// Arriving -> Waiting -> Running -> (Paused -> Running)* -> done
+///     \-> Restoring -> Waiting | Ready -> Running           (restore coordinator)
+/// Running -> Waiting (preempted by recompute); any state -> done (cancelled)
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Submitted with a future arrival time.
+    Arriving,
+    /// In the ordinary waiting queue (FCFS or priority).
+    Waiting,
+    /// With the restore coordinator: lookup pending, capacity wait, copy in flight.
+    Restoring,
+    /// A published import owned by this request (reserved): may pass a blocked head.
+    Ready,
+    /// Holds a running slot; computes every step it is scheduled.
+    Running,
+    /// A streaming session between inputs: keeps its pages, no slot.
+    Paused,
+    /// A paused streaming session that received input: bypasses the admission gate (Q7).
+    Resuming,
+}
+
+/// What the coordinator knows about a request's restore.
+#[derive(Clone, Debug, Default)]
+pub(crate) enum Restore {
+    /// No restore in progress.
+    #[default]
+    Idle,
+    /// A lookup was sent at `sent`; it is answered at `answer_at` (G2).
+    Lookup {
+        /// When it was sent.
+        sent: Timestamp,
+        /// When the store answers.
+        answer_at: Timestamp,
+        /// Only checkpoints shorter than this many tokens qualify (a retry after a failed copy, O7).
+        limit_tokens: u32,
+    },
+    /// Answered: restore the first `blocks` blocks of `checkpoint`.
+    Answered {
+        /// The checkpoint selected.
+        checkpoint: Arc<CheckpointMeta>,
+        /// Blocks to restore in all (local ones included).
+        blocks: u32,
+        /// When the answer came (for the G4 refresh).
+        answered: Timestamp,
+    },
+    /// An import of the first `blocks` blocks is copying or published.
+    Importing {
+        /// Blocks restored in all.
+        blocks: u32,
+        /// The import's id.
+        import: u64,
+    },
+}
+
+/// A live request.
+#[derive(Debug)]
+pub(crate) struct Req {
+    pub(crate) spec: RequestSpec,
+    /// Prompt, then output tokens (and streamed inputs appended on resume).
+    pub(crate) tokens: Vec<u32>,
+    /// End of the current prompt (grows when a streaming session resumes).
+    pub(crate) prompt_end: u32,
+    /// Keys of every full block of `tokens`.
+    pub(crate) keys: Vec<BlockKey>,
+    /// Page table: page `i` holds tokens `[i * tpp, (i + 1) * tpp)`.
+    pub(crate) pages: Vec<PageId>,
+    /// Tokens whose KV is written.
+    pub(crate) n_computed: u32,
+    /// Full blocks registered in the prefix index.
+    pub(crate) n_registered: u32,
+    /// Output tokens produced in the current answer (reset on resume).
+    pub(crate) answer_tokens: u32,
+    /// Output length cap of the current answer.
+    pub(crate) answer_cap: u32,
+    pub(crate) output: Vec<u32>,
+    pub(crate) phase: Phase,
+    pub(crate) restore: Restore,
+    pub(crate) order: AdmissionOrder,
+    /// Lookups sent (G2/O7: at most four).
+    pub(crate) lookups: u32,
+    /// Whether the request was admitted once (hit metrics are kept from the first admission only).
+    pub(crate) admitted_once: bool,
+    /// Pages a pages-only import published for it (unowned), to count restored hits at admission.
+    pub(crate) published_unowned: Vec<PageId>,
+    /// An `ordinary` restore copying into pages for this admitted request: it is not scheduled until then.
+    pub(crate) loading: Option<u64>,
+    /// Blocks found resident when the coordinator last decided no restore was needed (a complete local hit).
+    pub(crate) expected_local_blocks: u32,
+    /// Whether the prompt-end checkpoint of the current prompt was captured.
+    pub(crate) prompt_captured: bool,
+    /// Whether the answer stopped on the stop token.
+    pub(crate) stopped: bool,
+    pub(crate) metrics: RequestMetrics,
+    /// When the current capacity wait started, and when it was last logged (G5).
+    pub(crate) wait_started: Option<Timestamp>,
+    pub(crate) wait_logged: Timestamp,
+}
+
+impl Req {
+    /// A new request from its spec.
+    pub(crate) fn new(spec: RequestSpec, seq: u64, tokens_per_page: u32) -> Req {
+        let keys = BlockKey::chain_all(&spec.prompt, tokens_per_page as usize, &spec.salt);
+        let metrics = RequestMetrics {
+            id: Some(spec.id),
+            prompt_tokens: spec.prompt.len() as u32,
+            is_later_turn: spec.is_later_turn,
+            arrival: spec.arrival,
+            ..RequestMetrics::default()
+        };
+        Req {
+            tokens: spec.prompt.clone(),
+            prompt_end: spec.prompt.len() as u32,
+            keys,
+            pages: Vec::new(),
+            n_computed: 0,
+            n_registered: 0,
+            answer_tokens: 0,
+            answer_cap: spec.max_output_tokens,
+            output: Vec::new(),
+            phase: Phase::Arriving,
+            restore: Restore::Idle,
+            order: admission_order(spec.priority, seq),
+            lookups: 0,
+            admitted_once: false,
+            published_unowned: Vec::new(),
+            loading: None,
+            prompt_captured: false,
+            expected_local_blocks: 0,
+            stopped: false,
+            metrics,
+            wait_started: None,
+            wait_logged: Timestamp::ZERO,
+            spec,
+        }
+    }
+
+    /// Appends tokens, extending the block keys.
+    pub(crate) fn push_tokens(&mut self, new_tokens: &[u32], tokens_per_page: u32) {
+        self.tokens.extend_from_slice(new_tokens);
+        let tpp = tokens_per_page as usize;
+        while (self.keys.len() + 1) * tpp <= self.tokens.len() {
+            let start = self.keys.len() * tpp;
+            let key = BlockKey::chain(
+                self.keys.last(),
+                &self.tokens[start..start + tpp],
+                &self.spec.salt,
+            );
+            self.keys.push(key);
+        }
+    }
+
+    /// Tokens still to compute before the next sample (1 in decode).
+    pub(crate) fn n_to_compute(&self) -> u32 {
+        self.tokens.len() as u32 - self.n_computed
+    }
+
+    /// Whether the request is still computing its prompt (more than the one pending token).
+    pub(crate) fn in_prefill(&self) -> bool {
+        self.n_computed < self.prompt_end
+    }
+
+    /// Records a restore fallback (the first reason wins).
+    pub(crate) fn fall_back(&mut self, reason: FallbackReason) {
+        if self.metrics.fallback.is_none() && !self.metrics.restored {
+            self.metrics.fallback = Some(reason);
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! The simulated executor: step durations from a [`CostModel`], page bytes from [`page_content`].
+
+use std::time::Duration;
+
+use super::{CostModel, Executor, PageWrite, StepBatch, page_content};
+
+/// The embedded default executor. Deterministic: the same batches give the same durations and bytes.
+#[derive(Clone, Debug, Default)]
+pub struct SimExecutor {
+    cost: CostModel,
+    steps: u64,
+}
+
+impl SimExecutor {
+    /// A simulated executor with the step-time model `cost`.
+    pub fn new(cost: CostModel) -> SimExecutor {
+        SimExecutor { cost, steps: 0 }
+    }
+
+    /// The cost model in use.
+    pub fn cost(&self) -> &CostModel {
+        &self.cost
+    }
+
+    /// Steps executed so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+}
+
+impl Executor for SimExecutor {
+    fn name(&self) -> &str {
+        self.cost.name
+    }
+
+    fn execute(&mut self, batch: &StepBatch) -> Duration {
+        if batch.is_empty() {
+            return Duration::ZERO;
+        }
+        self.steps += 1;
+        let cost = &self.cost;
+        let mut seconds = cost.step_overhead_s;
+        for prefill in &batch.prefills {
+            seconds += cost.prefill_s(prefill.first_pos, prefill.n_tokens);
+        }
+        if !batch.decodes.is_empty() || !batch.logits_only.is_empty() {
+            seconds += cost.decode_weights_s;
+        }
+        for decode in &batch.decodes {
+            seconds += cost.decode_entry_s(decode.context_tokens, decode.n_tokens);
+        }
+        seconds += batch.logits_only.len() as f64 * cost.decode_s_per_seq;
+        Duration::from_secs_f64(seconds)
+    }
+
+    fn fill_page(&self, write: &PageWrite, out: &mut [u8]) {
+        page_content(write.group, write.first_pos, &write.prefix_key, out);
+    }
+
+    fn copy_time(&self, n_tokens: u32) -> Duration {
+        self.cost.copy_time(n_tokens)
+    }
+}

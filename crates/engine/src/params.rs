@@ -1,0 +1,155 @@
+//! `EngineParams`: everything an engine is built from, a plain struct with documented defaults.
+
+use std::time::Duration;
+
+use kv_pool::{CacheGroup, Geometry, GroupKind};
+
+use crate::error::{Error, Result};
+use crate::executor::CostModel;
+use crate::policy::Policy;
+
+/// Everything an engine is built from. `EngineParams::default()` is a small single-GPU setup.
+#[derive(Clone, Debug)]
+pub struct EngineParams {
+    /// Cache groups, page width and model length. Default: one full-attention group, 16 tokens per page,
+    /// `kv_bytes_per_token * 16` bytes per page, context parallelism 1, 131 072 tokens.
+    pub geometry: Geometry,
+    /// Pages in the pool, the null page included. Default 4096. Ignored by `Policy::Oracle` (unbounded).
+    pub n_pages: u32,
+    /// Running slots. Default 64.
+    pub max_running: u32,
+    /// Token budget of one step (prefill chunks plus decode tokens). Default 2048.
+    pub max_batched_tokens: u32,
+    /// Largest prefill chunk of one request in one step. Default 512.
+    pub chunk_tokens: u32,
+    /// Draft (speculative) lookahead tokens per decode step; 0 disables draft decoding. Default 0.
+    pub draft_tokens: u32,
+    /// The policy switch. Default `Reserved`.
+    pub policy: Policy,
+    /// Bounded wait of a restore (W1). Default 60 s; 0 = recompute at once.
+    pub restore_max_wait: Duration,
+    /// Time a store lookup may stay unanswered before the restore recomputes (G2). Default 60 s.
+    pub lookup_timeout: Duration,
+    /// Latency of a store lookup on the engine clock. Default 0 (answered within the step).
+    pub lookup_latency: Duration,
+    /// Copy tasks in flight at most (G2). Default 32.
+    pub copy_task_limit: u32,
+    /// Admission watermark in pages, applied to new admissions only while other work is scheduled (R2).
+    /// Default 0.
+    pub watermark_pages: u32,
+    /// Checkpoint store capacity in pages (each checkpoint costs one page per full block). Default 1 Mi pages.
+    pub store_capacity_pages: u64,
+    /// Bytes each simulated page really holds (the fingerprint the executor writes and restores copy; the cost
+    /// model uses the model's real KV bytes). Default 32.
+    pub sim_bytes_per_page: u32,
+    /// The step-time cost model. Default `CostModel::small_8b_gpu()`.
+    pub cost: CostModel,
+    /// Verify every restored page against what recompute would write (E3). Default: on in debug builds.
+    pub verify_restores: bool,
+    /// Seed of the run (fault injection and anything random in the engine). Default 0.
+    pub seed: u64,
+}
+
+impl Default for EngineParams {
+    fn default() -> Self {
+        let cost = CostModel::small_8b_gpu();
+        let tokens_per_page = 16;
+        let geometry = Geometry::new(
+            vec![CacheGroup {
+                kind: GroupKind::Full,
+                bytes_per_page: cost.kv_bytes_per_token * u64::from(tokens_per_page),
+            }],
+            tokens_per_page,
+            1,
+            131_072,
+        )
+        .expect("the default geometry is valid");
+        EngineParams {
+            geometry,
+            n_pages: 4096,
+            max_running: 64,
+            max_batched_tokens: 2048,
+            chunk_tokens: 512,
+            draft_tokens: 0,
+            policy: Policy::Reserved,
+            restore_max_wait: Duration::from_secs(60),
+            lookup_timeout: Duration::from_secs(60),
+            lookup_latency: Duration::ZERO,
+            copy_task_limit: 32,
+            watermark_pages: 0,
+            store_capacity_pages: 1 << 20,
+            sim_bytes_per_page: 32,
+            cost,
+            verify_restores: cfg!(debug_assertions),
+            seed: 0,
+        }
+    }
+}
+
+impl EngineParams {
+    /// One full-attention group of `tokens_per_page` tokens per page sized from `cost`, `max_model_len` tokens.
+    pub fn full_attention_geometry(
+        cost: &CostModel,
+        tokens_per_page: u32,
+        max_model_len: u32,
+    ) -> Result<Geometry> {
+        Geometry::new(
+            vec![CacheGroup {
+                kind: GroupKind::Full,
+                bytes_per_page: cost.kv_bytes_per_token * u64::from(tokens_per_page.max(1)),
+            }],
+            tokens_per_page,
+            1,
+            max_model_len,
+        )
+        .map_err(|error| Error::InvalidParam {
+            name: "geometry",
+            reason: error.to_string(),
+        })
+    }
+
+    /// Checks every field's range; the error names the field and what is allowed.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |name: &'static str, reason: &str| {
+            Err(Error::InvalidParam {
+                name,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.n_pages < 2 {
+            return invalid("n_pages", "at least 2 (the null page and one usable page)");
+        }
+        if self.max_running == 0 {
+            return invalid("max_running", "at least 1");
+        }
+        if self.max_batched_tokens == 0 {
+            return invalid("max_batched_tokens", "at least 1");
+        }
+        if self.chunk_tokens == 0 {
+            return invalid("chunk_tokens", "at least 1");
+        }
+        if self.copy_task_limit == 0 {
+            return invalid("copy_task_limit", "at least 1");
+        }
+        if self.sim_bytes_per_page == 0 {
+            return invalid("sim_bytes_per_page", "at least 1");
+        }
+        if self.draft_tokens >= self.max_batched_tokens {
+            return invalid("draft_tokens", "smaller than max_batched_tokens");
+        }
+        let groups = self.geometry.groups();
+        if groups.len() != 1
+            || groups[0].kind != GroupKind::Full
+            || self.geometry.context_parallel() != 1
+        {
+            return Err(Error::UnsupportedGeometry {
+                reason: format!(
+                    "the simulated step loop models one full-attention group without context parallelism; got {} groups, context_parallel {}",
+                    groups.len(),
+                    self.geometry.context_parallel()
+                ),
+            });
+        }
+        Ok(())
+    }
+}

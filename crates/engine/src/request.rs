@@ -1,0 +1,92 @@
+//! Requests as the facade submits them, their deterministic output tokens, and what a finished request hands
+//! back.
+
+use reservation::{RequestId, Timestamp};
+
+use crate::metrics::RequestMetrics;
+
+/// A request (one turn of a session) as submitted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestSpec {
+    /// Unique among live requests; may be reused after the request finished.
+    pub id: RequestId,
+    /// Cache salt (tenant): requests with different salts never share pages or checkpoints.
+    pub salt: Vec<u8>,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Output length cap.
+    pub max_output_tokens: u32,
+    /// Emit the stop token after this many output tokens (an early stop), if set.
+    pub stop_after: Option<u32>,
+    /// Arrival time; the request is not considered before it.
+    pub arrival: Timestamp,
+    /// Larger runs first when the engine schedules by priority; ties keep arrival order.
+    pub priority: i32,
+    /// Whether this is a later turn of a session (for the `later_turns` metrics).
+    pub is_later_turn: bool,
+    /// A streaming session: when its output is done it pauses holding its pages and resumes on more input
+    /// (`Engine::resume`), bypassing the admission gate (Q7).
+    pub streaming: bool,
+    /// Whether the request's checkpoints carry saved logits (a full-prompt restore then needs only an
+    /// isolated logits-only step, Q4).
+    pub saved_logits: bool,
+}
+
+impl RequestSpec {
+    /// A plain request: no salt, arrival at `arrival`, priority 0, not streaming.
+    pub fn new(
+        id: u64,
+        prompt: Vec<u32>,
+        max_output_tokens: u32,
+        arrival: Timestamp,
+    ) -> RequestSpec {
+        RequestSpec {
+            id: RequestId(id),
+            salt: Vec::new(),
+            prompt,
+            max_output_tokens,
+            stop_after: None,
+            arrival,
+            priority: 0,
+            is_later_turn: false,
+            streaming: false,
+            saved_logits: false,
+        }
+    }
+}
+
+/// The stop token the simulated model emits when a request stops early.
+pub const STOP_TOKEN: u32 = u32::MAX;
+
+/// The output token a request with this salt and prompt produces at output position `index`: a deterministic
+/// function of the request's content (not its id), so a workload can build the next turn's prompt (previous
+/// prompt + response + new input) and share the prefix.
+pub fn output_token(salt: &[u8], prompt: &[u32], index: u32) -> u32 {
+    // FNV-1a over the salt and the last few prompt tokens, then the index: cheap and stable.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let tail = &prompt[prompt.len().saturating_sub(8)..];
+    for byte in salt
+        .iter()
+        .copied()
+        .chain((prompt.len() as u32).to_le_bytes())
+    {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+    }
+    for token in tail.iter().chain(std::iter::once(&index)) {
+        hash = (hash ^ u64::from(*token)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (hash % 50_000) as u32
+}
+
+/// What the engine hands back for a finished or cancelled request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FinishedRequest {
+    /// The request.
+    pub id: RequestId,
+    /// Output tokens produced (ending with [`STOP_TOKEN`] when it stopped early).
+    pub output: Vec<u32>,
+    /// Whether it was cancelled.
+    pub cancelled: bool,
+    /// Its metrics.
+    pub metrics: RequestMetrics,
+}

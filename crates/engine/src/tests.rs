@@ -1,0 +1,151 @@
+//! Unit tests of the engine's parts that stand alone: policies, the cost model, page content, output tokens
+//! and metric aggregation.
+
+use std::time::Duration;
+
+use kv_pool::BlockKey;
+use reservation::{RequestId, Timestamp};
+
+use crate::executor::{
+    CostModel, DecodeWork, Executor, PrefillWork, SimExecutor, StepBatch, page_content,
+};
+use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
+use crate::{Error, Policy, output_token};
+
+#[test]
+fn policy_names_round_trip_and_unknown_names_are_errors() {
+    for policy in Policy::ALL {
+        assert_eq!(policy.name().parse::<Policy>().unwrap(), policy);
+    }
+    let error = "greedy".parse::<Policy>().unwrap_err();
+    assert!(matches!(error, Error::UnknownPolicy { ref name } if name == "greedy"));
+    assert_eq!(
+        error.to_string(),
+        "unknown policy \"greedy\": expected ordinary, pages-only, reserved or oracle"
+    );
+    assert!(!Policy::Ordinary.uses_reservations() && !Policy::PagesOnly.uses_reservations());
+}
+
+#[test]
+fn cost_model_grows_with_work_and_presets_resolve() {
+    for name in CostModel::PRESETS {
+        let cost = CostModel::preset(name).unwrap();
+        assert!(
+            cost.prefill_s(0, 512) < cost.prefill_s(8192, 512),
+            "{name}: attention to context costs"
+        );
+        assert!(cost.decode_entry_s(1000, 1) < cost.decode_entry_s(100_000, 1));
+        assert!(cost.copy_time(16) < cost.copy_time(1600));
+    }
+    assert!(CostModel::preset("tiny").is_none());
+}
+
+#[test]
+fn sim_executor_is_deterministic_and_empty_steps_take_no_time() {
+    let mut executor = SimExecutor::new(CostModel::glm_like_moe());
+    assert_eq!(executor.execute(&StepBatch::default()), Duration::ZERO);
+    let batch = StepBatch {
+        prefills: vec![PrefillWork {
+            request: RequestId(1),
+            first_pos: 0,
+            n_tokens: 512,
+        }],
+        decodes: vec![DecodeWork {
+            request: RequestId(2),
+            context_tokens: 4000,
+            n_tokens: 1,
+        }],
+        logits_only: Vec::new(),
+    };
+    let first = executor.execute(&batch);
+    assert_eq!(first, executor.execute(&batch));
+    assert!(first > Duration::ZERO);
+    assert_eq!(executor.steps(), 2);
+}
+
+#[test]
+fn page_content_depends_on_group_position_and_prefix() {
+    let key = BlockKey::chain(None, &[1, 2, 3], b"salt");
+    let other = BlockKey::chain(None, &[1, 2, 4], b"salt");
+    let mut a = [0u8; 32];
+    let mut b = [0u8; 32];
+    page_content(0, 0, &key, &mut a);
+    page_content(0, 0, &key, &mut b);
+    assert_eq!(a, b);
+    for (group, pos, key) in [(1, 0, key), (0, 16, key), (0, 0, other)] {
+        page_content(group, pos, &key, &mut b);
+        assert_ne!(a, b);
+    }
+}
+
+#[test]
+fn output_tokens_are_a_function_of_content_not_of_the_id() {
+    let prompt = [5, 6, 7];
+    assert_eq!(
+        output_token(b"s", &prompt, 3),
+        output_token(b"s", &prompt, 3)
+    );
+    assert_ne!(
+        output_token(b"s", &prompt, 3),
+        output_token(b"s", &prompt, 4)
+    );
+    assert_ne!(
+        output_token(b"s", &prompt, 3),
+        output_token(b"t", &prompt, 3)
+    );
+}
+
+#[test]
+fn run_metrics_aggregate_hits_restores_and_percentiles() {
+    let at = |s: f64| Timestamp(Duration::from_secs_f64(s));
+    let base = RequestMetrics {
+        prompt_tokens: 100,
+        arrival: at(0.0),
+        decode_tokens: 10,
+        ..RequestMetrics::default()
+    };
+    let requests = [
+        RequestMetrics {
+            prompt_tokens_local_hit: 50,
+            first_token: Some(at(1.0)),
+            finished: Some(at(2.0)),
+            ..base.clone()
+        },
+        RequestMetrics {
+            prompt_tokens_restored: 96,
+            restored: true,
+            is_later_turn: true,
+            first_token: Some(at(3.0)),
+            finished: Some(at(4.0)),
+            ..base.clone()
+        },
+        RequestMetrics {
+            is_later_turn: true,
+            fallback: Some(FallbackReason::WaitExpired),
+            first_token: Some(at(5.0)),
+            finished: Some(at(6.0)),
+            ..base.clone()
+        },
+        RequestMetrics {
+            cancelled: true,
+            finished: Some(at(1.0)),
+            decode_tokens: 0,
+            ..base
+        },
+    ];
+    let run = RunMetrics::aggregate(
+        "reserved",
+        &requests,
+        Duration::from_secs(10),
+        Duration::ZERO,
+        0,
+    );
+    assert_eq!((run.requests_finished, run.requests_cancelled), (3, 1));
+    assert_eq!(run.prompt_tokens, 300);
+    assert!((run.prompt_tokens_from_cache_pct - 146.0 / 3.0).abs() < 1e-9);
+    assert_eq!((run.later_turns, run.later_turns_restored), (2, 1));
+    assert_eq!(run.restore_fallbacks.get("wait_expired"), Some(&1));
+    assert!((run.mean_turn_s - 4.0).abs() < 1e-9);
+    assert!((run.p50_ttft_s - 3.0).abs() < 1e-9 && (run.p99_ttft_s - 5.0).abs() < 1e-9);
+    assert!((run.aggregate_decode_tok_s - 3.0).abs() < 1e-9);
+}

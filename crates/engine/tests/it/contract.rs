@@ -1,0 +1,679 @@
+//! Contract behaviours pinned through the engine's public API: Q4-Q7, X1, X2, G1-G5, E1-E3.
+
+use std::time::Duration;
+
+use engine::{
+    Engine, EngineParams, Error, FallbackReason, Fault, Policy, RequestId, RequestSpec, StepReport,
+    Timestamp,
+};
+
+use crate::agents::{Agents, run_agents, tokens};
+
+const TPP: u32 = 16;
+
+fn params(policy: Policy, n_pages: u32) -> EngineParams {
+    EngineParams {
+        policy,
+        n_pages,
+        max_running: 4,
+        chunk_tokens: 512,
+        ..EngineParams::default()
+    }
+}
+
+fn spec(id: u64, prompt: Vec<u32>, max_output_tokens: u32, now: Timestamp) -> RequestSpec {
+    let mut spec = RequestSpec::new(id, prompt, max_output_tokens, now);
+    spec.salt = b"t".to_vec();
+    spec
+}
+
+/// Steps until `done` holds (panics after `max_steps`), returning every report.
+fn step_until(
+    engine: &mut Engine,
+    max_steps: u32,
+    mut done: impl FnMut(&Engine, &StepReport) -> bool,
+) -> Vec<StepReport> {
+    let mut reports = Vec::new();
+    for _ in 0..max_steps {
+        let report = engine.step();
+        engine.check_invariants();
+        let stop = done(engine, &report);
+        reports.push(report);
+        if stop {
+            return reports;
+        }
+    }
+    panic!("condition not reached in {max_steps} steps; engine {engine:?}");
+}
+
+fn phase(engine: &Engine, id: u64) -> &'static str {
+    engine
+        .request(RequestId(id))
+        .map_or("gone", |view| view.phase)
+}
+
+/// Runs `prompt` once as request `id` so its checkpoints land in the store, then drops the local prefix cache.
+fn seed_checkpoint(
+    engine: &mut Engine,
+    id: u64,
+    prompt: &[u32],
+    max_output_tokens: u32,
+) -> Vec<u32> {
+    engine
+        .submit(spec(id, prompt.to_vec(), max_output_tokens, engine.now()))
+        .unwrap();
+    engine.run_until_idle(100_000);
+    let finished = engine.take_finished();
+    let output = finished
+        .iter()
+        .find(|finished| finished.id == RequestId(id))
+        .unwrap()
+        .output
+        .clone();
+    engine.reset_prefix_cache(false).unwrap();
+    output
+}
+
+/// A long-running decode holding about `n_pages` pages.
+fn start_hog(engine: &mut Engine, id: u64, n_pages: u32) {
+    engine
+        .submit(spec(
+            id,
+            tokens(99, id as u32, 0, n_pages * TPP - 1),
+            60,
+            engine.now(),
+        ))
+        .unwrap();
+    step_until(engine, 100, |engine, _| {
+        engine
+            .request(RequestId(id))
+            .is_some_and(|view| view.n_output > 0)
+    });
+}
+
+/// A paused streaming session holding about `n_pages` pages, so restores wait without any step running.
+fn hold_with_paused_stream(engine: &mut Engine, id: u64, n_pages: u32) {
+    let mut stream = spec(
+        id,
+        tokens(98, id as u32, 0, n_pages * TPP - 1),
+        1,
+        engine.now(),
+    );
+    stream.streaming = true;
+    engine.submit(stream).unwrap();
+    step_until(engine, 100, |engine, _| phase(engine, id) == "paused");
+}
+
+#[test]
+fn q4_full_prompt_restore_with_saved_logits_gets_logits_only_step_behind_blocked_head() {
+    let mut engine = Engine::new(params(Policy::Reserved, 41)).unwrap();
+    let prompt = tokens(1, 0, 0, 4 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    start_hog(&mut engine, 2, 28);
+    engine
+        .submit(spec(3, tokens(1, 3, 0, 20 * TPP), 4, engine.now()))
+        .unwrap();
+    engine.step();
+    assert_eq!(phase(&engine, 3), "waiting", "the cold head is blocked");
+    let mut restore = spec(4, prompt, 4, engine.now());
+    restore.saved_logits = true;
+    engine.submit(restore).unwrap();
+    let reports = step_until(&mut engine, 50, |_, report| {
+        report.logits_only.contains(&RequestId(4))
+    });
+    let last = reports.last().unwrap();
+    assert_eq!(
+        phase(&engine, 3),
+        "waiting",
+        "the ready import passed the blocked head"
+    );
+    assert!(
+        last.prefills.iter().all(|(id, _)| *id != RequestId(4)),
+        "no prefill for a full restore"
+    );
+    engine.cancel(RequestId(2)).unwrap();
+    engine.run_until_idle(100_000);
+    let metrics = engine
+        .request_metrics()
+        .iter()
+        .find(|m| m.id == Some(RequestId(4)))
+        .unwrap()
+        .clone();
+    assert_eq!(metrics.prompt_tokens_restored, 4 * TPP, "external hits");
+    assert_eq!(metrics.prompt_tokens_local_hit, 0, "not local hits");
+    assert_eq!(metrics.prompt_tokens_recomputed, 0);
+}
+
+#[test]
+fn q5_ready_import_never_suppresses_the_decode_pass() {
+    let mut engine = Engine::new(params(Policy::Reserved, 41)).unwrap();
+    let prompt = tokens(1, 0, 0, 4 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    start_hog(&mut engine, 2, 20);
+    let mut restore = spec(4, prompt, 4, engine.now());
+    restore.saved_logits = true;
+    engine.submit(restore).unwrap();
+    let reports = step_until(&mut engine, 50, |_, report| {
+        report.logits_only.contains(&RequestId(4))
+    });
+    for report in &reports {
+        assert!(
+            report.decodes.contains(&RequestId(2)),
+            "the running decode is scheduled every step: {report:?}"
+        );
+        assert!(report.preempted.is_empty());
+    }
+}
+
+#[test]
+fn q6_reservations_never_preempt_running_decodes_and_contended_steps_schedule_work() {
+    let mut engine = Engine::new(params(Policy::Reserved, 49)).unwrap();
+    let prompt = tokens(1, 0, 0, 20 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    engine
+        .submit(spec(2, tokens(99, 2, 0, 30 * TPP - 1), 40, engine.now()))
+        .unwrap();
+    step_until(&mut engine, 100, |engine, _| {
+        engine
+            .request(RequestId(2))
+            .is_some_and(|view| view.n_output > 0)
+    });
+    engine
+        .submit(spec(
+            4,
+            [prompt.clone(), vec![7; 8]].concat(),
+            4,
+            engine.now(),
+        ))
+        .unwrap();
+    let reports = step_until(&mut engine, 10_000, |engine, _| {
+        engine.request(RequestId(4)).is_none()
+    });
+    assert!(
+        reports.iter().all(|report| report.preempted.is_empty()),
+        "a reservation preempted a decode"
+    );
+    let waited = reports
+        .iter()
+        .filter(|report| !report.decodes.is_empty())
+        .count();
+    assert!(
+        waited >= 30,
+        "the decode kept running while the restore waited ({waited} steps)"
+    );
+    let metrics = engine
+        .request_metrics()
+        .iter()
+        .find(|m| m.id == Some(RequestId(4)))
+        .unwrap()
+        .clone();
+    assert!(
+        metrics.restored && metrics.capacity_waits == 1,
+        "{metrics:?}"
+    );
+}
+
+#[test]
+fn q7_streaming_resume_bypasses_the_admission_gate_ahead_of_a_capacity_waiter() {
+    let mut engine = Engine::new(params(Policy::Reserved, 49)).unwrap();
+    let prompt = tokens(1, 0, 0, 20 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    let mut stream = spec(5, tokens(5, 5, 0, 6 * TPP), 2, engine.now());
+    stream.streaming = true;
+    engine.submit(stream).unwrap();
+    step_until(&mut engine, 100, |engine, _| phase(engine, 5) == "paused");
+    start_hog(&mut engine, 2, 24);
+    engine
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
+        .unwrap();
+    step_until(&mut engine, 10, |engine, _| {
+        engine
+            .request(RequestId(4))
+            .is_some_and(|view| view.is_waiter)
+    });
+    engine.resume(RequestId(5), &[3; 8], 2).unwrap();
+    let report = engine.step();
+    assert!(
+        report.prefills.iter().any(|(id, _)| *id == RequestId(5)),
+        "the resume ran at once: {report:?}"
+    );
+    assert!(
+        engine.request(RequestId(4)).unwrap().is_waiter,
+        "ahead of the capacity waiter"
+    );
+    assert_eq!(
+        engine
+            .resume(RequestId(2), &[1], 1)
+            .unwrap_err()
+            .to_string(),
+        "request req-2 is not a paused streaming session"
+    );
+}
+
+#[test]
+fn x1_forced_reset_preempts_releases_imports_and_frees_every_page() {
+    let mut engine = Engine::new(params(Policy::Reserved, 129)).unwrap();
+    let prompt = tokens(1, 0, 0, 8 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    start_hog(&mut engine, 2, 20);
+    engine.inject_copy_fault(Fault::DelayNext {
+        rank: 0,
+        by: Duration::from_secs(5),
+    });
+    engine
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
+        .unwrap();
+    step_until(&mut engine, 10, |engine, _| {
+        engine
+            .request(RequestId(4))
+            .is_some_and(|view| view.has_ticket)
+    });
+    engine.reset_prefix_cache(true).unwrap();
+    assert_eq!(
+        phase(&engine, 2),
+        "waiting",
+        "running requests are preempted"
+    );
+    assert_eq!(
+        phase(&engine, 4),
+        "waiting",
+        "the import's request falls back to an ordinary lookup"
+    );
+    assert_eq!(engine.ledger_snapshot().unwrap().tickets.len(), 0);
+    engine.check_invariants();
+    let report = engine.step();
+    assert!(
+        report
+            .prefills
+            .iter()
+            .any(|(id, n)| *id == RequestId(2) && *n > 0),
+        "the next step recomputes"
+    );
+    engine.cancel(RequestId(2)).unwrap();
+    engine.cancel(RequestId(4)).unwrap();
+    engine.run_until_idle(1000);
+    assert!(engine.is_idle());
+    engine.reset_prefix_cache(true).unwrap();
+    assert_eq!(
+        engine.pool().n_free(),
+        engine.pool().n_usable(),
+        "every page but the null page is free"
+    );
+    assert_eq!(engine.pool().n_cached_free(), 0);
+}
+
+#[test]
+fn x2_non_forced_reset_fails_while_an_import_is_staged_and_changes_nothing() {
+    let mut engine = Engine::new(params(Policy::Reserved, 129)).unwrap();
+    let prompt = tokens(1, 0, 0, 8 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    engine.inject_copy_fault(Fault::DelayNext {
+        rank: 0,
+        by: Duration::from_secs(5),
+    });
+    engine
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
+        .unwrap();
+    step_until(&mut engine, 10, |engine, _| {
+        engine
+            .request(RequestId(4))
+            .is_some_and(|view| view.has_ticket)
+    });
+    let (free, cached) = (engine.pool().n_free(), engine.pool().n_cached_free());
+    let error = engine.reset_prefix_cache(false).unwrap_err();
+    assert!(
+        matches!(error, Error::ResetRefusedImports { n_imports: 1 }),
+        "{error}"
+    );
+    assert_eq!(
+        (engine.pool().n_free(), engine.pool().n_cached_free()),
+        (free, cached)
+    );
+    engine.run_until_idle(100_000);
+    let metrics = engine
+        .request_metrics()
+        .iter()
+        .find(|m| m.id == Some(RequestId(4)))
+        .unwrap()
+        .clone();
+    assert!(metrics.restored, "the restore went on");
+}
+
+#[test]
+fn g1_without_the_contract_pressure_admits_and_recomputes() {
+    for policy in [Policy::Ordinary, Policy::PagesOnly] {
+        let mut engine = Engine::new(EngineParams {
+            restore_max_wait: Duration::ZERO,
+            ..params(policy, 49)
+        })
+        .unwrap();
+        let prompt = tokens(1, 0, 0, 20 * TPP);
+        seed_checkpoint(&mut engine, 1, &prompt, 1);
+        start_hog(&mut engine, 2, 30);
+        engine
+            .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
+            .unwrap();
+        engine.run_until_idle(100_000);
+        assert!(
+            engine.ledger_snapshot().is_none(),
+            "{policy}: no ledger, no reservation call"
+        );
+        let metrics = engine
+            .request_metrics()
+            .iter()
+            .find(|m| m.id == Some(RequestId(4)))
+            .unwrap()
+            .clone();
+        assert!(!metrics.restored, "{policy}: {metrics:?}");
+        assert!(metrics.fallback.is_some(), "{policy}: {metrics:?}");
+        assert!(
+            metrics.prompt_tokens_recomputed >= 20 * TPP,
+            "{policy}: recomputed the prefix"
+        );
+    }
+}
+
+#[test]
+fn g2_unanswered_lookup_defers_until_the_timeout_then_recomputes() {
+    let params = EngineParams {
+        lookup_latency: Duration::from_secs(100),
+        ..params(Policy::Reserved, 129)
+    };
+    let mut engine = Engine::new(params).unwrap();
+    let prompt = tokens(1, 0, 0, 8 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    let start = engine.now();
+    engine
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, start))
+        .unwrap();
+    engine.run_until_idle(100_000);
+    let metrics = engine
+        .request_metrics()
+        .iter()
+        .find(|m| m.id == Some(RequestId(4)))
+        .unwrap()
+        .clone();
+    assert_eq!(metrics.fallback, Some(FallbackReason::LookupTimeout));
+    assert!(metrics.first_token.unwrap().since(start) >= Duration::from_secs(60));
+}
+
+#[test]
+fn g2_complete_local_hit_is_admitted_without_the_store() {
+    let mut engine = Engine::new(params(Policy::Reserved, 129)).unwrap();
+    let prompt = tokens(1, 0, 0, 8 * TPP);
+    let output = seed_checkpoint(&mut engine, 1, &prompt, 16);
+    engine
+        .submit(spec(2, prompt.clone(), 16, engine.now()))
+        .unwrap();
+    engine.run_until_idle(100_000);
+    let next = [prompt, output].concat();
+    engine.submit(spec(3, next, 4, engine.now())).unwrap();
+    engine.run_until_idle(100_000);
+    let metrics = engine
+        .request_metrics()
+        .iter()
+        .find(|m| m.id == Some(RequestId(3)))
+        .unwrap()
+        .clone();
+    assert!(
+        metrics.complete_local_hit && !metrics.restored,
+        "{metrics:?}"
+    );
+}
+
+#[test]
+fn g2_copy_tasks_at_their_limit_wait_for_a_copy_slot() {
+    let params = EngineParams {
+        copy_task_limit: 1,
+        ..params(Policy::Reserved, 257)
+    };
+    let mut engine = Engine::new(params).unwrap();
+    let (a, b) = (tokens(1, 0, 0, 8 * TPP), tokens(2, 0, 0, 8 * TPP));
+    seed_checkpoint(&mut engine, 1, &a, 1);
+    seed_checkpoint(&mut engine, 2, &b, 1);
+    engine.inject_copy_fault(Fault::DelayNext {
+        rank: 0,
+        by: Duration::from_secs(5),
+    });
+    engine
+        .submit(spec(3, [a, vec![7; 8]].concat(), 4, engine.now()))
+        .unwrap();
+    engine
+        .submit(spec(4, [b, vec![7; 8]].concat(), 4, engine.now()))
+        .unwrap();
+    engine.step();
+    assert!(engine.request(RequestId(3)).unwrap().has_ticket);
+    assert!(
+        !engine.request(RequestId(4)).unwrap().has_ticket,
+        "waits for a copy slot"
+    );
+    engine.run_until_idle(100_000);
+    assert!(
+        engine
+            .request_metrics()
+            .iter()
+            .all(|m| m.id.unwrap().0 < 3 || m.restored)
+    );
+}
+
+#[test]
+fn g3_a_waiting_restore_is_not_revalidated_while_its_checkpoint_exists() {
+    let params = EngineParams {
+        restore_max_wait: Duration::from_secs(600),
+        ..params(Policy::Reserved, 49)
+    };
+    let mut engine = Engine::new(params).unwrap();
+    let prompt = tokens(1, 0, 0, 20 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    hold_with_paused_stream(&mut engine, 2, 30);
+    engine
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
+        .unwrap();
+    step_until(&mut engine, 200, |_, report| {
+        report.now.as_secs_f64() > 40.0
+    });
+    let view = engine.request(RequestId(4)).unwrap();
+    assert!(view.is_waiter, "{view:?}");
+    assert_eq!(
+        view.lookups, 1,
+        "the refresh is no re-validation: one lookup while waiting"
+    );
+    engine.close_stream(RequestId(2)).unwrap();
+    engine.run_until_idle(1000);
+    assert!(
+        engine
+            .request_metrics()
+            .iter()
+            .find(|m| m.id == Some(RequestId(4)))
+            .unwrap()
+            .restored
+    );
+}
+
+#[test]
+fn g4_refresh_after_half_the_lookup_timeout_finds_the_checkpoint_gone_and_recomputes() {
+    let params = EngineParams {
+        restore_max_wait: Duration::from_secs(600),
+        ..params(Policy::Reserved, 49)
+    };
+    let mut engine = Engine::new(params).unwrap();
+    let prompt = tokens(1, 0, 0, 20 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    hold_with_paused_stream(&mut engine, 2, 30);
+    let start = engine.now();
+    engine
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, start))
+        .unwrap();
+    step_until(&mut engine, 100, |engine, _| {
+        engine
+            .request(RequestId(4))
+            .is_some_and(|view| view.is_waiter)
+    });
+    engine.forget_checkpoints();
+    let reports = step_until(&mut engine, 1000, |_, report| !report.fallbacks.is_empty());
+    let report = reports.last().unwrap();
+    assert_eq!(
+        report.fallbacks,
+        vec![(RequestId(4), FallbackReason::NotInStore)]
+    );
+    let waited = report.now.since(start).as_secs_f64();
+    assert!(
+        (30.0..31.0).contains(&waited),
+        "refreshed after half the timeout, not before: {waited}"
+    );
+}
+
+#[test]
+fn g5_capacity_waits_are_counted_with_the_longest_wait() {
+    let mut engine = Engine::new(params(Policy::Reserved, 49)).unwrap();
+    let prompt = tokens(1, 0, 0, 20 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    engine
+        .submit(spec(2, tokens(99, 2, 0, 30 * TPP - 1), 40, engine.now()))
+        .unwrap();
+    step_until(&mut engine, 100, |engine, _| {
+        engine
+            .request(RequestId(2))
+            .is_some_and(|view| view.n_output > 0)
+    });
+    engine
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
+        .unwrap();
+    engine.run_until_idle(100_000);
+    let metrics = engine.metrics();
+    assert_eq!(metrics.capacity_waits, 1);
+    assert!(metrics.longest_capacity_wait_s > 0.0);
+}
+
+#[test]
+fn e1_sessions_rotating_through_a_small_pool_restore_every_later_turn_in_fifo_order() {
+    for seed in [1, 2, 3] {
+        let n_sessions = 8u64;
+        let params = EngineParams {
+            n_pages: 129,
+            max_running: 1,
+            seed,
+            ..params(Policy::Reserved, 129)
+        };
+        let mut engine = Engine::new(params).unwrap();
+        let mut contexts: Vec<Vec<u32>> = (0..n_sessions)
+            .map(|s| tokens(seed, s as u32, 0, 40 * TPP + 5))
+            .collect();
+        for round in 0..4u64 {
+            let ids: Vec<RequestId> = (0..n_sessions)
+                .map(|s| RequestId(round * 100 + s))
+                .collect();
+            for (session, id) in ids.iter().enumerate() {
+                let mut spec = spec(id.0, contexts[session].clone(), 8, engine.now());
+                spec.is_later_turn = round > 0;
+                engine.submit(spec).unwrap();
+            }
+            let mut order = Vec::new();
+            let mut steps = 0;
+            while order.len() < ids.len() {
+                engine.step();
+                engine.check_invariants();
+                steps += 1;
+                assert!(
+                    steps < 100_000,
+                    "seed {seed} round {round} did not progress"
+                );
+                for finished in engine.take_finished() {
+                    let session = (finished.id.0 % 100) as usize;
+                    contexts[session].extend(&finished.output);
+                    contexts[session].extend(tokens(seed, session as u32, round as u32 + 1, 3));
+                    order.push(finished.id);
+                }
+            }
+            assert_eq!(
+                order, ids,
+                "seed {seed} round {round}: completion order is FIFO"
+            );
+        }
+        let metrics = engine.metrics();
+        let unrestored: Vec<_> = engine
+            .request_metrics()
+            .iter()
+            .filter(|m| m.is_later_turn && !m.restored)
+            .collect();
+        assert_eq!(
+            metrics.later_turns_restored, metrics.later_turns,
+            "seed {seed}: {unrestored:#?}"
+        );
+        for request in engine.request_metrics().iter().filter(|m| m.is_later_turn) {
+            let restorable = (request.prompt_tokens - 1) / TPP * TPP;
+            let checkpointed = (request.prompt_tokens - 3) / TPP * TPP;
+            assert!(
+                request.prompt_tokens_restored + request.prompt_tokens_local_hit
+                    >= restorable.min(checkpointed),
+                "seed {seed}: {request:?}"
+            );
+        }
+        assert_eq!(metrics.leaked_pages, 0);
+        assert_eq!(engine.pool().n_in_use(), 0);
+    }
+}
+
+#[test]
+fn e2_response_checkpoint_is_reusable_after_a_stop_token_or_a_length_cap() {
+    for stop_after in [Some(3), None] {
+        let mut engine = Engine::new(params(Policy::Reserved, 129)).unwrap();
+        let prompt = tokens(1, 0, 0, 8 * TPP + 4);
+        let mut first = spec(1, prompt.clone(), 2 * TPP, engine.now());
+        first.stop_after = stop_after;
+        engine.submit(first).unwrap();
+        engine.run_until_idle(100_000);
+        let output = engine.take_finished().pop().unwrap().output;
+        assert_eq!(
+            output.len(),
+            stop_after.map_or(2 * TPP as usize, |stop| stop as usize)
+        );
+        engine.reset_prefix_cache(false).unwrap();
+        let next = [prompt, output, vec![9; 20]].concat();
+        let response_blocks = (next.len() as u32 - 20 - 1) / TPP;
+        engine.submit(spec(2, next, 2, engine.now())).unwrap();
+        engine.run_until_idle(100_000);
+        let metrics = engine
+            .request_metrics()
+            .iter()
+            .find(|m| m.id == Some(RequestId(2)))
+            .unwrap()
+            .clone();
+        assert!(metrics.restored);
+        assert_eq!(
+            metrics.prompt_tokens_restored,
+            response_blocks * TPP,
+            "{stop_after:?}: the response checkpoint"
+        );
+    }
+}
+
+#[test]
+fn e3_every_restored_page_equals_what_recompute_writes() {
+    let agents = Agents {
+        n_agents: 4,
+        turns: 6,
+        first_prompt_tokens: 200,
+        turn_input_tokens: 20,
+        response_tokens: 40,
+        think_s: 0.5,
+        seed: 3,
+    };
+    for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+        let params = EngineParams {
+            policy,
+            n_pages: 48,
+            verify_restores: true,
+            ..EngineParams::default()
+        };
+        let run = run_agents(params, agents, 1);
+        assert!(
+            run.metrics.prompt_tokens_restored > 0,
+            "{policy}: something was restored"
+        );
+        assert!(
+            run.pages_verified >= run.metrics.prompt_tokens_restored / u64::from(TPP),
+            "{policy}: every restored page verified"
+        );
+    }
+}

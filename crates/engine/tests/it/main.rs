@@ -1,0 +1,6 @@
+//! The engine's integration tests: contract behaviours through the public API (Q4-Q7, X1, X2, G1-G5,
+//! E1-E3), the deterministic simulation under every policy, and the agents comparison of the policies.
+
+mod agents;
+mod contract;
+mod sim;
