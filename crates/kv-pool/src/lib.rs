@@ -1,5 +1,6 @@
-//! Paged KV-cache memory: the `PagePool` (page 0 null, index-linked LRU free list, ref counts, lazy eviction
-//! with one notice per evicted block), the prefix index keyed by a collision-resistant hash chain, the
+//! Paged KV-cache memory: the `PagePool` (page 0 null, ref counts, uncached free pages reused first from a
+//! LIFO stack, cached free pages evicted lazily in LRU order from an index-linked list with one notice per
+//! evicted block), the prefix index keyed by a collision-resistant hash chain, the
 //! `Geometry` of cache groups with the pure page arithmetic over it, and `PageStorage` (host and CUDA).
 
 mod error;

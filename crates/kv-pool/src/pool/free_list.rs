@@ -1,89 +1,159 @@
-//! The index-linked LRU free list of the page pool: a circular doubly-linked list stored in two `Vec<u32>`
-//! (`prev`, `next`) with slot 0 (the null page, never free) as its sentinel. O(1) push at the MRU end, pop at
-//! the LRU end and unlink from the middle; no heap node per page.
+//! The free pages of the page pool, in two structures with no heap node per page: a stack (`Vec<u32>`, with
+//! each page's position in it) of the free pages that hold no cached block, and an index-linked LRU list of
+//! the free pages that still hold one. Policy: uncached free pages are reused first (LIFO: the most recently
+//! freed page, still hot in cache, goes first); cached free pages are evicted in LRU order only when no
+//! uncached page is left. The LRU list is a circular doubly-linked list stored in two `Vec<u32>` (`prev`,
+//! `next`) with slot 0 (the null page, never free) as its sentinel. O(1) push, pop and removal from the
+//! middle of either structure: a page taken out of the middle of the stack is replaced by the top page
+//! (swap-remove), a page taken out of the LRU list is unlinked and the others keep their order.
 
-/// Link value of a page that is not in the list.
-const NOT_LINKED: u32 = u32::MAX;
+/// Link value of a page that is not on the LRU list, and position of a page that never was on the stack.
+const NOT_LISTED: u32 = u32::MAX;
 
-/// Sentinel slot: the null page is never free, so its links anchor the circle. `next[0]` is the LRU end,
-/// `prev[0]` the MRU end.
-const SENTINEL: u32 = 0;
+/// Sentinel of the LRU list: the null page is never free, so its links anchor the circle. `next[LRU]` is the
+/// LRU end (next to be evicted), `prev[LRU]` the MRU end.
+const LRU: u32 = 0;
 
-/// The free pages of a pool in LRU order (least recently freed first).
+/// The free pages of a pool: uncached ones on a stack, cached ones in LRU order.
 #[derive(Debug, Clone)]
 pub(crate) struct FreeList {
+    /// Uncached free pages, the top (next to be reused) last.
+    stack: Vec<u32>,
+    /// Per page, its index in `stack`; meaningful only while the page is on the stack (a free page that
+    /// holds no key): popping leaves it stale, so the hot path writes one array less.
+    stack_pos: Vec<u32>,
     prev: Vec<u32>,
     next: Vec<u32>,
-    len: u32,
+    n_cached: u32,
 }
 
 impl FreeList {
-    /// An empty list over pages `0..n_pages` (slot 0 is the sentinel and never listed).
+    /// Two empty structures over pages `0..n_pages` (slot 0 is never listed). The stack has room for every
+    /// page up front, so pushing never reallocates.
     pub(crate) fn new(n_pages: u32) -> FreeList {
-        debug_assert!((1..NOT_LINKED).contains(&n_pages));
-        let mut prev = vec![NOT_LINKED; n_pages as usize];
-        let mut next = vec![NOT_LINKED; n_pages as usize];
-        prev[SENTINEL as usize] = SENTINEL;
-        next[SENTINEL as usize] = SENTINEL;
-        FreeList { prev, next, len: 0 }
+        debug_assert!((1..NOT_LISTED).contains(&n_pages));
+        let mut prev = vec![NOT_LISTED; n_pages as usize];
+        let mut next = vec![NOT_LISTED; n_pages as usize];
+        prev[LRU as usize] = LRU;
+        next[LRU as usize] = LRU;
+        FreeList {
+            stack: Vec::with_capacity(n_pages as usize),
+            stack_pos: vec![NOT_LISTED; n_pages as usize],
+            prev,
+            next,
+            n_cached: 0,
+        }
     }
 
-    /// Pages in the list.
+    /// Free pages in both structures.
     #[inline]
     pub(crate) fn len(&self) -> u32 {
-        self.len
+        self.stack.len() as u32 + self.n_cached
     }
 
-    /// Whether `page` is in the list.
+    /// Cached free pages (on the LRU list).
     #[inline]
-    pub(crate) fn contains(&self, page: u32) -> bool {
-        page != SENTINEL && self.next[page as usize] != NOT_LINKED
+    pub(crate) fn n_cached(&self) -> u32 {
+        self.n_cached
     }
 
-    /// Append `page` at the MRU end.
+    /// Whether `page` is on the stack (O(1) but, positions being left stale by `pop_uncached`, only a
+    /// debug check: the pool knows a page is stacked when it is free and holds no key).
+    fn is_stacked(&self, page: u32) -> bool {
+        let at = self.stack_pos[page as usize];
+        self.stack.get(at as usize) == Some(&page)
+    }
+
+    /// Whether `page` is on the LRU list.
+    fn is_linked(&self, page: u32) -> bool {
+        page != LRU && self.next[page as usize] != NOT_LISTED
+    }
+
+    /// Push the uncached `page` on top of the stack.
     #[inline]
-    pub(crate) fn push_mru(&mut self, page: u32) {
+    pub(crate) fn push_uncached(&mut self, page: u32) {
         debug_assert!(
-            page != SENTINEL && !self.contains(page),
-            "page {page} pushed twice"
+            page != LRU && !self.is_stacked(page) && !self.is_linked(page),
+            "page {page} listed twice"
         );
-        let tail = self.prev[SENTINEL as usize];
+        self.stack_pos[page as usize] = self.stack.len() as u32;
+        self.stack.push(page);
+    }
+
+    /// Append the cached `page` at the MRU end of the LRU list.
+    #[inline]
+    pub(crate) fn push_cached_mru(&mut self, page: u32) {
+        debug_assert!(
+            page != LRU && !self.is_stacked(page) && !self.is_linked(page),
+            "page {page} listed twice"
+        );
+        let tail = self.prev[LRU as usize];
         self.next[tail as usize] = page;
         self.prev[page as usize] = tail;
-        self.next[page as usize] = SENTINEL;
-        self.prev[SENTINEL as usize] = page;
-        self.len += 1;
+        self.next[page as usize] = LRU;
+        self.prev[LRU as usize] = page;
+        self.n_cached += 1;
     }
 
-    /// Remove and return the page at the LRU end, if any.
+    /// Uncached free pages (on the stack).
     #[inline]
-    pub(crate) fn pop_lru(&mut self) -> Option<u32> {
-        let head = self.next[SENTINEL as usize];
-        if head == SENTINEL {
+    pub(crate) fn n_uncached(&self) -> u32 {
+        self.stack.len() as u32
+    }
+
+    /// Remove and return the page on top of the stack, if any.
+    #[inline]
+    pub(crate) fn pop_uncached(&mut self) -> Option<u32> {
+        self.stack.pop()
+    }
+
+    /// Remove and return the page at the LRU end of the LRU list, if any.
+    #[inline]
+    pub(crate) fn pop_cached_lru(&mut self) -> Option<u32> {
+        let head = self.next[LRU as usize];
+        if head == LRU {
             return None;
         }
-        self.unlink(head);
+        self.remove_cached(head);
         Some(head)
     }
 
-    /// Remove `page` from wherever it is in the list.
+    /// Remove the uncached `page` from wherever it is on the stack: the top page takes its place.
     #[inline]
-    pub(crate) fn unlink(&mut self, page: u32) {
-        debug_assert!(self.contains(page), "page {page} is not in the free list");
+    pub(crate) fn remove_uncached(&mut self, page: u32) {
+        debug_assert!(self.is_stacked(page), "page {page} is not on the stack");
+        let at = self.stack_pos[page as usize];
+        self.stack.swap_remove(at as usize);
+        if let Some(&moved) = self.stack.get(at as usize) {
+            self.stack_pos[moved as usize] = at;
+        }
+    }
+
+    /// Remove the cached `page` from wherever it is on the LRU list; the others keep their order.
+    #[inline]
+    pub(crate) fn remove_cached(&mut self, page: u32) {
+        debug_assert!(self.is_linked(page), "page {page} is not on the LRU list");
         let before = self.prev[page as usize];
         let after = self.next[page as usize];
         self.next[before as usize] = after;
         self.prev[after as usize] = before;
-        self.prev[page as usize] = NOT_LINKED;
-        self.next[page as usize] = NOT_LINKED;
-        self.len -= 1;
+        self.prev[page as usize] = NOT_LISTED;
+        self.next[page as usize] = NOT_LISTED;
+        self.n_cached -= 1;
     }
 
-    /// The listed pages from the LRU end to the MRU end (O(n); for invariant checks and tests).
-    pub(crate) fn iter_lru(&self) -> impl Iterator<Item = u32> + '_ {
-        let mut at = self.next[SENTINEL as usize];
+    /// The uncached free pages from the top of the stack (next to be reused) down (O(n); for checks and
+    /// tests).
+    pub(crate) fn iter_uncached(&self) -> impl Iterator<Item = u32> + '_ {
+        self.stack.iter().rev().copied()
+    }
+
+    /// The cached free pages from the LRU end (next to be evicted) to the MRU end (O(n); for checks and
+    /// tests).
+    pub(crate) fn iter_cached_lru(&self) -> impl Iterator<Item = u32> + '_ {
+        let mut at = self.next[LRU as usize];
         std::iter::from_fn(move || {
-            if at == SENTINEL {
+            if at == LRU {
                 return None;
             }
             let page = at;
@@ -92,54 +162,65 @@ impl FreeList {
         })
     }
 
-    /// Assert the links are consistent: the circle is closed both ways, holds `len` pages, and unlisted
-    /// pages carry no links. O(n).
-    pub(crate) fn check_invariants(&self) {
+    /// Assert both structures are consistent: the stack and its positions agree, the LRU circle is closed
+    /// both ways and holds `n_cached` pages, no page is on both, and pages off the LRU list carry no links.
+    /// Returns, per page, whether it is on either (the free pages). O(n).
+    pub(crate) fn check_invariants(&self) -> Vec<bool> {
         let n_pages = self.next.len();
         let mut seen = vec![false; n_pages];
+        for (at, &page) in self.stack.iter().enumerate() {
+            assert!(
+                page != LRU && (page as usize) < n_pages,
+                "stack: page {page} out of range"
+            );
+            assert!(!seen[page as usize], "stack: page {page} listed twice");
+            seen[page as usize] = true;
+            assert_eq!(
+                self.stack_pos[page as usize] as usize, at,
+                "stack: position of page {page}"
+            );
+        }
         let mut count: u32 = 0;
-        let mut at = SENTINEL;
+        let mut at = LRU;
         loop {
             let after = self.next[at as usize];
             assert!(
                 (after as usize) < n_pages,
-                "free list: link {at} -> {after} out of range"
+                "lru list: link {at} -> {after} out of range"
             );
             assert_eq!(
                 self.prev[after as usize], at,
-                "free list: prev of {after} is not {at}"
+                "lru list: prev of {after} is not {at}"
             );
-            if after == SENTINEL {
+            if after == LRU {
                 break;
             }
             assert!(
                 !seen[after as usize],
-                "free list: page {after} listed twice"
+                "lru list: page {after} listed twice or also on the stack"
             );
             seen[after as usize] = true;
             count += 1;
             assert!(
-                count <= self.len,
-                "free list: more than {} pages linked",
-                self.len
+                count <= self.n_cached,
+                "lru list: more than {} pages linked",
+                self.n_cached
             );
             at = after;
         }
         assert_eq!(
-            count, self.len,
-            "free list: length counter disagrees with the links"
+            count, self.n_cached,
+            "lru list: length counter disagrees with the links"
         );
-        for (page, listed) in seen.iter().enumerate().skip(1) {
-            if !listed {
+        for (page, &listed) in seen.iter().enumerate().skip(1) {
+            if !listed || self.is_stacked(page as u32) {
                 assert_eq!(
-                    self.next[page], NOT_LINKED,
-                    "free list: unlisted page {page} has links"
-                );
-                assert_eq!(
-                    self.prev[page], NOT_LINKED,
-                    "free list: unlisted page {page} has links"
+                    (self.prev[page], self.next[page]),
+                    (NOT_LISTED, NOT_LISTED),
+                    "free list: page {page} off the lru list has links"
                 );
             }
         }
+        seen
     }
 }

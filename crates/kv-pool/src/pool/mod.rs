@@ -1,7 +1,13 @@
-//! The `PagePool`: a fixed set of pages, page 0 the null page; per-page reference counts; an index-linked
-//! LRU free list (O(1) allocate, free and touch, no heap node per page); the prefix index of cached blocks;
-//! and lazy eviction: a freed page that holds a cached block keeps its key (a later prefix hit takes it back
-//! with `touch`) until an allocation reuses it, which queues exactly one `Eviction` notice.
+//! The `PagePool`: a fixed set of pages, page 0 the null page; per-page reference counts; the free pages on
+//! a stack (uncached) and an index-linked LRU list (cached): O(1) allocate, free and touch, no heap node per
+//! page; the prefix index of cached blocks; and lazy eviction: a freed page that holds a cached block keeps its key (a later prefix hit takes it back with
+//! `touch`) until an allocation reuses it, which queues exactly one `Eviction` notice.
+//!
+//! Reuse policy: uncached free pages are reused first (LIFO); cached free pages are evicted in LRU order
+//! only when no uncached page is left. A page that becomes an uncached free page (freed without a key, or a
+//! free page whose key is dropped by `uncache` or `reset_prefix_cache`) goes on top of the stack; a page
+//! freed with a key goes to the MRU end of the LRU list. So the cache lives as long as clean pages remain,
+//! and the hot path (one page allocated and freed again) keeps reusing the same, cache-warm page.
 
 mod free_list;
 mod prefix;
@@ -14,6 +20,13 @@ use crate::page::{BlockKey, PageId};
 use free_list::FreeList;
 use prefix::PrefixIndex;
 
+/// Flag bit of a page word: the page holds a cached block key (mirrors the prefix index, so `free` decides
+/// where a page goes from the one word it already reads).
+const CACHED: u32 = 1 << 31;
+
+/// Reference-count bits of a page word.
+const REF_MASK: u32 = CACHED - 1;
+
 /// Notice that a cached block left the prefix index: its page was reused by an allocation, invalidated with
 /// `uncache`, or dropped by `reset_prefix_cache`. Exactly one notice per dropped key; drain them with
 /// `PagePool::take_evictions` (the checkpoint index listens).
@@ -25,18 +38,20 @@ pub struct Eviction {
     pub key: BlockKey,
 }
 
-/// Pages, reference counts, the LRU free list and the prefix index. Sans-IO and single-threaded.
+/// Pages, reference counts, the free lists and the prefix index. Sans-IO and single-threaded.
 ///
-/// Invariants (checked by `check_invariants`): `n_free + n_in_use + 1 == n_total`; a page is in the free
-/// list exactly when its reference count is 0 (the null page never is); `n_cached_free` counts the free
-/// pages that hold a key; the prefix index and the per-page keys are inverse maps.
+/// Invariants (checked by `check_invariants`): `n_free + n_in_use + 1 == n_total`; a page is free (on a
+/// free list) exactly when its reference count is 0 (the null page never is); a free page is on the LRU
+/// list of cached free pages when it holds a key and on the stack of uncached free pages otherwise, so
+/// `n_cached_free` counts the free pages that hold a key; each page word's cached flag says whether the
+/// prefix index holds a key for the page; the prefix index and the per-page keys are inverse maps.
 #[derive(Clone)]
 pub struct PagePool {
     n_pages: u32,
-    ref_counts: Vec<u32>,
+    /// Per page: its reference count (`REF_MASK` bits) and whether it holds a key (`CACHED`).
+    page_words: Vec<u32>,
     free_list: FreeList,
     prefix: PrefixIndex,
-    n_cached_free: u32,
     evictions: Vec<Eviction>,
 }
 
@@ -45,7 +60,7 @@ impl std::fmt::Debug for PagePool {
         f.debug_struct("PagePool")
             .field("n_total", &self.n_total())
             .field("n_free", &self.n_free())
-            .field("n_cached_free", &self.n_cached_free)
+            .field("n_cached_free", &self.n_cached_free())
             .field("n_in_use", &self.n_in_use())
             .field("n_cached", &self.prefix.len())
             .field("n_pending_evictions", &self.evictions.len())
@@ -54,22 +69,22 @@ impl std::fmt::Debug for PagePool {
 }
 
 impl PagePool {
-    /// A pool of `n_pages` pages, the null page included; every usable page starts free, in id order.
-    /// Errors with `PoolTooSmall` below 2 pages (and at `u32::MAX`, which the free list reserves).
+    /// A pool of `n_pages` pages, the null page included; every usable page starts free and uncached, to
+    /// be allocated in id order. Errors with `PoolTooSmall` below 2 pages (and at `u32::MAX`, which the free
+    /// lists reserve).
     pub fn new(n_pages: u32) -> Result<PagePool> {
         if n_pages < 2 || n_pages == u32::MAX {
             return Err(Error::PoolTooSmall { n_pages });
         }
         let mut free_list = FreeList::new(n_pages);
-        for page in 1..n_pages {
-            free_list.push_mru(page);
+        for page in (1..n_pages).rev() {
+            free_list.push_uncached(page);
         }
         Ok(PagePool {
             n_pages,
-            ref_counts: vec![0; n_pages as usize],
+            page_words: vec![0; n_pages as usize],
             free_list,
             prefix: PrefixIndex::new(n_pages),
-            n_cached_free: 0,
             evictions: Vec::new(),
         })
     }
@@ -92,8 +107,9 @@ impl PagePool {
     }
 
     /// Free pages that still hold a block key (evictable, and findable by a prefix lookup).
+    #[inline]
     pub fn n_cached_free(&self) -> u32 {
-        self.n_cached_free
+        self.free_list.n_cached()
     }
 
     /// Pages with a reference count above zero.
@@ -102,9 +118,10 @@ impl PagePool {
         self.n_usable() - self.n_free()
     }
 
-    /// Allocate `n` pages, each with reference count 1, least recently freed first. All or nothing: with
-    /// fewer than `n` free pages it errors with `OutOfPages` and changes nothing. Reused cached pages lose
-    /// their keys, one `Eviction` notice each.
+    /// Allocate `n` pages, each with reference count 1: uncached free pages first, most recently freed
+    /// first (LIFO); then, only when none is left, cached free pages in LRU order (least recently freed
+    /// first). All or nothing: with fewer than `n` free pages it errors with `OutOfPages` and changes
+    /// nothing. Reused cached pages lose their keys, one `Eviction` notice each.
     pub fn allocate(&mut self, n: u32) -> Result<Vec<PageId>> {
         // Capacity bounded by the free count, so an absurd `n` fails without a huge allocation.
         let mut out = Vec::with_capacity(n.min(self.n_free()) as usize);
@@ -112,53 +129,91 @@ impl PagePool {
         Ok(out)
     }
 
+    /// Allocate one page: the most recently freed uncached page, else the least recently freed cached page
+    /// (evicted with one `Eviction` notice). The single-page path of decode growth. Errors with `OutOfPages`
+    /// and changes nothing when no page is free.
+    #[inline]
+    pub fn allocate_one(&mut self) -> Result<PageId> {
+        if let Some(page) = self.free_list.pop_uncached() {
+            let page = PageId(page);
+            self.take_free_page_word(page);
+            return Ok(page);
+        }
+        let mut out = Vec::with_capacity(1);
+        self.allocate_into(1, &mut out)?;
+        Ok(out[0])
+    }
+
     /// `allocate`, appending the pages to `out` (no heap allocation when `out` has room). On error `out` is
     /// unchanged.
     #[inline]
     pub fn allocate_into(&mut self, n: u32, out: &mut Vec<PageId>) -> Result<()> {
+        let n_uncached = self.free_list.n_uncached();
+        if n <= n_uncached {
+            // The hot path: uncached pages only, most recently freed first.
+            for _ in 0..n {
+                let page = self.free_list.pop_uncached();
+                debug_assert!(page.is_some(), "stack shorter than its length");
+                let Some(page) = page else { break };
+                self.take_free_page(PageId(page), out);
+            }
+            return Ok(());
+        }
         let free = self.n_free();
         if n > free {
             return Err(Error::OutOfPages { requested: n, free });
         }
         out.reserve(n as usize);
-        for _ in 0..n {
-            let page = self.free_list.pop_lru();
-            debug_assert!(page.is_some(), "free list shorter than its counter");
+        while let Some(page) = self.free_list.pop_uncached() {
+            self.take_free_page(PageId(page), out);
+        }
+        // Then cached pages from the LRU end, each losing its key with one notice.
+        for _ in n_uncached..n {
+            let page = self.free_list.pop_cached_lru();
+            debug_assert!(page.is_some(), "lru list shorter than its counter");
             let Some(page) = page else { break };
             let page = PageId(page);
-            debug_assert_eq!(
-                self.ref_counts[page.idx()],
-                0,
-                "free page {page:?} is referenced"
-            );
-            self.ref_counts[page.idx()] = 1;
-            if let Some(key) = self.prefix.remove_page(page) {
-                self.n_cached_free -= 1;
+            let key = self.prefix.remove_page(page);
+            debug_assert!(key.is_some(), "cached free {page:?} holds no key");
+            if let Some(key) = key {
                 self.evictions.push(Eviction { page, key });
             }
-            out.push(page);
+            // Dropping the key clears the cached flag; `take_free_page` overwrites the whole word.
+            self.take_free_page(page, out);
         }
         Ok(())
     }
 
-    /// Drop one reference to `page`; at zero it goes to the MRU end of the free list, keeping its key if it
-    /// holds one. Errors: `NullPage`, `PageOutOfRange`, `DoubleFree` (reference count already 0).
+    /// Drop one reference to `page`. At zero it becomes free: on top of the stack of uncached free pages
+    /// when it holds no key, else at the MRU end of the LRU list, keeping its key. Errors: `NullPage`,
+    /// `PageOutOfRange`, `DoubleFree` (reference count already 0).
     #[inline]
     pub fn free(&mut self, page: PageId) -> Result<()> {
-        self.check_page(page)?;
-        let ref_count = self.ref_counts[page.idx()];
-        if ref_count == 0 {
+        // `get` is the range check (one word per page), so the hot path checks once; the null page's word
+        // is always 0, so it is told apart from a double free off the hot path.
+        let Some(word) = self.page_words.get_mut(page.idx()) else {
+            return Err(Error::PageOutOfRange {
+                page: page.0,
+                n_pages: self.n_pages,
+            });
+        };
+        if *word & REF_MASK == 0 {
+            if page.is_null() {
+                return Err(Error::NullPage);
+            }
             return Err(Error::DoubleFree { page: page.0 });
         }
-        self.ref_counts[page.idx()] = ref_count - 1;
-        if ref_count == 1 {
-            self.release(page);
+        *word -= 1;
+        let word = *word;
+        if word & REF_MASK == 0 {
+            self.release(page, word);
         }
         Ok(())
     }
 
     /// Free every page of `pages` in reverse order, so a request's tail blocks sit nearer the LRU end and
-    /// are evicted first (as vLLM): the same as calling `free` on each from the last, but all or nothing.
+    /// are evicted first (as vLLM), and its uncached head pages are reused first: the same as calling `free`
+    /// on each from the last, but all or nothing.
     /// Every page is validated first (a page listed twice counts twice); on any error nothing changes.
     pub fn free_all(&mut self, pages: &[PageId]) -> Result<()> {
         for &page in pages {
@@ -169,43 +224,49 @@ impl PagePool {
         let mut failed = None;
         let mut n_taken = 0;
         for &page in pages.iter().rev() {
-            let ref_count = &mut self.ref_counts[page.idx()];
-            if *ref_count == 0 {
+            let word = &mut self.page_words[page.idx()];
+            if *word & REF_MASK == 0 {
                 failed = Some(page);
                 break;
             }
-            *ref_count -= 1;
+            *word -= 1;
             n_taken += 1;
         }
         for &page in pages.iter().rev().take(n_taken) {
-            self.ref_counts[page.idx()] += 1;
+            self.page_words[page.idx()] += 1;
         }
         if let Some(page) = failed {
             return Err(Error::DoubleFree { page: page.0 });
         }
         for &page in pages.iter().rev() {
-            let ref_count = self.ref_counts[page.idx()] - 1;
-            self.ref_counts[page.idx()] = ref_count;
-            if ref_count == 0 {
-                self.release(page);
+            let word = self.page_words[page.idx()] - 1;
+            self.page_words[page.idx()] = word;
+            if word & REF_MASK == 0 {
+                self.release(page, word);
             }
         }
         Ok(())
     }
 
-    /// Add one reference to `page`. A free page (typically a cached one found by a prefix lookup) leaves the
-    /// free list and keeps its key. Errors: `NullPage`, `PageOutOfRange`.
+    /// Add one reference to `page`. A free page (typically a cached one found by a prefix lookup) leaves its
+    /// free list in O(1), the other free pages keeping their order, and keeps its key. Errors: `NullPage`,
+    /// `PageOutOfRange`.
     #[inline]
     pub fn touch(&mut self, page: PageId) -> Result<()> {
         self.check_page(page)?;
-        let ref_count = self.ref_counts[page.idx()];
-        if ref_count == 0 {
-            self.free_list.unlink(page.0);
-            if self.prefix.holds_key(page) {
-                self.n_cached_free -= 1;
+        let word = self.page_words[page.idx()];
+        if word & REF_MASK == 0 {
+            if word & CACHED != 0 {
+                self.free_list.remove_cached(page.0);
+            } else {
+                self.free_list.remove_uncached(page.0);
             }
         }
-        self.ref_counts[page.idx()] = ref_count + 1;
+        debug_assert!(
+            word & REF_MASK < REF_MASK,
+            "reference count of {page:?} overflows"
+        );
+        self.page_words[page.idx()] = word + 1;
         Ok(())
     }
 
@@ -213,7 +274,7 @@ impl PagePool {
     #[inline]
     pub fn ref_count(&self, page: PageId) -> Result<u32> {
         self.check_page(page)?;
-        Ok(self.ref_counts[page.idx()])
+        Ok(self.page_words[page.idx()] & REF_MASK)
     }
 
     /// Register `page` (in use) as holding the block `key`. Returns `false`, changing nothing, when another
@@ -221,7 +282,7 @@ impl PagePool {
     /// `NullPage`, `PageOutOfRange`, `PageNotInUse` (a free page), `PageAlreadyCached` (it holds another key).
     pub fn cache_block(&mut self, page: PageId, key: BlockKey) -> Result<bool> {
         self.check_page(page)?;
-        if self.ref_counts[page.idx()] == 0 {
+        if self.page_words[page.idx()] & REF_MASK == 0 {
             return Err(Error::PageNotInUse { page: page.0 });
         }
         if let Some(held) = self.prefix.key_of(page) {
@@ -234,6 +295,7 @@ impl PagePool {
             return Ok(false);
         }
         self.prefix.insert(page, key);
+        self.page_words[page.idx()] |= CACHED;
         Ok(true)
     }
 
@@ -257,13 +319,16 @@ impl PagePool {
     }
 
     /// Drop `page`'s key now (invalidate the block), queueing an eviction notice if it held one; the page's
-    /// reference count and free-list place do not change. Errors: `NullPage`, `PageOutOfRange`.
+    /// reference count does not change. A free page so uncached moves from the LRU list to the top of the
+    /// stack of uncached free pages. Errors: `NullPage`, `PageOutOfRange`.
     pub fn uncache(&mut self, page: PageId) -> Result<Option<BlockKey>> {
         self.check_page(page)?;
         let key = self.prefix.remove_page(page);
         if let Some(key) = key {
-            if self.ref_counts[page.idx()] == 0 {
-                self.n_cached_free -= 1;
+            self.page_words[page.idx()] &= !CACHED;
+            if self.page_words[page.idx()] == 0 {
+                self.free_list.remove_cached(page.0);
+                self.free_list.push_uncached(page.0);
             }
             self.evictions.push(Eviction { page, key });
         }
@@ -275,8 +340,9 @@ impl PagePool {
         std::mem::take(&mut self.evictions)
     }
 
-    /// Drop every cached key (one notice each, in page order). Errors with `PagesInUse` while any page is in
-    /// use, changing nothing: a forced reset frees the requests first.
+    /// Drop every cached key (one notice each, in page order); each page so uncached goes on top of the
+    /// stack of uncached free pages in that order. Errors with `PagesInUse` while any page is in use,
+    /// changing nothing: a forced reset frees the requests first.
     pub fn reset_prefix_cache(&mut self) -> Result<()> {
         let n_in_use = self.n_in_use();
         if n_in_use > 0 {
@@ -285,33 +351,50 @@ impl PagePool {
         let dropped: Vec<PageId> = self.prefix.iter_pages().map(|(page, _)| page).collect();
         for page in dropped {
             if let Some(key) = self.prefix.remove_page(page) {
+                self.page_words[page.idx()] &= !CACHED;
+                self.free_list.remove_cached(page.0);
+                self.free_list.push_uncached(page.0);
                 self.evictions.push(Eviction { page, key });
             }
         }
-        self.n_cached_free = 0;
+        debug_assert_eq!(
+            self.n_cached_free(),
+            0,
+            "cached free pages left after a reset"
+        );
         Ok(())
     }
 
     /// Assert every invariant of the pool (O(n); for tests and simulations, after every step):
-    /// `n_free + n_in_use + 1 == n_total`, the free list is consistent and holds exactly the unreferenced
-    /// usable pages, the null page is unreferenced and uncached, `n_cached_free` matches, and the prefix
-    /// index and per-page keys are inverse maps.
+    /// `n_free + n_in_use + 1 == n_total`, the free lists are consistent and hold exactly the unreferenced
+    /// usable pages, the LRU list exactly those of them that hold a key and the stack the others, the null
+    /// page is unreferenced and uncached, `n_cached_free` matches, and the prefix index and per-page keys are
+    /// inverse maps.
     pub fn check_invariants(&self) {
-        self.free_list.check_invariants();
+        let listed = self.free_list.check_invariants();
         self.prefix.check_invariants();
-        assert_eq!(self.ref_counts.len(), self.n_pages as usize);
-        assert_eq!(self.ref_counts[0], 0, "the null page is referenced");
-        assert!(!self.free_list.contains(0), "the null page is free");
+        assert_eq!(self.page_words.len(), self.n_pages as usize);
+        assert_eq!(
+            self.page_words[0], 0,
+            "the null page is referenced or cached"
+        );
+        assert!(!listed[0], "the null page is free");
         let mut n_free = 0;
         let mut n_in_use = 0;
         let mut n_cached_free = 0;
         for page in 1..self.n_pages {
-            let free = self.ref_counts[page as usize] == 0;
+            let word = self.page_words[page as usize];
+            assert_eq!(
+                word & CACHED != 0,
+                self.prefix.holds_key(PageId(page)),
+                "page {page}: cached flag disagrees with the prefix index"
+            );
+            let free = word & REF_MASK == 0;
             assert_eq!(
                 free,
-                self.free_list.contains(page),
+                listed[page as usize],
                 "page {page}: free list membership disagrees with ref count {}",
-                self.ref_counts[page as usize]
+                word & REF_MASK
             );
             if free {
                 n_free += 1;
@@ -321,6 +404,18 @@ impl PagePool {
             } else {
                 n_in_use += 1;
             }
+        }
+        for page in self.free_list.iter_cached_lru() {
+            assert!(
+                self.prefix.holds_key(PageId(page)),
+                "page {page} on the LRU list holds no key"
+            );
+        }
+        for page in self.free_list.iter_uncached() {
+            assert!(
+                !self.prefix.holds_key(PageId(page)),
+                "page {page} on the uncached stack holds a key"
+            );
         }
         assert_eq!(
             n_free,
@@ -333,7 +428,8 @@ impl PagePool {
             "in-use counter disagrees with the pages"
         );
         assert_eq!(
-            n_cached_free, self.n_cached_free,
+            n_cached_free,
+            self.n_cached_free(),
             "cached-free counter disagrees with the pages"
         );
         assert_eq!(
@@ -343,9 +439,27 @@ impl PagePool {
         );
     }
 
-    /// Free pages from the LRU end (next to be reused) to the MRU end. O(n); for tests and diagnostics.
+    /// Free pages in the order allocations will take them: the uncached ones from the top of the stack
+    /// down (most recently freed first), then the cached ones from the LRU end to the MRU end. O(n); for
+    /// tests and diagnostics.
+    pub fn free_pages_in_reuse_order(&self) -> Vec<PageId> {
+        self.free_list
+            .iter_uncached()
+            .chain(self.free_list.iter_cached_lru())
+            .map(PageId)
+            .collect()
+    }
+
+    /// Same as `free_pages_in_reuse_order` (the name from before uncached pages were reused first; a
+    /// prefix of it is no longer in LRU order). O(n); for tests and diagnostics.
     pub fn free_pages_lru(&self) -> Vec<PageId> {
-        self.free_list.iter_lru().map(PageId).collect()
+        self.free_pages_in_reuse_order()
+    }
+
+    /// Cached free pages (holding a key) from the LRU end (next to be evicted) to the MRU end. O(n); for
+    /// tests and diagnostics.
+    pub fn cached_free_pages_lru(&self) -> Vec<PageId> {
+        self.free_list.iter_cached_lru().map(PageId).collect()
     }
 
     #[inline]
@@ -362,12 +476,35 @@ impl PagePool {
         Ok(())
     }
 
-    /// `page` reached reference count 0: append it to the MRU end of the free list.
+    /// Give the free `page`, just taken off its free list and holding no key, reference count 1 and append
+    /// it to `out`.
     #[inline]
-    fn release(&mut self, page: PageId) {
-        self.free_list.push_mru(page.0);
-        if self.prefix.holds_key(page) {
-            self.n_cached_free += 1;
+    fn take_free_page(&mut self, page: PageId, out: &mut Vec<PageId>) {
+        self.take_free_page_word(page);
+        out.push(page);
+    }
+
+    /// Give the free, key-less `page` its first reference.
+    #[inline]
+    fn take_free_page_word(&mut self, page: PageId) {
+        debug_assert!(!self.prefix.holds_key(page), "{page:?} still holds a key");
+        debug_assert_eq!(
+            self.page_words[page.idx()] & REF_MASK,
+            0,
+            "free page {page:?} is referenced"
+        );
+        self.page_words[page.idx()] = 1;
+    }
+
+    /// `page` (whose page word is now `word`) reached reference count 0: append it to the MRU end of the
+    /// LRU list if it holds a key, else push it on top of the stack of uncached free pages.
+    #[inline]
+    fn release(&mut self, page: PageId, word: u32) {
+        debug_assert_eq!(word & CACHED != 0, self.prefix.holds_key(page));
+        if word & CACHED != 0 {
+            self.free_list.push_cached_mru(page.0);
+        } else {
+            self.free_list.push_uncached(page.0);
         }
     }
 }

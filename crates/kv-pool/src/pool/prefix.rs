@@ -1,16 +1,24 @@
 //! The prefix index of the page pool: which page holds which cached block (`BlockKey -> PageId`) and, per
 //! page, the key it holds. The two maps are kept inverse to each other; the pool decides when keys come and
-//! go (and queues the eviction notices).
+//! go (and queues the eviction notices). Keys are stored out of line: per page only a 4-byte slot index into
+//! a dense slab of the held keys, so the allocate/free hot path (`holds_key`) reads a small array.
 
 use std::collections::HashMap;
 
 use crate::page::{BlockKey, PageId};
 
+/// Slot value of a page that holds no key.
+const NO_SLOT: u32 = u32::MAX;
+
 /// Cached block keys, both ways.
 #[derive(Debug, Clone)]
 pub(crate) struct PrefixIndex {
     page_by_key: HashMap<BlockKey, PageId>,
-    key_by_page: Vec<Option<BlockKey>>,
+    /// Per page, its slot in `keys` (`NO_SLOT` when it holds no key).
+    slot_by_page: Vec<u32>,
+    /// The held keys, dense; `pages[slot]` holds `keys[slot]`.
+    keys: Vec<BlockKey>,
+    pages: Vec<PageId>,
 }
 
 impl PrefixIndex {
@@ -18,7 +26,9 @@ impl PrefixIndex {
     pub(crate) fn new(n_pages: u32) -> PrefixIndex {
         PrefixIndex {
             page_by_key: HashMap::new(),
-            key_by_page: vec![None; n_pages as usize],
+            slot_by_page: vec![NO_SLOT; n_pages as usize],
+            keys: Vec::new(),
+            pages: Vec::new(),
         }
     }
 
@@ -36,27 +46,39 @@ impl PrefixIndex {
     /// The key `page` holds, if any.
     #[inline]
     pub(crate) fn key_of(&self, page: PageId) -> Option<BlockKey> {
-        self.key_by_page[page.idx()]
+        let slot = self.slot_by_page[page.idx()];
+        (slot != NO_SLOT).then(|| self.keys[slot as usize])
     }
 
     /// Whether `page` holds a key.
     #[inline]
     pub(crate) fn holds_key(&self, page: PageId) -> bool {
-        self.key_by_page[page.idx()].is_some()
+        self.slot_by_page[page.idx()] != NO_SLOT
     }
 
     /// Register `page` (which holds no key) as holding `key` (which no page holds).
     pub(crate) fn insert(&mut self, page: PageId, key: BlockKey) {
-        debug_assert!(self.key_by_page[page.idx()].is_none());
+        debug_assert!(!self.holds_key(page), "{page:?} already holds a key");
         let previous = self.page_by_key.insert(key, page);
         debug_assert!(previous.is_none(), "key {key:?} was cached twice");
-        self.key_by_page[page.idx()] = Some(key);
+        self.slot_by_page[page.idx()] = self.keys.len() as u32;
+        self.keys.push(key);
+        self.pages.push(page);
     }
 
     /// Drop the key `page` holds, returning it.
     #[inline]
     pub(crate) fn remove_page(&mut self, page: PageId) -> Option<BlockKey> {
-        let key = self.key_by_page[page.idx()].take()?;
+        let slot = self.slot_by_page[page.idx()];
+        if slot == NO_SLOT {
+            return None;
+        }
+        self.slot_by_page[page.idx()] = NO_SLOT;
+        let key = self.keys.swap_remove(slot as usize);
+        self.pages.swap_remove(slot as usize);
+        if let Some(&moved) = self.pages.get(slot as usize) {
+            self.slot_by_page[moved.idx()] = slot;
+        }
         let removed = self.page_by_key.remove(&key);
         debug_assert_eq!(
             removed,
@@ -68,15 +90,24 @@ impl PrefixIndex {
 
     /// Pages that hold a key, in page order, with their keys.
     pub(crate) fn iter_pages(&self) -> impl Iterator<Item = (PageId, BlockKey)> + '_ {
-        self.key_by_page
+        self.slot_by_page
             .iter()
             .enumerate()
-            .filter_map(|(idx, key)| key.map(|key| (PageId(idx as u32), key)))
+            .filter(|&(_, &slot)| slot != NO_SLOT)
+            .map(|(idx, &slot)| (PageId(idx as u32), self.keys[slot as usize]))
     }
 
-    /// Assert the two maps are inverse to each other. O(n).
+    /// Assert the two maps are inverse to each other and the slab is consistent. O(n).
     pub(crate) fn check_invariants(&self) {
-        assert!(self.key_by_page[0].is_none(), "the null page holds a key");
+        assert!(!self.holds_key(PageId::NULL), "the null page holds a key");
+        assert_eq!(self.keys.len(), self.pages.len(), "key slab halves differ");
+        for (slot, page) in self.pages.iter().enumerate() {
+            assert_eq!(
+                self.slot_by_page[page.idx()] as usize,
+                slot,
+                "slot of {page:?} disagrees with the slab"
+            );
+        }
         let mut n_keyed = 0;
         for (page, key) in self.iter_pages() {
             n_keyed += 1;
@@ -91,5 +122,6 @@ impl PrefixIndex {
             self.page_by_key.len(),
             "index holds keys no page holds"
         );
+        assert_eq!(n_keyed, self.keys.len(), "slab holds keys no page holds");
     }
 }

@@ -1,5 +1,6 @@
-//! Unit tests of the page pool: every operation and every error, the LRU order, lazy eviction with one
-//! notice per evicted block, and salted prefix keys.
+//! Unit tests of the page pool: every operation and every error, the reuse order (uncached free pages LIFO
+//! first, cached free pages in LRU order only when no uncached page is left), lazy eviction with one notice
+//! per evicted block, and salted prefix keys.
 
 use super::{Eviction, PagePool};
 use crate::error::Error;
@@ -35,7 +36,7 @@ fn new_counts_pages_and_rejects_tiny_pools() {
 }
 
 #[test]
-fn allocate_takes_lru_pages_with_ref_one_and_never_the_null_page() {
+fn allocate_takes_a_new_pool_in_id_order_with_ref_one_and_never_the_null_page() {
     let mut pool = PagePool::new(5).unwrap();
     let pages = pool.allocate(2).unwrap();
     assert_eq!(pages, ids(&[1, 2]));
@@ -95,14 +96,97 @@ fn allocate_into_appends_and_leaves_out_unchanged_on_error() {
 }
 
 #[test]
-fn free_pushes_to_mru_end_and_allocation_reuses_lru_first() {
+fn allocate_one_follows_the_reuse_order_evicts_with_a_notice_and_errors_when_empty() {
+    let mut pool = PagePool::new(3).unwrap();
+    let (a, b) = (pool.allocate_one().unwrap(), pool.allocate_one().unwrap());
+    assert_eq!((a, b), (PageId(1), PageId(2)));
+    assert_eq!(pool.ref_count(a).unwrap(), 1);
+    assert_eq!(
+        pool.allocate_one().unwrap_err(),
+        Error::OutOfPages {
+            requested: 1,
+            free: 0
+        }
+    );
+    assert!(pool.cache_block(a, key(1)).unwrap());
+    pool.free(a).unwrap();
+    pool.free(b).unwrap();
+    // The uncached page first, then the cached one, evicted with one notice.
+    assert_eq!(pool.allocate_one().unwrap(), b);
+    assert!(pool.take_evictions().is_empty());
+    assert_eq!(pool.allocate_one().unwrap(), a);
+    assert_eq!(
+        pool.take_evictions(),
+        vec![Eviction {
+            page: a,
+            key: key(1)
+        }]
+    );
+    assert_eq!(pool.lookup(&key(1)), None);
+    pool.check_invariants();
+}
+
+#[test]
+fn uncached_free_pages_are_reused_most_recently_freed_first() {
     let mut pool = PagePool::new(5).unwrap();
     let pages = pool.allocate(4).unwrap();
     pool.free(pages[2]).unwrap();
     pool.free(pages[0]).unwrap();
-    assert_eq!(pool.free_pages_lru(), ids(&[3, 1]));
-    assert_eq!(pool.allocate(1).unwrap(), ids(&[3]));
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[1, 3]));
+    assert_eq!(pool.free_pages_lru(), ids(&[1, 3]), "the older name");
+    assert_eq!(pool.cached_free_pages_lru(), ids(&[]));
     assert_eq!(pool.allocate(1).unwrap(), ids(&[1]));
+    assert_eq!(pool.allocate(1).unwrap(), ids(&[3]));
+    pool.check_invariants();
+}
+
+#[test]
+fn cached_free_pages_are_evicted_in_lru_order_only_when_no_uncached_page_is_left() {
+    let mut pool = PagePool::new(7).unwrap();
+    let pages = pool.allocate(6).unwrap();
+    // Pages 1, 3, 5 cache blocks; 2, 4, 6 do not. Freed interleaved: 1, 2, 3, 4, 5, 6.
+    for (n, &page) in pages.iter().enumerate().step_by(2) {
+        pool.cache_block(page, key(n as u32)).unwrap();
+    }
+    for &page in &pages {
+        pool.free(page).unwrap();
+    }
+    assert_eq!((pool.n_free(), pool.n_cached_free()), (6, 3));
+    assert_eq!(pool.cached_free_pages_lru(), ids(&[1, 3, 5]));
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[6, 4, 2, 1, 3, 5]));
+    // Uncached pages first, LIFO, with no eviction while any is left.
+    assert_eq!(pool.allocate(2).unwrap(), ids(&[6, 4]));
+    assert!(pool.take_evictions().is_empty());
+    // The last uncached page, then the cached ones from the LRU end: one notice each, in order.
+    assert_eq!(pool.allocate(3).unwrap(), ids(&[2, 1, 3]));
+    assert_eq!(
+        pool.take_evictions(),
+        vec![
+            Eviction {
+                page: PageId(1),
+                key: key(0)
+            },
+            Eviction {
+                page: PageId(3),
+                key: key(2)
+            }
+        ]
+    );
+    assert_eq!(pool.n_cached_free(), 1);
+    assert_eq!(pool.lookup(&key(4)), Some(PageId(5)));
+    pool.check_invariants();
+}
+
+#[test]
+fn a_freed_uncached_page_is_reused_before_an_older_cached_one() {
+    let mut pool = PagePool::new(3).unwrap();
+    let pages = pool.allocate(2).unwrap();
+    pool.cache_block(pages[0], key(1)).unwrap();
+    pool.free(pages[0]).unwrap();
+    pool.free(pages[1]).unwrap();
+    assert_eq!(pool.allocate(1).unwrap(), vec![pages[1]]);
+    assert!(pool.take_evictions().is_empty());
+    assert_eq!(pool.lookup(&key(1)), Some(pages[0]), "the cache survives");
     pool.check_invariants();
 }
 
@@ -148,8 +232,16 @@ fn free_all_frees_in_reverse_order() {
     let mut pool = PagePool::new(5).unwrap();
     let pages = pool.allocate(4).unwrap();
     pool.free_all(&pages).unwrap();
-    assert_eq!(pool.free_pages_lru(), ids(&[4, 3, 2, 1]));
+    // Uncached: the head page was freed last, so it is on top and reused first.
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[1, 2, 3, 4]));
     assert_eq!(pool.n_in_use(), 0);
+    let pages = pool.allocate(4).unwrap();
+    for (n, &page) in pages.iter().enumerate() {
+        pool.cache_block(page, key(n as u32)).unwrap();
+    }
+    pool.free_all(&pages).unwrap();
+    // Cached: the tail block sits at the LRU end and is evicted first.
+    assert_eq!(pool.cached_free_pages_lru(), ids(&[4, 3, 2, 1]));
     pool.check_invariants();
 }
 
@@ -209,6 +301,41 @@ fn touch_takes_a_free_page_back_and_keeps_its_key() {
     assert_eq!(pool.lookup(&key(1)), Some(page));
     assert!(!pool.free_pages_lru().contains(&page));
     assert!(pool.take_evictions().is_empty());
+    pool.check_invariants();
+}
+
+#[test]
+fn touch_takes_a_cached_page_out_of_the_lru_list_keeping_the_order_of_the_others() {
+    let mut pool = PagePool::new(5).unwrap();
+    let pages = pool.allocate(4).unwrap();
+    for (n, &page) in pages.iter().enumerate() {
+        pool.cache_block(page, key(n as u32)).unwrap();
+    }
+    for &page in &pages {
+        pool.free(page).unwrap();
+    }
+    pool.touch(PageId(2)).unwrap();
+    assert_eq!(pool.cached_free_pages_lru(), ids(&[1, 3, 4]));
+    assert_eq!(pool.n_cached_free(), 3);
+    pool.check_invariants();
+}
+
+#[test]
+fn touch_takes_an_uncached_free_page_off_the_stack_in_place_of_the_top_page() {
+    let mut pool = PagePool::new(6).unwrap();
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[1, 2, 3, 4, 5]));
+    // O(1) removal from the middle: the top page fills the hole.
+    pool.touch(PageId(4)).unwrap();
+    assert_eq!(pool.ref_count(PageId(4)), Ok(1));
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[2, 3, 1, 5]));
+    pool.touch(PageId(2)).unwrap();
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[3, 1, 5]));
+    assert_eq!((pool.n_free(), pool.n_cached_free()), (3, 0));
+    pool.check_invariants();
+    // Freed again: back on top.
+    pool.free(PageId(4)).unwrap();
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[4, 3, 1, 5]));
+    assert_eq!(pool.allocate(2).unwrap(), ids(&[4, 3]));
     pool.check_invariants();
 }
 
@@ -315,7 +442,8 @@ fn freed_cached_page_stays_findable_until_reused_then_one_eviction() {
     assert_eq!(pool.n_cached_free(), 1);
     assert!(pool.take_evictions().is_empty(), "notices are drained once");
     pool.free(pages[1]).unwrap();
-    assert_eq!(pool.allocate(2).unwrap(), vec![pages[0], pages[1]]);
+    // The uncached page first, then the cached one.
+    assert_eq!(pool.allocate(2).unwrap(), vec![pages[1], pages[0]]);
     assert_eq!(
         pool.take_evictions(),
         vec![Eviction {
@@ -341,10 +469,11 @@ fn uncache_drops_the_key_with_one_notice() {
     assert_eq!(pool.uncache(pages[1]), Ok(Some(key(2))));
     assert_eq!(pool.n_cached_free(), 0);
     assert_eq!(
-        pool.free_pages_lru(),
-        ids(&[3, 2]),
-        "uncache keeps the free-list place"
+        pool.free_pages_in_reuse_order(),
+        ids(&[2, 3]),
+        "an uncached free page moves to the top of the stack"
     );
+    assert_eq!(pool.cached_free_pages_lru(), ids(&[]));
     assert_eq!(pool.uncache(pages[1]), Ok(None));
     assert_eq!(
         pool.take_evictions(),
@@ -428,6 +557,9 @@ fn reset_prefix_cache_drops_every_key_when_nothing_is_in_use() {
         .collect();
     assert_eq!(pool.take_evictions(), expected);
     assert_eq!(pool.lookup(&key(0)), None);
+    // Each page uncached goes on top in page order; page 4 (never cached) stays below.
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[3, 2, 1, 4]));
+    assert_eq!(pool.cached_free_pages_lru(), ids(&[]));
     // Reallocating the pages now evicts nothing more.
     pool.allocate(4).unwrap();
     assert!(pool.take_evictions().is_empty());

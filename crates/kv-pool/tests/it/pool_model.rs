@@ -1,6 +1,8 @@
 //! Property tests: random operation sequences on a `PagePool` (allocate, free, free_all, touch a cached
 //! page, cache_block, lookup, longest_prefix, uncache, reset, and misuse) checked after every step against a
-//! simple reference model: a `VecDeque` for the LRU free list, plain vectors for ref counts and keys.
+//! simple reference model: a `Vec` for the stack of uncached free pages (reused first, LIFO), a `VecDeque`
+//! for the LRU list of cached free pages (evicted only when the stack is empty), plain vectors for ref
+//! counts and keys.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -70,6 +72,9 @@ struct Model {
     ref_counts: Vec<u32>,
     keys: Vec<Option<BlockKey>>,
     index: HashMap<BlockKey, PageId>,
+    /// Free pages that hold no key, the top (next to be reused) last.
+    stack: Vec<PageId>,
+    /// Free pages that hold a key, the LRU end (next to be evicted) first.
     lru: VecDeque<PageId>,
     evictions: Vec<Eviction>,
 }
@@ -81,7 +86,8 @@ impl Model {
             ref_counts: vec![0; n_pages as usize],
             keys: vec![None; n_pages as usize],
             index: HashMap::new(),
-            lru: (1..n_pages).map(PageId).collect(),
+            stack: (1..n_pages).rev().map(PageId).collect(),
+            lru: VecDeque::new(),
             evictions: Vec::new(),
         }
     }
@@ -99,17 +105,34 @@ impl Model {
         Ok(())
     }
 
+    fn n_free(&self) -> usize {
+        self.stack.len() + self.lru.len()
+    }
+
+    fn is_free(&self, page: PageId) -> bool {
+        self.stack.contains(&page) || self.lru.contains(&page)
+    }
+
     fn allocate(&mut self, n: u32) -> Result<Vec<PageId>, Error> {
-        if n as usize > self.lru.len() {
+        if n as usize > self.n_free() {
             return Err(Error::OutOfPages {
                 requested: n,
-                free: self.lru.len() as u32,
+                free: self.n_free() as u32,
             });
         }
-        let pages: Vec<PageId> = self.lru.drain(..n as usize).collect();
+        let from_stack = (n as usize).min(self.stack.len());
+        let mut pages: Vec<PageId> = Vec::new();
+        for _ in 0..from_stack {
+            pages.push(self.stack.pop().unwrap());
+        }
+        let evicted: Vec<PageId> = self.lru.drain(..n as usize - from_stack).collect();
         for &page in &pages {
             self.ref_counts[page.idx()] = 1;
+        }
+        for page in evicted {
+            self.ref_counts[page.idx()] = 1;
             self.drop_key(page);
+            pages.push(page);
         }
         Ok(pages)
     }
@@ -121,7 +144,11 @@ impl Model {
         }
         self.ref_counts[page.idx()] -= 1;
         if self.ref_counts[page.idx()] == 0 {
-            self.lru.push_back(page);
+            if self.keys[page.idx()].is_some() {
+                self.lru.push_back(page);
+            } else {
+                self.stack.push(page);
+            }
         }
         Ok(())
     }
@@ -146,8 +173,13 @@ impl Model {
     fn touch(&mut self, page: PageId) -> Result<(), Error> {
         self.check(page)?;
         if self.ref_counts[page.idx()] == 0 {
-            let at = self.lru.iter().position(|&p| p == page).unwrap();
-            self.lru.remove(at);
+            if let Some(at) = self.lru.iter().position(|&p| p == page) {
+                self.lru.remove(at);
+            } else {
+                // O(1) removal from the stack: the top page takes the hole.
+                let at = self.stack.iter().position(|&p| p == page).unwrap();
+                self.stack.swap_remove(at);
+            }
         }
         self.ref_counts[page.idx()] += 1;
         Ok(())
@@ -171,10 +203,15 @@ impl Model {
         Ok(true)
     }
 
+    /// Drop `page`'s key with one notice; a free page so uncached moves to the top of the stack.
     fn drop_key(&mut self, page: PageId) -> Option<BlockKey> {
         let key = self.keys[page.idx()].take()?;
         self.index.remove(&key);
         self.evictions.push(Eviction { page, key });
+        if let Some(at) = self.lru.iter().position(|&p| p == page) {
+            self.lru.remove(at);
+            self.stack.push(page);
+        }
         Some(key)
     }
 
@@ -200,18 +237,25 @@ impl Model {
 fn assert_agrees(pool: &mut PagePool, model: &mut Model, universe: &[Vec<BlockKey>]) {
     pool.check_invariants();
     let n_in_use = model.ref_counts.iter().filter(|&&r| r > 0).count() as u32;
-    let n_cached_free = model
-        .lru
-        .iter()
-        .filter(|p| model.keys[p.idx()].is_some())
-        .count() as u32;
+    // The model's own split: the stack holds exactly the uncached free pages, the LRU list the cached ones.
+    assert!(model.stack.iter().all(|p| model.keys[p.idx()].is_none()));
+    assert!(model.lru.iter().all(|p| model.keys[p.idx()].is_some()));
     // free + in use + null == total.
     assert_eq!(pool.n_free() + pool.n_in_use() + 1, pool.n_total());
-    assert_eq!(pool.n_free(), model.lru.len() as u32);
+    assert_eq!(pool.n_free(), model.n_free() as u32);
     assert_eq!(pool.n_in_use(), n_in_use);
-    assert_eq!(pool.n_cached_free(), n_cached_free);
-    // LRU order.
-    assert_eq!(pool.free_pages_lru(), Vec::from(model.lru.clone()));
+    assert_eq!(pool.n_cached_free(), model.lru.len() as u32);
+    // LRU order among cached free pages, and the whole reuse order (stack top first, then the LRU list).
+    assert_eq!(pool.cached_free_pages_lru(), Vec::from(model.lru.clone()));
+    let reuse_order: Vec<PageId> = model
+        .stack
+        .iter()
+        .rev()
+        .chain(model.lru.iter())
+        .copied()
+        .collect();
+    assert_eq!(pool.free_pages_in_reuse_order(), reuse_order);
+    assert_eq!(pool.free_pages_lru(), reuse_order);
     for page in 1..model.n_pages {
         let page = PageId(page);
         let ref_count = pool.ref_count(page).unwrap();
@@ -223,7 +267,7 @@ fn assert_agrees(pool: &mut PagePool, model: &mut Model, universe: &[Vec<BlockKe
         // No page both free and referenced.
         assert_eq!(
             ref_count == 0,
-            model.lru.contains(&page),
+            model.is_free(page),
             "{page:?} free and referenced"
         );
         assert_eq!(
@@ -257,8 +301,18 @@ fn run_ops(n_pages: u32, ops: &[Op]) {
     for op in ops {
         match *op {
             Op::Allocate(n) => {
+                let n_uncached_free = pool.n_free() - pool.n_cached_free();
+                let n_notices = model.evictions.len();
                 let got = pool.allocate(n);
                 assert_eq!(got, model.allocate(n));
+                if got.is_ok() {
+                    // Uncached pages are reused before any cached page is evicted.
+                    assert_eq!(
+                        model.evictions.len() - n_notices,
+                        n.saturating_sub(n_uncached_free) as usize,
+                        "evicted while uncached free pages were left"
+                    );
+                }
                 held.extend(got.unwrap_or_default());
             }
             Op::FreeHeld(h) => {
@@ -355,7 +409,8 @@ proptest! {
 
     /// Any sequence of pool operations (valid or misuse) agrees with the reference model after every step:
     /// free + in use + null == total, no page both free and referenced, ref counts never negative (misuse
-    /// is an error that changes nothing), LRU order, each eviction notified exactly once, and keys of
+    /// is an error that changes nothing), uncached free pages reused first (LIFO) and before any cached page
+    /// is evicted, LRU order among cached free pages, each eviction notified exactly once, and keys of
     /// different salts never share a page.
     #[test]
     fn prop_pool_matches_reference_model((n_pages, ops) in pool_and_ops()) {

@@ -107,7 +107,9 @@ proptest! {
                             pool.touch(page).expect("acquire");
                         }
                         ledger.admit(RequestId(id), &mut pool).expect("ready");
-                        world.acquired[id as usize] = pages;
+                        // A request may finish its prompt and restore again while it still holds the pages
+                        // of its first import: it keeps both.
+                        world.acquired[id as usize].extend(pages);
                     }
                 }
                 Op::Allocate { id, n_pages } => {
