@@ -157,6 +157,16 @@ pub enum Invalid {
         /// The page.
         page: PageId,
     },
+    /// `ResidentIndex::stage_into` was given destination pages that do not fit the checkpoint.
+    #[error(
+        "destination page {page:?} is not usable: {reason}; pass one distinct owned page per checkpoint page"
+    )]
+    Destination {
+        /// The page.
+        page: PageId,
+        /// Why: free, listed twice, or already an import's destination.
+        reason: &'static str,
+    },
     /// The checkpoint's layout does not match the pool's.
     #[error("layout: {0}")]
     Layout(Mismatch),

@@ -64,17 +64,13 @@ pub enum Error {
         id: RequestId,
     },
     /// A non-forced prefix-cache reset found imports staged or owned (X2).
-    #[error(
-        "prefix-cache reset refused: {n_imports} imports are staged or owned; retry or force it"
-    )]
+    #[error("prefix-cache reset refused: {n_imports} import(s) staged or owned; retry or force it")]
     ResetRefusedImports {
         /// Imports staged or owned.
         n_imports: usize,
     },
     /// A non-forced prefix-cache reset found pages in use by running requests.
-    #[error(
-        "prefix-cache reset refused: {n_pages} pages are in use by requests; retry or force it"
-    )]
+    #[error("prefix-cache reset refused: {n_pages} page(s) in use by requests; retry or force it")]
     ResetRefusedPagesInUse {
         /// Pages in use.
         n_pages: u32,

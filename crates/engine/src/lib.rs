@@ -17,10 +17,5 @@ pub use params::EngineParams;
 pub use policy::Policy;
 pub use request::{FinishedRequest, RequestSpec, STOP_TOKEN, output_token};
 
-/// Copy faults the simulated copy engine can inject (`Engine::inject_copy_fault`).
-pub use checkpoint_transfer::Fault;
-/// Request ids and the clock's timestamps, shared with the lower layers.
-pub use reservation::{RequestId, Timestamp};
-
 #[cfg(test)]
 mod tests;

@@ -1,3 +1,24 @@
-//! The kvgate facade: `EngineConfig`, the `Engine` builder, workloads, reports and the `kvgate` binary.
+//! The kvgate facade: `EngineConfig` (TOML, validated), the `EngineBuilder`, the workloads (`agents`, the
+//! Mooncake trace), their drivers, reports, scenarios, and the `kvgate` binary. It re-exports the types an
+//! embedding server needs, so a server depends on this crate alone; the layers below stay embeddable one by
+//! one.
 
+mod builder;
+pub mod config;
+mod error;
+pub mod report;
+pub mod run;
+pub mod scenario;
 pub mod workload;
+
+pub use builder::EngineBuilder;
+pub use config::EngineConfig;
+pub use error::{Error, Result};
+
+pub use checkpoint_transfer::{CheckpointStore, DiskStore, Fault, HostStore};
+pub use engine::{
+    CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, Policy, RequestMetrics,
+    RequestSpec, RequestView, RunMetrics, STOP_TOKEN, StepReport, output_token,
+};
+pub use kv_pool::{BlockKey, CacheGroup, Geometry, GroupKind, PageId};
+pub use reservation::{RequestId, Timestamp};

@@ -5,6 +5,15 @@
 //! ready (O3), hands the pages to the consumer through the prefix-hit path (O4) and never frees a page
 //! while a copy into it is outstanding (O5, O7).
 //!
+//! Page ownership: `stage` allocates the destination pages itself (the import holds the allocation's
+//! reference). `stage_into` copies into pages the caller already holds, for example the destination pages
+//! of a reservation ticket (`reservation::Ledger::reserve` takes pages, slot and credits together, R1): the
+//! index takes its own reference on each (`PagePool::touch`), so every holder drops only its own. The ticket
+//! keeps one reference until `Ledger::admit` / `release`, the index one until `acquire` (the consumer then
+//! holds the prefix hits), `cancel` of a ready import, or the drain of a cancelled or failed copy. Because
+//! the index's reference alone pins the pages while a copy may write into them, a caller may drop its own
+//! reference at once when it cancels (the ledger's drain set can be settled immediately).
+//!
 //! Architecture Invariant: the index knows nothing of slots or credits; the engine glues it to the ledger.
 
 mod capture;
@@ -102,8 +111,42 @@ impl ResidentIndex {
         stage: StageRequest<'_>,
     ) -> Result<ImportId> {
         self.validate(pool, &stage)?;
+        let pages = pool.allocate(stage.checkpoint.meta.pages.len() as u32)?;
+        self.submit_import(pool, copies, now, &stage, pages)
+    }
+
+    /// `stage` into `pages` the caller already holds (one per checkpoint page, in checkpoint order, each
+    /// with a reference of the caller's, for example a reservation ticket's destination pages). The index
+    /// takes its own reference on each page (see the module doc); the caller keeps and later drops its
+    /// own. Invalid input, `Invalid::Destination` included (a page free, listed twice or already an
+    /// import's destination; `PayloadShape` for the wrong number of pages), changes nothing (R4).
+    pub fn stage_into(
+        &mut self,
+        pool: &mut PagePool,
+        copies: &mut dyn CopyEngine,
+        now: Timestamp,
+        stage: StageRequest<'_>,
+        pages: Vec<PageId>,
+    ) -> Result<ImportId> {
+        self.validate(pool, &stage)?;
+        self.validate_destination(pool, &stage, &pages)?;
+        for &page in &pages {
+            pool.touch(page)?;
+        }
+        self.submit_import(pool, copies, now, &stage, pages)
+    }
+
+    /// Records a validated import into `pages` (each holding one reference of the index) and submits one
+    /// restore copy per rank.
+    fn submit_import(
+        &mut self,
+        pool: &mut PagePool,
+        copies: &mut dyn CopyEngine,
+        now: Timestamp,
+        stage: &StageRequest<'_>,
+        pages: Vec<PageId>,
+    ) -> Result<ImportId> {
         let meta = &stage.checkpoint.meta;
-        let pages = pool.allocate(meta.pages.len() as u32)?;
         let import_id = ImportId(self.next_import);
         self.next_import += 1;
         let n_ranks = meta.layout.n_ranks as usize;
@@ -415,6 +458,17 @@ impl ResidentIndex {
         self.imports.get(import_id).map(|import| &import.pages[..])
     }
 
+    /// Every page the index holds a reference on (destination pages of imports, draining ones included,
+    /// and captured source pages), each once per holding import or capture.
+    pub fn held_pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        let in_imports = self.imports.values().flat_map(|import| import.pages.iter());
+        let in_captures = self
+            .captures
+            .values()
+            .flat_map(|capture| capture.pages.iter());
+        in_imports.chain(in_captures).copied()
+    }
+
     /// Imports still copying, cancelled or failed ones that are draining included.
     pub fn n_staged(&self) -> usize {
         self.imports
@@ -560,6 +614,38 @@ impl ResidentIndex {
                     });
                 }
                 expected_key += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_destination(
+        &self,
+        pool: &PagePool,
+        stage: &StageRequest<'_>,
+        pages: &[PageId],
+    ) -> Result<(), Invalid> {
+        let expected = stage.checkpoint.meta.pages.len();
+        if pages.len() != expected {
+            return Err(Invalid::PayloadShape {
+                rank: 0,
+                expected,
+                found: pages.len(),
+            });
+        }
+        let mut seen = std::collections::HashSet::with_capacity(pages.len());
+        for &page in pages {
+            let reason = if pool.ref_count(page).unwrap_or(0) == 0 {
+                Some("it is free")
+            } else if !seen.insert(page) {
+                Some("it is listed twice")
+            } else if self.page_owner.contains_key(&page) {
+                Some("it is already an import's destination")
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(Invalid::Destination { page, reason });
             }
         }
         Ok(())

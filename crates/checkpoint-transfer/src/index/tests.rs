@@ -804,3 +804,143 @@ proptest! {
         prop_assert_eq!(rig.pool.n_in_use(), 0);
     }
 }
+
+/// Pages held by a caller (a reservation ticket) before `stage_into`: one reference each.
+fn caller_pages(rig: &mut Rig, n: u32) -> Vec<PageId> {
+    rig.pool.allocate(n).unwrap()
+}
+
+fn stage_into(
+    rig: &mut Rig,
+    request: u64,
+    checkpoint: &Checkpoint,
+    pages: Vec<PageId>,
+) -> crate::error::Result<crate::index::ImportId> {
+    rig.index.stage_into(
+        &mut rig.pool,
+        &mut rig.copies,
+        Timestamp::ZERO,
+        StageRequest {
+            request: RequestId(request),
+            request_tokens: 64,
+            checkpoint,
+            dependency_pages: &[],
+        },
+        pages,
+    )
+}
+
+#[test]
+fn o4_stage_into_caller_pages_keeps_one_reference_per_holder() {
+    let mut rig = rig();
+    let ckpt = checkpoint("a", 10);
+    let ticket = caller_pages(&mut rig, 3);
+    stage_into(&mut rig, 1, &ckpt, ticket.clone()).unwrap();
+    rig.check();
+    for &page in &ticket {
+        assert_eq!(
+            rig.pool.ref_count(page).unwrap(),
+            2,
+            "the caller's and the index's"
+        );
+    }
+    assert_eq!(rig.index.held_pages().collect::<Vec<_>>(), ticket);
+    let events = rig.poll(10);
+    assert_eq!(published(&events), vec![1]);
+    for rank in 0..N_RANKS {
+        for (pos, &page) in ticket.iter().enumerate() {
+            let bytes = rig.storage.with_page(rank, page, <[u8]>::to_vec).unwrap();
+            assert_eq!(bytes[..], ckpt.payload.ranks[rank as usize][pos][..]);
+        }
+    }
+    // The consumer acquires (its own references), then the caller drops the ticket's.
+    let acquired = rig.index.acquire(&mut rig.pool, RequestId(1)).unwrap();
+    rig.pool.free_all(&ticket).unwrap();
+    rig.check();
+    for &page in &acquired.pages {
+        assert_eq!(rig.pool.ref_count(page).unwrap(), 1, "the consumer's only");
+    }
+    assert_eq!(rig.index.held_pages().count(), 0);
+    rig.pool.free_all(&acquired.pages).unwrap();
+    assert_eq!(rig.pool.n_in_use(), 0);
+}
+
+#[test]
+fn o5_stage_into_cancel_pins_pages_by_the_index_reference_alone() {
+    let mut rig = rig();
+    let ckpt = checkpoint("a", 10);
+    let ticket = caller_pages(&mut rig, 3);
+    stage_into(&mut rig, 1, &ckpt, ticket.clone()).unwrap();
+    rig.index
+        .cancel(&mut rig.pool, &mut rig.copies, RequestId(1))
+        .unwrap();
+    // The caller drops its reference at once: the index's still pins every page under a live copy.
+    rig.pool.free_all(&ticket).unwrap();
+    rig.check();
+    for &page in &ticket {
+        assert_eq!(rig.pool.ref_count(page).unwrap(), 1);
+    }
+    let events = rig.poll(10);
+    assert!(
+        events
+            .iter()
+            .any(|event| matches!(event, ImportEvent::Drained { .. }))
+    );
+    assert_eq!(rig.pool.n_in_use(), 0, "freed once drained");
+    rig.check();
+}
+
+#[test]
+fn r4_stage_into_refuses_unusable_destination_pages_and_changes_nothing() {
+    let mut rig = rig();
+    let ckpt = checkpoint("a", 10);
+    let held = caller_pages(&mut rig, 3);
+    let free_page = PageId(N_PAGES - 1);
+    assert_eq!(rig.pool.ref_count(free_page).unwrap(), 0);
+    let cases: Vec<(Vec<PageId>, crate::error::Error)> = vec![
+        (
+            held[..2].to_vec(),
+            Invalid::PayloadShape {
+                rank: 0,
+                expected: 3,
+                found: 2,
+            }
+            .into(),
+        ),
+        (
+            vec![held[0], held[1], free_page],
+            Invalid::Destination {
+                page: free_page,
+                reason: "it is free",
+            }
+            .into(),
+        ),
+        (
+            vec![held[0], held[1], held[0]],
+            Invalid::Destination {
+                page: held[0],
+                reason: "it is listed twice",
+            }
+            .into(),
+        ),
+    ];
+    for (pages, expected) in cases {
+        let error = stage_into(&mut rig, 1, &ckpt, pages).unwrap_err();
+        assert_eq!(error.to_string(), expected.to_string());
+        assert_eq!((rig.pool.n_in_use(), rig.index.n_staged()), (3, 0));
+    }
+    stage_into(&mut rig, 1, &ckpt, held.clone()).unwrap();
+    let error = stage_into(&mut rig, 2, &ckpt, held.clone()).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::Invalid(Invalid::Destination {
+                reason: "it is already an import's destination",
+                ..
+            })
+        ),
+        "{error}"
+    );
+    assert_eq!(rig.index.n_staged(), 1);
+    rig.check();
+}

@@ -3,13 +3,11 @@
 //! and pass it (Q1), with the logits-only entry for a fully restored prompt with saved logits (Q4). Under
 //! `ordinary`, a restore is attempted here, at once or not at all (G1).
 
-use std::sync::Arc;
-
-use checkpoint_transfer::{CheckpointId, CopyEngine};
-use kv_pool::{BlockKey, PageId};
+use checkpoint_transfer::{CheckpointId, StageRequest};
+use kv_pool::PageId;
 use reservation::RequestId;
 
-use super::req::{Phase, Restore};
+use super::req::{Loading, Phase, Restore};
 use super::step::{Plan, Work};
 use super::{Engine, StepReport};
 use crate::error::Result;
@@ -167,40 +165,35 @@ impl<E: Executor> Engine<E> {
         let import_pages = blocks - hits.len() as u32;
         let need = import_pages + (start + chunk).div_ceil(tpp) - blocks + self.cached_free(hits);
         if need > self.admission_available(plan)
-            || self.imports.n_copying() >= self.params.copy_task_limit as usize
+            || self.index.n_staged() >= self.params.copy_task_limit as usize
         {
             return Ok(false);
         }
-        let Ok(checkpoint) = self.store.get(checkpoint_id) else {
+        let Ok(stored) = self.store.get(checkpoint_id) else {
             return Ok(false);
         };
         for &page in hits {
             self.pool.touch(page)?;
         }
-        let dest_pages = self.pool.allocate(import_pages)?;
-        let req = &self.reqs[&id];
-        let dest: Vec<(PageId, BlockKey, Arc<[u8]>)> = (hits.len()..blocks as usize)
-            .zip(&dest_pages)
-            .map(|(block, &page)| {
-                (
-                    page,
-                    req.keys[block],
-                    Arc::clone(&checkpoint.payload.ranks[0][block]),
-                )
-            })
-            .collect();
-        // The import holds the allocation's reference until publication; the request takes its own.
+        // The index allocates the destination pages and holds them until publication; the request takes its
+        // own reference on them.
+        let first_block = hits.len() as u32;
+        let part = self.checkpoint_part(&stored, first_block, blocks);
+        let import = self.index.stage(
+            &mut self.pool,
+            &mut self.copies,
+            self.now,
+            StageRequest {
+                request: id,
+                request_tokens: req.tokens.len(),
+                checkpoint: &part,
+                dependency_pages: hits,
+            },
+        )?;
+        let dest_pages = self.index.pages(id).expect("just staged").to_vec();
         for &page in &dest_pages {
             self.pool.touch(page)?;
         }
-        let import = self.imports.stage(
-            &mut self.copies as &mut dyn CopyEngine,
-            id,
-            dest,
-            hits.len() as u32,
-            true,
-            self.now,
-        )?;
         let req = self.reqs.get_mut(&id).expect("live");
         req.admitted_once = true;
         req.metrics.prompt_tokens_local_hit = hits.len() as u32 * tpp;
@@ -210,7 +203,10 @@ impl<E: Executor> Engine<E> {
         req.pages.extend(dest_pages);
         req.n_computed = start;
         req.n_registered = hits.len() as u32;
-        req.loading = Some(import);
+        req.loading = Some(Loading {
+            import,
+            first_block,
+        });
         req.phase = Phase::Running;
         req.restore = Restore::Idle;
         self.running.push(id);
@@ -226,38 +222,30 @@ impl<E: Executor> Engine<E> {
         report: &mut StepReport,
     ) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
-        let Restore::Importing { import, blocks, .. } = self.reqs[&id].restore.clone() else {
+        let Restore::Importing { blocks, .. } = self.reqs[&id].restore.clone() else {
             unreachable!("a ready request has a published import")
         };
-        let dest: Vec<(PageId, BlockKey)> = self.imports.dest(import).to_vec();
-        for &(page, key) in &dest {
-            // A block another page cached at publication may be gone: our own copy holds the same bytes.
-            if self.pool.lookup(&key).is_none() {
-                let _registered = self.pool.cache_block(page, key)?;
+        let dest = self.index.pages(id).expect("a ready import").to_vec();
+        // Through the prefix-hit path (O4): the request takes its references, the index drops its own.
+        let hits = match self.index.acquire(&mut self.pool, id) {
+            Ok(acquired) => acquired.pages,
+            Err(checkpoint_transfer::Error::Invalidated { .. }) => {
+                // Lost despite ownership (a reset dropped the keys); the index released it: look up again as an
+                // ordinary request.
+                self.drop_restore(id)?;
+                self.enqueue_waiting(id, Some(FallbackReason::Invalid));
+                report.fallbacks.push((id, FallbackReason::Invalid));
+                return Ok(());
             }
-        }
-        let keys: Vec<BlockKey> = self.reqs[&id].keys[..blocks as usize].to_vec();
-        let hits = self.pool.longest_prefix(&keys);
-        if hits.len() < keys.len() {
-            // Lost despite ownership (a reset dropped the keys): look up again as an ordinary request.
-            self.drop_restore(id)?;
-            self.enqueue_waiting(id, Some(FallbackReason::Invalid));
-            report.fallbacks.push((id, FallbackReason::Invalid));
-            return Ok(());
-        }
-        for &page in &hits {
-            self.pool.touch(page)?;
-        }
-        self.imports.release_owned(&mut self.pool, import)?;
+            Err(error) => return Err(error.into()),
+        };
+        debug_assert_eq!(hits.len(), blocks as usize);
         if let Some(ledger) = self.ledger.as_mut() {
             ledger
                 .admit(id, &mut self.pool)
                 .expect("a ready import holds a ready ticket");
         }
-        let restored_pages = hits
-            .iter()
-            .filter(|page| dest.iter().any(|(dest_page, _)| dest_page == *page))
-            .count() as u32;
+        let restored_pages = hits.iter().filter(|page| dest.contains(page)).count() as u32;
         let req = self.reqs.get_mut(&id).expect("live");
         req.restore = Restore::Idle;
         if !req.admitted_once {

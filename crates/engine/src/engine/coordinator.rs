@@ -9,11 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use checkpoint_transfer::{CheckpointMeta, CopyEngine, PrefixQuery, RESTORE_LOOKUPS_MAX};
-use kv_pool::{BlockKey, PageId};
+use checkpoint_transfer::{
+    CheckpointMeta, ImportEvent, PrefixQuery, RESTORE_LOOKUPS_MAX, StageRequest,
+};
 use reservation::{ErrorKind, Preflight, RequestId, RestoreSpec};
 
-use super::imports::ImportEvent;
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};
 use crate::error::Result;
@@ -154,7 +154,13 @@ impl<E: Executor> Engine<E> {
         report: &mut StepReport,
     ) -> Result<()> {
         let Some(checkpoint) = self.find_checkpoint(id, limit_tokens) else {
-            self.fall_back(id, FallbackReason::NotInStore, report);
+            // After a failed copy the retry found nothing shorter: the copy failure is why it recomputes.
+            let reason = if self.reqs[&id].copy_failed {
+                FallbackReason::CopyFailed
+            } else {
+                FallbackReason::NotInStore
+            };
+            self.fall_back(id, reason, report);
             return Ok(());
         };
         let blocks = (checkpoint.block_keys.len() as u32).min(self.restorable_blocks(id));
@@ -183,7 +189,7 @@ impl<E: Executor> Engine<E> {
 
     /// Reserves for an answered restore by the policy's mechanism and starts its copy.
     fn try_reserve(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
-        if self.imports.n_copying() >= self.params.copy_task_limit as usize {
+        if self.index.n_staged() >= self.params.copy_task_limit as usize {
             return Ok(()); // wait for a copy slot (G2)
         }
         let Restore::Answered {
@@ -193,7 +199,8 @@ impl<E: Executor> Engine<E> {
             unreachable!()
         };
         let tpp = self.params.geometry.tokens_per_page();
-        let dest_pages = if let Some(ledger) = self.ledger.as_mut() {
+        // The ticket's destination pages (`reserved`), or `None` (`pages-only`: the index allocates them).
+        let ticket_pages = if let Some(ledger) = self.ledger.as_mut() {
             let req = &self.reqs[&id];
             let mut spec = RestoreSpec::for_geometry(
                 &self.params.geometry,
@@ -224,7 +231,7 @@ impl<E: Executor> Engine<E> {
                 other_work_scheduled: !self.running.is_empty(),
             };
             match ledger.reserve(&mut self.pool, id, req.order, &spec, &preflight, self.now) {
-                Ok(ticket) => ticket.import_pages,
+                Ok(ticket) => Some(ticket.import_pages),
                 Err(error) => {
                     let (kind, message) = (error.kind(), error.to_string());
                     return self.refused(id, kind, &message, report);
@@ -247,36 +254,32 @@ impl<E: Executor> Engine<E> {
                 let message = format!("need {blocks} pages, {available} free");
                 return self.refused(id, ErrorKind::Pressure, &message, report);
             }
-            self.pool.allocate(blocks)?
+            // The index allocates the pages when it stages the import.
+            None
         };
         self.end_wait(id);
         let Ok(stored) = self.store.get(&checkpoint.id) else {
             // G3: the selected checkpoint was lost: release what was reserved and look up again.
-            self.release_reserved(id, &dest_pages)?;
+            self.release_ticket(id);
             self.retry_lookup(id, blocks * tpp + 1, FallbackReason::NotInStore, report);
             return Ok(());
         };
-        let req = &self.reqs[&id];
-        let dest: Vec<(PageId, BlockKey, Arc<[u8]>)> = dest_pages
-            .iter()
-            .enumerate()
-            .map(|(block, &page)| {
-                (
-                    page,
-                    req.keys[block],
-                    Arc::clone(&stored.payload.ranks[0][block]),
-                )
-            })
-            .collect();
-        let owns_pages = self.ledger.is_none();
-        let import = self.imports.stage(
-            &mut self.copies as &mut dyn CopyEngine,
-            id,
-            dest,
-            0,
-            owns_pages,
-            self.now,
-        )?;
+        let part = self.checkpoint_part(&stored, 0, blocks);
+        let stage = StageRequest {
+            request: id,
+            request_tokens: self.reqs[&id].tokens.len(),
+            checkpoint: &part,
+            dependency_pages: &[],
+        };
+        let import = match ticket_pages {
+            Some(pages) => {
+                self.index
+                    .stage_into(&mut self.pool, &mut self.copies, self.now, stage, pages)?
+            }
+            None => self
+                .index
+                .stage(&mut self.pool, &mut self.copies, self.now, stage)?,
+        };
         self.reqs.get_mut(&id).expect("live").restore = Restore::Importing { blocks, import };
         Ok(())
     }
@@ -326,22 +329,6 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Gives back a reservation whose copy never started.
-    fn release_reserved(&mut self, id: RequestId, dest_pages: &[PageId]) -> Result<()> {
-        match self.ledger.as_mut() {
-            Some(ledger) => {
-                let released = ledger.release(id, &mut self.pool);
-                if let Some(drain) = released.drain {
-                    ledger
-                        .pages_drained(drain, &mut self.pool)
-                        .expect("nothing was submitted");
-                }
-            }
-            None => self.pool.free_all(dest_pages)?,
-        }
-        Ok(())
-    }
-
     /// Looks up again (a shorter checkpoint below `limit_tokens`) within the lookup budget (O7), or recomputes.
     fn retry_lookup(
         &mut self,
@@ -360,94 +347,96 @@ impl<E: Executor> Engine<E> {
     /// The restore recomputes: release what it holds, record why, and queue it as an ordinary request.
     fn fall_back(&mut self, id: RequestId, reason: FallbackReason, report: &mut StepReport) {
         self.end_wait(id);
-        if let Some(ledger) = self.ledger.as_mut() {
-            let released = ledger.release(id, &mut self.pool);
-            debug_assert!(released.drain.is_none(), "fallback with a copy in flight");
-        }
+        debug_assert!(
+            self.index.state(id).is_none(),
+            "fallback of {id} with an import in the index"
+        );
+        self.release_ticket(id);
         report.fallbacks.push((id, reason));
         self.enqueue_waiting(id, Some(reason));
     }
 
-    /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2), drains.
+    /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2).
     pub(crate) fn poll_imports(&mut self, report: &mut StepReport) -> Result<()> {
+        let events = self.index.poll(&mut self.pool, &mut self.copies, self.now);
+        for event in events {
+            self.apply_import_event(&event, report)?;
+        }
+        Ok(())
+    }
+
+    fn apply_import_event(&mut self, event: &ImportEvent, report: &mut StepReport) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
-        for event in self
-            .imports
-            .poll(&mut self.pool, &mut self.copies, self.now)?
-        {
-            match event {
-                ImportEvent::Published {
-                    import,
-                    request: id,
-                } => {
-                    self.verify_import(id, import)?;
-                    let req = self
-                        .reqs
-                        .get_mut(&id)
-                        .expect("a live import has a live request");
-                    if req.loading == Some(import) {
-                        // ordinary: the admitted request already holds the pages.
-                        req.loading = None;
-                        self.imports.release_owned(&mut self.pool, import)?;
-                    } else if let Some(ledger) = self.ledger.as_mut() {
-                        ledger.publish(id).expect("an importing ticket");
-                        req.phase = Phase::Ready;
-                        self.restoring.remove(&req.order);
-                        self.ready.insert(req.order, id);
-                    } else {
-                        // pages-only: no ownership once published; the pages are evictable cached pages.
-                        req.published_unowned = self
-                            .imports
-                            .dest(import)
-                            .iter()
-                            .map(|(page, _)| *page)
-                            .collect();
-                        req.restore = Restore::Idle;
-                        self.imports.release_owned(&mut self.pool, import)?;
-                        self.enqueue_waiting(id, None);
-                    }
+        match event {
+            // A drained import's pages are free: the ledger's references went when it was cancelled.
+            ImportEvent::Acknowledged { .. } | ImportEvent::Drained { .. } => {}
+            &ImportEvent::Published {
+                request: id,
+                import,
+                ..
+            } => {
+                let loading = self.reqs[&id].loading;
+                let expected = match (&loading, &self.reqs[&id].restore) {
+                    (Some(loading), _) => Some(loading.import),
+                    (None, Restore::Importing { import, .. }) => Some(*import),
+                    (None, _) => None,
+                };
+                debug_assert_eq!(
+                    expected,
+                    Some(import),
+                    "{id} published an import it does not wait for"
+                );
+                self.verify_import(id, loading.map_or(0, |loading| loading.first_block))?;
+                let req = self
+                    .reqs
+                    .get_mut(&id)
+                    .expect("a live import has a live request");
+                if loading.is_some() {
+                    // ordinary: the admitted request already holds the pages; the index lets go of them.
+                    req.loading = None;
+                    let _released = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
+                } else if let Some(ledger) = self.ledger.as_mut() {
+                    ledger.publish(id).expect("an importing ticket");
+                    req.phase = Phase::Ready;
+                    self.restoring.remove(&req.order);
+                    self.ready.insert(req.order, id);
+                } else {
+                    // pages-only: no ownership once published; the pages are evictable cached pages.
+                    req.published_unowned = self.index.pages(id).expect("published").to_vec();
+                    req.restore = Restore::Idle;
+                    let _released = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
+                    self.enqueue_waiting(id, None);
                 }
-                ImportEvent::Failed { request: id, .. }
-                | ImportEvent::Invalidated { request: id, .. } => {
-                    let reason = FallbackReason::CopyFailed;
-                    let req = self
-                        .reqs
-                        .get_mut(&id)
-                        .expect("a live import has a live request");
-                    if req.loading.take().is_some() {
-                        // ordinary: recompute what the copy should have brought.
-                        let hits = (req.metrics.prompt_tokens_local_hit / tpp) as usize;
-                        let garbage = req.pages.split_off(hits);
-                        req.n_computed = hits as u32 * tpp;
-                        req.metrics.prompt_tokens_restored = 0;
-                        req.metrics.restored = false;
-                        req.fall_back(reason);
-                        report.fallbacks.push((id, reason));
-                        self.pool.free_all(&garbage)?;
-                        continue;
-                    }
-                    let Restore::Importing { blocks, .. } = req.restore.clone() else {
-                        unreachable!()
-                    };
-                    if let Some(ledger) = self.ledger.as_mut() {
-                        let released = ledger.release(id, &mut self.pool);
-                        if let Some(drain) = released.drain {
-                            ledger
-                                .pages_drained(drain, &mut self.pool)
-                                .expect("copy finished");
-                        }
-                    }
-                    self.retry_lookup(id, blocks * tpp, reason, report);
+            }
+            &ImportEvent::Failed { request: id, .. }
+            | &ImportEvent::Invalidated { request: id, .. } => {
+                // The index discarded the import once its copies drained.
+                let reason = FallbackReason::CopyFailed;
+                let req = self
+                    .reqs
+                    .get_mut(&id)
+                    .expect("a live import has a live request");
+                req.copy_failed = true;
+                if req.loading.take().is_some() {
+                    // ordinary: recompute what the copy should have brought.
+                    let hits = (req.metrics.prompt_tokens_local_hit / tpp) as usize;
+                    let garbage = req.pages.split_off(hits);
+                    req.n_computed = hits as u32 * tpp;
+                    req.metrics.prompt_tokens_restored = 0;
+                    req.metrics.restored = false;
+                    req.fall_back(reason);
+                    report.fallbacks.push((id, reason));
+                    self.pool.free_all(&garbage)?;
+                    return Ok(());
                 }
-                ImportEvent::Drained { import, .. } => {
-                    if let (Some(drain), Some(ledger)) =
-                        (self.drains.remove(&import), self.ledger.as_mut())
-                    {
-                        ledger
-                            .pages_drained(drain, &mut self.pool)
-                            .expect("a recorded drain");
-                    }
-                }
+                let Restore::Importing { blocks, .. } = req.restore.clone() else {
+                    unreachable!("a failed import belongs to an importing restore")
+                };
+                self.release_ticket(id);
+                self.retry_lookup(id, blocks * tpp, reason, report);
+            }
+            ImportEvent::Captured { .. } | ImportEvent::CaptureFailed { .. } => {
+                debug_assert!(false, "the engine captures without the index");
             }
         }
         Ok(())

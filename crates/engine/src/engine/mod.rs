@@ -1,9 +1,16 @@
-//! The `Engine`: owns the pool, the page bytes, the checkpoint store, the copy engine, the reservation ledger
-//! (`reserved` only) and every live request, and exposes the API the facade drives step by step.
+//! The `Engine`: owns the pool, the page bytes, the checkpoint store, the copy engine, the resident checkpoint
+//! index (`checkpoint_transfer::ResidentIndex`: every import), the reservation ledger (`reserved` only) and
+//! every live request, and exposes the API the facade drives step by step.
+//!
+//! Page references of an import: under `reserved` the ledger's ticket allocates the destination pages (R1)
+//! and the index takes its own reference on them (`ResidentIndex::stage_into`); the ticket's reference goes
+//! at `Ledger::admit` or `release` (a cancelled copy's drain set is settled at once: the index's reference
+//! alone pins the pages until the copy drains, O5). Under `ordinary` and `pages-only` the index allocates
+//! them (`ResidentIndex::stage`). The consumer takes its own references through the prefix-hit path
+//! (`ResidentIndex::acquire`, O4), or, for an `ordinary` restore admitted at once, when it is staged.
 
 mod admit;
 mod coordinator;
-mod imports;
 mod pages;
 mod req;
 mod step;
@@ -13,7 +20,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use checkpoint_transfer::{
-    CheckpointStore, CopyModel, Fault, HostStore, InlineCopyEngine, LayoutDescriptor, StoreStats,
+    CheckpointStore, CopyModel, Fault, HostStore, InlineCopyEngine, LayoutDescriptor,
+    ResidentIndex, StoreStats,
 };
 use kv_pool::{HostStorage, PageId, PagePool};
 use reservation::{AdmissionOrder, Ledger, LedgerConfig, LedgerSnapshot, RequestId, Timestamp};
@@ -25,7 +33,6 @@ use crate::params::EngineParams;
 use crate::policy::Policy;
 use crate::request::{FinishedRequest, RequestSpec};
 
-use self::imports::Imports;
 use self::req::{Phase, Req, Restore};
 
 /// What one step did, for traces and tests.
@@ -102,9 +109,8 @@ pub struct Engine<E: Executor = SimExecutor> {
     layout: LayoutDescriptor,
     /// The reservation ledger; `None` under policies without the contract (G1: never called).
     ledger: Option<Ledger>,
-    imports: Imports,
-    /// Ledger drains of cancelled imports, by import.
-    drains: HashMap<u64, reservation::DrainId>,
+    /// Every import: staged (copying), published and owned, or draining after a cancel.
+    index: ResidentIndex,
     reqs: HashMap<RequestId, Req>,
     arriving: BTreeMap<(Timestamp, u64), RequestId>,
     waiting: BTreeMap<AdmissionOrder, RequestId>,
@@ -207,10 +213,9 @@ impl<E: Executor> Engine<E> {
             storage,
             copies,
             store,
-            layout,
             ledger,
-            imports: Imports::default(),
-            drains: HashMap::new(),
+            index: ResidentIndex::new(layout.clone()),
+            layout,
             reqs: HashMap::new(),
             arriving: BTreeMap::new(),
             waiting: BTreeMap::new(),
@@ -299,9 +304,7 @@ impl<E: Executor> Engine<E> {
                 self.running.retain(|running| *running != id);
                 self.resuming.retain(|resuming| *resuming != id);
                 self.cancel_loading(id)?;
-                if let Some(ledger) = self.ledger.as_mut() {
-                    let _released = ledger.release(id, &mut self.pool);
-                }
+                self.release_ticket(id);
                 self.free_request_pages(id)?;
             }
         }
@@ -346,9 +349,13 @@ impl<E: Executor> Engine<E> {
     /// pages of paused streams, then resets: once no copy is draining every page but the null page is free.
     pub fn reset_prefix_cache(&mut self, forced: bool) -> Result<()> {
         if !forced {
-            let n_imports = self.imports.n_staged_or_owned();
-            if n_imports > 0 {
-                return Err(Error::ResetRefusedImports { n_imports });
+            if let Err(refused) = self.index.clear(&mut self.pool, &mut self.copies, false) {
+                let checkpoint_transfer::Error::ResetRefused { n_staged, n_owned } = refused else {
+                    return Err(refused.into());
+                };
+                return Err(Error::ResetRefusedImports {
+                    n_imports: n_staged + n_owned,
+                });
             }
             if self.pool.n_in_use() > 0 {
                 return Err(Error::ResetRefusedPagesInUse {
@@ -382,6 +389,9 @@ impl<E: Executor> Engine<E> {
         for id in paused {
             self.free_request_pages(id)?;
         }
+        // Every import was cancelled with its request above; only drains are left.
+        let lost = self.index.clear(&mut self.pool, &mut self.copies, true)?;
+        debug_assert!(lost.is_empty(), "imports of no live request: {lost:?}");
         if self.pool.n_in_use() == 0 {
             self.pool.reset_prefix_cache()?;
         } else {
@@ -410,7 +420,7 @@ impl<E: Executor> Engine<E> {
 
     /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
     pub fn is_idle(&self) -> bool {
-        self.reqs.values().all(|req| req.phase == Phase::Paused) && self.imports.n_copying() == 0
+        self.reqs.values().all(|req| req.phase == Phase::Paused) && self.index.n_staged() == 0
     }
 
     /// Takes the requests finished or cancelled since the last call.
@@ -517,7 +527,13 @@ impl<E: Executor> Engine<E> {
     /// copy); slots within the limit; outstanding credits within the live tickets' needs.
     pub fn check_invariants(&self) {
         self.pool.check_invariants();
-        self.imports.check_invariants(&self.pool);
+        self.index.check_invariants(&self.pool);
+        for page in self.copies.in_flight_pages() {
+            assert!(
+                self.pool.ref_count(page).expect("copied page in range") > 0,
+                "page {page:?} is free while a copy writes into it"
+            );
+        }
         let held = self.held_pages();
         for page in &held {
             assert!(
@@ -567,7 +583,7 @@ impl<E: Executor> Engine<E> {
             .values()
             .flat_map(|req| req.pages.iter().copied())
             .collect();
-        held.extend(self.imports.all_dest_pages());
+        held.extend(self.index.held_pages());
         held
     }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use checkpoint_transfer::{
-    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload,
+    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
 };
 use kv_pool::{BlockKey, PageStorage};
 use reservation::{RequestId, TicketState};
@@ -167,16 +167,17 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// E3: asserts that every page of import `import` holds what recomputing its prefix writes.
-    pub(crate) fn verify_import(&mut self, id: RequestId, import: u64) -> Result<()> {
+    /// E3: asserts that every page of `id`'s published import (its blocks from `first_block` on) holds what
+    /// recomputing its prefix writes.
+    pub(crate) fn verify_import(&mut self, id: RequestId, first_block: u32) -> Result<()> {
         if !self.params.verify_restores {
             return Ok(());
         }
         let tpp = self.params.geometry.tokens_per_page();
-        let dest: Vec<_> = self.imports.dest(import).to_vec();
-        let first_block = self.imports.first_block(import);
+        let dest = self.index.pages(id).expect("a published import").to_vec();
+        let keys = &self.reqs[&id].keys[first_block as usize..];
         let mut expected = vec![0u8; self.page_buf.len()];
-        for (block, (page, key)) in (first_block..).zip(&dest) {
+        for ((block, page), key) in (first_block..).zip(&dest).zip(keys) {
             let write = PageWrite {
                 group: 0,
                 page: *page,
@@ -216,9 +217,7 @@ impl<E: Executor> Engine<E> {
     ) -> Result<()> {
         self.running.retain(|running| *running != id);
         self.cancel_loading(id)?;
-        if let Some(ledger) = self.ledger.as_mut() {
-            let _released = ledger.release(id, &mut self.pool);
-        }
+        self.release_ticket(id);
         self.free_request_pages(id)?;
         let req = self.reqs.get_mut(&id).expect("live");
         req.metrics.preemptions += 1;
@@ -235,16 +234,30 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Cancels an `ordinary` restore still copying into `id`'s pages: they hold nothing valid yet, so they
-    /// are never registered as cached blocks; the import keeps them pinned until the copy drains (O5).
+    /// are never registered as cached blocks; the index keeps them pinned until the copy drains (O5).
     pub(crate) fn cancel_loading(&mut self, id: RequestId) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
         let req = self.reqs.get_mut(&id).expect("live");
-        if let Some(import) = req.loading.take() {
+        if req.loading.take().is_some() {
             req.n_computed = req.n_registered * tpp;
-            self.imports
-                .cancel(&mut self.pool, &mut self.copies, import)?;
+            let _draining = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
         }
         Ok(())
+    }
+
+    /// Releases everything `id` holds in the ledger, if there is one. The pages of a ticket whose copy is
+    /// still in flight are given back at once: the resident index's own reference pins them until the copy
+    /// drains (O5), so the ledger's drain set needs no waiting.
+    pub(crate) fn release_ticket(&mut self, id: RequestId) {
+        let Some(ledger) = self.ledger.as_mut() else {
+            return;
+        };
+        let released = ledger.release(id, &mut self.pool);
+        if let Some(drain) = released.drain {
+            ledger
+                .pages_drained(drain, &mut self.pool)
+                .expect("a drain the ledger just returned");
+        }
     }
 
     /// Puts `id` in the ordinary waiting queue, recording a restore fallback if given.
@@ -265,18 +278,48 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn drop_restore(&mut self, id: RequestId) -> Result<()> {
         let req = self.reqs.get_mut(&id).expect("live");
         let restore = std::mem::take(&mut req.restore);
-        let released = self
-            .ledger
-            .as_mut()
-            .map(|ledger| ledger.release(id, &mut self.pool));
-        if let Restore::Importing { import, .. } = restore {
-            self.imports
-                .cancel(&mut self.pool, &mut self.copies, import)?;
-            if let Some(drain) = released.and_then(|released| released.drain) {
-                self.drains.insert(import, drain);
-            }
+        self.release_ticket(id);
+        if matches!(restore, Restore::Importing { .. }) && self.index.state(id).is_some() {
+            let _outcome = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
         }
         Ok(())
+    }
+
+    /// The part of `stored` covering blocks `[first_block, end_block)`: what an import of those blocks copies
+    /// into the pool and publishes (one keyed page per block; the engine's checkpoints have one
+    /// full-attention group and their keyed pages first).
+    pub(crate) fn checkpoint_part(
+        &self,
+        stored: &Checkpoint,
+        first_block: u32,
+        end_block: u32,
+    ) -> Checkpoint {
+        let tpp = self.params.geometry.tokens_per_page() as usize;
+        let blocks = first_block as usize..end_block as usize;
+        debug_assert!(blocks.end <= stored.meta.block_keys.len());
+        let meta = CheckpointMeta {
+            n_tokens: blocks.end * tpp,
+            draft_prefix_len: stored.meta.draft_prefix_len.min(blocks.end * tpp),
+            block_keys: stored.meta.block_keys[blocks.clone()].to_vec(),
+            tail_tokens: Vec::new(),
+            pages: (0..blocks.len() as u32)
+                .map(|key_idx| PageSlot {
+                    group: 0,
+                    key_idx: Some(key_idx),
+                })
+                .collect(),
+            ..stored.meta.clone()
+        };
+        let ranks = stored
+            .payload
+            .ranks
+            .iter()
+            .map(|pages| pages[blocks.clone()].to_vec())
+            .collect();
+        Checkpoint {
+            meta,
+            payload: CheckpointPayload { ranks },
+        }
     }
 
     /// Ends `id`'s capacity wait, if any, recording its length.

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use checkpoint_transfer::CheckpointMeta;
+use checkpoint_transfer::{CheckpointMeta, ImportId};
 use kv_pool::{BlockKey, PageId};
 use reservation::{AdmissionOrder, Timestamp};
 
@@ -71,9 +71,18 @@ pub(crate) enum Restore {
     Importing {
         /// Blocks restored in all.
         blocks: u32,
-        /// The import's id.
-        import: u64,
+        /// The import in the resident index.
+        import: ImportId,
     },
+}
+
+/// An `ordinary` restore admitted at once: its import copies into the request's pages from `first_block` on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Loading {
+    /// The import in the resident index.
+    pub(crate) import: ImportId,
+    /// Block index of the import's first page (the local prefix hits come before it).
+    pub(crate) first_block: u32,
 }
 
 /// A live request.
@@ -106,8 +115,10 @@ pub(crate) struct Req {
     pub(crate) admitted_once: bool,
     /// Pages a pages-only import published for it (unowned), to count restored hits at admission.
     pub(crate) published_unowned: Vec<PageId>,
-    /// An `ordinary` restore copying into pages for this admitted request: it is not scheduled until then.
-    pub(crate) loading: Option<u64>,
+    /// An `ordinary` restore copying into pages of this admitted request: it is not scheduled until then.
+    pub(crate) loading: Option<Loading>,
+    /// Whether a copy of its restore failed (O7): a retry that finds nothing falls back as `copy_failed`.
+    pub(crate) copy_failed: bool,
     /// Blocks found resident when the coordinator last decided no restore was needed (a complete local hit).
     pub(crate) expected_local_blocks: u32,
     /// Whether the prompt-end checkpoint of the current prompt was captured.
@@ -148,6 +159,7 @@ impl Req {
             admitted_once: false,
             published_unowned: Vec::new(),
             loading: None,
+            copy_failed: false,
             prompt_captured: false,
             expected_local_blocks: 0,
             stopped: false,
@@ -183,9 +195,12 @@ impl Req {
         self.n_computed < self.prompt_end
     }
 
-    /// Records a restore fallback (the first reason wins).
+    /// Records a restore fallback (the first reason wins). A store without a checkpoint for a request that is
+    /// not a later turn (a session's first turn) is no fallback: nothing was there to restore.
     pub(crate) fn fall_back(&mut self, reason: FallbackReason) {
-        if self.metrics.fallback.is_none() && !self.metrics.restored {
+        let nothing_to_restore =
+            reason == FallbackReason::NotInStore && !self.metrics.is_later_turn;
+        if self.metrics.fallback.is_none() && !self.metrics.restored && !nothing_to_restore {
             self.metrics.fallback = Some(reason);
         }
     }

@@ -95,6 +95,9 @@ impl<E: Executor> Engine<E> {
         self.process_arrivals();
         self.poll_imports(report)?;
         self.poll_restores(report)?;
+        // The notices are not the index's business: its pages hold references and are never evicted, and a
+        // notice names a page's old key, so one about a page reused since as an import's destination would
+        // wrongly invalidate that import.
         let _evictions = self.pool.take_evictions();
         let mut plan = Plan {
             entries: Vec::new(),

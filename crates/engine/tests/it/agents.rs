@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use engine::Timestamp;
 use engine::{Engine, EngineParams, Policy, RequestSpec, RunMetrics};
+use reservation::Timestamp;
 
 /// Shape of an agents run.
 #[derive(Clone, Copy, Debug)]

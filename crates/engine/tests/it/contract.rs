@@ -2,10 +2,9 @@
 
 use std::time::Duration;
 
-use engine::{
-    Engine, EngineParams, Error, FallbackReason, Fault, Policy, RequestId, RequestSpec, StepReport,
-    Timestamp,
-};
+use checkpoint_transfer::Fault;
+use engine::{Engine, EngineParams, Error, FallbackReason, Policy, RequestSpec, StepReport};
+use reservation::{RequestId, Timestamp};
 
 use crate::agents::{Agents, run_agents, tokens};
 
@@ -676,4 +675,50 @@ fn e3_every_restored_page_equals_what_recompute_writes() {
             "{policy}: every restored page verified"
         );
     }
+}
+
+fn metrics_of(engine: &Engine, id: u64) -> engine::RequestMetrics {
+    engine
+        .request_metrics()
+        .iter()
+        .find(|m| m.id == Some(RequestId(id)))
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn g2_empty_lookup_is_a_restore_fallback_only_for_a_later_turn() {
+    let mut engine = Engine::new(params(Policy::Reserved, 129)).unwrap();
+    let first_turn = spec(1, tokens(1, 0, 0, 4 * TPP), 2, engine.now());
+    let mut later_turn = spec(2, tokens(1, 1, 0, 4 * TPP), 2, engine.now());
+    later_turn.is_later_turn = true;
+    engine.submit(first_turn).unwrap();
+    engine.submit(later_turn).unwrap();
+    engine.run_until_idle(10_000);
+    assert_eq!(
+        metrics_of(&engine, 1).fallback,
+        None,
+        "nothing was there to restore"
+    );
+    assert_eq!(
+        metrics_of(&engine, 2).fallback,
+        Some(FallbackReason::NotInStore)
+    );
+    let fallbacks = engine.metrics().restore_fallbacks;
+    assert_eq!(fallbacks.get("not_in_store"), Some(&1), "{fallbacks:?}");
+}
+
+#[test]
+fn o7_failed_copy_whose_retry_finds_nothing_falls_back_as_copy_failed() {
+    let mut engine = Engine::new(params(Policy::Reserved, 129)).unwrap();
+    let prompt = tokens(1, 0, 0, 8 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    engine.inject_copy_fault(Fault::FailNext { rank: 0 });
+    let mut turn = spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now());
+    turn.is_later_turn = true;
+    engine.submit(turn).unwrap();
+    engine.run_until_idle(10_000);
+    let metrics = metrics_of(&engine, 4);
+    assert!(!metrics.restored);
+    assert_eq!(metrics.fallback, Some(FallbackReason::CopyFailed));
 }

@@ -7,7 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use engine::{Engine, EngineParams, Fault, Policy, RequestId, RequestSpec};
+use checkpoint_transfer::Fault;
+use engine::{Engine, EngineParams, Policy, RequestSpec};
+use reservation::RequestId;
 
 use crate::agents::tokens;
 

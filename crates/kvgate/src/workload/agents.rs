@@ -31,10 +31,10 @@ impl Default for AgentsSpec {
     fn default() -> Self {
         AgentsSpec {
             n_agents: 8,
-            turns: 8,
-            first_prompt_tokens: 4096,
-            turn_input_tokens: 2048,
-            response_tokens: 256,
+            turns: 32,
+            first_prompt_tokens: 1024,
+            turn_input_tokens: 32,
+            response_tokens: 224,
             think_s: 2.0,
             seed: 1,
         }
@@ -85,6 +85,23 @@ impl AgentsSpec {
         let turn = u64::from(turn);
         u64::from(self.first_prompt_tokens)
             + turn * (u64::from(self.turn_input_tokens) + u64::from(self.response_tokens))
+    }
+
+    /// Prompt tokens over every turn of every session, assuming every response ran to its cap.
+    pub fn total_prompt_tokens(&self) -> u64 {
+        u64::from(self.n_agents)
+            * (0..self.turns)
+                .map(|turn| self.prompt_tokens(turn))
+                .sum::<u64>()
+    }
+
+    /// The most any cache can serve, in percent of all prompt tokens: every token but the first prompts and
+    /// each turn's new input has been computed before. Responses are assumed to run to their cap.
+    pub fn max_from_cache_pct(&self) -> f64 {
+        let new_per_agent = u64::from(self.first_prompt_tokens)
+            + u64::from(self.turns - 1) * u64::from(self.turn_input_tokens);
+        let total = self.total_prompt_tokens();
+        100.0 * (total - u64::from(self.n_agents) * new_per_agent) as f64 / total as f64
     }
 
     /// New input tokens of `turn` for `agent`: the first turn's whole prompt, or the appended input of a

@@ -58,3 +58,18 @@ fn bad_think_time_is_rejected() {
         Err(AgentsSpecError::ThinkTime { .. })
     ));
 }
+
+#[test]
+fn max_from_cache_counts_everything_but_new_input() {
+    let spec = AgentsSpec {
+        n_agents: 2,
+        turns: 2,
+        first_prompt_tokens: 100,
+        turn_input_tokens: 10,
+        response_tokens: 40,
+        ..AgentsSpec::default()
+    };
+    // per agent: turn 0 = 100, turn 1 = 150 (of which 140 seen before)
+    assert_eq!(spec.total_prompt_tokens(), 500);
+    assert!((spec.max_from_cache_pct() - 56.0).abs() < 1e-9);
+}

@@ -1,0 +1,52 @@
+//! The `EngineBuilder`: the one way an embedding server makes an engine from an `EngineConfig`.
+
+use engine::{Engine, Policy};
+
+use crate::config::EngineConfig;
+use crate::error::Result;
+
+/// Builds an [`Engine`] from a validated [`EngineConfig`] and a policy (default `reserved`).
+///
+/// ```
+/// use kvgate::{EngineBuilder, EngineConfig, Policy};
+///
+/// let engine = EngineBuilder::new(EngineConfig::default()).policy(Policy::Reserved).build().unwrap();
+/// assert!(engine.is_idle());
+/// ```
+#[derive(Clone, Debug)]
+pub struct EngineBuilder {
+    config: EngineConfig,
+    policy: Policy,
+}
+
+impl EngineBuilder {
+    /// A builder for `config` under the `reserved` policy.
+    pub fn new(config: EngineConfig) -> EngineBuilder {
+        EngineBuilder {
+            config,
+            policy: Policy::Reserved,
+        }
+    }
+
+    /// Chooses the admission policy.
+    pub fn policy(mut self, policy: Policy) -> EngineBuilder {
+        self.policy = policy;
+        self
+    }
+
+    /// Sets the run's seed.
+    pub fn seed(mut self, seed: u64) -> EngineBuilder {
+        self.config.seed = seed;
+        self
+    }
+
+    /// The configuration the engine will be built from.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Validates the configuration and builds the engine; errors name the field at fault.
+    pub fn build(self) -> Result<Engine> {
+        Ok(Engine::new(self.config.engine_params(self.policy)?)?)
+    }
+}

@@ -1,0 +1,443 @@
+//! `EngineConfig`: everything that shapes an engine, loadable from TOML. Every field has a documented default
+//! and unit; `validate` names the field and its allowed range; unknown fields are rejected.
+
+use std::path::Path;
+use std::time::Duration;
+
+use engine::{CostModel, EngineParams, Policy};
+use kv_pool::{CacheGroup, Geometry, GroupKind};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The environment variable that overrides `restore.max_wait_s` (contract W1).
+pub const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
+
+/// The whole engine configuration. `EngineConfig::default()` is the embedded default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    /// The model: cost preset and cache geometry.
+    pub model: ModelConfig,
+    /// The KV-cache page pool.
+    pub pool: PoolConfig,
+    /// The step scheduler.
+    pub scheduler: SchedulerConfig,
+    /// Restores: bounded wait and the store-side coordinator.
+    pub restore: RestoreConfig,
+    /// The external checkpoint store.
+    pub store: StoreConfig,
+    /// Seed of everything random in a run. Default 0.
+    pub seed: u64,
+}
+
+/// The model being served.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Step-time cost preset: `small-8b-gpu` (default) or `glm-like-moe`.
+    pub preset: String,
+    /// Tokens per page (and per prefix-cache block). Default 16; 1..=4096.
+    pub tokens_per_page: u32,
+    /// Longest context in tokens. Default 131072.
+    pub max_model_len: u32,
+    /// Ranks the context is sharded over (decode context parallelism). Default 1; 1..=64.
+    pub context_parallel: u32,
+    /// Cache groups in order. Default: one full-attention group.
+    pub groups: Vec<GroupConfig>,
+}
+
+/// One cache group. `bytes_per_page` defaults to the preset's KV bytes per token times tokens per page.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum GroupConfig {
+    /// Full attention.
+    Full {
+        /// Bytes of one page of this group.
+        #[serde(default)]
+        bytes_per_page: Option<u64>,
+    },
+    /// Sliding-window attention over the last `window_tokens`, plus `retained_tail_tokens` kept before them.
+    SlidingWindow {
+        /// Window in tokens.
+        window_tokens: u32,
+        /// Extra tokens kept before the window. Default 0.
+        #[serde(default)]
+        retained_tail_tokens: u32,
+        /// Bytes of one page of this group.
+        #[serde(default)]
+        bytes_per_page: Option<u64>,
+    },
+    /// Chunked-local attention within aligned chunks of `chunk_tokens`.
+    ChunkedLocal {
+        /// Chunk in tokens.
+        chunk_tokens: u32,
+        /// Bytes of one page of this group.
+        #[serde(default)]
+        bytes_per_page: Option<u64>,
+    },
+    /// Recurrent state: one page per live request and per checkpoint.
+    Recurrent {
+        /// Bytes of one state page.
+        #[serde(default)]
+        bytes_per_page: Option<u64>,
+    },
+    /// Draft / speculative / hidden-state pages: `pages` per request and per checkpoint.
+    Auxiliary {
+        /// Pages per request and per checkpoint.
+        pages: u32,
+        /// Bytes of one page of this group.
+        #[serde(default)]
+        bytes_per_page: Option<u64>,
+    },
+}
+
+/// The page pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PoolConfig {
+    /// Usable pages per rank (the null page not counted). Default 4095; at least 1.
+    pub pages: u32,
+    /// Bytes each simulated page really holds and copies (a fingerprint; the cost model uses the model's real
+    /// bytes). Default 32; 8..=1048576.
+    pub sim_bytes_per_page: u32,
+}
+
+/// The step scheduler.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SchedulerConfig {
+    /// Running slots. Default 64; at least 1.
+    pub max_running: u32,
+    /// Token budget of one step. Default 2048; at least 1.
+    pub max_batched_tokens: u32,
+    /// Largest prefill chunk of one request in one step, in tokens. Default 512; at least 1.
+    pub chunk_tokens: u32,
+    /// Draft lookahead tokens per decode step; 0 disables draft decoding. Default 0; at most 16.
+    pub draft_tokens: u32,
+    /// Admission watermark in pages, applied while other work is scheduled. Default 0.
+    pub watermark_pages: u32,
+}
+
+/// Restores.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RestoreConfig {
+    /// Longest capacity wait of a restore before it recomputes, in seconds; 0 = recompute at once. Default 60.
+    /// Overridden by the environment variable `KVGATE_RESTORE_MAX_WAIT_S`.
+    pub max_wait_s: f64,
+    /// Time a store lookup may stay unanswered, in seconds. Default 60; more than 0.
+    pub lookup_timeout_s: f64,
+    /// Latency of a store lookup on the engine clock, in seconds. Default 0.
+    pub lookup_latency_s: f64,
+    /// Copy tasks in flight at most. Default 32; at least 1.
+    pub copy_task_limit: u32,
+}
+
+/// The external checkpoint store.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// Capacity in pages (a checkpoint costs one page per full block it holds). Default 1048576; at least 1.
+    pub capacity_pages: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            model: ModelConfig::default(),
+            pool: PoolConfig::default(),
+            scheduler: SchedulerConfig::default(),
+            restore: RestoreConfig::default(),
+            store: StoreConfig::default(),
+            seed: 0,
+        }
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            preset: "small-8b-gpu".to_string(),
+            tokens_per_page: 16,
+            max_model_len: 131_072,
+            context_parallel: 1,
+            groups: vec![GroupConfig::Full {
+                bytes_per_page: None,
+            }],
+        }
+    }
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            pages: 4095,
+            sim_bytes_per_page: 32,
+        }
+    }
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_running: 64,
+            max_batched_tokens: 2048,
+            chunk_tokens: 512,
+            draft_tokens: 0,
+            watermark_pages: 0,
+        }
+    }
+}
+
+impl Default for RestoreConfig {
+    fn default() -> Self {
+        RestoreConfig {
+            max_wait_s: 60.0,
+            lookup_timeout_s: 60.0,
+            lookup_latency_s: 0.0,
+            copy_task_limit: 32,
+        }
+    }
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            capacity_pages: 1 << 20,
+        }
+    }
+}
+
+impl EngineConfig {
+    /// Reads, parses and validates a TOML file; the environment override of the restore wait applies.
+    pub fn load(path: &Path) -> Result<EngineConfig> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {
+            path: shown.clone(),
+            source,
+        })?;
+        let config = Self::from_toml(&text).map_err(|error| match error {
+            Error::ConfigSyntax { message, .. } => Error::ConfigSyntax {
+                path: shown,
+                message,
+            },
+            other => other,
+        })?;
+        config.with_env_overrides()
+    }
+
+    /// Parses and validates TOML text (no environment override).
+    pub fn from_toml(text: &str) -> Result<EngineConfig> {
+        let config: EngineConfig = toml::from_str(text).map_err(|e| Error::ConfigSyntax {
+            path: "<config>".to_string(),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// This config with `restore.max_wait_s` taken from `KVGATE_RESTORE_MAX_WAIT_S` when that is set.
+    pub fn with_env_overrides(mut self) -> Result<EngineConfig> {
+        if let Ok(value) = std::env::var(RESTORE_MAX_WAIT_ENV) {
+            self.restore.max_wait_s = value
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|s| s.is_finite() && *s >= 0.0)
+                .ok_or(Error::Env {
+                    name: RESTORE_MAX_WAIT_ENV,
+                    value,
+                    allowed: "a number of seconds >= 0",
+                })?;
+        }
+        Ok(self)
+    }
+
+    /// Checks every field against its allowed range; the error names the first field out of range.
+    pub fn validate(&self) -> Result<()> {
+        if CostModel::preset(&self.model.preset).is_none() {
+            return invalid(
+                "model.preset",
+                &self.model.preset,
+                "one of small-8b-gpu, glm-like-moe",
+            );
+        }
+        check_range("model.tokens_per_page", self.model.tokens_per_page, 1, 4096)?;
+        check_range("model.max_model_len", self.model.max_model_len, 1, 1 << 24)?;
+        check_range("model.context_parallel", self.model.context_parallel, 1, 64)?;
+        if self.model.groups.is_empty() {
+            return invalid("model.groups", "[]", "at least one cache group");
+        }
+        check_range("pool.pages", self.pool.pages, 1, u32::MAX - 2)?;
+        check_range(
+            "pool.sim_bytes_per_page",
+            self.pool.sim_bytes_per_page,
+            8,
+            1 << 20,
+        )?;
+        check_range(
+            "scheduler.max_running",
+            self.scheduler.max_running,
+            1,
+            1 << 20,
+        )?;
+        check_range(
+            "scheduler.max_batched_tokens",
+            self.scheduler.max_batched_tokens,
+            1,
+            1 << 24,
+        )?;
+        check_range(
+            "scheduler.chunk_tokens",
+            self.scheduler.chunk_tokens,
+            1,
+            1 << 24,
+        )?;
+        check_range("scheduler.draft_tokens", self.scheduler.draft_tokens, 0, 16)?;
+        check_seconds("restore.max_wait_s", self.restore.max_wait_s, false)?;
+        check_seconds(
+            "restore.lookup_timeout_s",
+            self.restore.lookup_timeout_s,
+            true,
+        )?;
+        check_seconds(
+            "restore.lookup_latency_s",
+            self.restore.lookup_latency_s,
+            false,
+        )?;
+        check_range(
+            "restore.copy_task_limit",
+            self.restore.copy_task_limit,
+            1,
+            1 << 16,
+        )?;
+        if self.store.capacity_pages == 0 {
+            return invalid("store.capacity_pages", "0", "at least 1");
+        }
+        self.geometry().map(|_| ())
+    }
+
+    /// The cache geometry this config describes.
+    pub fn geometry(&self) -> Result<Geometry> {
+        let cost = self.cost()?;
+        let default_bytes = cost.kv_bytes_per_token * u64::from(self.model.tokens_per_page);
+        let groups = self
+            .model
+            .groups
+            .iter()
+            .map(|group| {
+                let (kind, bytes) = match *group {
+                    GroupConfig::Full { bytes_per_page } => (GroupKind::Full, bytes_per_page),
+                    GroupConfig::SlidingWindow {
+                        window_tokens,
+                        retained_tail_tokens,
+                        bytes_per_page,
+                    } => (
+                        GroupKind::SlidingWindow {
+                            window_tokens,
+                            retained_tail_tokens,
+                        },
+                        bytes_per_page,
+                    ),
+                    GroupConfig::ChunkedLocal {
+                        chunk_tokens,
+                        bytes_per_page,
+                    } => (GroupKind::ChunkedLocal { chunk_tokens }, bytes_per_page),
+                    GroupConfig::Recurrent { bytes_per_page } => {
+                        (GroupKind::Recurrent, bytes_per_page)
+                    }
+                    GroupConfig::Auxiliary {
+                        pages,
+                        bytes_per_page,
+                    } => (GroupKind::Auxiliary { pages }, bytes_per_page),
+                };
+                CacheGroup {
+                    kind,
+                    bytes_per_page: bytes.unwrap_or(default_bytes),
+                }
+            })
+            .collect();
+        Geometry::new(
+            groups,
+            self.model.tokens_per_page,
+            self.model.context_parallel,
+            self.model.max_model_len,
+        )
+        .map_err(|e| Error::InvalidConfig {
+            field: "model.groups",
+            value: String::new(),
+            allowed: e.to_string(),
+        })
+    }
+
+    /// The cost model of `model.preset`.
+    pub fn cost(&self) -> Result<CostModel> {
+        CostModel::preset(&self.model.preset).ok_or_else(|| Error::InvalidConfig {
+            field: "model.preset",
+            value: self.model.preset.clone(),
+            allowed: "one of small-8b-gpu, glm-like-moe".to_string(),
+        })
+    }
+
+    /// The engine parameters for a run of `policy`.
+    pub fn engine_params(&self, policy: Policy) -> Result<EngineParams> {
+        self.validate()?;
+        let seconds = |s: f64| Duration::from_secs_f64(s);
+        Ok(EngineParams {
+            geometry: self.geometry()?,
+            n_pages: self.pool.pages + 1,
+            max_running: self.scheduler.max_running,
+            max_batched_tokens: self.scheduler.max_batched_tokens,
+            chunk_tokens: self.scheduler.chunk_tokens,
+            draft_tokens: self.scheduler.draft_tokens,
+            policy,
+            restore_max_wait: seconds(self.restore.max_wait_s),
+            lookup_timeout: seconds(self.restore.lookup_timeout_s),
+            lookup_latency: seconds(self.restore.lookup_latency_s),
+            copy_task_limit: self.restore.copy_task_limit,
+            watermark_pages: self.scheduler.watermark_pages,
+            store_capacity_pages: self.store.capacity_pages,
+            sim_bytes_per_page: self.pool.sim_bytes_per_page,
+            cost: self.cost()?,
+            verify_restores: cfg!(debug_assertions),
+            seed: self.seed,
+        })
+    }
+}
+
+fn invalid(field: &'static str, value: &str, allowed: &str) -> Result<()> {
+    Err(Error::InvalidConfig {
+        field,
+        value: value.to_string(),
+        allowed: allowed.to_string(),
+    })
+}
+
+fn check_range(field: &'static str, value: u32, min: u32, max: u32) -> Result<()> {
+    if (min..=max).contains(&value) {
+        Ok(())
+    } else {
+        invalid(field, &value.to_string(), &format!("{min}..={max}"))
+    }
+}
+
+fn check_seconds(field: &'static str, value: f64, positive: bool) -> Result<()> {
+    let ok = value.is_finite() && if positive { value > 0.0 } else { value >= 0.0 };
+    if ok {
+        Ok(())
+    } else {
+        invalid(
+            field,
+            &value.to_string(),
+            if positive {
+                "a number of seconds > 0"
+            } else {
+                "a number of seconds >= 0"
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

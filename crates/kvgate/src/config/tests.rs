@@ -1,0 +1,92 @@
+//! Tests of config loading: defaults, TOML round trip, and every bad value naming its field.
+
+use super::*;
+
+fn err(text: &str) -> String {
+    EngineConfig::from_toml(text).unwrap_err().to_string()
+}
+
+#[test]
+fn the_default_is_valid_and_round_trips_through_toml() {
+    let config = EngineConfig::default();
+    config.validate().unwrap();
+    let text = toml::to_string(&config).unwrap();
+    assert_eq!(EngineConfig::from_toml(&text).unwrap(), config);
+    assert_eq!(EngineConfig::from_toml("").unwrap(), config);
+}
+
+#[test]
+fn groups_of_every_kind_parse() {
+    let config = EngineConfig::from_toml(
+        r#"
+        [model]
+        tokens_per_page = 16
+        groups = [
+          { kind = "full" },
+          { kind = "sliding_window", window_tokens = 128, retained_tail_tokens = 16 },
+          { kind = "chunked_local", chunk_tokens = 256 },
+          { kind = "recurrent", bytes_per_page = 4096 },
+          { kind = "auxiliary", pages = 1 },
+        ]
+        "#,
+    )
+    .unwrap();
+    assert_eq!(config.geometry().unwrap().groups().len(), 5);
+}
+
+#[test]
+fn out_of_range_values_name_the_field_and_range() {
+    assert_eq!(
+        err("[pool]\npages = 0"),
+        "config: `pool.pages` = 0 is out of range; allowed: 1..=4294967293"
+    );
+    assert_eq!(
+        err("[scheduler]\ndraft_tokens = 17"),
+        "config: `scheduler.draft_tokens` = 17 is out of range; allowed: 0..=16"
+    );
+    assert_eq!(
+        err("[restore]\nmax_wait_s = -1.0"),
+        "config: `restore.max_wait_s` = -1 is out of range; allowed: a number of seconds >= 0"
+    );
+    assert_eq!(
+        err("[model]\npreset = \"gpt-9\""),
+        "config: `model.preset` = gpt-9 is out of range; allowed: one of small-8b-gpu, glm-like-moe"
+    );
+    assert!(
+        err("[model]\ngroups = [{ kind = \"sliding_window\", window_tokens = 0 }]")
+            .contains("model.groups")
+    );
+}
+
+#[test]
+fn unknown_fields_and_bad_syntax_are_rejected() {
+    assert!(
+        err("[pool]\npagez = 3").contains("unknown field `pagez`"),
+        "{}",
+        err("[pool]\npagez = 3")
+    );
+    assert!(err("[pool\n").starts_with("<config>: "));
+    assert!(
+        err("[model]\ngroups = [{ kind = \"quantum\" }]").contains("unknown variant `quantum`")
+    );
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let error = EngineConfig::load(Path::new("/nonexistent/kvgate.toml"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with("cannot read /nonexistent/kvgate.toml: "),
+        "{error}"
+    );
+}
+
+#[test]
+fn engine_params_count_the_null_page() {
+    let params = EngineConfig::default()
+        .engine_params(Policy::Reserved)
+        .unwrap();
+    assert_eq!(params.n_pages, 4096);
+    assert_eq!(params.restore_max_wait, Duration::from_secs(60));
+}

@@ -1,0 +1,62 @@
+//! The facade's one error type: configuration, input files and engine errors, each naming what is wrong.
+
+/// Result of facade operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the facade.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file cannot be read.
+    #[error("cannot read {path}: {source}")]
+    ReadFile {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A config file is not valid TOML for `EngineConfig`.
+    #[error("{path}: {message}")]
+    ConfigSyntax {
+        /// The file.
+        path: String,
+        /// The parser's message (it names the line and the field).
+        message: String,
+    },
+    /// A config value is out of its allowed range.
+    #[error("config: `{field}` = {value} is out of range; allowed: {allowed}")]
+    InvalidConfig {
+        /// The field, as `section.name`.
+        field: &'static str,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        allowed: String,
+    },
+    /// An environment variable holds a bad value.
+    #[error("environment: {name}={value:?} is invalid; allowed: {allowed}")]
+    Env {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What is allowed.
+        allowed: &'static str,
+    },
+    /// A scenario file is malformed or refers to something that does not exist.
+    #[error("scenario {path}: {message}")]
+    Scenario {
+        /// The file.
+        path: String,
+        /// What is wrong (serde names the line and column of a syntax error).
+        message: String,
+    },
+    /// The agents workload is misconfigured.
+    #[error(transparent)]
+    Agents(#[from] crate::workload::agents::AgentsSpecError),
+    /// A trace cannot be read.
+    #[error(transparent)]
+    Trace(#[from] crate::workload::mooncake::TraceError),
+    /// The engine refused something.
+    #[error("engine: {0}")]
+    Engine(#[from] engine::Error),
+}

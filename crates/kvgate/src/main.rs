@@ -1,0 +1,259 @@
+//! The `kvgate` command line: `agents` (the main job), `replay TRACE` and `scenario FILE`.
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a command-line tool prints its results"
+)]
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand};
+use engine::{Policy, RunMetrics};
+use kvgate::workload::agents::AgentsSpec;
+use kvgate::workload::mooncake;
+use kvgate::{EngineConfig, report, run};
+
+/// kvgate: restore-admission for LLM serving, on a simulated engine.
+#[derive(Debug, Parser)]
+#[command(name = "kvgate", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Agent sessions whose contexts outgrow the pool, under every policy side by side (the main job).
+    Agents(AgentsArgs),
+    /// Replay a Mooncake-format JSONL trace by its timestamps.
+    Replay(ReplayArgs),
+    /// Run a scripted timeline and print the per-step trace as JSON (format: docs/scenarios.md).
+    Scenario {
+        /// The scenario file (JSON).
+        file: PathBuf,
+    },
+}
+
+/// Options every run command shares.
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Engine config (TOML, see `EngineConfig`); options below override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Usable pages in the KV pool.
+    #[arg(long)]
+    pool_pages: Option<u32>,
+    /// Checkpoint store capacity in pages.
+    #[arg(long)]
+    store_pages: Option<u64>,
+    /// Cost-model preset: small-8b-gpu or glm-like-moe.
+    #[arg(long)]
+    preset: Option<String>,
+    /// Seed of the run.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Policies to run (repeat or comma-separate): ordinary, pages-only, reserved, oracle. Default: all.
+    #[arg(long, value_delimiter = ',')]
+    policy: Vec<String>,
+    /// Print JSON on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct AgentsArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Agent sessions.
+    #[arg(long, default_value_t = AgentsSpec::default().n_agents)]
+    agents: u32,
+    /// Turns per session.
+    #[arg(long, default_value_t = AgentsSpec::default().turns)]
+    turns: u32,
+    /// Think time between turns, in seconds.
+    #[arg(long, default_value_t = AgentsSpec::default().think_s)]
+    think_s: f64,
+}
+
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    /// The trace (JSONL, Mooncake format).
+    trace: PathBuf,
+    #[command(flatten)]
+    run: RunArgs,
+    /// Replay only the first N requests.
+    #[arg(long)]
+    limit: Option<usize>,
+}
+
+/// Usable pages of the agents run unless told otherwise: 1024 pages of 16 tokens (16 384 tokens), so eight
+/// default sessions of up to ~9 000 tokens outgrow the pool about four times over by their last turns while
+/// any one session still fits with its continuation.
+const AGENTS_POOL_PAGES: u32 = 1024;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Agents(args) => agents(&args),
+        Command::Replay(args) => replay(&args),
+        Command::Scenario { file } => {
+            kvgate::scenario::run_file(&file).map(|trace| println!("{trace}"))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("kvgate: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
+    let mut config = load_config(&args.run)?;
+    if args.run.config.is_none() && args.run.pool_pages.is_none() {
+        config.pool.pages = AGENTS_POOL_PAGES;
+    }
+    let spec = AgentsSpec {
+        n_agents: args.agents,
+        turns: args.turns,
+        think_s: args.think_s,
+        seed: config.seed.wrapping_add(1),
+        ..AgentsSpec::default()
+    };
+    spec.validate()?;
+    let policies = policies(&args.run.policy)?;
+    let runs = run_policies(&policies, |policy, progress| {
+        run::run_agents(&config, &spec, policy, progress)
+    })?;
+    if args.run.json {
+        println!("{}", report::runs_json(&runs, &[]));
+    } else {
+        println!(
+            "{} agents x {} turns ({} first-prompt tokens, {} new tokens and {} response tokens a turn), \
+             pool {} pages of {} tokens, preset {}; the workload allows at most {:.1}% from cache\n",
+            spec.n_agents,
+            spec.turns,
+            spec.first_prompt_tokens,
+            spec.turn_input_tokens,
+            spec.response_tokens,
+            config.pool.pages,
+            config.model.tokens_per_page,
+            config.model.preset,
+            spec.max_from_cache_pct()
+        );
+        print!("{}", report::table(&runs));
+    }
+    Ok(())
+}
+
+fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
+    let config = load_config(&args.run)?;
+    let mut trace = mooncake::read_trace(&args.trace)?;
+    if let Some(limit) = args.limit {
+        trace.truncate(limit.max(1));
+    }
+    let max_hit_pct = mooncake::theoretical_max_hit_pct(&trace);
+    let later = run::later_turns(&trace);
+    let policies = policies(&args.run.policy)?;
+    let runs = run_policies(&policies, |policy, progress| {
+        run::run_replay(&config, &trace, &later, policy, progress)
+    })?;
+    for run in &runs {
+        // No engine can serve more from cache than the trace allows; more would be a counting bug.
+        assert!(
+            run.prompt_tokens_from_cache_pct <= max_hit_pct + 1e-9,
+            "{} reports {:.3}% from cache, above the trace's maximum {max_hit_pct:.3}%",
+            run.policy,
+            run.prompt_tokens_from_cache_pct
+        );
+    }
+    if args.run.json {
+        let extra = [(
+            "theoretical_max_hit_pct",
+            serde_json::json!((max_hit_pct * 1000.0).round() / 1000.0),
+        )];
+        println!("{}", report::runs_json(&runs, &extra));
+    } else {
+        println!(
+            "{} requests, pool {} pages of {} tokens; theoretical maximum prompt cache hit {max_hit_pct:.1}%\n",
+            trace.len(),
+            config.pool.pages,
+            config.model.tokens_per_page
+        );
+        print!("{}", report::table(&runs));
+    }
+    Ok(())
+}
+
+fn load_config(args: &RunArgs) -> kvgate::Result<EngineConfig> {
+    let mut config = match &args.config {
+        Some(path) => EngineConfig::load(path)?,
+        None => EngineConfig::default().with_env_overrides()?,
+    };
+    if let Some(pages) = args.pool_pages {
+        config.pool.pages = pages;
+    }
+    if let Some(pages) = args.store_pages {
+        config.store.capacity_pages = pages;
+    }
+    if let Some(preset) = &args.preset {
+        config.model.preset.clone_from(preset);
+    }
+    if let Some(seed) = args.seed {
+        config.seed = seed;
+    }
+    config.validate()?;
+    Ok(config)
+}
+
+fn policies(names: &[String]) -> kvgate::Result<Vec<Policy>> {
+    if names.is_empty() {
+        return Ok(Policy::ALL.to_vec());
+    }
+    names
+        .iter()
+        .map(|name| name.parse::<Policy>().map_err(kvgate::Error::from))
+        .collect()
+}
+
+/// Runs each policy on its own thread (runs are independent engines) and shows progress on stderr when the
+/// runs take longer than a second and stderr is a terminal.
+fn run_policies(
+    policies: &[Policy],
+    run: impl Fn(Policy, run::Progress<'_>) -> kvgate::Result<RunMetrics> + Sync,
+) -> kvgate::Result<Vec<RunMetrics>> {
+    let started = Instant::now();
+    let show = std::io::stderr().is_terminal();
+    let results: Vec<kvgate::Result<RunMetrics>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = policies
+            .iter()
+            .map(|&policy| {
+                let run = &run;
+                scope.spawn(move || {
+                    let mut progress = |done: u64, total: u64| {
+                        if show && started.elapsed().as_secs_f64() > 1.0 {
+                            eprint!("\r{policy:>10}: {done}/{total} requests finished   ");
+                        }
+                    };
+                    run(policy, &mut progress)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a policy run panicked"))
+            .collect()
+    });
+    if show && started.elapsed().as_secs_f64() > 1.0 {
+        eprintln!(
+            "\r{:60}\rdone in {:.1} s",
+            "",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    results.into_iter().collect()
+}

@@ -1,0 +1,148 @@
+//! Drivers that run a workload through one engine and return its metrics: the closed-loop agents sessions
+//! (each turn submitted a think time after the previous one finished) and the open-loop trace replay (each
+//! request submitted at its timestamp).
+
+use std::time::{Duration, Instant};
+
+use engine::{Engine, Policy, RequestSpec, RunMetrics};
+use reservation::{RequestId, Timestamp};
+
+use crate::config::EngineConfig;
+use crate::error::Result;
+use crate::workload::agents::AgentsSpec;
+use crate::workload::mooncake::{TRACE_BLOCK_TOKENS, TraceRequest};
+
+/// Called now and then with (requests finished, requests in the workload).
+pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
+
+/// Runs the agents workload under `policy` until every turn of every session has finished.
+pub fn run_agents(
+    config: &EngineConfig,
+    spec: &AgentsSpec,
+    policy: Policy,
+    progress: Progress<'_>,
+) -> Result<RunMetrics> {
+    spec.validate()?;
+    let mut engine = Engine::new(config.engine_params(policy)?)?;
+    let think = Duration::from_secs_f64(spec.think_s);
+    let total = u64::from(spec.n_agents) * u64::from(spec.turns);
+    // Each session's context so far: every earlier prompt and response.
+    let mut contexts: Vec<Vec<u32>> = vec![Vec::new(); spec.n_agents as usize];
+    for agent in 0..spec.n_agents {
+        submit_turn(&mut engine, spec, &mut contexts, agent, 0, Timestamp::ZERO)?;
+    }
+    let mut finished = 0u64;
+    while !engine.is_idle() {
+        engine.step();
+        for done in engine.take_finished() {
+            finished += 1;
+            progress(finished, total);
+            let (agent, turn) = agent_turn(spec, done.id);
+            // The response, stop token included, is part of the next turn's context.
+            contexts[agent as usize].extend_from_slice(&done.output);
+            if turn + 1 < spec.turns {
+                let arrival = engine.now().after(think);
+                submit_turn(&mut engine, spec, &mut contexts, agent, turn + 1, arrival)?;
+            }
+        }
+    }
+    Ok(engine.metrics())
+}
+
+/// Replays a trace under `policy`: request `i` arrives at its timestamp with its own prompt and output
+/// length; requests are handed to the engine as the clock reaches them, so memory stays bounded.
+pub fn run_replay(
+    config: &EngineConfig,
+    trace: &[TraceRequest],
+    later_turn: &[bool],
+    policy: Policy,
+    progress: Progress<'_>,
+) -> Result<RunMetrics> {
+    assert_eq!(
+        trace.len(),
+        later_turn.len(),
+        "one later-turn flag per request"
+    );
+    let mut engine = Engine::new(config.engine_params(policy)?)?;
+    let total = trace.len() as u64;
+    let mut next = 0usize;
+    let mut finished = 0u64;
+    let started = Instant::now();
+    loop {
+        // Hand over every request that has arrived; when the engine has nothing to do, the next one.
+        while next < trace.len() {
+            let arrival = Timestamp(Duration::from_millis(trace[next].timestamp));
+            if arrival > engine.now() && !engine.is_idle() {
+                break;
+            }
+            let request = &trace[next];
+            let mut spec = RequestSpec::new(
+                next as u64,
+                request.prompt(),
+                request.output_length.max(1),
+                arrival,
+            );
+            spec.is_later_turn = later_turn[next];
+            engine.submit(spec)?;
+            next += 1;
+        }
+        if engine.is_idle() && next == trace.len() {
+            break;
+        }
+        engine.step();
+        for _ in engine.take_finished() {
+            finished += 1;
+            if finished % 64 == 0 || started.elapsed() > Duration::from_secs(1) {
+                progress(finished, total);
+            }
+        }
+    }
+    progress(total, total);
+    Ok(engine.metrics())
+}
+
+/// Which requests of a trace are later turns of a conversation. The trace has no session ids, so a request
+/// counts as a later turn when its hash ids include the last full block of an earlier request that had at
+/// least two full blocks: it extends that request's own context, not just the prompt prefix (the first
+/// block) that almost every request shares. A request's last block may be partial, so it is not compared.
+pub fn later_turns(trace: &[TraceRequest]) -> Vec<bool> {
+    let mut context_ends = std::collections::HashSet::new();
+    trace
+        .iter()
+        .map(|request| {
+            let extends = request.hash_ids.iter().any(|id| context_ends.contains(id));
+            let full_blocks = (request.input_length / TRACE_BLOCK_TOKENS) as usize;
+            if full_blocks >= 2 {
+                context_ends.insert(request.hash_ids[full_blocks - 1]);
+            }
+            extends
+        })
+        .collect()
+}
+
+fn submit_turn(
+    engine: &mut Engine,
+    spec: &AgentsSpec,
+    contexts: &mut [Vec<u32>],
+    agent: u32,
+    turn: u32,
+    arrival: Timestamp,
+) -> Result<()> {
+    let context = &mut contexts[agent as usize];
+    context.extend(spec.new_input(agent, turn));
+    let id = u64::from(agent) * u64::from(spec.turns) + u64::from(turn);
+    let mut request = RequestSpec::new(id, context.clone(), spec.response_tokens, arrival);
+    request.is_later_turn = turn > 0;
+    engine.submit(request)?;
+    Ok(())
+}
+
+fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {
+    (
+        (id.0 / u64::from(spec.turns)) as u32,
+        (id.0 % u64::from(spec.turns)) as u32,
+    )
+}
+
+#[cfg(test)]
+mod tests;

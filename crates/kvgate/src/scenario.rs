@@ -1,0 +1,354 @@
+//! `kvgate scenario FILE`: a scripted timeline (config, policy and events such as submit, cancel, reset,
+//! copy faults and clock jumps, each at a step index) run through one engine, producing a per-step JSON trace
+//! of what each step scheduled, preemptions, request states, credits and free pages. The format is documented
+//! in `docs/scenarios.md`; unknown fields are rejected.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+use std::time::Duration;
+
+use checkpoint_transfer::Fault;
+use engine::{Engine, Policy, RequestSpec, StepReport};
+use reservation::RequestId;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::report;
+use crate::workload::token;
+
+/// A scenario file.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    /// What the scenario shows.
+    #[serde(default)]
+    pub description: String,
+    /// Engine configuration (the TOML config's structure, in JSON). Default: the embedded default.
+    #[serde(default)]
+    pub config: EngineConfig,
+    /// Policy: ordinary, pages-only, reserved (default) or oracle.
+    #[serde(default = "default_policy")]
+    pub policy: String,
+    /// Steps at most; the run also ends once every event ran and the engine is idle. Default 10000.
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+    /// The timeline.
+    pub events: Vec<Event>,
+}
+
+/// One event: `action` is applied just before step `at_step` runs (steps count from 0).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Event {
+    /// The step before which the event happens.
+    pub at_step: u32,
+    /// What happens.
+    #[serde(rename = "do")]
+    pub action: Action,
+}
+
+/// What an event does.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum Action {
+    /// Submit a request.
+    Submit(Submit),
+    /// Cancel a request.
+    Cancel {
+        /// The request.
+        id: u64,
+    },
+    /// Reset the prefix cache, forced or not.
+    Reset {
+        /// Forced resets preempt running requests and release ready imports (X1); non-forced ones fail while
+        /// an import is staged or owned (X2).
+        forced: bool,
+    },
+    /// Resume a paused streaming request with more input (Q7).
+    Resume {
+        /// The request.
+        id: u64,
+        /// New input tokens.
+        new_tokens: u32,
+        /// Output tokens of the resumed turn.
+        max_output_tokens: u32,
+    },
+    /// Inject a fault into the simulated copy engine.
+    CopyFault(CopyFault),
+    /// Jump the engine clock forward by this many seconds.
+    AdvanceS(f64),
+}
+
+/// A request to submit.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Submit {
+    /// Request id (unique among live requests).
+    pub id: u64,
+    /// The finished request whose prompt and output this prompt starts with (the previous turn of its
+    /// session), if any. Its checkpoints are what a restore finds in the store.
+    #[serde(default)]
+    pub extends: Option<u64>,
+    /// New tokens appended after the extended context (or the whole prompt without `extends`).
+    pub new_tokens: u32,
+    /// Seed of the new tokens' stream. Default: the request id.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Output length cap.
+    pub max_output_tokens: u32,
+    /// Emit the stop token after this many output tokens.
+    #[serde(default)]
+    pub stop_after: Option<u32>,
+    /// Scheduling priority (larger first when the engine schedules by priority).
+    #[serde(default)]
+    pub priority: i32,
+    /// A streaming session that pauses when its output is done (Q7).
+    #[serde(default)]
+    pub streaming: bool,
+    /// Whether its checkpoints carry saved logits (Q4).
+    #[serde(default)]
+    pub saved_logits: bool,
+}
+
+/// A copy fault.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum CopyFault {
+    /// The next copy on `rank` fails.
+    FailNext {
+        /// The rank.
+        rank: u32,
+    },
+    /// The next copy on `rank` completes `by_s` seconds late.
+    DelayNext {
+        /// The rank.
+        rank: u32,
+        /// Extra seconds.
+        by_s: f64,
+    },
+}
+
+fn default_policy() -> String {
+    Policy::Reserved.name().to_string()
+}
+
+fn default_max_steps() -> u32 {
+    10_000
+}
+
+/// Reads a scenario file, runs it and returns the trace as pretty JSON.
+pub fn run_file(path: &Path) -> Result<String> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {
+        path: shown.clone(),
+        source,
+    })?;
+    let scenario: Scenario = serde_json::from_str(&text).map_err(|e| Error::Scenario {
+        path: shown.clone(),
+        message: e.to_string(),
+    })?;
+    let trace = run(&scenario).map_err(|error| match error {
+        Error::Scenario { message, .. } => Error::Scenario {
+            path: shown,
+            message,
+        },
+        other => other,
+    })?;
+    Ok(serde_json::to_string_pretty(&trace).expect("a JSON value always serializes"))
+}
+
+/// Runs a scenario and returns its trace: `{"description", "policy", "steps": [...], "metrics": {...}}`.
+pub fn run(scenario: &Scenario) -> Result<Value> {
+    let bad = |message: String| Error::Scenario {
+        path: String::new(),
+        message,
+    };
+    let policy: Policy = scenario.policy.parse()?;
+    let config = scenario.config.clone();
+    config.validate()?;
+    let mut engine = Engine::new(config.engine_params(policy)?)?;
+    let mut events: BTreeMap<u32, Vec<&Action>> = BTreeMap::new();
+    for event in &scenario.events {
+        if event.at_step >= scenario.max_steps {
+            return Err(bad(format!(
+                "event at step {} is past max_steps {}",
+                event.at_step, scenario.max_steps
+            )));
+        }
+        events.entry(event.at_step).or_default().push(&event.action);
+    }
+    let last_event_step = events.keys().next_back().copied().unwrap_or(0);
+    let mut contexts: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut live: BTreeSet<u64> = BTreeSet::new();
+    let mut steps = Vec::new();
+    for step in 0..scenario.max_steps {
+        let mut outcomes = Vec::new();
+        for action in events.remove(&step).unwrap_or_default() {
+            let outcome = apply(&mut engine, action, &mut contexts, &mut live)
+                .map_err(|e| bad(format!("step {step}: {e}")))?;
+            outcomes.push(outcome);
+        }
+        let report = engine.step();
+        for done in engine.take_finished() {
+            live.remove(&done.id.0);
+            if let Some(context) = contexts.get_mut(&done.id.0) {
+                context.extend_from_slice(&done.output);
+            }
+        }
+        engine.check_invariants();
+        steps.push(step_json(step, &report, outcomes, &engine, &live));
+        if step >= last_event_step && engine.is_idle() {
+            break;
+        }
+    }
+    Ok(json!({
+        "description": scenario.description,
+        "policy": policy.name(),
+        "steps": steps,
+        "metrics": report::run_json(&engine.metrics()),
+    }))
+}
+
+/// Applies one action; engine refusals are part of the trace (`"error: ..."`), scenario mistakes are errors.
+fn apply(
+    engine: &mut Engine,
+    action: &Action,
+    contexts: &mut HashMap<u64, Vec<u32>>,
+    live: &mut BTreeSet<u64>,
+) -> std::result::Result<Value, String> {
+    let outcome = |name: &str, result: std::result::Result<(), engine::Error>| match result {
+        Ok(()) => json!({ name: "ok" }),
+        Err(error) => json!({ name: format!("error: {error}") }),
+    };
+    Ok(match action {
+        Action::Submit(submit) => {
+            let mut prompt = match submit.extends {
+                Some(earlier) if live.contains(&earlier) => {
+                    return Err(format!(
+                        "request {} extends request {earlier}, which has not finished",
+                        submit.id
+                    ));
+                }
+                Some(earlier) => contexts.get(&earlier).cloned().ok_or_else(|| {
+                    format!("request {} extends unknown request {earlier}", submit.id)
+                })?,
+                None => Vec::new(),
+            };
+            let seed = submit.seed.unwrap_or(submit.id) ^ 0x5CE4_A410;
+            prompt.extend((0..u64::from(submit.new_tokens)).map(|i| token(seed, i)));
+            let now = engine.now();
+            let mut spec =
+                RequestSpec::new(submit.id, prompt.clone(), submit.max_output_tokens, now);
+            spec.stop_after = submit.stop_after;
+            spec.priority = submit.priority;
+            spec.streaming = submit.streaming;
+            spec.saved_logits = submit.saved_logits;
+            spec.is_later_turn = submit.extends.is_some();
+            let result = engine.submit(spec);
+            if result.is_ok() {
+                contexts.insert(submit.id, prompt);
+                live.insert(submit.id);
+            }
+            outcome(&format!("submit {}", submit.id), result)
+        }
+        Action::Cancel { id } => outcome(&format!("cancel {id}"), engine.cancel(RequestId(*id))),
+        Action::Reset { forced } => {
+            let name = if *forced { "forced reset" } else { "reset" };
+            outcome(name, engine.reset_prefix_cache(*forced))
+        }
+        Action::Resume {
+            id,
+            new_tokens,
+            max_output_tokens,
+        } => {
+            let seed = id ^ u64::from(*new_tokens) ^ 0x2E5D;
+            let input: Vec<u32> = (0..u64::from(*new_tokens))
+                .map(|i| token(seed, i))
+                .collect();
+            let result = engine.resume(RequestId(*id), &input, *max_output_tokens);
+            if result.is_ok() {
+                live.insert(*id);
+            }
+            outcome(&format!("resume {id}"), result)
+        }
+        Action::CopyFault(fault) => {
+            let (name, fault) = match *fault {
+                CopyFault::FailNext { rank } => (
+                    format!("fail next copy on rank {rank}"),
+                    Fault::FailNext { rank },
+                ),
+                CopyFault::DelayNext { rank, by_s } => {
+                    if !(by_s.is_finite() && by_s >= 0.0) {
+                        return Err(format!(
+                            "delay_next.by_s must be a number of seconds >= 0, got {by_s}"
+                        ));
+                    }
+                    (
+                        format!("delay next copy on rank {rank} by {by_s} s"),
+                        Fault::DelayNext {
+                            rank,
+                            by: Duration::from_secs_f64(by_s),
+                        },
+                    )
+                }
+            };
+            engine.inject_copy_fault(fault);
+            json!({ name: "ok" })
+        }
+        Action::AdvanceS(seconds) => {
+            if !(seconds.is_finite() && *seconds >= 0.0) {
+                return Err(format!(
+                    "advance_s must be a number of seconds >= 0, got {seconds}"
+                ));
+            }
+            engine.advance_clock(engine.now().after(Duration::from_secs_f64(*seconds)));
+            json!({ format!("advance {seconds} s"): "ok" })
+        }
+    })
+}
+
+fn step_json(
+    step: u32,
+    report: &StepReport,
+    events: Vec<Value>,
+    engine: &Engine,
+    live: &BTreeSet<u64>,
+) -> Value {
+    let ids = |ids: &[RequestId]| ids.iter().map(|id| id.0).collect::<Vec<_>>();
+    let requests: serde_json::Map<String, Value> = live
+        .iter()
+        .filter_map(|&id| {
+            let view = engine.request(RequestId(id))?;
+            Some((
+                id.to_string(),
+                json!({
+                    "phase": view.phase,
+                    "computed": view.n_computed,
+                    "pages": view.n_pages,
+                    "ticket": view.has_ticket,
+                    "waiter": view.is_waiter,
+                    "output": view.n_output,
+                }),
+            ))
+        })
+        .collect();
+    json!({
+        "step": step,
+        "now_s": (report.now.as_secs_f64() * 1e6).round() / 1e6,
+        "events": events,
+        "prefills": report.prefills.iter().map(|(id, n)| json!([id.0, n])).collect::<Vec<_>>(),
+        "decodes": ids(&report.decodes),
+        "logits_only": ids(&report.logits_only),
+        "admitted": ids(&report.admitted),
+        "preempted": ids(&report.preempted),
+        "finished": ids(&report.finished),
+        "fallbacks": report.fallbacks.iter().map(|(id, why)| json!([id.0, why.name()])).collect::<Vec<_>>(),
+        "free_pages": report.free_pages,
+        "credit_pages": report.credit_pages,
+        "waiting": report.waiting,
+        "running": report.running,
+        "requests": requests,
+    })
+}

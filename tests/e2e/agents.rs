@@ -1,0 +1,37 @@
+//! A small deterministic agents run under every policy, as a snapshot, plus the properties the headline
+//! comparison rests on: `reserved` restores every later turn and leaks nothing, and the policies without the
+//! contract lose because of their mechanism.
+
+use engine::Policy;
+use kvgate::EngineConfig;
+use kvgate::workload::agents::AgentsSpec;
+use kvgate::{report, run};
+
+use crate::without_wall_time;
+
+fn small() -> (EngineConfig, AgentsSpec) {
+    let mut config = EngineConfig::default();
+    config.pool.pages = 384;
+    let spec = AgentsSpec {
+        n_agents: 4,
+        turns: 4,
+        first_prompt_tokens: 1024,
+        turn_input_tokens: 512,
+        response_tokens: 32,
+        think_s: 1.0,
+        seed: 7,
+    };
+    (config, spec)
+}
+
+#[test]
+fn small_agents_run_matches_its_snapshot() {
+    let (config, spec) = small();
+    let runs: Vec<_> = Policy::ALL
+        .iter()
+        .map(|&policy| run::run_agents(&config, &spec, policy, &mut |_, _| {}).unwrap())
+        .collect();
+    insta::with_settings!({ snapshot_path => crate::repo_root().join("tests/snapshots"), prepend_module_to_snapshot => false }, {
+        insta::assert_json_snapshot!("agents_small", without_wall_time(report::runs_json(&runs, &[])));
+    });
+}

@@ -1,0 +1,29 @@
+//! The workspace's end-to-end tests: scenario traces and a small agents run as insta snapshots, and the
+//! `kvgate` binary's answers to bad input.
+
+mod agents;
+mod cli;
+mod scenarios;
+
+use serde_json::Value;
+
+/// The repository root (this binary is built from `crates/kvgate`).
+fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// `value` without its wall-clock fields, which are the only non-deterministic part of a trace.
+fn without_wall_time(mut value: Value) -> Value {
+    fn strip(value: &mut Value) {
+        match value {
+            Value::Object(map) => {
+                map.remove("wall_seconds");
+                map.values_mut().for_each(strip);
+            }
+            Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    strip(&mut value);
+    value
+}
