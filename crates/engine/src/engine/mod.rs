@@ -561,7 +561,10 @@ impl<E: Executor> Engine<E> {
                     .get(&ticket.req)
                     .expect("a ticket belongs to a live request");
                 let tpp = self.params.geometry.tokens_per_page();
-                let remaining = req.prompt_end.div_ceil(tpp) as i64 - req.pages.len() as i64;
+                // A ticket budgets every token still to compute: the prompt and, for a request preempted
+                // after it produced output, that output too.
+                let remaining =
+                    (req.tokens.len() as u32).div_ceil(tpp) as i64 - req.pages.len() as i64;
                 assert!(
                     i64::from(ticket.credit_pages)
                         <= remaining.max(0) + 2 + i64::from(self.params.draft_tokens.div_ceil(tpp)),
@@ -587,8 +590,10 @@ impl<E: Executor> Engine<E> {
         held
     }
 
-    /// Takes a request out of the engine, recording its metrics.
+    /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it
+    /// (a ticket whose prompt ended in the step it finished, a waiter) is released: release is idempotent.
     fn retire(&mut self, id: RequestId, cancelled: bool) {
+        self.release_ticket(id);
         let Some(mut req) = self.reqs.remove(&id) else {
             return;
         };
