@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 pub const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
 
 /// The whole engine configuration. `EngineConfig::default()` is the embedded default.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineConfig {
     /// The model: cost preset and cache geometry.
@@ -140,19 +140,6 @@ pub struct RestoreConfig {
 pub struct StoreConfig {
     /// Capacity in pages (a checkpoint costs one page per full block it holds). Default 1048576; at least 1.
     pub capacity_pages: u64,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            model: ModelConfig::default(),
-            pool: PoolConfig::default(),
-            scheduler: SchedulerConfig::default(),
-            restore: RestoreConfig::default(),
-            store: StoreConfig::default(),
-            seed: 0,
-        }
-    }
 }
 
 impl Default for ModelConfig {

@@ -96,6 +96,7 @@ const AGENTS_POOL_PAGES: u32 = 1024;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    init_logging();
     let result = match cli.command {
         Command::Agents(args) => agents(&args),
         Command::Replay(args) => replay(&args),
@@ -110,6 +111,18 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Engine logs (bounded-wait expiries, capacity waits) go to stderr; `KVGATE_LOG` sets the filter
+/// (`warn` by default; e.g. `KVGATE_LOG=info` shows every capacity wait as it starts).
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
 }
 
 fn agents(args: &AgentsArgs) -> kvgate::Result<()> {

@@ -92,7 +92,7 @@ pub fn run_replay(
         engine.step();
         for _ in engine.take_finished() {
             finished += 1;
-            if finished % 64 == 0 || started.elapsed() > Duration::from_secs(1) {
+            if finished.is_multiple_of(64) || started.elapsed() > Duration::from_secs(1) {
                 progress(finished, total);
             }
         }

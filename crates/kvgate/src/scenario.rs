@@ -198,7 +198,7 @@ pub fn run(scenario: &Scenario) -> Result<Value> {
             }
         }
         engine.check_invariants();
-        steps.push(step_json(step, &report, outcomes, &engine, &live));
+        steps.push(step_json(step, &report, &outcomes, &engine, &live));
         if step >= last_event_step && engine.is_idle() {
             break;
         }
@@ -312,7 +312,7 @@ fn apply(
 fn step_json(
     step: u32,
     report: &StepReport,
-    events: Vec<Value>,
+    events: &[Value],
     engine: &Engine,
     live: &BTreeSet<u64>,
 ) -> Value {

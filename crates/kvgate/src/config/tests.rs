@@ -90,3 +90,13 @@ fn engine_params_count_the_null_page() {
     assert_eq!(params.n_pages, 4096);
     assert_eq!(params.restore_max_wait, Duration::from_secs(60));
 }
+
+#[test]
+fn the_documented_example_is_the_default() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/kvgate.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(
+        EngineConfig::from_toml(&text).unwrap(),
+        EngineConfig::default()
+    );
+}
