@@ -20,7 +20,8 @@ commands:
   bench        run every crate's benchmarks; `--json` prints one JSON object on stdout
   gpu          CUDA tests and bandwidth figures (needs an NVIDIA driver; says so when absent)
   layers       check that each crate depends only on the layers below it
-  tidy         check module docs and forbidden test attributes";
+  tidy         check module docs, forbidden test attributes, and docs/contract.md against the
+               contract ids and the tests";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -1,5 +1,10 @@
-//! The tidy check: every Rust module starts with a `//!` doc saying what it owns, and no test is
-//! `#[ignore]`d or `#[should_panic]` (assert the error value instead).
+//! The tidy check: every Rust module starts with a `//!` doc saying what it owns, no test is `#[ignore]`d
+//! or `#[should_panic]` (assert the error value instead), and `docs/contract.md` stays true to the contract
+//! and the tests (see `contract`).
+
+mod contract;
+#[cfg(test)]
+mod tests;
 
 use std::path::{Path, PathBuf};
 
@@ -29,6 +34,7 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
             }
         }
     }
+    problems.extend(contract::check(root)?);
     if problems.is_empty() {
         eprintln!("xtask: tidy ok");
         Ok(())

@@ -11,7 +11,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use kv_pool::{BlockKey, PageId, PagePool};
+use kv_pool::{BlockKey, PagePool};
 
 const POOL_PAGES: u32 = 65_536;
 const CHAIN_BLOCKS: usize = 1024;

@@ -1,0 +1,111 @@
+//! Tests of the tidy parsers: contract ids of the specification, rows and test references of
+//! `docs/contract.md`, and test function names of Rust sources.
+
+use super::contract::{TestRef, row_refs, spec_ids, test_fns, test_refs};
+
+fn test_ref(file: &str, test: &str) -> TestRef {
+    TestRef {
+        file: file.to_string(),
+        test: test.to_string(),
+    }
+}
+
+#[test]
+fn spec_ids_are_the_bold_ids_of_list_items_in_order() {
+    let spec = "\
+# Contract
+- **Page**: a term, not an id
+- **R1** Reserve takes pages, slot and credits.
+- **R2** The preflight counts **C1** credits.
+  - **R10** nested items count too
+* **Q8** starred items count
+- **R1** listed again is one id
+Text with **X1** in the middle is no item.
+- **rx** lower case is no id
+";
+    assert_eq!(spec_ids(spec), ["R1", "R2", "R10", "Q8"]);
+}
+
+#[test]
+fn rows_are_table_lines_whose_first_cell_is_an_id() {
+    let doc = "\
+| id | behaviour | pinned by |
+|---|---|---|
+| R1 | all or nothing | `crates/a/src/tests.rs::r1_x`, `tests/e2e/b.rs::r1_y` |
+| **C4** | windows | `crates/c/src/tests.rs::c4_z` |
+| W1 | no test named yet | `Ledger::reserve` |
+| test | property |
+| `crates/a/src/tests.rs::prop_p` | a property row has no id |
+";
+    let rows = row_refs(doc);
+    assert_eq!(rows.keys().collect::<Vec<_>>(), ["C4", "R1", "W1"]);
+    assert_eq!(
+        rows["R1"],
+        [
+            test_ref("crates/a/src/tests.rs", "r1_x"),
+            test_ref("tests/e2e/b.rs", "r1_y")
+        ]
+    );
+    assert_eq!(rows["C4"], [test_ref("crates/c/src/tests.rs", "c4_z")]);
+    assert!(rows["W1"].is_empty(), "a type path is no test reference");
+}
+
+#[test]
+fn test_refs_are_code_spans_naming_a_rust_file_and_a_function() {
+    let text = "see `a/b.rs::t_1` and `c.rs::` and `d.rs::x y` and `Ledger::reserve` and \
+                `e.rs::9x` and ` f.rs::g ` and `grep -rn \"fn c4_\"` but not a.rs::bare";
+    assert_eq!(
+        test_refs(text),
+        [test_ref("a/b.rs", "t_1"), test_ref("f.rs", "g")]
+    );
+}
+
+#[test]
+fn test_fns_are_functions_under_a_test_attribute() {
+    let source = r#"
+//! A module.
+
+fn helper_q8_step_work() {}
+
+#[test]
+fn r1_plain() {}
+
+/// Doc comment between.
+#[test]
+#[allow(
+    clippy::print_stderr,
+    reason = "a multi-line attribute"
+)]
+fn agents_side_by_side() {
+    let x = 1;
+}
+
+#[tokio::test]
+async fn async_test() {}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// The property.
+    #[test]
+    fn prop_model(ops in ops()) {
+        run(ops);
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+#[test]
+const NOT_A_FN: u32 = 1;
+fn after_an_item() {}
+"#;
+    assert_eq!(
+        test_fns(source),
+        [
+            "r1_plain",
+            "agents_side_by_side",
+            "async_test",
+            "prop_model"
+        ]
+    );
+}
