@@ -11,26 +11,51 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use admission::{Admission, AdmissionHost, Candidate, QueuePolicy, StepContext};
+use std::convert::Infallible;
+
+use admission::{
+    AdmissionHost, Admit, Candidate, FallbackCause, HostState, QueuePolicy, StepContext,
+    WaitingQueue, schedule_step,
+};
 use kv_pool::{CacheGroup, Geometry, GroupKind, PagePool};
 use reservation::{Ledger, LedgerConfig, RequestId, RestoreSpec, Timestamp};
 
-/// Answers from a dense table: request 0 is the restore, everyone else is cold.
+/// The queues, the ledger and the pool, and answers from a dense table: request 0 is the restore, everyone
+/// else is cold.
 struct Host {
+    waiting: WaitingQueue,
+    ready: WaitingQueue,
+    ledger: Ledger,
+    pool: PagePool,
     head: Candidate,
 }
 
 impl AdmissionHost for Host {
-    fn examine(&mut self, req: RequestId) -> Candidate {
-        if req.0 == 0 {
-            self.head
-        } else {
-            Candidate::Cold { need_pages: 1 }
+    type Error = Infallible;
+
+    fn state(&mut self) -> HostState<'_> {
+        HostState {
+            waiting: &mut self.waiting,
+            ready: &mut self.ready,
+            ledger: Some(&mut self.ledger),
+            pool: &mut self.pool,
         }
     }
 
-    fn fall_back(&mut self, _req: RequestId, _cause: &reservation::Error) -> u32 {
-        1
+    fn examine(&mut self, req: RequestId, _free_slots: u32) -> Result<Candidate, Infallible> {
+        Ok(if req.0 == 0 {
+            self.head
+        } else {
+            Candidate::Cold { need_pages: 1 }
+        })
+    }
+
+    fn admit(&mut self, _admit: Admit) -> Result<bool, Infallible> {
+        Ok(true)
+    }
+
+    fn fall_back(&mut self, _req: RequestId, _cause: &FallbackCause) -> Result<u32, Infallible> {
+        Ok(1)
     }
 }
 
@@ -47,12 +72,16 @@ fn median_step_ns(n_waiting: u64, iterations: u32, repetitions: usize) -> f64 {
         // Long enough that the restore never expires during the run.
         restore_max_wait: Duration::from_secs(1 << 30),
     };
-    let mut ledger = Ledger::new(geometry.clone(), config);
-    let mut admission = Admission::new(QueuePolicy::Fcfs);
+    let ledger = Ledger::new(geometry.clone(), config);
+    let mut waiting = WaitingQueue::new(QueuePolicy::Fcfs);
     for id in 0..=n_waiting {
-        admission.push(RequestId(id), 0).expect("new");
+        waiting.push(RequestId(id), 0).expect("new");
     }
     let mut host = Host {
+        waiting,
+        ready: WaitingQueue::new(QueuePolicy::Fcfs),
+        ledger,
+        pool,
         head: Candidate::RestoreNeedsTicket(RestoreSpec::for_geometry(&geometry, 4096, 8192, 2048)),
     };
     let ctx = StepContext {
@@ -64,8 +93,7 @@ fn median_step_ns(n_waiting: u64, iterations: u32, repetitions: usize) -> f64 {
         let start = Instant::now();
         for iteration in 0..iterations {
             let now = Timestamp(Duration::from_micros(u64::from(iteration)));
-            let step =
-                admission.schedule_step(&mut ledger, &mut pool, &ctx, black_box(now), &mut host);
+            let Ok(step) = schedule_step(&ctx, black_box(now), &mut host);
             assert!(step.blocked.is_some() && step.decisions.is_empty());
             black_box(step);
         }

@@ -1,14 +1,14 @@
-//! The waiting queue: requests in admission order (FCFS, or priority then arrival), with the separate list of
-//! ready imports (published, owning their ticket) that may pass a blocked head. Every operation is
-//! O(log n); nothing here walks the queue.
+//! The waiting queue: requests in admission order (FCFS, or priority then arrival), keyed by their place
+//! (`AdmissionOrder`). A step walks two of them: the waiting requests and the ready imports (published, owning
+//! their ticket), which may pass a blocked head. Every operation is O(log n); nothing here walks the queue.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use reservation::{AdmissionOrder, RequestId};
 
 use crate::error::{Error, Result};
 
-/// How the waiting queue is ordered.
+/// How `WaitingQueue::push` places new requests.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum QueuePolicy {
     /// First come, first served: arrival order.
@@ -18,18 +18,18 @@ pub enum QueuePolicy {
     Priority,
 }
 
-/// Waiting requests in admission order, and the ready-import list.
+/// Requests in admission order. A request keeps its place: a host that assigns places itself (a preempted
+/// request goes back where it was) uses `insert`; `push` assigns the next place by the policy.
 #[derive(Clone, Debug, Default)]
 pub struct WaitingQueue {
     policy: QueuePolicy,
     next_seq: u64,
     entries: BTreeMap<AdmissionOrder, RequestId>,
     orders: HashMap<RequestId, AdmissionOrder>,
-    ready: BTreeSet<AdmissionOrder>,
 }
 
 impl WaitingQueue {
-    /// An empty queue ordered by `policy`.
+    /// An empty queue whose `push` places requests by `policy`.
     pub fn new(policy: QueuePolicy) -> WaitingQueue {
         WaitingQueue {
             policy,
@@ -37,12 +37,12 @@ impl WaitingQueue {
         }
     }
 
-    /// The ordering policy.
+    /// The placing policy of `push`.
     pub fn policy(&self) -> QueuePolicy {
         self.policy
     }
 
-    /// Appends `req` (`priority` is ignored under FCFS) and returns its place. Errors if already waiting.
+    /// Appends `req` (`priority` is ignored under FCFS) and returns its place. Errors if already queued.
     pub fn push(&mut self, req: RequestId, priority: u32) -> Result<AdmissionOrder> {
         if self.orders.contains_key(&req) {
             return Err(Error::AlreadyQueued { req });
@@ -55,63 +55,66 @@ impl WaitingQueue {
             priority,
             seq: self.next_seq,
         };
-        self.next_seq += 1;
-        self.entries.insert(order, req);
-        self.orders.insert(req, order);
+        let _displaced = self.insert(order, req);
         Ok(order)
     }
 
-    /// Removes `req` (admitted, aborted or cancelled), from the ready list too. Returns whether it waited.
-    pub fn remove(&mut self, req: RequestId) -> bool {
-        let Some(order) = self.orders.remove(&req) else {
-            return false;
-        };
-        self.entries.remove(&order);
-        self.ready.remove(&order);
-        true
+    /// Puts `req` at `order` (moving it if it was queued elsewhere). Returns the other request that held
+    /// `order`, which leaves the queue (a host bug: places are unique).
+    pub fn insert(&mut self, order: AdmissionOrder, req: RequestId) -> Option<RequestId> {
+        if let Some(previous) = self.orders.insert(req, order)
+            && previous != order
+        {
+            self.entries.remove(&previous);
+        }
+        self.next_seq = self.next_seq.max(order.seq.saturating_add(1));
+        let displaced = self
+            .entries
+            .insert(order, req)
+            .filter(|displaced| *displaced != req);
+        if let Some(displaced) = displaced {
+            self.orders.remove(&displaced);
+        }
+        debug_assert!(displaced.is_none(), "{displaced:?} and {req} share a place");
+        displaced
     }
 
-    /// `req`'s import is published and owns its ticket: it may pass a blocked head.
-    pub fn mark_ready(&mut self, req: RequestId) -> Result<()> {
+    /// Removes the request at `order` (admitted, withdrawn, aborted or cancelled) and returns it.
+    pub fn remove(&mut self, order: &AdmissionOrder) -> Option<RequestId> {
+        let req = self.entries.remove(order)?;
+        self.orders.remove(&req);
+        Some(req)
+    }
+
+    /// Moves `req`, keeping its place, to `other` (e.g. onto the ready-import list, or back from it).
+    pub fn move_to(&mut self, req: RequestId, other: &mut WaitingQueue) -> Result<AdmissionOrder> {
         let order = self.order_of(req).ok_or(Error::NotQueued { req })?;
-        self.ready.insert(order);
-        Ok(())
+        self.remove(&order);
+        let _displaced = other.insert(order, req);
+        Ok(order)
     }
 
-    /// `req` no longer owns a ready import (released, or fell back to recompute).
-    pub fn unmark_ready(&mut self, req: RequestId) -> Result<()> {
-        let order = self.order_of(req).ok_or(Error::NotQueued { req })?;
-        self.ready.remove(&order);
-        Ok(())
-    }
-
-    /// `req`'s place, if it waits.
+    /// `req`'s place, if it is queued.
     pub fn order_of(&self, req: RequestId) -> Option<AdmissionOrder> {
         self.orders.get(&req).copied()
     }
 
-    /// Whether `req` is on the ready-import list.
-    pub fn is_ready(&self, req: RequestId) -> bool {
-        self.order_of(req)
-            .is_some_and(|order| self.ready.contains(&order))
+    /// The request at `order`, if any.
+    pub fn get(&self, order: &AdmissionOrder) -> Option<RequestId> {
+        self.entries.get(order).copied()
     }
 
-    /// Waiting requests.
+    /// Queued requests.
     pub fn len(&self) -> usize {
         self.entries.len()
     }
 
-    /// Whether nobody waits.
+    /// Whether nobody is queued.
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 
-    /// Ready imports waiting.
-    pub fn n_ready(&self) -> usize {
-        self.ready.len()
-    }
-
-    /// The first waiting request at or after `from`, in order.
+    /// The first queued request at or after `from`, in order.
     pub fn next_from(&self, from: AdmissionOrder) -> Option<(AdmissionOrder, RequestId)> {
         self.entries
             .range(from..)
@@ -119,14 +122,16 @@ impl WaitingQueue {
             .map(|(&order, &req)| (order, req))
     }
 
-    /// The first ready import strictly after `after`, in order.
-    pub fn next_ready_after(&self, after: AdmissionOrder) -> Option<(AdmissionOrder, RequestId)> {
+    /// The first queued request strictly after `after`, in order.
+    pub fn next_after(&self, after: AdmissionOrder) -> Option<(AdmissionOrder, RequestId)> {
         use std::ops::Bound::{Excluded, Unbounded};
-        let order = *self.ready.range((Excluded(after), Unbounded)).next()?;
-        Some((order, self.entries[&order]))
+        self.entries
+            .range((Excluded(after), Unbounded))
+            .next()
+            .map(|(&order, &req)| (order, req))
     }
 
-    /// Waiting requests in order (for tests and traces; the step never calls it).
+    /// Queued requests in order (for tests, traces and resets; a step never calls it).
     pub fn iter(&self) -> impl Iterator<Item = (AdmissionOrder, RequestId)> + '_ {
         self.entries.iter().map(|(&order, &req)| (order, req))
     }

@@ -1,48 +1,22 @@
-//! One admission step: walk the waiting queue from its head in order, admitting cold requests that fit (free
-//! slot, free pages after credits, unticketed prefills and the watermark) and ready imports, reserving
-//! tickets for restores, until the head blocks; then walk only the ready-import list (Q1). A step examines the
-//! requests it admits, the blocked head and the ready imports: never the rest of the queue (Q8).
+//! One admission step: walk the waiting queue and the ready-import list together, in order, from their head,
+//! admitting cold requests that fit (free slot, free pages after credits, unticketed prefills and the
+//! watermark), ready imports, and restores at once, and reserving tickets for restores, until the head
+//! blocks; then walk only the ready-import list (Q1). Each admission is carried out by the host at once. A
+//! step examines the requests it admits, the blocked head and the ready imports: never the rest of the queue
+//! (Q8).
 
-use kv_pool::PagePool;
-use reservation::{
-    AdmissionOrder, ErrorKind, Ledger, Preflight, RequestId, RestoreSpec, Ticket, Timestamp,
-};
+use reservation::{AdmissionOrder, ErrorKind, Ledger, Preflight, RequestId, Ticket, Timestamp};
 
-use crate::error::Result;
-use crate::queue::{QueuePolicy, WaitingQueue};
+use crate::host::{AdmissionHost, Admit, Candidate, FallbackCause, HostState};
+use crate::queue::WaitingQueue;
 
-/// What the engine says about a waiting request when the step examines it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Candidate {
-    /// An ordinary request needing `need_pages` new pages (after its local prefix hits) to start.
-    Cold {
-        /// Pages it needs now.
-        need_pages: u32,
-    },
-    /// A restore whose lookup is unanswered or whose copies are in flight: it schedules nothing this step.
-    RestorePending,
-    /// A published import owned by this request (it holds a ticket): admit it.
-    RestoreReady,
-    /// A restore with an answered lookup that needs its ticket.
-    RestoreNeedsTicket(RestoreSpec),
-}
-
-/// The engine side of a step.
-pub trait AdmissionHost {
-    /// What `req` needs now. Called once per examined request per step (a restore poll for restores).
-    fn examine(&mut self, req: RequestId) -> Candidate;
-
-    /// The ledger refused `req`'s restore for good (`cause.kind()` is impossible, expired or invalid): the
-    /// request drops its restore and recomputes. Returns the pages it needs as a cold request; the step tries
-    /// to admit it at once.
-    fn fall_back(&mut self, req: RequestId, cause: &reservation::Error) -> u32;
-}
-
-/// The engine's state at the start of a step.
+/// The host's state at the start of a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepContext {
     /// Admitted requests running (they hold running slots; tickets' slots are the ledger's).
     pub running_requests: u32,
+    /// The running-slot limit when the host has no ledger (with one, `LedgerConfig::max_running_slots` rules).
+    pub max_running_slots: u32,
     /// Remaining page needs of in-flight prefills that hold no ticket.
     pub unticketed_prefill_pages: u32,
     /// The admission watermark in pages.
@@ -58,6 +32,7 @@ impl Default for StepContext {
     fn default() -> Self {
         StepContext {
             running_requests: 0,
+            max_running_slots: u32::MAX,
             unticketed_prefill_pages: 0,
             watermark_pages: 0,
             other_work_scheduled: false,
@@ -66,33 +41,47 @@ impl Default for StepContext {
     }
 }
 
-/// One decision of a step, in the order taken. Admitted and rejected requests have left the waiting queue.
+/// One decision of a step, in the order taken. Admissions, withdrawals and fallbacks were carried out by the
+/// host during the step; `Reserved` and `Rejected` are for the caller to act on. Admitted, withdrawn and
+/// rejected requests have left the queues.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    /// Admit an ordinary request: allocate its pages and run it.
+    /// An ordinary request was admitted (`Admit::Cold`).
     AdmitCold {
         /// The request.
         req: RequestId,
         /// Pages it said it needs.
         need_pages: u32,
     },
-    /// Admit a ready import: acquire its pages through the prefix-hit path, then `Ledger::admit`.
+    /// A ready import was admitted (`Admit::Ready`).
     AdmitReady {
         /// The request.
         req: RequestId,
+    },
+    /// A restore without reservations was admitted with its import (`Admit::RestoreAtOnce`).
+    AdmitRestoreAtOnce {
+        /// The request.
+        req: RequestId,
+        /// Pages it said it needs.
+        need_pages: u32,
     },
     /// A ticket was granted: start copying into `ticket.import_pages`. The request keeps waiting (importing).
     Reserved {
         /// The granted ticket.
         ticket: Ticket,
     },
-    /// The restore was refused for good (impossible, expired or invalid) and its ledger state cleared; the
-    /// request recomputes (an `AdmitCold` follows if it fits now).
+    /// The restore was given up (ledger state cleared); the request recomputes (an `AdmitCold` follows if it
+    /// fits now).
     FellBack {
         /// The request.
         req: RequestId,
         /// Why.
-        cause: reservation::Error,
+        cause: FallbackCause,
+    },
+    /// The host took the request out of the queue (`Candidate::Withdrawn`).
+    Withdrawn {
+        /// The request.
+        req: RequestId,
     },
     /// A cold request that can never fit the whole usable pool: removed from the queue; abort it.
     Rejected {
@@ -108,7 +97,7 @@ pub enum Decision {
 /// Why the head blocked.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum BlockReason {
-    /// A cold request does not fit now: no free slot or not enough available pages.
+    /// A cold request (or a restore at once) does not fit now: no free slot or not enough available pages.
     Pressure {
         /// Pages it needs.
         need_pages: u32,
@@ -117,6 +106,8 @@ pub enum BlockReason {
         /// Free running slots.
         free_slots: u32,
     },
+    /// The step's token budget is spent.
+    OutOfBudget,
     /// The ledger refused the restore's ticket for pressure; it is a capacity waiter.
     RestorePressure(reservation::Error),
     /// A restore whose lookup is unanswered or whose copies are in flight.
@@ -147,186 +138,290 @@ pub struct StepDecisions {
     pub restore_polls: u32,
 }
 
-/// The admission gates over one waiting queue.
-#[derive(Clone, Debug, Default)]
-pub struct Admission {
-    queue: WaitingQueue,
+/// One admission step (R2-R5, Q1-Q3, Q8, W1, and G1's restore at once) over the host's queues. See the
+/// module doc. Errors only with the host's own errors.
+pub fn schedule_step<H: AdmissionHost>(
+    ctx: &StepContext,
+    now: Timestamp,
+    host: &mut H,
+) -> Result<StepDecisions, H::Error> {
+    let mut step = Step {
+        ctx,
+        now,
+        running: ctx.running_requests,
+        admitted: 0,
+        out: StepDecisions::default(),
+    };
+    let mut cursor = None;
+    let mut blocked_at = None;
+    while let Some((order, req, on_ready_list)) = next_entry(&host.state(), cursor) {
+        cursor = Some(order);
+        if step.admitted >= ctx.max_admissions {
+            step.out.blocked = Some(BlockedHead {
+                req,
+                reason: BlockReason::AdmissionLimit,
+            });
+            break;
+        }
+        let candidate = step.examine(host, req)?;
+        if on_ready_list && candidate != Candidate::RestoreReady {
+            // No longer a ready import: it waits in the queue at its place like anyone else.
+            let state = host.state();
+            let _moved = state.ready.move_to(req, state.waiting);
+        }
+        if let Some(reason) = step.consider(host, order, req, candidate)? {
+            step.out.blocked = Some(BlockedHead { req, reason });
+            blocked_at = Some(order);
+            break;
+        }
+    }
+    if let Some(mut after) = blocked_at {
+        // Only ready imports that own their capacity pass the blocked head.
+        while let Some((order, req)) = host.state().ready.next_after(after) {
+            after = order;
+            if step.admitted >= ctx.max_admissions {
+                break;
+            }
+            if step.examine(host, req)? == Candidate::RestoreReady {
+                step.admit(host, order, Admit::Ready { req })?;
+            } else {
+                let state = host.state();
+                let _moved = state.ready.move_to(req, state.waiting);
+            }
+        }
+    }
+    Ok(step.out)
+}
+
+/// The first entry after `after` (from the head when `None`) in either queue: its place, the request, and
+/// whether it is on the ready-import list.
+fn next_entry(
+    state: &HostState<'_>,
+    after: Option<AdmissionOrder>,
+) -> Option<(AdmissionOrder, RequestId, bool)> {
+    let next = |queue: &WaitingQueue| match after {
+        Some(after) => queue.next_after(after),
+        None => queue.next_from(AdmissionOrder::default()),
+    };
+    let (waiting, ready) = (next(state.waiting), next(state.ready));
+    match (waiting, ready) {
+        (Some(waiting), Some(ready)) if ready.0 < waiting.0 => Some((ready.0, ready.1, true)),
+        (Some(waiting), _) => Some((waiting.0, waiting.1, false)),
+        (None, Some(ready)) => Some((ready.0, ready.1, true)),
+        (None, None) => None,
+    }
 }
 
 /// Running totals of one step.
-struct StepState {
+struct Step<'a> {
+    ctx: &'a StepContext,
+    now: Timestamp,
     running: u32,
-    unticketed_pages: u32,
     admitted: u32,
+    out: StepDecisions,
 }
 
-impl Admission {
-    /// Gates over an empty queue ordered by `policy`.
-    pub fn new(policy: QueuePolicy) -> Admission {
-        Admission {
-            queue: WaitingQueue::new(policy),
-        }
-    }
-
-    /// The waiting queue.
-    pub fn queue(&self) -> &WaitingQueue {
-        &self.queue
-    }
-
-    /// The waiting queue, to push, remove and mark ready imports.
-    pub fn queue_mut(&mut self) -> &mut WaitingQueue {
-        &mut self.queue
-    }
-
-    /// Appends a waiting request; see `WaitingQueue::push`.
-    pub fn push(&mut self, req: RequestId, priority: u32) -> Result<AdmissionOrder> {
-        self.queue.push(req, priority)
-    }
-
-    /// One admission step (R2-R5, Q1-Q3, Q8, W1). See the module doc.
-    pub fn schedule_step(
+impl Step<'_> {
+    fn examine<H: AdmissionHost>(
         &mut self,
-        ledger: &mut Ledger,
-        pool: &mut PagePool,
-        ctx: &StepContext,
-        now: Timestamp,
-        host: &mut impl AdmissionHost,
-    ) -> StepDecisions {
-        let mut out = StepDecisions::default();
-        let mut state = StepState {
-            running: ctx.running_requests,
-            unticketed_pages: ctx.unticketed_prefill_pages,
-            admitted: 0,
-        };
-        let mut cursor = AdmissionOrder {
-            priority: 0,
-            seq: 0,
-        };
-        let mut blocked_at = None;
-        while let Some((order, req)) = self.queue.next_from(cursor) {
-            cursor = AdmissionOrder {
-                priority: order.priority,
-                seq: order.seq + 1,
-            };
-            if state.admitted >= ctx.max_admissions {
-                out.blocked = Some(BlockedHead {
-                    req,
-                    reason: BlockReason::AdmissionLimit,
-                });
-                break;
-            }
-            out.examined += 1;
-            let blocked = match host.examine(req) {
-                Candidate::Cold { need_pages } => {
-                    self.try_cold(ledger, pool, ctx, &mut state, req, need_pages, &mut out)
-                }
-                Candidate::RestoreReady => {
-                    self.admit_ready(req, &mut state, &mut out);
-                    None
-                }
-                Candidate::RestorePending => {
-                    out.restore_polls += 1;
-                    Some(BlockReason::RestorePending)
-                }
-                Candidate::RestoreNeedsTicket(spec) => {
-                    out.restore_polls += 1;
-                    let preflight = preflight(ctx, &state);
-                    match ledger.reserve(pool, req, order, &spec, &preflight, now) {
-                        Ok(ticket) => {
-                            out.decisions.push(Decision::Reserved { ticket });
-                            Some(BlockReason::RestorePending)
-                        }
-                        Err(cause) if cause.kind() == ErrorKind::Pressure => {
-                            Some(BlockReason::RestorePressure(cause))
-                        }
-                        Err(cause) => {
-                            let _cleared = ledger.release(req, pool);
-                            self.queue.unmark_ready(req).ok();
-                            let need_pages = host.fall_back(req, &cause);
-                            out.decisions.push(Decision::FellBack { req, cause });
-                            self.try_cold(ledger, pool, ctx, &mut state, req, need_pages, &mut out)
-                        }
+        host: &mut H,
+        req: RequestId,
+    ) -> Result<Candidate, H::Error> {
+        self.out.examined += 1;
+        let free_slots = self.free_slots(host.state().ledger.as_deref());
+        host.examine(req, free_slots)
+    }
+
+    /// Acts on `req`'s candidate; returns why it blocks the head, if it does.
+    fn consider<H: AdmissionHost>(
+        &mut self,
+        host: &mut H,
+        order: AdmissionOrder,
+        req: RequestId,
+        candidate: Candidate,
+    ) -> Result<Option<BlockReason>, H::Error> {
+        match candidate {
+            Candidate::Cold { need_pages } => self.try_cold(host, order, req, need_pages),
+            Candidate::OutOfBudget => Ok(Some(BlockReason::OutOfBudget)),
+            Candidate::Withdrawn => {
+                let state = host.state();
+                for queue in [state.waiting, state.ready] {
+                    if queue.get(&order) == Some(req) {
+                        queue.remove(&order);
                     }
                 }
-            };
-            if let Some(reason) = blocked {
-                out.blocked = Some(BlockedHead { req, reason });
-                blocked_at = Some(order);
-                break;
+                self.out.decisions.push(Decision::Withdrawn { req });
+                Ok(None)
+            }
+            Candidate::RestoreAtOnce { need_pages } => {
+                self.try_restore_at_once(host, order, req, need_pages)
+            }
+            Candidate::RestoreReady => {
+                self.admit(host, order, Admit::Ready { req })?;
+                Ok(None)
+            }
+            Candidate::RestorePending => {
+                self.out.restore_polls += 1;
+                Ok(Some(BlockReason::RestorePending))
+            }
+            Candidate::RestoreNeedsTicket(spec) => {
+                self.out.restore_polls += 1;
+                let preflight = self.preflight();
+                let HostState { ledger, pool, .. } = host.state();
+                let Some(ledger) = ledger else {
+                    return self.fall_back(host, order, req, FallbackCause::NoLedger);
+                };
+                match ledger.reserve(pool, req, order, &spec, &preflight, self.now) {
+                    Ok(ticket) => {
+                        self.out.decisions.push(Decision::Reserved { ticket });
+                        Ok(Some(BlockReason::RestorePending))
+                    }
+                    Err(cause) if cause.kind() == ErrorKind::Pressure => {
+                        Ok(Some(BlockReason::RestorePressure(cause)))
+                    }
+                    Err(cause) => {
+                        let _cleared = ledger.release(req, pool);
+                        self.fall_back(host, order, req, FallbackCause::Refused(cause))
+                    }
+                }
             }
         }
-        if let Some(mut after) = blocked_at {
-            // Only ready imports that own their capacity pass the blocked head.
-            while let Some((order, req)) = self.queue.next_ready_after(after) {
-                after = order;
-                if state.admitted >= ctx.max_admissions {
-                    break;
-                }
-                out.examined += 1;
-                if host.examine(req) == Candidate::RestoreReady {
-                    self.admit_ready(req, &mut state, &mut out);
-                } else {
-                    self.queue.unmark_ready(req).ok();
-                }
-            }
-        }
-        out
     }
 
-    fn admit_ready(&mut self, req: RequestId, state: &mut StepState, out: &mut StepDecisions) {
-        self.queue.remove(req);
-        state.admitted += 1;
-        out.decisions.push(Decision::AdmitReady { req });
+    /// The restore recomputes: off the ready list, the host drops it, and it is tried as a cold request.
+    fn fall_back<H: AdmissionHost>(
+        &mut self,
+        host: &mut H,
+        order: AdmissionOrder,
+        req: RequestId,
+        cause: FallbackCause,
+    ) -> Result<Option<BlockReason>, H::Error> {
+        let state = host.state();
+        if state.ready.get(&order) == Some(req) {
+            let _moved = state.ready.move_to(req, state.waiting);
+        }
+        let need_pages = host.fall_back(req, &cause)?;
+        self.out.decisions.push(Decision::FellBack { req, cause });
+        self.try_cold(host, order, req, need_pages)
+    }
+
+    /// `ordinary`: the import and first chunk now, or a cold request at once. No free slot blocks it as it is.
+    fn try_restore_at_once<H: AdmissionHost>(
+        &mut self,
+        host: &mut H,
+        order: AdmissionOrder,
+        req: RequestId,
+        need_pages: u32,
+    ) -> Result<Option<BlockReason>, H::Error> {
+        let (free_slots, available_pages) = self.gates(host);
+        if free_slots == 0 {
+            return Ok(Some(BlockReason::Pressure {
+                need_pages,
+                available_pages,
+                free_slots,
+            }));
+        }
+        if need_pages <= available_pages
+            && self.admit(host, order, Admit::RestoreAtOnce { req, need_pages })?
+        {
+            return Ok(None);
+        }
+        let cause = FallbackCause::NotAtOnce {
+            need_pages,
+            available_pages,
+        };
+        self.fall_back(host, order, req, cause)
     }
 
     /// Admits a cold request if it fits; returns why it blocked otherwise.
-    #[allow(
-        clippy::too_many_arguments,
-        reason = "the step's state, passed down unchanged"
-    )]
-    fn try_cold(
+    fn try_cold<H: AdmissionHost>(
         &mut self,
-        ledger: &Ledger,
-        pool: &PagePool,
-        ctx: &StepContext,
-        state: &mut StepState,
+        host: &mut H,
+        order: AdmissionOrder,
         req: RequestId,
         need_pages: u32,
-        out: &mut StepDecisions,
-    ) -> Option<BlockReason> {
-        let usable_pages = pool.n_usable();
+    ) -> Result<Option<BlockReason>, H::Error> {
+        let usable_pages = host.state().pool.n_usable();
         if need_pages > usable_pages {
-            self.queue.remove(req);
-            out.decisions.push(Decision::Rejected {
+            host.state().waiting.remove(&order);
+            self.out.decisions.push(Decision::Rejected {
                 req,
                 need_pages,
                 usable_pages,
             });
-            return None;
+            return Ok(None);
         }
-        let free_slots = ledger.free_slots(state.running);
-        let available_pages = ledger.available_pages(pool, &preflight(ctx, state));
+        let (free_slots, available_pages) = self.gates(host);
+        let blocked = BlockReason::Pressure {
+            need_pages,
+            available_pages,
+            free_slots,
+        };
         if free_slots == 0 || need_pages > available_pages {
-            return Some(BlockReason::Pressure {
-                need_pages,
-                available_pages,
-                free_slots,
-            });
+            return Ok(Some(blocked));
         }
-        self.queue.remove(req);
-        state.running += 1;
-        state.unticketed_pages = state.unticketed_pages.saturating_add(need_pages);
-        state.admitted += 1;
-        out.decisions.push(Decision::AdmitCold { req, need_pages });
-        None
+        let admitted = self.admit(host, order, Admit::Cold { req, need_pages })?;
+        debug_assert!(admitted, "a cold admission that fits succeeds");
+        Ok((!admitted).then_some(blocked))
     }
-}
 
-fn preflight(ctx: &StepContext, state: &StepState) -> Preflight {
-    Preflight {
-        running_requests: state.running,
-        unticketed_prefill_pages: state.unticketed_pages,
-        watermark_pages: ctx.watermark_pages,
-        other_work_scheduled: ctx.other_work_scheduled || state.admitted > 0,
+    /// Has the host carry out `admit`; on success the request leaves the queues and takes a running slot.
+    fn admit<H: AdmissionHost>(
+        &mut self,
+        host: &mut H,
+        order: AdmissionOrder,
+        admit: Admit,
+    ) -> Result<bool, H::Error> {
+        if !host.admit(admit)? {
+            return Ok(false);
+        }
+        let req = admit.req();
+        let state = host.state();
+        for queue in [state.waiting, state.ready] {
+            if queue.get(&order) == Some(req) {
+                queue.remove(&order);
+            }
+        }
+        self.running += 1;
+        self.admitted += 1;
+        self.out.decisions.push(match admit {
+            Admit::Cold { req, need_pages } => Decision::AdmitCold { req, need_pages },
+            Admit::Ready { req } => Decision::AdmitReady { req },
+            Admit::RestoreAtOnce { req, need_pages } => {
+                Decision::AdmitRestoreAtOnce { req, need_pages }
+            }
+        });
+        Ok(true)
+    }
+
+    /// Free running slots and pages available to a new admission now.
+    fn gates<H: AdmissionHost>(&self, host: &mut H) -> (u32, u32) {
+        let preflight = self.preflight();
+        let HostState { ledger, pool, .. } = host.state();
+        let ledger = ledger.as_deref();
+        let available_pages = match ledger {
+            Some(ledger) => ledger.available_pages(pool, &preflight),
+            None => pool
+                .n_free()
+                .saturating_sub(preflight.unticketed_prefill_pages)
+                .saturating_sub(preflight.applied_watermark_pages()),
+        };
+        (self.free_slots(ledger), available_pages)
+    }
+
+    fn free_slots(&self, ledger: Option<&Ledger>) -> u32 {
+        match ledger {
+            Some(ledger) => ledger.free_slots(self.running),
+            None => self.ctx.max_running_slots.saturating_sub(self.running),
+        }
+    }
+
+    fn preflight(&self) -> Preflight {
+        Preflight {
+            running_requests: self.running,
+            unticketed_prefill_pages: self.ctx.unticketed_prefill_pages,
+            watermark_pages: self.ctx.watermark_pages,
+            other_work_scheduled: self.ctx.other_work_scheduled || self.admitted > 0,
+        }
     }
 }

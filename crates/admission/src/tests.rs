@@ -1,13 +1,18 @@
-//! Admission tests pinning R2-R5, Q1, Q8 and W1 at the step level, and the FCFS property test.
+//! Admission tests pinning R2-R5, Q1, Q8, W1 and G1's restore at once at the step level, and the FCFS
+//! property test.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::time::Duration;
 
-use kv_pool::{CacheGroup, Geometry, GroupKind, PagePool};
+use kv_pool::{CacheGroup, Geometry, GroupKind, PageId, PagePool};
 use proptest::prelude::*;
 use reservation::{ErrorKind, Ledger, LedgerConfig, RequestId, RestoreSpec, Timestamp};
 
-use crate::{Admission, AdmissionHost, BlockReason, Candidate, Decision, QueuePolicy, StepContext};
+use crate::{
+    AdmissionHost, Admit, BlockReason, Candidate, Decision, FallbackCause, HostState, QueuePolicy,
+    StepContext, StepDecisions, WaitingQueue, schedule_step,
+};
 
 fn geometry() -> Geometry {
     let group = CacheGroup {
@@ -17,39 +22,111 @@ fn geometry() -> Geometry {
     Geometry::new(vec![group], 4, 1, 4096).expect("valid geometry")
 }
 
-/// A scripted engine: each request's candidate, and its cold need after a fallback.
-#[derive(Default)]
+/// A scripted engine: its queues, ledger and pool, each request's candidate, and its cold need after a
+/// fallback. It carries out admissions as an engine does: a cold admission or a restore at once allocates its
+/// pages at once.
 struct Host {
+    waiting: WaitingQueue,
+    ready: WaitingQueue,
+    ledger: Option<Ledger>,
+    pool: PagePool,
     candidates: HashMap<RequestId, Candidate>,
     fallbacks: Vec<RequestId>,
+    /// Pages taken by admissions.
+    held: Vec<PageId>,
+    /// Ready imports whose pages were lost: `admit` declines them and requeues them.
+    lost: Vec<RequestId>,
+    /// Whether a restore at once can start (a copy slot is free).
+    at_once_starts: bool,
 }
 
 impl Host {
     fn set(&mut self, id: u64, candidate: Candidate) {
         self.candidates.insert(RequestId(id), candidate);
     }
+
+    fn push(&mut self, id: u64) {
+        self.waiting.push(RequestId(id), 0).expect("new");
+    }
+
+    fn mark_ready(&mut self, id: u64) {
+        self.waiting
+            .move_to(RequestId(id), &mut self.ready)
+            .expect("queued");
+    }
+
+    fn ledger(&mut self) -> &mut Ledger {
+        self.ledger.as_mut().expect("a ledger")
+    }
+
+    fn step(&mut self, ctx: &StepContext, now: Timestamp) -> StepDecisions {
+        let Ok(step) = schedule_step(ctx, now, self);
+        step
+    }
 }
 
 impl AdmissionHost for Host {
-    fn examine(&mut self, req: RequestId) -> Candidate {
-        self.candidates[&req]
+    type Error = Infallible;
+
+    fn state(&mut self) -> HostState<'_> {
+        HostState {
+            waiting: &mut self.waiting,
+            ready: &mut self.ready,
+            ledger: self.ledger.as_mut(),
+            pool: &mut self.pool,
+        }
     }
 
-    fn fall_back(&mut self, req: RequestId, _cause: &reservation::Error) -> u32 {
+    fn examine(&mut self, req: RequestId, _free_slots: u32) -> Result<Candidate, Infallible> {
+        Ok(self.candidates[&req])
+    }
+
+    fn admit(&mut self, admit: Admit) -> Result<bool, Infallible> {
+        match admit {
+            Admit::Cold { need_pages, .. } => {
+                let pages = self.pool.allocate(need_pages);
+                self.held
+                    .extend(pages.expect("admission checked the pages"));
+            }
+            Admit::RestoreAtOnce { req, need_pages } => {
+                if !self.at_once_starts {
+                    return Ok(false);
+                }
+                let pages = self.pool.allocate(need_pages);
+                self.held
+                    .extend(pages.expect("admission checked the pages"));
+                self.candidates.remove(&req);
+            }
+            Admit::Ready { req } => {
+                if self.lost.contains(&req) {
+                    self.ready.move_to(req, &mut self.waiting).expect("ready");
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    fn fall_back(&mut self, req: RequestId, _cause: &FallbackCause) -> Result<u32, Infallible> {
         self.fallbacks.push(req);
         let need_pages = 2;
         self.candidates.insert(req, Candidate::Cold { need_pages });
-        need_pages
+        Ok(need_pages)
     }
 }
 
-fn setup(n_usable: u32, slots: u32) -> (Admission, Ledger, PagePool, Host) {
-    (
-        Admission::new(QueuePolicy::Fcfs),
-        Ledger::new(geometry(), LedgerConfig::new(slots)),
-        PagePool::new(1 + n_usable).expect("pool"),
-        Host::default(),
-    )
+fn setup(n_usable: u32, slots: u32) -> Host {
+    Host {
+        waiting: WaitingQueue::new(QueuePolicy::Fcfs),
+        ready: WaitingQueue::new(QueuePolicy::Fcfs),
+        ledger: Some(Ledger::new(geometry(), LedgerConfig::new(slots))),
+        pool: PagePool::new(1 + n_usable).expect("pool"),
+        candidates: HashMap::new(),
+        fallbacks: Vec::new(),
+        held: Vec::new(),
+        lost: Vec::new(),
+        at_once_starts: true,
+    }
 }
 
 fn restore(boundary: u32, prompt: u32) -> Candidate {
@@ -60,7 +137,9 @@ fn admitted(decisions: &[Decision]) -> Vec<u64> {
     decisions
         .iter()
         .filter_map(|decision| match decision {
-            Decision::AdmitCold { req, .. } | Decision::AdmitReady { req } => Some(req.0),
+            Decision::AdmitCold { req, .. }
+            | Decision::AdmitReady { req }
+            | Decision::AdmitRestoreAtOnce { req, .. } => Some(req.0),
             _ => None,
         })
         .collect()
@@ -68,22 +147,19 @@ fn admitted(decisions: &[Decision]) -> Vec<u64> {
 
 #[test]
 fn q1_blocked_head_lets_only_ready_imports_pass() {
-    let (mut admission, mut ledger, mut pool, mut host) = setup(8, 8);
-    let _hog = pool.allocate(6).expect("pages");
+    let mut host = setup(8, 8);
+    let _hog = host.pool.allocate(6).expect("pages");
     for id in 1..=5 {
-        admission.push(RequestId(id), 0).expect("new");
+        host.push(id);
     }
     host.set(1, Candidate::Cold { need_pages: 3 }); // blocked: 2 free
     host.set(2, Candidate::Cold { need_pages: 1 }); // would fit, but FCFS stops
     host.set(3, Candidate::RestorePending); // still copying: schedules nothing
     host.set(4, Candidate::RestoreReady);
     host.set(5, Candidate::RestoreReady);
-    admission
-        .queue_mut()
-        .mark_ready(RequestId(4))
-        .expect("queued");
+    host.mark_ready(4);
     let ctx = StepContext::default();
-    let step = admission.schedule_step(&mut ledger, &mut pool, &ctx, Timestamp::ZERO, &mut host);
+    let step = host.step(&ctx, Timestamp::ZERO);
     assert_eq!(admitted(&step.decisions), vec![4]);
     let blocked = step.blocked.expect("head blocked");
     assert_eq!(blocked.req, RequestId(1));
@@ -96,20 +172,17 @@ fn q1_blocked_head_lets_only_ready_imports_pass() {
         }
     ));
     assert_eq!((step.examined, step.restore_polls), (2, 0));
-    assert_eq!(admission.queue().len(), 4);
+    assert_eq!(host.waiting.len(), 4);
     // The head is a copying import: it blocks too, and the ready one behind passes.
-    let (mut admission, mut ledger, mut pool, mut host) = setup(8, 8);
+    let mut host = setup(8, 8);
     for id in [3, 2, 5] {
-        admission.push(RequestId(id), 0).expect("new");
+        host.push(id);
     }
     host.set(3, Candidate::RestorePending);
     host.set(2, Candidate::Cold { need_pages: 1 });
     host.set(5, Candidate::RestoreReady);
-    admission
-        .queue_mut()
-        .mark_ready(RequestId(5))
-        .expect("queued");
-    let step = admission.schedule_step(&mut ledger, &mut pool, &ctx, Timestamp::ZERO, &mut host);
+    host.mark_ready(5);
+    let step = host.step(&ctx, Timestamp::ZERO);
     assert_eq!(admitted(&step.decisions), vec![5]);
     assert_eq!(
         step.blocked.expect("blocked").reason,
@@ -117,27 +190,200 @@ fn q1_blocked_head_lets_only_ready_imports_pass() {
     );
 }
 
+#[test]
+fn q1_ready_imports_ahead_of_the_head_are_admitted_in_order_and_a_spent_budget_blocks_the_head() {
+    let mut host = setup(8, 8);
+    for id in 1..=4 {
+        host.push(id);
+    }
+    host.set(1, Candidate::RestoreReady);
+    host.set(2, Candidate::OutOfBudget);
+    host.set(3, Candidate::Cold { need_pages: 1 });
+    host.set(4, Candidate::RestoreReady);
+    host.mark_ready(1);
+    host.mark_ready(4);
+    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    assert_eq!(admitted(&step.decisions), vec![1, 4]);
+    let blocked = step.blocked.expect("head blocked");
+    assert_eq!(
+        (blocked.req, blocked.reason),
+        (RequestId(2), BlockReason::OutOfBudget)
+    );
+    assert_eq!(
+        step.examined, 3,
+        "the head, and the ready imports around it"
+    );
+    assert_eq!(
+        host.waiting
+            .iter()
+            .map(|(_, req)| req.0)
+            .collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    assert!(host.ready.is_empty());
+    // A ready import that lost its pages is not admitted: the host requeued it, and the walk goes on.
+    let mut host = setup(8, 8);
+    for id in 1..=2 {
+        host.push(id);
+        host.set(id, Candidate::RestoreReady);
+        host.mark_ready(id);
+    }
+    host.lost.push(RequestId(1));
+    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    assert_eq!(admitted(&step.decisions), vec![2]);
+    assert_eq!(
+        host.waiting.order_of(RequestId(1)).map(|order| order.seq),
+        Some(0)
+    );
+    // A listed import that is no longer ready waits at its place like anyone else.
+    let mut host = setup(8, 8);
+    for id in 1..=2 {
+        host.push(id);
+    }
+    host.set(1, Candidate::RestorePending);
+    host.set(2, Candidate::RestorePending);
+    host.mark_ready(2);
+    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    assert_eq!(
+        (step.examined, host.waiting.len(), host.ready.len()),
+        (2, 2, 0)
+    );
+    assert_eq!(
+        host.waiting.order_of(RequestId(2)).map(|order| order.seq),
+        Some(1)
+    );
+}
+
+#[test]
+fn withdrawn_request_leaves_the_queue_and_the_walk_goes_on() {
+    let mut host = setup(8, 8);
+    for id in 1..=2 {
+        host.push(id);
+    }
+    host.set(1, Candidate::Withdrawn);
+    host.set(2, Candidate::Cold { need_pages: 1 });
+    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    assert_eq!(
+        step.decisions,
+        vec![
+            Decision::Withdrawn { req: RequestId(1) },
+            Decision::AdmitCold {
+                req: RequestId(2),
+                need_pages: 1
+            }
+        ]
+    );
+    assert!(host.waiting.is_empty() && step.blocked.is_none());
+}
+
+#[test]
+fn g1_without_a_ledger_restores_at_once_or_fall_back_to_cold_and_slots_come_from_the_context() {
+    let mut host = setup(8, 8);
+    host.ledger = None;
+    let _hog = host.pool.allocate(3).expect("pages");
+    for id in 1..=4 {
+        host.push(id);
+    }
+    host.set(1, Candidate::RestoreAtOnce { need_pages: 4 }); // fits: 5 free
+    host.set(2, Candidate::RestoreAtOnce { need_pages: 3 }); // 1 free: falls back, 2 cold pages do not fit
+    host.set(3, Candidate::Cold { need_pages: 1 });
+    host.set(4, restore(8, 16));
+    let ctx = StepContext {
+        max_running_slots: 4,
+        ..StepContext::default()
+    };
+    let step = host.step(&ctx, Timestamp::ZERO);
+    assert_eq!(
+        step.decisions,
+        vec![
+            Decision::AdmitRestoreAtOnce {
+                req: RequestId(1),
+                need_pages: 4
+            },
+            Decision::FellBack {
+                req: RequestId(2),
+                cause: FallbackCause::NotAtOnce {
+                    need_pages: 3,
+                    available_pages: 1
+                }
+            },
+        ]
+    );
+    assert!(matches!(
+        step.blocked.expect("blocked").reason,
+        BlockReason::Pressure {
+            need_pages: 2,
+            available_pages: 1,
+            free_slots: 3
+        }
+    ));
+    assert_eq!(host.pool.n_free(), 1);
+    // No free slot: a restore at once waits as it is (no fallback); a restore needing a ticket falls back.
+    let mut host = setup(8, 8);
+    host.ledger = None;
+    host.push(1);
+    host.set(1, Candidate::RestoreAtOnce { need_pages: 1 });
+    let full = StepContext {
+        running_requests: 4,
+        max_running_slots: 4,
+        ..StepContext::default()
+    };
+    let step = host.step(&full, Timestamp::ZERO);
+    assert!(step.decisions.is_empty() && host.fallbacks.is_empty());
+    assert!(matches!(
+        step.blocked.expect("blocked").reason,
+        BlockReason::Pressure { free_slots: 0, .. }
+    ));
+    host.set(1, restore(8, 16));
+    let step = host.step(&ctx, Timestamp::ZERO);
+    assert_eq!(
+        step.decisions,
+        vec![
+            Decision::FellBack {
+                req: RequestId(1),
+                cause: FallbackCause::NoLedger
+            },
+            Decision::AdmitCold {
+                req: RequestId(1),
+                need_pages: 2
+            }
+        ]
+    );
+    // A restore at once the host cannot start (no copy slot) falls back too.
+    let mut host = setup(8, 8);
+    host.ledger = None;
+    host.at_once_starts = false;
+    host.push(1);
+    host.set(1, Candidate::RestoreAtOnce { need_pages: 1 });
+    let step = host.step(&ctx, Timestamp::ZERO);
+    assert_eq!(admitted(&step.decisions), vec![1]);
+    assert!(matches!(
+        step.decisions[0],
+        Decision::FellBack {
+            cause: FallbackCause::NotAtOnce { .. },
+            ..
+        }
+    ));
+}
+
 /// A blocked restore head on a full pool, `n_waiting` cold requests behind it and one ready import among them.
 fn q8_step_work(n_waiting: u64) -> [(u32, u32); 2] {
-    let (mut admission, mut ledger, mut pool, mut host) = setup(64, 1024);
-    let _full = pool.allocate(64).expect("fill the pool");
-    admission.push(RequestId(0), 0).expect("new");
+    let mut host = setup(64, 1024);
+    let _full = host.pool.allocate(64).expect("fill the pool");
+    host.push(0);
     host.set(0, restore(8, 16));
     for id in 1..=n_waiting {
-        admission.push(RequestId(id), 0).expect("new");
+        host.push(id);
         host.set(id, Candidate::Cold { need_pages: 1 });
     }
     let ready = n_waiting / 2 + 1;
     host.set(ready, Candidate::RestoreReady);
-    admission
-        .queue_mut()
-        .mark_ready(RequestId(ready))
-        .expect("queued");
+    host.mark_ready(ready);
     let ctx = StepContext::default();
     let mut work = [(0, 0); 2];
     for (step_idx, slot) in work.iter_mut().enumerate() {
         let now = Timestamp(Duration::from_secs(step_idx as u64));
-        let step = admission.schedule_step(&mut ledger, &mut pool, &ctx, now, &mut host);
+        let step = host.step(&ctx, now);
         assert!(matches!(
             step.blocked.expect("blocked").reason,
             BlockReason::RestorePressure(_)
@@ -158,22 +404,21 @@ fn q8_step_work_does_not_grow_with_the_waiting_queue() {
 #[test]
 fn r2_watermark_applies_only_while_other_work_is_scheduled() {
     for (other_work, expect) in [(false, vec![1]), (true, vec![])] {
-        let (mut admission, mut ledger, mut pool, mut host) = setup(8, 8);
-        admission.push(RequestId(1), 0).expect("new");
+        let mut host = setup(8, 8);
+        host.push(1);
         host.set(1, Candidate::Cold { need_pages: 6 });
         let ctx = StepContext {
             watermark_pages: 3,
             other_work_scheduled: other_work,
             ..StepContext::default()
         };
-        let step =
-            admission.schedule_step(&mut ledger, &mut pool, &ctx, Timestamp::ZERO, &mut host);
+        let step = host.step(&ctx, Timestamp::ZERO);
         assert_eq!(admitted(&step.decisions), expect, "other work {other_work}");
     }
     // Once the step admitted something, the watermark applies to the rest; unticketed prefills count too.
-    let (mut admission, mut ledger, mut pool, mut host) = setup(8, 8);
+    let mut host = setup(8, 8);
     for id in 1..=3 {
-        admission.push(RequestId(id), 0).expect("new");
+        host.push(id);
         host.set(id, Candidate::Cold { need_pages: 2 });
     }
     let ctx = StepContext {
@@ -181,25 +426,19 @@ fn r2_watermark_applies_only_while_other_work_is_scheduled() {
         unticketed_prefill_pages: 2,
         ..StepContext::default()
     };
-    let step = admission.schedule_step(&mut ledger, &mut pool, &ctx, Timestamp::ZERO, &mut host);
-    // 8 free - 2 prefill: first 2 admitted; then 8 - 4 - 1 = 3 >= 2; then 8 - 6 - 1 = 1 < 2.
+    let step = host.step(&ctx, Timestamp::ZERO);
+    // 8 free - 2 prefill: first 2 admitted (the host takes them); then 6 - 2 - 1 = 3 >= 2; then 4 - 2 - 1 = 1 < 2.
     assert_eq!(admitted(&step.decisions), vec![1, 2]);
 }
 
 #[test]
 fn r3_impossible_cold_is_rejected_and_an_impossible_restore_recomputes_at_once() {
-    let (mut admission, mut ledger, mut pool, mut host) = setup(4, 8);
-    admission.push(RequestId(1), 0).expect("new");
-    admission.push(RequestId(2), 0).expect("new");
+    let mut host = setup(4, 8);
+    host.push(1);
+    host.push(2);
     host.set(1, Candidate::Cold { need_pages: 5 });
     host.set(2, restore(8, 40)); // 2 import + 8 credit pages > 4
-    let step = admission.schedule_step(
-        &mut ledger,
-        &mut pool,
-        &StepContext::default(),
-        Timestamp::ZERO,
-        &mut host,
-    );
+    let step = host.step(&StepContext::default(), Timestamp::ZERO);
     assert!(matches!(
         step.decisions[0],
         Decision::Rejected {
@@ -211,6 +450,9 @@ fn r3_impossible_cold_is_rejected_and_an_impossible_restore_recomputes_at_once()
     let Decision::FellBack { req, cause } = &step.decisions[1] else {
         panic!("expected a fallback: {:?}", step.decisions);
     };
+    let FallbackCause::Refused(cause) = cause else {
+        panic!("expected a ledger refusal: {cause:?}");
+    };
     assert_eq!((req.0, cause.kind()), (2, ErrorKind::Impossible));
     assert_eq!(
         step.decisions[2],
@@ -219,84 +461,92 @@ fn r3_impossible_cold_is_rejected_and_an_impossible_restore_recomputes_at_once()
             need_pages: 2
         }
     );
-    assert_eq!((pool.n_free(), ledger.n_waiters()), (4, 0));
+    // The impossible restore took nothing; only the cold admission's 2 pages are gone.
+    assert_eq!(host.held.len(), 2);
+    let n_waiters = host.ledger().n_waiters();
+    assert_eq!((host.pool.n_free(), n_waiters), (4 - 2, 0));
 }
 
 #[test]
 fn r4_invalid_restore_falls_back_with_the_named_error() {
-    let (mut admission, mut ledger, mut pool, mut host) = setup(16, 8);
-    admission.push(RequestId(1), 0).expect("new");
+    let mut host = setup(16, 8);
+    host.push(1);
     host.set(1, restore(20, 16)); // boundary past the prompt
-    let step = admission.schedule_step(
-        &mut ledger,
-        &mut pool,
-        &StepContext::default(),
-        Timestamp::ZERO,
-        &mut host,
-    );
+    let step = host.step(&StepContext::default(), Timestamp::ZERO);
     assert_eq!(
         step.decisions[0],
         Decision::FellBack {
             req: RequestId(1),
-            cause: reservation::Error::BoundaryPastPrompt {
+            cause: FallbackCause::Refused(reservation::Error::BoundaryPastPrompt {
                 boundary_tokens: 20,
                 prompt_tokens: 16,
-            },
+            }),
         }
     );
     assert_eq!(host.fallbacks, vec![RequestId(1)]);
-    assert_eq!((pool.n_free(), ledger.n_tickets()), (16, 0));
+    // Only the cold admission that followed took pages (its 2); the ledger holds nothing.
+    let n_tickets = host.ledger().n_tickets();
+    assert_eq!(
+        (host.pool.n_free() + host.held.len() as u32, n_tickets),
+        (16, 0)
+    );
 }
 
 #[test]
 fn r5_free_slots_cap_admissions_and_tickets() {
-    let (mut admission, mut ledger, mut pool, mut host) = setup(64, 4);
+    let mut host = setup(64, 4);
     for id in 1..=6 {
-        admission.push(RequestId(id), 0).expect("new");
+        host.push(id);
         host.set(id, Candidate::Cold { need_pages: 1 });
     }
     let ctx = StepContext {
         running_requests: 1,
         ..StepContext::default()
     };
-    let step = admission.schedule_step(&mut ledger, &mut pool, &ctx, Timestamp::ZERO, &mut host);
+    let step = host.step(&ctx, Timestamp::ZERO);
     assert_eq!(admitted(&step.decisions), vec![1, 2, 3]);
     assert!(matches!(
         step.blocked.expect("blocked").reason,
         BlockReason::Pressure { free_slots: 0, .. }
     ));
     // A restore with no free slot is refused for pressure and leaves the pool untouched.
+    let n_free = host.pool.n_free();
+    assert_eq!(n_free, 64 - 3);
     host.set(4, restore(8, 16));
     let ctx = StepContext {
         running_requests: 4,
         ..StepContext::default()
     };
-    let step = admission.schedule_step(&mut ledger, &mut pool, &ctx, Timestamp::ZERO, &mut host);
+    let step = host.step(&ctx, Timestamp::ZERO);
     let reason = step.blocked.expect("blocked").reason;
     assert!(matches!(
         reason,
         BlockReason::RestorePressure(reservation::Error::Pressure { free_slots: 0, .. })
     ));
-    assert_eq!(pool.n_free(), 64);
+    assert_eq!(host.pool.n_free(), n_free);
 }
 
 #[test]
 fn w1_expired_restore_is_admitted_to_recompute_and_its_state_cleared() {
-    let (mut admission, mut ledger, mut pool, mut host) = setup(8, 8);
-    let hog = pool.allocate(6).expect("pages");
-    admission.push(RequestId(1), 0).expect("new");
+    let mut host = setup(8, 8);
+    let hog = host.pool.allocate(6).expect("pages");
+    host.push(1);
     host.set(1, restore(8, 16));
     let ctx = StepContext::default();
     let at = |secs| Timestamp(Duration::from_secs(secs));
-    let step = admission.schedule_step(&mut ledger, &mut pool, &ctx, at(10), &mut host);
+    let step = host.step(&ctx, at(10));
     assert!(matches!(
         step.blocked.expect("blocked").reason,
         BlockReason::RestorePressure(_)
     ));
-    assert!(ledger.is_waiter(RequestId(1)));
-    pool.free_all(&hog[..4]).expect("free");
-    let step = admission.schedule_step(&mut ledger, &mut pool, &ctx, at(70), &mut host);
-    let Decision::FellBack { cause, .. } = &step.decisions[0] else {
+    assert!(host.ledger().is_waiter(RequestId(1)));
+    host.pool.free_all(&hog[..4]).expect("free");
+    let step = host.step(&ctx, at(70));
+    let Decision::FellBack {
+        cause: FallbackCause::Refused(cause),
+        ..
+    } = &step.decisions[0]
+    else {
         panic!("expected expiry: {:?}", step.decisions);
     };
     assert_eq!(cause.kind(), ErrorKind::Expired);
@@ -307,48 +557,51 @@ fn w1_expired_restore_is_admitted_to_recompute_and_its_state_cleared() {
             need_pages: 2
         }
     );
-    assert!(!ledger.holds_anything(RequestId(1)));
+    assert!(!host.ledger().holds_anything(RequestId(1)));
 }
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 
     /// FCFS holds among requests that do not own capacity: across steps, a cold request is admitted only after
-    /// every cold request pushed before it; ready imports may pass; admitted requests leave the queue.
+    /// every cold request pushed before it; ready imports may pass; admitted requests leave the queues; the
+    /// host's admissions never take a page that is not there.
     #[test]
     fn prop_fcfs_order_holds_among_requests_without_capacity(
         needs in proptest::collection::vec((1u32..6, proptest::bool::weighted(0.2)), 1..40),
         frees in proptest::collection::vec(0u32..8, 1..20),
     ) {
-        let (mut admission, mut ledger, mut pool, mut host) = setup(16, 64);
-        let mut held = pool.allocate(12).expect("pages");
+        let mut host = setup(16, 64);
+        let mut hog = host.pool.allocate(12).expect("pages");
         for (id, &(need_pages, ready)) in needs.iter().enumerate() {
             let id = id as u64;
-            admission.push(RequestId(id), 0).expect("new");
+            host.push(id);
             if ready {
                 host.set(id, Candidate::RestoreReady);
-                admission.queue_mut().mark_ready(RequestId(id)).expect("queued");
+                host.mark_ready(id);
             } else {
                 host.set(id, Candidate::Cold { need_pages });
             }
         }
         let mut cold_admitted: Vec<u64> = Vec::new();
         for (step_idx, &n_free) in frees.iter().enumerate() {
-            let n_free = (n_free as usize).min(held.len());
-            let freed: Vec<_> = held.drain(..n_free).collect();
-            pool.free_all(&freed).expect("free");
+            let n_free = (n_free as usize).min(hog.len());
+            let freed: Vec<_> = hog.drain(..n_free).collect();
+            host.pool.free_all(&freed).expect("free");
             let now = Timestamp(Duration::from_secs(step_idx as u64));
-            let step = admission.schedule_step(&mut ledger, &mut pool, &StepContext::default(), now, &mut host);
+            let step = host.step(&StepContext::default(), now);
             for decision in &step.decisions {
-                if let Decision::AdmitCold { req, need_pages } = decision {
+                if let Decision::AdmitCold { req, .. } = decision {
                     cold_admitted.push(req.0);
-                    held.extend(pool.allocate(*need_pages).expect("admission checked the pages"));
                 }
                 if let Decision::AdmitCold { req, .. } | Decision::AdmitReady { req } = decision {
-                    prop_assert!(admission.queue().order_of(*req).is_none());
+                    prop_assert!(host.waiting.order_of(*req).is_none());
+                    prop_assert!(host.ready.order_of(*req).is_none());
                 }
             }
-            pool.check_invariants();
+            // Pages the host took are freed later like the rest, as an engine's requests finish.
+            hog.append(&mut host.held);
+            host.pool.check_invariants();
         }
         let cold_order: Vec<u64> = (0..needs.len() as u64).filter(|&id| !needs[id as usize].1).collect();
         prop_assert_eq!(&cold_admitted[..], &cold_order[..cold_admitted.len()]);

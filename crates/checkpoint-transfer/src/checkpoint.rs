@@ -8,7 +8,7 @@ use kv_pool::BlockKey;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Invalid, Mismatch};
-use crate::layout::LayoutDescriptor;
+use crate::layout::{GroupKind, LayoutDescriptor, groups_to_string};
 
 /// Longest checkpoint id accepted, in bytes (hex-encoded file names must stay under 255 bytes).
 pub const CHECKPOINT_ID_BYTES_MAX: usize = 100;
@@ -163,6 +163,85 @@ impl CheckpointMeta {
             && self.block_keys[..] == query.block_keys[..n_full]
             && tail_start + self.tail_tokens.len() == self.n_tokens
             && query.tokens.get(tail_start..self.n_tokens) == Some(&self.tail_tokens[..])
+    }
+
+    /// Whether its first `n_blocks` full blocks are a valid checkpoint at `n_blocks * tokens_per_page` on their
+    /// own. Always for the whole checkpoint (`n_tokens` is exactly `n_blocks` blocks). For a strict prefix only
+    /// when the layout is attention-only (`LayoutDescriptor::is_attention_only`) and every group holds the
+    /// keyed pages of its live window at that boundary: a full group blocks `[0, n_blocks)`, a sliding-window
+    /// group the blocks of its window plus retained tail, a chunked-local group those of the current chunk.
+    /// Never for `n_blocks == 0` or more blocks than it has. Costs one pass over its pages.
+    pub fn restores_block_prefix(&self, n_blocks: usize) -> bool {
+        let tokens_per_page = self.layout.tokens_per_page as usize;
+        if n_blocks == 0 || n_blocks > self.block_keys.len() || tokens_per_page == 0 {
+            return false;
+        }
+        let boundary = n_blocks * tokens_per_page;
+        if boundary == self.n_tokens {
+            return true;
+        }
+        self.layout
+            .groups
+            .iter()
+            .enumerate()
+            .all(|(group_idx, kind)| {
+                let live_start = match *kind {
+                    GroupKind::Full => 0,
+                    GroupKind::SlidingWindow {
+                        window,
+                        retained_tail,
+                    } => boundary.saturating_sub(window as usize + retained_tail as usize),
+                    GroupKind::ChunkedLocal { chunk } => {
+                        let chunk = (chunk as usize).max(1);
+                        boundary / chunk * chunk
+                    }
+                    GroupKind::Recurrent | GroupKind::Auxiliary => return false,
+                };
+                let first_needed = live_start / tokens_per_page;
+                let mut held = vec![false; n_blocks - first_needed];
+                for slot in &self.pages {
+                    if slot.group as usize == group_idx
+                        && let Some(key_idx) = slot.key_idx
+                        && let Some(needed) = (key_idx as usize)
+                            .checked_sub(first_needed)
+                            .and_then(|offset| held.get_mut(offset))
+                    {
+                        *needed = true;
+                    }
+                }
+                held.iter().all(|&is_held| is_held)
+            })
+    }
+
+    /// How many leading full blocks it shares with the query's request (block keys compared).
+    pub fn common_blocks(&self, query: &PrefixQuery<'_>) -> usize {
+        self.block_keys
+            .iter()
+            .zip(query.block_keys)
+            .take_while(|(ours, theirs)| ours == theirs)
+            .count()
+    }
+
+    /// G6 for a block prefix: `Ok` when its first `n_blocks` blocks may be restored for the query's request
+    /// into an engine with `engine` layout: the layout matches, those blocks are the request's first blocks
+    /// and they are a checkpoint of their own (`restores_block_prefix`); otherwise what differs.
+    pub fn check_block_prefix_restorable(
+        &self,
+        engine: &LayoutDescriptor,
+        query: &PrefixQuery<'_>,
+        n_blocks: usize,
+    ) -> Result<(), Mismatch> {
+        self.layout.check_matches(engine)?;
+        if n_blocks > query.block_keys.len()
+            || self.common_blocks(query) < n_blocks
+            || !self.restores_block_prefix(n_blocks)
+        {
+            return Err(Mismatch::BlockPrefix {
+                n_blocks,
+                groups: groups_to_string(&self.layout.groups),
+            });
+        }
+        Ok(())
     }
 
     /// G6: `Ok` when this checkpoint may be restored for the query's request into an engine with `engine`

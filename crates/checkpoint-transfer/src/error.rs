@@ -243,6 +243,17 @@ pub enum Mismatch {
         /// The checkpoint boundary.
         n_tokens: usize,
     },
+    /// The checkpoint's first blocks are not a checkpoint of their own (a recurrent or auxiliary group, or an
+    /// attention window whose pages it does not hold), or do not match the request's.
+    #[error(
+        "its first {n_blocks} blocks are not a restorable prefix of the request for groups {groups}"
+    )]
+    BlockPrefix {
+        /// Blocks asked for.
+        n_blocks: usize,
+        /// The checkpoint's groups.
+        groups: String,
+    },
     /// Written by another format version.
     #[error("manifest format version {found}, this build reads {expected}")]
     FormatVersion {

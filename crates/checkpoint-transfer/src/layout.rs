@@ -68,6 +68,20 @@ impl LayoutDescriptor {
         }
     }
 
+    /// Whether every group keeps per-token attention state in pages (full, sliding window, chunked local):
+    /// then the first `k` full blocks of a longer checkpoint are a checkpoint at `k * tokens_per_page` of their
+    /// own (`CheckpointMeta::restores_block_prefix`), as LMCache matches chunks. A recurrent group's state and
+    /// an auxiliary group's pages (draft, hidden state) are valid only at exactly the boundary they were taken
+    /// at, so a layout with one must restore whole checkpoints (`CheckpointStore::find_longest`).
+    pub fn is_attention_only(&self) -> bool {
+        self.groups.iter().all(|kind| {
+            matches!(
+                kind,
+                GroupKind::Full | GroupKind::SlidingWindow { .. } | GroupKind::ChunkedLocal { .. }
+            )
+        })
+    }
+
     /// `Ok` when a checkpoint written for `self` can be restored into an engine with layout `engine`;
     /// otherwise the first difference, in the order ranks, groups, page width, tokens per page.
     pub fn check_matches(&self, engine: &LayoutDescriptor) -> Result<(), Mismatch> {
@@ -99,7 +113,7 @@ impl LayoutDescriptor {
     }
 }
 
-fn groups_to_string(groups: &[GroupKind]) -> String {
+pub(crate) fn groups_to_string(groups: &[GroupKind]) -> String {
     let names: Vec<String> = groups.iter().map(ToString::to_string).collect();
     format!("[{}]", names.join(", "))
 }

@@ -1,7 +1,20 @@
-//! `Catalog`: the in-memory index both store tiers share: entries by id, lookup by the last block key of
-//! the token prefix, recency order for LRU eviction, and byte accounting against the capacity.
+//! `Catalog`: the in-memory index both store tiers share: entries by id, whole-checkpoint lookup by the last
+//! block key of the token prefix, block-prefix lookup by any block key, recency order for LRU eviction, and
+//! byte accounting against the capacity.
+//!
+//! Block-key index (`find_longest_prefix`): for every block key of every stored checkpoint, the serials of
+//! the checkpoints holding it, in insertion order. Block keys are chained (a key hashes its parent key), so
+//! the longest query key found in the index names a checkpoint sharing every block up to it; a lookup finds
+//! that key by bisection over the query's keys and verifies the candidate's keys, never scanning the stored
+//! checkpoints. Every insert and remove (put, supersede, eviction, a rejected disk
+//! checkpoint) goes through `insert` / `remove`, which keep it in step. Memory: 8 bytes (one `u64` serial)
+//! per full block of every stored checkpoint, plus per distinct block key one hash-map slot (32-byte key and a
+//! 32-byte `VecDeque` header, about 64 bytes with the table's overhead), plus one serial-to-id entry per
+//! checkpoint. Checkpoints of one conversation share their leading keys, so a store of 10,000 checkpoints of
+//! 256 blocks on average costs about 20 MiB of serials plus 64 bytes per distinct block.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 
 use kv_pool::BlockKey;
@@ -15,6 +28,9 @@ struct Entry {
     meta: Arc<CheckpointMeta>,
     n_bytes: u64,
     tick: u64,
+    /// Names the entry in `by_block_key`; unique for the catalog's lifetime (a superseding generation gets a
+    /// new one).
+    serial: u64,
 }
 
 /// Index of stored checkpoints.
@@ -22,6 +38,12 @@ struct Entry {
 pub(crate) struct Catalog {
     entries: HashMap<CheckpointId, Entry>,
     by_last_key: HashMap<Option<BlockKey>, Vec<CheckpointId>>,
+    /// Per block key, the serials of the entries holding it, ascending (serials only grow, so an insert
+    /// appends and the newest holder is last; an eviction removes the least recently used, usually among the
+    /// oldest, near the front, where a `VecDeque` removes without moving the rest).
+    by_block_key: HashMap<BlockKey, VecDeque<u64>, KeyHashBuilder>,
+    by_serial: HashMap<u64, CheckpointId>,
+    next_serial: u64,
     recency: BTreeMap<u64, CheckpointId>,
     tick: u64,
     n_bytes: u64,
@@ -34,6 +56,9 @@ impl Catalog {
         Self {
             entries: HashMap::new(),
             by_last_key: HashMap::new(),
+            by_block_key: HashMap::with_hasher(KeyHashBuilder::new()),
+            by_serial: HashMap::new(),
+            next_serial: 0,
             recency: BTreeMap::new(),
             tick: 0,
             n_bytes: 0,
@@ -80,6 +105,49 @@ impl Catalog {
             if let Some(meta) = best {
                 self.touch(&meta.id);
                 return Some(meta);
+            }
+        }
+        None
+    }
+
+    /// The entry sharing the longest run of leading full blocks with the query whose first blocks are a
+    /// checkpoint of their own (`CheckpointMeta::restores_block_prefix`), with that run's length; among the
+    /// holders of the same run the newest inserted. Refreshes its recency.
+    ///
+    /// Keys are chained, so whenever the index holds the query's key `i` it holds every key before it: the
+    /// longest held key is found by bisection (`log2(query blocks)` hash probes). From there it walks down
+    /// only while no holder qualifies (a sliding window whose pages a checkpoint does not hold); each
+    /// candidate costs a comparison of its first blocks and a pass over its pages.
+    pub(crate) fn find_longest_prefix(
+        &mut self,
+        query: &PrefixQuery<'_>,
+    ) -> Option<(Arc<CheckpointMeta>, u32)> {
+        let (mut held, mut not_held) = (0, query.block_keys.len() + 1);
+        while not_held - held > 1 {
+            let mid = held + (not_held - held) / 2;
+            if self.by_block_key.contains_key(&query.block_keys[mid - 1]) {
+                held = mid;
+            } else {
+                not_held = mid;
+            }
+        }
+        for n_blocks in (1..=held).rev() {
+            let Some(serials) = self.by_block_key.get(&query.block_keys[n_blocks - 1]) else {
+                continue;
+            };
+            let found = serials
+                .iter()
+                .rev()
+                .filter_map(|serial| self.by_serial.get(serial))
+                .filter_map(|id| self.entries.get(id))
+                .find(|entry| {
+                    entry.meta.common_blocks(query) >= n_blocks
+                        && entry.meta.restores_block_prefix(n_blocks)
+                })
+                .map(|entry| Arc::clone(&entry.meta));
+            if let Some(meta) = found {
+                self.touch(&meta.id);
+                return Some((meta, n_blocks as u32));
             }
         }
         None
@@ -133,6 +201,12 @@ impl Catalog {
             .entry(meta.block_keys.last().copied())
             .or_default()
             .push(id.clone());
+        let serial = self.next_serial;
+        self.next_serial += 1;
+        for key in &meta.block_keys {
+            self.by_block_key.entry(*key).or_default().push_back(serial);
+        }
+        self.by_serial.insert(serial, id.clone());
         self.recency.insert(self.tick, id.clone());
         self.n_bytes += n_bytes;
         self.entries.insert(
@@ -141,6 +215,7 @@ impl Catalog {
                 meta,
                 n_bytes,
                 tick: self.tick,
+                serial,
             },
         );
     }
@@ -157,6 +232,103 @@ impl Catalog {
                 self.by_last_key.remove(&last_key);
             }
         }
+        self.by_serial.remove(&entry.serial);
+        for key in &entry.meta.block_keys {
+            if let Some(serials) = self.by_block_key.get_mut(key) {
+                if let Ok(pos) = serials.binary_search(&entry.serial) {
+                    let _removed = serials.remove(pos);
+                }
+                if serials.is_empty() {
+                    self.by_block_key.remove(key);
+                }
+            }
+        }
         Some(entry.meta)
+    }
+
+    /// Asserts that the block-key index holds exactly the block keys of the stored entries.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        let mut expected: HashMap<BlockKey, VecDeque<u64>> = HashMap::new();
+        let mut by_serial: Vec<(u64, &Entry)> = self
+            .entries
+            .values()
+            .map(|entry| (entry.serial, entry))
+            .collect();
+        by_serial.sort_by_key(|(serial, _)| *serial);
+        for (serial, entry) in by_serial {
+            assert_eq!(self.by_serial.get(&serial), Some(&entry.meta.id));
+            for key in &entry.meta.block_keys {
+                expected.entry(*key).or_default().push_back(serial);
+            }
+        }
+        assert_eq!(self.by_serial.len(), self.entries.len(), "stale serials");
+        assert_eq!(
+            self.by_block_key.len(),
+            expected.len(),
+            "block-key index out of step"
+        );
+        for (key, serials) in &expected {
+            assert_eq!(
+                self.by_block_key.get(key),
+                Some(serials),
+                "block-key index out of step"
+            );
+        }
+        assert_eq!(self.recency.len(), self.entries.len());
+        let bytes: u64 = self.entries.values().map(|entry| entry.n_bytes).sum();
+        assert_eq!(self.n_bytes, bytes);
+    }
+}
+
+/// Hashes block keys for the block-key index. A key is already a BLAKE3 output, so one folded multiply of
+/// its first eight bytes with a per-catalog random seed spreads it over the table (SipHash over 32 bytes
+/// per block dominated a replay's time); the unknown seed keeps crafted keys from choosing their bucket.
+#[derive(Clone, Debug)]
+struct KeyHashBuilder {
+    seed: u64,
+}
+
+impl KeyHashBuilder {
+    fn new() -> Self {
+        Self {
+            seed: RandomState::new().hash_one(0x6b76_6761_7465_u64) | 1,
+        }
+    }
+}
+
+impl BuildHasher for KeyHashBuilder {
+    type Hasher = KeyHasher;
+
+    fn build_hasher(&self) -> KeyHasher {
+        KeyHasher {
+            seed: self.seed,
+            state: 0,
+        }
+    }
+}
+
+struct KeyHasher {
+    seed: u64,
+    state: u64,
+}
+
+impl Hasher for KeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8).take(1) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            let mixed = u128::from(u64::from_le_bytes(word) ^ self.state ^ self.seed)
+                * u128::from(0x9e37_79b9_7f4a_7c15_u64);
+            self.state = (mixed as u64) ^ ((mixed >> 64) as u64);
+        }
+    }
+
+    fn write_usize(&mut self, _len: usize) {
+        // The length prefix of a key's bytes: always 32.
+    }
+
+    fn finish(&self) -> u64 {
+        self.state
     }
 }

@@ -73,6 +73,12 @@ impl DiskStore {
         Ok(store)
     }
 
+    /// Asserts the catalog's indexes agree with its entries.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        self.catalog.check_invariants();
+    }
+
     /// The store's directory.
     pub fn dir(&self) -> &Path {
         &self.dir
@@ -297,6 +303,13 @@ impl DiskStore {
 impl CheckpointStore for DiskStore {
     fn find_longest(&mut self, query: &PrefixQuery<'_>) -> Option<Arc<CheckpointMeta>> {
         self.catalog.find_longest(query)
+    }
+
+    fn find_longest_prefix(
+        &mut self,
+        query: &PrefixQuery<'_>,
+    ) -> Option<(Arc<CheckpointMeta>, u32)> {
+        self.catalog.find_longest_prefix(query)
     }
 
     fn put(&mut self, checkpoint: Checkpoint) -> Result<PutOutcome> {

@@ -24,11 +24,25 @@ impl HostStore {
             payloads: HashMap::new(),
         }
     }
+
+    /// Asserts the catalog's indexes agree with its entries and every entry has its payload.
+    #[cfg(test)]
+    pub(crate) fn check_invariants(&self) {
+        self.catalog.check_invariants();
+        assert_eq!(self.payloads.len(), self.catalog.stats().n_checkpoints);
+    }
 }
 
 impl CheckpointStore for HostStore {
     fn find_longest(&mut self, query: &PrefixQuery<'_>) -> Option<Arc<CheckpointMeta>> {
         self.catalog.find_longest(query)
+    }
+
+    fn find_longest_prefix(
+        &mut self,
+        query: &PrefixQuery<'_>,
+    ) -> Option<(Arc<CheckpointMeta>, u32)> {
+        self.catalog.find_longest_prefix(query)
     }
 
     fn put(&mut self, checkpoint: Checkpoint) -> Result<PutOutcome> {

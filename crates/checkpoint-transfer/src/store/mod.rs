@@ -20,6 +20,18 @@ pub trait CheckpointStore: Send + std::fmt::Debug {
     /// generation), refreshing its recency. `None` when nothing matches.
     fn find_longest(&mut self, query: &PrefixQuery<'_>) -> Option<Arc<CheckpointMeta>>;
 
+    /// The stored checkpoint sharing the longest run of leading full blocks with the query's request, and the
+    /// length of that run in blocks, when those blocks are a checkpoint of their own
+    /// (`CheckpointMeta::restores_block_prefix`: always for a whole checkpoint ending on a block boundary, for a
+    /// strict prefix only with an attention-only layout). Only full blocks count: a partial tail is never
+    /// matched. Ties: the newest stored. Refreshes its recency. `None` when no block matches. Served from a
+    /// block-key index, not a scan of the stored checkpoints. Layouts with a recurrent or auxiliary group
+    /// restore whole checkpoints with `find_longest`.
+    fn find_longest_prefix(
+        &mut self,
+        query: &PrefixQuery<'_>,
+    ) -> Option<(Arc<CheckpointMeta>, u32)>;
+
     /// Stores (captures) a checkpoint. A newer generation of a stored id supersedes it; an older or equal
     /// one is refused (`Error::StaleGeneration`). Least recently used checkpoints are evicted to make room.
     fn put(&mut self, checkpoint: Checkpoint) -> Result<PutOutcome>;

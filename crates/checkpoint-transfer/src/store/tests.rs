@@ -1,5 +1,5 @@
 //! Store tiers: prefix lookup, recency, capacity, generations; the disk store's crash safety and G6
-//! rejection of truncated, corrupted and foreign files.
+//! rejection of truncated, corrupted and foreign files. Block-prefix lookup in `prefix`.
 
 use std::sync::Arc;
 
@@ -11,6 +11,8 @@ use crate::checkpoint::{
 use crate::error::{Error, Mismatch};
 use crate::layout::{GroupKind, LayoutDescriptor};
 use crate::store::{CheckpointStore, DiskStore, HostStore, MANIFEST_FORMAT_VERSION};
+
+mod prefix;
 
 const BYTES_PER_PAGE: u64 = 64;
 const TOKENS_PER_PAGE: u32 = 4;

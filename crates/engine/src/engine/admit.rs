@@ -1,16 +1,19 @@
-//! Admission of waiting requests: the ordinary queue walked in FCFS (or priority) order until its head cannot
-//! be allocated (Q1: nothing passes a blocked head), then the ready imports, which already own their capacity
-//! and pass it (Q1), with the logits-only entry for a fully restored prompt with saved logits (Q4). Under
-//! `ordinary`, a restore is attempted here, at once or not at all (G1).
+//! Admission of waiting requests through the admission crate: `admission::schedule_step` walks the waiting
+//! queue and the ready-import list in FCFS (or priority) order, stops at a blocked head and lets only ready
+//! imports pass it (Q1, Q8). This module is its host: it says what each request needs (its first chunk under
+//! the token budget; a new store lookup when the local prefix found at its lookup was evicted since; under
+//! `ordinary`, its restore at once, G1) and carries out each admission as the walk takes it: cold requests,
+//! ready imports (with the logits-only entry of a fully restored prompt with saved logits, Q4) and restores at
+//! once.
 
-use checkpoint_transfer::{CheckpointId, StageRequest};
+use admission::{AdmissionHost, Admit, Candidate, Decision, FallbackCause, HostState, StepContext};
 use kv_pool::PageId;
 use reservation::RequestId;
 
 use super::req::{Loading, Phase, Restore};
 use super::step::{Plan, Work};
 use super::{Engine, StepReport};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::metrics::FallbackReason;
 use crate::policy::Policy;
@@ -18,25 +21,172 @@ use crate::policy::Policy;
 impl<E: Executor> Engine<E> {
     /// Admits waiting requests for this step.
     pub(crate) fn admit(&mut self, plan: &mut Plan, report: &mut StepReport) -> Result<()> {
-        while let Some((&order, &id)) = self.waiting.first_key_value() {
-            report.examined += 1;
-            if self.free_slots() == 0
-                || plan.budget == 0
-                || !self.try_admit_waiting(id, plan, report)?
-            {
-                break; // the blocked head: FCFS stops here (Q1)
+        let ctx = StepContext {
+            running_requests: self.running.len() as u32,
+            max_running_slots: self.params.max_running,
+            // Cold admissions count the pages free now, as vLLM's scheduler does: an in-flight prefill takes
+            // its pages chunk by chunk. A restore's preflight counts those needs (the coordinator, R2).
+            unticketed_prefill_pages: 0,
+            watermark_pages: self.params.watermark_pages,
+            other_work_scheduled: !plan.entries.is_empty() || !self.running.is_empty(),
+            max_admissions: u32::MAX,
+        };
+        let now = self.now;
+        let mut host = StepHost {
+            engine: self,
+            plan,
+            report,
+        };
+        let step = admission::schedule_step(&ctx, now, &mut host)?;
+        report.examined += step.examined;
+        report.restore_polls += step.restore_polls;
+        for decision in step.decisions {
+            if let Decision::Rejected { req, .. } = decision {
+                // `submit` refuses requests longer than the pool, so a first chunk always fits it.
+                debug_assert!(false, "{req} can never fit the pool");
+                self.cancel(req)?;
             }
-            debug_assert!(
-                !self.waiting.contains_key(&order),
-                "admitted request left in the queue"
-            );
-        }
-        let ready: Vec<RequestId> = self.ready.values().copied().collect();
-        for id in ready {
-            report.examined += 1;
-            self.admit_ready(id, plan, report)?;
         }
         Ok(())
+    }
+}
+
+/// The engine as the admission step's host, with the step being planned.
+struct StepHost<'a, E: Executor> {
+    engine: &'a mut Engine<E>,
+    plan: &'a mut Plan,
+    report: &'a mut StepReport,
+}
+
+impl<E: Executor> AdmissionHost for StepHost<'_, E> {
+    type Error = Error;
+
+    fn state(&mut self) -> HostState<'_> {
+        let engine = &mut *self.engine;
+        HostState {
+            waiting: &mut engine.waiting,
+            ready: &mut engine.ready,
+            ledger: engine.ledger.as_mut(),
+            pool: &mut engine.pool,
+        }
+    }
+
+    fn examine(&mut self, id: RequestId, free_slots: u32) -> Result<Candidate> {
+        Ok(self.engine.examine(id, free_slots, self.plan))
+    }
+
+    fn admit(&mut self, admit: Admit) -> Result<bool> {
+        match admit {
+            Admit::Cold { req, need_pages } => {
+                self.engine
+                    .admit_cold(req, need_pages, self.plan, self.report)?;
+                Ok(true)
+            }
+            Admit::Ready { req } => self.engine.admit_ready(req, self.plan, self.report),
+            Admit::RestoreAtOnce { req, .. } => self.engine.restore_at_once(req, self.report),
+        }
+    }
+
+    fn fall_back(&mut self, id: RequestId, cause: &FallbackCause) -> Result<u32> {
+        // The engine asks for no ticket here (the coordinator reserves), so only a restore at once falls back.
+        debug_assert!(
+            matches!(cause, FallbackCause::NotAtOnce { .. }),
+            "{id}: {cause:?}"
+        );
+        let req = self.engine.reqs.get_mut(&id).expect("live");
+        req.fall_back(FallbackReason::NoPagesAtOnce);
+        req.restore = Restore::Idle;
+        self.report
+            .fallbacks
+            .push((id, FallbackReason::NoPagesAtOnce));
+        Ok(self.engine.cold_start(id, self.plan.budget).need_pages)
+    }
+}
+
+/// Where a cold request starts: its local prefix hits, its first chunk, and the pages it needs now.
+struct ColdStart {
+    hits: Vec<PageId>,
+    /// First token to compute.
+    start: u32,
+    /// Tokens of the first chunk.
+    chunk: u32,
+    /// Pages to allocate.
+    new_pages: u32,
+    /// `new_pages` plus the hits that are free now (cached): touching them takes them out of the free count.
+    need_pages: u32,
+}
+
+impl<E: Executor> Engine<E> {
+    /// What waiting `id` needs now. With a free slot, a request whose local prefix (found at its lookup) was
+    /// evicted since asks the store again, as an engine re-queries its connector whenever it considers a
+    /// request; under `ordinary` an answered restore is tried at once (G1).
+    fn examine(&mut self, id: RequestId, free_slots: u32, plan: &Plan) -> Candidate {
+        if self.reqs[&id].phase == Phase::Ready {
+            return Candidate::RestoreReady;
+        }
+        if plan.budget == 0 {
+            return Candidate::OutOfBudget;
+        }
+        let tpp = self.params.geometry.tokens_per_page();
+        let cold = self.cold_start(id, plan.budget);
+        let req = &self.reqs[&id];
+        if free_slots > 0
+            && self.params.policy != Policy::Ordinary
+            && matches!(req.restore, Restore::Idle)
+            && req.metrics.fallback.is_none()
+            && req.lookups < checkpoint_transfer::RESTORE_LOOKUPS_MAX
+            && req.published_unowned.is_empty()
+            && (cold.hits.len() as u32) < req.expected_local_blocks
+        {
+            self.reqs.get_mut(&id).expect("live").expected_local_blocks = 0;
+            self.on_arrival(id);
+            if self.reqs[&id].phase != Phase::Waiting {
+                return Candidate::Withdrawn;
+            }
+            // Back at its place as a complete local hit: it is considered as it is now.
+            return Candidate::Cold {
+                need_pages: cold.need_pages,
+            };
+        }
+        if self.params.policy == Policy::Ordinary
+            && let Restore::Answered { blocks, .. } = req.restore
+        {
+            let n_hits = cold.hits.len() as u32;
+            if blocks > n_hits {
+                let start = blocks * tpp;
+                let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
+                let import_pages = blocks - n_hits;
+                let chunk_pages = (start + chunk).div_ceil(tpp) - blocks;
+                return Candidate::RestoreAtOnce {
+                    need_pages: import_pages + chunk_pages + self.cached_free(&cold.hits),
+                };
+            }
+            self.reqs.get_mut(&id).expect("live").restore = Restore::Idle;
+        }
+        Candidate::Cold {
+            need_pages: cold.need_pages,
+        }
+    }
+
+    /// Where `id` starts as a cold request with `budget` tokens left in the step.
+    fn cold_start(&self, id: RequestId, budget: u32) -> ColdStart {
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = &self.reqs[&id];
+        let max_blocks = ((req.tokens.len() as u32 - 1) / tpp) as usize;
+        let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
+        let start = hits.len() as u32 * tpp;
+        let chunk = (req.tokens.len() as u32 - start)
+            .min(self.params.chunk_tokens)
+            .min(budget);
+        let new_pages = (start + chunk).div_ceil(tpp) - hits.len() as u32;
+        let need_pages = new_pages + self.cached_free(&hits);
+        ColdStart {
+            hits,
+            start,
+            chunk,
+            new_pages,
+            need_pages,
+        }
     }
 
     /// Pages in `hits` that are free now (cached): touching them takes them out of the free count.
@@ -46,65 +196,27 @@ impl<E: Executor> Engine<E> {
             .count() as u32
     }
 
-    /// Pages a new admission may take: unprotected free pages minus the watermark while other work is
-    /// scheduled (R2).
-    fn admission_available(&self, plan: &Plan) -> u32 {
-        let busy = !plan.entries.is_empty() || !self.running.is_empty();
-        let watermark = if busy { self.params.watermark_pages } else { 0 };
-        self.unprotected_free().saturating_sub(watermark)
-    }
-
-    /// Tries to admit the queue head `id`; `false` when it cannot be allocated (it stays at the head).
-    fn try_admit_waiting(
+    /// Admits waiting `id` as a cold request (its pages fit): takes its prefix hits, allocates its first
+    /// chunk's pages and schedules the chunk.
+    fn admit_cold(
         &mut self,
         id: RequestId,
+        need_pages: u32,
         plan: &mut Plan,
         report: &mut StepReport,
-    ) -> Result<bool> {
+    ) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
-        let req = &self.reqs[&id];
-        let max_blocks = ((req.tokens.len() as u32 - 1) / tpp) as usize;
-        let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
-        if self.params.policy != Policy::Ordinary
-            && matches!(req.restore, Restore::Idle)
-            && req.metrics.fallback.is_none()
-            && req.lookups < checkpoint_transfer::RESTORE_LOOKUPS_MAX
-            && req.published_unowned.is_empty()
-            && (hits.len() as u32) < req.expected_local_blocks
-        {
-            // The prefix found resident at the lookup was evicted since: ask the store again, as an engine
-            // re-queries its connector whenever it considers a request.
-            self.reqs.get_mut(&id).expect("live").expected_local_blocks = 0;
-            self.on_arrival(id);
-            return Ok(true);
-        }
-        if self.params.policy == Policy::Ordinary
-            && let Restore::Answered {
-                checkpoint, blocks, ..
-            } = &req.restore
-        {
-            let (checkpoint_id, blocks) = (checkpoint.id.clone(), *blocks);
-            if blocks as usize > hits.len() {
-                if self.try_restore_at_once(id, &checkpoint_id, blocks, &hits, plan)? {
-                    self.waiting.remove(&self.reqs[&id].order);
-                    report.admitted.push(id);
-                    return Ok(true);
-                }
-                let req = self.reqs.get_mut(&id).expect("live");
-                req.fall_back(FallbackReason::NoPagesAtOnce);
-                report.fallbacks.push((id, FallbackReason::NoPagesAtOnce));
-            }
-            self.reqs.get_mut(&id).expect("live").restore = Restore::Idle;
-        }
-        let req = &self.reqs[&id];
-        let start = hits.len() as u32 * tpp;
-        let chunk = (req.tokens.len() as u32 - start)
-            .min(self.params.chunk_tokens)
-            .min(plan.budget);
-        let new_pages = (start + chunk).div_ceil(tpp) - hits.len() as u32;
-        if new_pages + self.cached_free(&hits) > self.admission_available(plan) {
-            return Ok(false);
-        }
+        let ColdStart {
+            hits,
+            start,
+            chunk,
+            new_pages,
+            need_pages: needed,
+        } = self.cold_start(id, plan.budget);
+        debug_assert_eq!(
+            needed, need_pages,
+            "{id}'s need changed since it was examined"
+        );
         for &page in &hits {
             self.pool.touch(page)?;
         }
@@ -133,8 +245,6 @@ impl<E: Executor> Engine<E> {
         req.n_computed = start;
         req.n_registered = start / tpp;
         req.phase = Phase::Running;
-        let order = req.order;
-        self.waiting.remove(&order);
         self.running.push(id);
         report.admitted.push(id);
         plan.entries.push((
@@ -145,34 +255,31 @@ impl<E: Executor> Engine<E> {
             },
         ));
         plan.budget -= chunk;
-        Ok(true)
+        Ok(())
     }
 
-    /// `ordinary`: restores the checkpoint's missing blocks only if their pages and the first chunk's fit
-    /// now; the request is admitted with its slot and computes once the copy lands.
-    fn try_restore_at_once(
-        &mut self,
-        id: RequestId,
-        checkpoint_id: &CheckpointId,
-        blocks: u32,
-        hits: &[PageId],
-        plan: &Plan,
-    ) -> Result<bool> {
+    /// `ordinary`: restores the checkpoint's missing blocks with the first chunk's pages (they fit); the
+    /// request is admitted with its slot and computes once the copy lands. `false` (nothing changed) when no
+    /// copy slot is free or the checkpoint is gone from the store.
+    fn restore_at_once(&mut self, id: RequestId, report: &mut StepReport) -> Result<bool> {
         let tpp = self.params.geometry.tokens_per_page();
-        let req = &self.reqs[&id];
-        let start = blocks * tpp;
-        let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
-        let import_pages = blocks - hits.len() as u32;
-        let need = import_pages + (start + chunk).div_ceil(tpp) - blocks + self.cached_free(hits);
-        if need > self.admission_available(plan)
-            || self.index.n_staged() >= self.params.copy_task_limit as usize
-        {
+        let Restore::Answered {
+            checkpoint, blocks, ..
+        } = self.reqs[&id].restore.clone()
+        else {
+            unreachable!("a restore at once has an answered lookup")
+        };
+        if self.index.n_staged() >= self.params.copy_task_limit as usize {
             return Ok(false);
         }
-        let Ok(stored) = self.store.get(checkpoint_id) else {
+        let Ok(stored) = self.store.get(&checkpoint.id) else {
             return Ok(false);
         };
-        for &page in hits {
+        let req = &self.reqs[&id];
+        let max_blocks = ((req.tokens.len() as u32 - 1) / tpp) as usize;
+        let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
+        debug_assert!(blocks as usize > hits.len());
+        for &page in &hits {
             self.pool.touch(page)?;
         }
         // The index allocates the destination pages and holds them until publication; the request takes its
@@ -183,26 +290,27 @@ impl<E: Executor> Engine<E> {
             &mut self.pool,
             &mut self.copies,
             self.now,
-            StageRequest {
+            checkpoint_transfer::StageRequest {
                 request: id,
                 request_tokens: req.tokens.len(),
                 checkpoint: &part,
-                dependency_pages: hits,
+                dependency_pages: &hits,
             },
         )?;
         let dest_pages = self.index.pages(id).expect("just staged").to_vec();
         for &page in &dest_pages {
             self.pool.touch(page)?;
         }
+        let import_pages = blocks - first_block;
         let req = self.reqs.get_mut(&id).expect("live");
         req.admitted_once = true;
-        req.metrics.prompt_tokens_local_hit = hits.len() as u32 * tpp;
+        req.metrics.prompt_tokens_local_hit = first_block * tpp;
         req.metrics.prompt_tokens_restored = import_pages * tpp;
         req.metrics.restored = true;
-        req.pages = hits.to_vec();
+        req.pages = hits;
         req.pages.extend(dest_pages);
-        req.n_computed = start;
-        req.n_registered = hits.len() as u32;
+        req.n_computed = blocks * tpp;
+        req.n_registered = first_block;
         req.loading = Some(Loading {
             import,
             first_block,
@@ -210,17 +318,19 @@ impl<E: Executor> Engine<E> {
         req.phase = Phase::Running;
         req.restore = Restore::Idle;
         self.running.push(id);
+        report.admitted.push(id);
         Ok(true)
     }
 
     /// Admits a ready import (it owns its slot, pages and credits): acquires its pages through the prefix-hit
-    /// path (O4), then schedules its first chunk from its credits, or its logits-only entry (Q4).
+    /// path (O4), then schedules its first chunk from its credits, or its logits-only entry (Q4). `false` when
+    /// its pages were lost despite ownership: it is back in the waiting queue for an ordinary lookup.
     fn admit_ready(
         &mut self,
         id: RequestId,
         plan: &mut Plan,
         report: &mut StepReport,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let tpp = self.params.geometry.tokens_per_page();
         let Restore::Importing { blocks, .. } = self.reqs[&id].restore.clone() else {
             unreachable!("a ready request has a published import")
@@ -235,7 +345,7 @@ impl<E: Executor> Engine<E> {
                 self.drop_restore(id)?;
                 self.enqueue_waiting(id, Some(FallbackReason::Invalid));
                 report.fallbacks.push((id, FallbackReason::Invalid));
-                return Ok(());
+                return Ok(false);
             }
             Err(error) => return Err(error.into()),
         };
@@ -258,14 +368,12 @@ impl<E: Executor> Engine<E> {
         req.n_computed = blocks * tpp;
         req.n_registered = blocks;
         req.phase = Phase::Running;
-        let order = req.order;
         let full_prompt = req.n_computed == req.tokens.len() as u32;
-        self.ready.remove(&order);
         self.running.push(id);
         report.admitted.push(id);
         if full_prompt {
             plan.entries.push((id, Work::LogitsOnly));
-            return Ok(());
+            return Ok(true);
         }
         let req = &self.reqs[&id];
         let chunk = req
@@ -283,6 +391,6 @@ impl<E: Executor> Engine<E> {
             ));
             plan.budget -= chunk;
         }
-        Ok(())
+        Ok(true)
     }
 }

@@ -72,8 +72,16 @@ impl<E: Executor> Engine<E> {
         self.restoring.insert(req.order, id);
     }
 
-    /// The store's answer: the longest checkpoint (shorter than `limit_tokens`) that is a prefix of `id`.
-    fn find_checkpoint(&mut self, id: RequestId, limit_tokens: u32) -> Option<Arc<CheckpointMeta>> {
+    /// The store's answer: a checkpoint and how many of its leading blocks restore `id` (fewer than
+    /// `limit_tokens` tokens). With an attention-only layout the checkpoint sharing the most leading blocks
+    /// with `id`, even when it is longer than the match (its first blocks are a checkpoint of their own);
+    /// otherwise (a recurrent or auxiliary group is valid only at its exact boundary) the longest whole
+    /// checkpoint that is a prefix of `id`.
+    fn find_checkpoint(
+        &mut self,
+        id: RequestId,
+        limit_tokens: u32,
+    ) -> Option<(Arc<CheckpointMeta>, u32)> {
         let tpp = self.params.geometry.tokens_per_page();
         let req = &self.reqs[&id];
         let limit_blocks =
@@ -82,13 +90,22 @@ impl<E: Executor> Engine<E> {
             block_keys: &req.keys[..limit_blocks],
             tokens: &req.tokens[..limit_blocks * tpp as usize],
         };
-        let meta = self.store.find_longest(&query)?;
-        if let Err(mismatch) = meta.check_restorable(&self.layout, &query) {
+        let (meta, blocks, checked) = if self.layout.is_attention_only() {
+            let (meta, blocks) = self.store.find_longest_prefix(&query)?;
+            let checked = meta.check_block_prefix_restorable(&self.layout, &query, blocks as usize);
+            (meta, blocks, checked)
+        } else {
+            let meta = self.store.find_longest(&query)?;
+            let checked = meta.check_restorable(&self.layout, &query);
+            let blocks = meta.block_keys.len() as u32;
+            (meta, blocks, checked)
+        };
+        if let Err(mismatch) = checked {
             // G6: never restored; the request recomputes and the log says why.
             tracing::warn!(request = %id, checkpoint = %meta.id, %mismatch, "checkpoint does not match: recomputing");
             return None;
         }
-        Some(meta)
+        Some((meta, blocks))
     }
 
     /// Polls every pending restore once (Q8).
@@ -123,8 +140,8 @@ impl<E: Executor> Engine<E> {
                                 self.fall_back(id, FallbackReason::NotInStore, report);
                                 continue;
                             }
-                            Some(fresh) => {
-                                let blocks = blocks.min(fresh.block_keys.len() as u32);
+                            Some((fresh, fresh_blocks)) => {
+                                let blocks = blocks.min(fresh_blocks);
                                 let checkpoint = if fresh.generation > checkpoint.generation {
                                     fresh
                                 } else {
@@ -153,7 +170,7 @@ impl<E: Executor> Engine<E> {
         limit_tokens: u32,
         report: &mut StepReport,
     ) -> Result<()> {
-        let Some(checkpoint) = self.find_checkpoint(id, limit_tokens) else {
+        let Some((checkpoint, matched_blocks)) = self.find_checkpoint(id, limit_tokens) else {
             // After a failed copy the retry found nothing shorter: the copy failure is why it recomputes.
             let reason = if self.reqs[&id].copy_failed {
                 FallbackReason::CopyFailed
@@ -163,7 +180,7 @@ impl<E: Executor> Engine<E> {
             self.fall_back(id, reason, report);
             return Ok(());
         };
-        let blocks = (checkpoint.block_keys.len() as u32).min(self.restorable_blocks(id));
+        let blocks = matched_blocks.min(self.restorable_blocks(id));
         let req = &self.reqs[&id];
         let local = self.pool.longest_prefix(&req.keys[..blocks as usize]).len() as u32;
         if blocks <= local {

@@ -19,6 +19,7 @@ use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
+use admission::WaitingQueue;
 use checkpoint_transfer::{
     CheckpointStore, CopyModel, Fault, HostStore, InlineCopyEngine, LayoutDescriptor,
     ResidentIndex, StoreStats,
@@ -113,9 +114,11 @@ pub struct Engine<E: Executor = SimExecutor> {
     index: ResidentIndex,
     reqs: HashMap<RequestId, Req>,
     arriving: BTreeMap<(Timestamp, u64), RequestId>,
-    waiting: BTreeMap<AdmissionOrder, RequestId>,
+    /// Requests waiting for ordinary admission, at their place (pending restores are in `restoring`).
+    waiting: WaitingQueue,
     restoring: BTreeMap<AdmissionOrder, RequestId>,
-    ready: BTreeMap<AdmissionOrder, RequestId>,
+    /// Published imports owned by their request (`reserved`): they may pass a blocked head (Q1).
+    ready: WaitingQueue,
     running: Vec<RequestId>,
     resuming: VecDeque<RequestId>,
     finished: Vec<FinishedRequest>,
@@ -218,9 +221,9 @@ impl<E: Executor> Engine<E> {
             layout,
             reqs: HashMap::new(),
             arriving: BTreeMap::new(),
-            waiting: BTreeMap::new(),
+            waiting: WaitingQueue::default(),
             restoring: BTreeMap::new(),
-            ready: BTreeMap::new(),
+            ready: WaitingQueue::default(),
             running: Vec::new(),
             resuming: VecDeque::new(),
             finished: Vec::new(),
@@ -370,9 +373,9 @@ impl<E: Executor> Engine<E> {
         }
         let with_imports: Vec<RequestId> = self
             .ready
-            .values()
-            .chain(self.restoring.values())
-            .copied()
+            .iter()
+            .map(|(_, id)| id)
+            .chain(self.restoring.values().copied())
             .collect();
         for id in with_imports {
             let had_import = matches!(self.reqs[&id].restore, Restore::Importing { .. });
@@ -574,8 +577,8 @@ impl<E: Executor> Engine<E> {
                 );
             }
         }
-        for (order, id) in &self.waiting {
-            assert_eq!(self.reqs[id].order, *order, "waiting queue key drifted");
+        for (order, id) in self.waiting.iter().chain(self.ready.iter()) {
+            assert_eq!(self.reqs[&id].order, order, "waiting queue key drifted");
         }
     }
 

@@ -8,9 +8,9 @@ use reservation::{RequestId, Timestamp};
 
 use crate::agents::{Agents, run_agents, tokens};
 
-const TPP: u32 = 16;
+pub(crate) const TPP: u32 = 16;
 
-fn params(policy: Policy, n_pages: u32) -> EngineParams {
+pub(crate) fn params(policy: Policy, n_pages: u32) -> EngineParams {
     EngineParams {
         policy,
         n_pages,
@@ -20,7 +20,12 @@ fn params(policy: Policy, n_pages: u32) -> EngineParams {
     }
 }
 
-fn spec(id: u64, prompt: Vec<u32>, max_output_tokens: u32, now: Timestamp) -> RequestSpec {
+pub(crate) fn spec(
+    id: u64,
+    prompt: Vec<u32>,
+    max_output_tokens: u32,
+    now: Timestamp,
+) -> RequestSpec {
     let mut spec = RequestSpec::new(id, prompt, max_output_tokens, now);
     spec.salt = b"t".to_vec();
     spec
@@ -52,7 +57,7 @@ fn phase(engine: &Engine, id: u64) -> &'static str {
 }
 
 /// Runs `prompt` once as request `id` so its checkpoints land in the store, then drops the local prefix cache.
-fn seed_checkpoint(
+pub(crate) fn seed_checkpoint(
     engine: &mut Engine,
     id: u64,
     prompt: &[u32],
@@ -677,7 +682,7 @@ fn e3_every_restored_page_equals_what_recompute_writes() {
     }
 }
 
-fn metrics_of(engine: &Engine, id: u64) -> engine::RequestMetrics {
+pub(crate) fn metrics_of(engine: &Engine, id: u64) -> engine::RequestMetrics {
     engine
         .request_metrics()
         .iter()
@@ -711,7 +716,8 @@ fn g2_empty_lookup_is_a_restore_fallback_only_for_a_later_turn() {
 #[test]
 fn o7_failed_copy_whose_retry_finds_nothing_falls_back_as_copy_failed() {
     let mut engine = Engine::new(params(Policy::Reserved, 129)).unwrap();
-    let prompt = tokens(1, 0, 0, 8 * TPP);
+    // One block: no shorter prefix of it is left to retry (see `prefix` for the retry of a shorter one).
+    let prompt = tokens(1, 0, 0, TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
     engine.inject_copy_fault(Fault::FailNext { rank: 0 });
     let mut turn = spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now());

@@ -1,6 +1,9 @@
 //! The engine's integration tests: contract behaviours through the public API (Q4-Q7, X1, X2, G1-G5,
-//! E1-E3), the deterministic simulation under every policy, and the agents comparison of the policies.
+//! E1-E3), restores of a longer checkpoint's matching blocks (G2, O7, E3), the deterministic simulation under
+//! every policy, and the agents comparison of the policies.
 
+mod admission;
 mod agents;
 mod contract;
+mod prefix;
 mod sim;

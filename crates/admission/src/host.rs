@@ -1,0 +1,124 @@
+//! The engine side of a step: the `AdmissionHost` trait through which the step reads the queues, the ledger
+//! and the pool, learns what each request needs (`Candidate`), and has each admission carried out at once
+//! (`Admit`), so the next request is examined against the pool as it now is.
+
+use kv_pool::PagePool;
+use reservation::{Ledger, RequestId, RestoreSpec};
+
+use crate::queue::WaitingQueue;
+
+/// What the host says about a waiting request when the step examines it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Candidate {
+    /// An ordinary request needing `need_pages` pages now to start (its first chunk, plus cached prefix hits
+    /// that are free now: taking them takes them out of the free count).
+    Cold {
+        /// Pages it needs now.
+        need_pages: u32,
+    },
+    /// The step's token budget is spent: the request waits, and blocks the head.
+    OutOfBudget,
+    /// The host took the request out of the waiting queue (its local prefix was evicted since its lookup: it
+    /// asks the store again). The step records it and goes on.
+    Withdrawn,
+    /// A restore without reservations (G1): its import plus its first chunk, `need_pages` in all, now, or it
+    /// falls back to a cold request at once. It takes a running slot; no ledger is involved.
+    RestoreAtOnce {
+        /// Import pages plus first-chunk pages plus free cached hits.
+        need_pages: u32,
+    },
+    /// A restore whose lookup is unanswered or whose copies are in flight: it schedules nothing this step.
+    RestorePending,
+    /// A published import owned by this request (it holds a ticket): admit it.
+    RestoreReady,
+    /// A restore with an answered lookup that needs its ticket from the ledger.
+    RestoreNeedsTicket(RestoreSpec),
+}
+
+/// An admission for the host to carry out at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// An ordinary request: take its cached hits and allocate its pages (they fit), and run it.
+    Cold {
+        /// The request.
+        req: RequestId,
+        /// Pages it said it needs.
+        need_pages: u32,
+    },
+    /// A ready import: acquire its pages through the prefix-hit path, then `Ledger::admit` (its ticket's slot
+    /// becomes a running slot).
+    Ready {
+        /// The request.
+        req: RequestId,
+    },
+    /// A restore without reservations: stage its import and take its first chunk's pages (they fit).
+    RestoreAtOnce {
+        /// The request.
+        req: RequestId,
+        /// Pages it said it needs.
+        need_pages: u32,
+    },
+}
+
+impl Admit {
+    /// The request admitted.
+    pub fn req(&self) -> RequestId {
+        match *self {
+            Admit::Cold { req, .. } | Admit::Ready { req } | Admit::RestoreAtOnce { req, .. } => {
+                req
+            }
+        }
+    }
+}
+
+/// Why a restore recomputes instead.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FallbackCause {
+    /// The ledger refused its ticket for good (impossible, expired or invalid); its ledger state is released.
+    Refused(reservation::Error),
+    /// A restore at once did not fit now, or the host could not start it (`Admit::RestoreAtOnce` declined).
+    NotAtOnce {
+        /// Pages it needed.
+        need_pages: u32,
+        /// Pages available to it.
+        available_pages: u32,
+    },
+    /// It needs a ticket but the host has no ledger (a policy without reservations, G1): nothing is reserved.
+    NoLedger,
+}
+
+/// What a step reads and updates, borrowed from the host for one operation at a time.
+#[derive(Debug)]
+pub struct HostState<'a> {
+    /// Waiting requests (cold, and restores the host keeps in the queue).
+    pub waiting: &'a mut WaitingQueue,
+    /// Ready imports: published, owning their ticket; they may pass a blocked head.
+    pub ready: &'a mut WaitingQueue,
+    /// The reservation ledger; `None` under policies without reservations (never called then, G1).
+    pub ledger: Option<&'a mut Ledger>,
+    /// The page pool.
+    pub pool: &'a mut PagePool,
+}
+
+/// The engine side of a step.
+pub trait AdmissionHost {
+    /// What the host's operations can fail with (bugs the host reports; the step stops and returns it).
+    type Error;
+
+    /// The queues, the ledger and the pool.
+    fn state(&mut self) -> HostState<'_>;
+
+    /// What `req` needs now. Called once per examined request per step (a restore poll for restores).
+    /// `free_slots` are the running slots free at this point of the step: with none, a host need not do work
+    /// that only matters for an admission (such as asking the store again).
+    fn examine(&mut self, req: RequestId, free_slots: u32) -> Result<Candidate, Self::Error>;
+
+    /// Carries out `admit` now; the step has checked its slot and pages. Returns `false` when the host could
+    /// not: a ready import that lost its pages (the host requeued it), or a restore at once that could not
+    /// start (it then falls back). A cold admission that fits always succeeds.
+    fn admit(&mut self, admit: Admit) -> Result<bool, Self::Error>;
+
+    /// `req`'s restore is given up (`cause`): the request drops it and recomputes. Returns the pages it needs
+    /// as a cold request; the step tries to admit it at once.
+    fn fall_back(&mut self, req: RequestId, cause: &FallbackCause) -> Result<u32, Self::Error>;
+}
