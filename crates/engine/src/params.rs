@@ -39,6 +39,9 @@ pub struct EngineParams {
     pub watermark_pages: u32,
     /// Checkpoint store capacity in pages (each checkpoint costs one page per full block). Default 1 Mi pages.
     pub store_capacity_pages: u64,
+    /// Directory of a disk checkpoint store (`DiskStore`: checkpoints survive an engine restart), or `None`
+    /// for the host-memory store. Default `None`.
+    pub store_dir: Option<std::path::PathBuf>,
     /// Bytes each simulated page really holds (the fingerprint the executor writes and restores copy; the cost
     /// model uses the model's real KV bytes). Default 32.
     pub sim_bytes_per_page: u32,
@@ -78,6 +81,7 @@ impl Default for EngineParams {
             copy_task_limit: 32,
             watermark_pages: 0,
             store_capacity_pages: 1 << 20,
+            store_dir: None,
             sim_bytes_per_page: 32,
             cost,
             verify_restores: cfg!(debug_assertions),

@@ -140,6 +140,10 @@ pub struct RestoreConfig {
 pub struct StoreConfig {
     /// Capacity in pages (a checkpoint costs one page per full block it holds). Default 1048576; at least 1.
     pub capacity_pages: u64,
+    /// Directory of a disk store whose checkpoints survive a restart; absent (the default) for the
+    /// host-memory store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dir: Option<std::path::PathBuf>,
 }
 
 impl Default for ModelConfig {
@@ -192,6 +196,7 @@ impl Default for StoreConfig {
     fn default() -> Self {
         StoreConfig {
             capacity_pages: 1 << 20,
+            dir: None,
         }
     }
 }
@@ -385,6 +390,7 @@ impl EngineConfig {
             copy_task_limit: self.restore.copy_task_limit,
             watermark_pages: self.scheduler.watermark_pages,
             store_capacity_pages: self.store.capacity_pages,
+            store_dir: self.store.dir.clone(),
             sim_bytes_per_page: self.pool.sim_bytes_per_page,
             cost: self.cost()?,
             verify_restores: cfg!(debug_assertions),

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use admission::WaitingQueue;
 use checkpoint_transfer::{
-    CheckpointStore, CopyModel, Fault, HostStore, InlineCopyEngine, LayoutDescriptor,
+    CheckpointStore, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine, LayoutDescriptor,
     ResidentIndex, StoreStats,
 };
 use kv_pool::{HostStorage, PageId, PagePool};
@@ -193,11 +193,7 @@ impl<E: Executor> Engine<E> {
             model,
             Arc::clone(&storage) as Arc<dyn kv_pool::PageStorage>,
         );
-        let store = Box::new(HostStore::new(
-            params
-                .store_capacity_pages
-                .saturating_mul(u64::from(params.sim_bytes_per_page)),
-        ));
+        let store = open_store(&params)?;
         let layout = LayoutDescriptor::single_full(u64::from(params.sim_bytes_per_page), tpp, 1);
         let ledger = params.policy.uses_reservations().then(|| {
             Ledger::new(
@@ -496,11 +492,7 @@ impl<E: Executor> Engine<E> {
     /// Empties the checkpoint store (a store restart that lost everything): pending restores find their
     /// checkpoint gone at their next lookup or refresh.
     pub fn forget_checkpoints(&mut self) {
-        let capacity = self
-            .params
-            .store_capacity_pages
-            .saturating_mul(u64::from(self.params.sim_bytes_per_page));
-        self.store = Box::new(HostStore::new(capacity));
+        self.store = Box::new(HostStore::new(store_capacity_bytes(&self.params)));
     }
 
     /// Restored pages verified byte for byte against recompute so far (E3).
@@ -610,4 +602,21 @@ impl<E: Executor> Engine<E> {
             metrics: req.metrics,
         });
     }
+}
+
+/// The store's capacity in payload bytes: `store_capacity_pages` simulated pages.
+fn store_capacity_bytes(params: &EngineParams) -> u64 {
+    params
+        .store_capacity_pages
+        .saturating_mul(u64::from(params.sim_bytes_per_page))
+}
+
+/// The checkpoint store `params` asks for: a `DiskStore` in `store_dir` (reopened with what it holds), else
+/// a `HostStore`.
+fn open_store(params: &EngineParams) -> Result<Box<dyn CheckpointStore>> {
+    let capacity = store_capacity_bytes(params);
+    Ok(match &params.store_dir {
+        Some(dir) => Box::new(DiskStore::open(dir, capacity)?),
+        None => Box::new(HostStore::new(capacity)),
+    })
 }

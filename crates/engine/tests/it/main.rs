@@ -6,4 +6,5 @@ mod admission;
 mod agents;
 mod contract;
 mod prefix;
+mod restart;
 mod sim;

@@ -100,3 +100,20 @@ fn the_documented_example_is_the_default() {
         EngineConfig::default()
     );
 }
+
+#[test]
+fn a_store_directory_selects_the_disk_store() {
+    let config = EngineConfig::from_toml("[store]\ndir = \"/tmp/kvgate-checkpoints\"").unwrap();
+    let params = config.engine_params(Policy::Reserved).unwrap();
+    assert_eq!(
+        params.store_dir.as_deref(),
+        Some(Path::new("/tmp/kvgate-checkpoints"))
+    );
+    assert_eq!(
+        EngineConfig::default()
+            .engine_params(Policy::Reserved)
+            .unwrap()
+            .store_dir,
+        None
+    );
+}
