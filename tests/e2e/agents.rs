@@ -11,7 +11,7 @@ use crate::without_wall_time;
 
 fn small() -> (EngineConfig, AgentsSpec) {
     let mut config = EngineConfig::default();
-    config.pool.pages = 384;
+    config.pool.pages = 256;
     let spec = AgentsSpec {
         n_agents: 4,
         turns: 4,
@@ -31,6 +31,20 @@ fn small_agents_run_matches_its_snapshot() {
         .iter()
         .map(|&policy| run::run_agents(&config, &spec, policy, &mut |_, _| {}).unwrap())
         .collect();
+    let [ordinary, pages_only, reserved, oracle] = &runs[..] else {
+        unreachable!("four policies")
+    };
+    for run in &runs {
+        assert_eq!(run.leaked_pages, 0, "{}", run.policy);
+    }
+    assert_eq!(
+        reserved.later_turns_restored + reserved.later_turns_local_hit,
+        reserved.later_turns,
+        "reserved serves every later turn from cache"
+    );
+    assert!(reserved.prompt_tokens_from_cache_pct >= ordinary.prompt_tokens_from_cache_pct);
+    assert!(reserved.prompt_tokens_from_cache_pct >= pages_only.prompt_tokens_from_cache_pct);
+    assert!(oracle.prompt_tokens_from_cache_pct >= reserved.prompt_tokens_from_cache_pct);
     insta::with_settings!({ snapshot_path => crate::repo_root().join("tests/snapshots"), prepend_module_to_snapshot => false }, {
         insta::assert_json_snapshot!("agents_small", without_wall_time(report::runs_json(&runs, &[])));
     });

@@ -24,7 +24,6 @@ pub fn run_agents(
 ) -> Result<RunMetrics> {
     spec.validate()?;
     let mut engine = Engine::new(config.engine_params(policy)?)?;
-    let think = Duration::from_secs_f64(spec.think_s);
     let total = u64::from(spec.n_agents) * u64::from(spec.turns);
     // Each session's context so far: every earlier prompt and response.
     let mut contexts: Vec<Vec<u32>> = vec![Vec::new(); spec.n_agents as usize];
@@ -41,6 +40,7 @@ pub fn run_agents(
             // The response, stop token included, is part of the next turn's context.
             contexts[agent as usize].extend_from_slice(&done.output);
             if turn + 1 < spec.turns {
+                let think = Duration::from_secs_f64(spec.think_s(agent, turn));
                 let arrival = engine.now().after(think);
                 submit_turn(&mut engine, spec, &mut contexts, agent, turn + 1, arrival)?;
             }
@@ -131,7 +131,8 @@ fn submit_turn(
     let context = &mut contexts[agent as usize];
     context.extend(spec.new_input(agent, turn));
     let id = u64::from(agent) * u64::from(spec.turns) + u64::from(turn);
-    let mut request = RequestSpec::new(id, context.clone(), spec.response_tokens, arrival);
+    let mut request =
+        RequestSpec::new(id, context.clone(), spec.response_len(agent, turn), arrival);
     request.is_later_turn = turn > 0;
     engine.submit(request)?;
     Ok(())

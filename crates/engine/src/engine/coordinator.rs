@@ -184,8 +184,10 @@ impl<E: Executor> Engine<E> {
         let req = &self.reqs[&id];
         let local = self.pool.longest_prefix(&req.keys[..blocks as usize]).len() as u32;
         if blocks <= local {
-            // A complete local hit: admitted without the store (G2).
+            // A complete local hit: admitted without the store (G2). The lookup is over: should the local
+            // pages be evicted before admission, the request asks the store again (`examine`).
             let req = self.reqs.get_mut(&id).expect("live");
+            req.restore = Restore::Idle;
             req.metrics.complete_local_hit |= !req.admitted_once;
             req.expected_local_blocks = local;
             self.enqueue_waiting(id, None);

@@ -728,3 +728,43 @@ fn o7_failed_copy_whose_retry_finds_nothing_falls_back_as_copy_failed() {
     assert!(!metrics.restored);
     assert_eq!(metrics.fallback, Some(FallbackReason::CopyFailed));
 }
+
+#[test]
+fn g2_a_complete_local_hit_evicted_before_admission_asks_the_store_again() {
+    // 64 usable pages. Turn 1 leaves 20 cached pages; a hog then holds 42 pages and grows while turn 2 waits
+    // behind it, evicting turn 2's cached tail. Turn 2's lookup found its whole checkpoint resident (a
+    // complete local hit, G2), so it waited without the store; once its pages are gone it must ask again
+    // and restore them, not recompute them silently.
+    let mut engine = Engine::new(params(Policy::Reserved, 65)).unwrap();
+    let prompt = tokens(7, 0, 0, 20 * TPP);
+    engine
+        .submit(spec(1, prompt.clone(), 1, engine.now()))
+        .unwrap();
+    engine.run_until_idle(10_000);
+    let output = engine.take_finished()[0].output.clone();
+    engine
+        .submit(spec(2, tokens(98, 2, 0, 42 * TPP - 1), 100, engine.now()))
+        .unwrap();
+    engine.step();
+    assert_eq!(phase(&engine, 2), "running");
+    let turn = [prompt, output, tokens(7, 0, 1, 3 * TPP)].concat();
+    engine.submit(spec(3, turn, 2, engine.now())).unwrap();
+    engine.step();
+    assert_eq!(
+        phase(&engine, 3),
+        "waiting",
+        "a complete local hit waits for space"
+    );
+    engine.run_until_idle(10_000);
+    let turn = metrics_of(&engine, 3);
+    assert!(
+        turn.restored,
+        "the evicted prefix came back from the store: {turn:?}"
+    );
+    assert_eq!(
+        turn.prompt_tokens_local_hit + turn.prompt_tokens_restored,
+        20 * TPP,
+        "every block of the checkpoint was served from cache: {turn:?}"
+    );
+    assert_eq!(engine.leaked_pages(), 0);
+}

@@ -80,40 +80,71 @@ impl AgentsSpec {
         Ok(())
     }
 
-    /// Prompt length of turn `turn` (0-based), assuming every earlier response ran to its cap.
-    pub fn prompt_tokens(&self, turn: u32) -> u64 {
-        let turn = u64::from(turn);
-        u64::from(self.first_prompt_tokens)
-            + turn * (u64::from(self.turn_input_tokens) + u64::from(self.response_tokens))
-    }
-
-    /// Prompt tokens over every turn of every session, assuming every response ran to its cap.
-    pub fn total_prompt_tokens(&self) -> u64 {
-        u64::from(self.n_agents)
-            * (0..self.turns)
-                .map(|turn| self.prompt_tokens(turn))
-                .sum::<u64>()
-    }
-
-    /// The most any cache can serve, in percent of all prompt tokens: every token but the first prompts and
-    /// each turn's new input has been computed before. Responses are assumed to run to their cap.
-    pub fn max_from_cache_pct(&self) -> f64 {
-        let new_per_agent = u64::from(self.first_prompt_tokens)
-            + u64::from(self.turns - 1) * u64::from(self.turn_input_tokens);
-        let total = self.total_prompt_tokens();
-        100.0 * (total - u64::from(self.n_agents) * new_per_agent) as f64 / total as f64
-    }
-
-    /// New input tokens of `turn` for `agent`: the first turn's whole prompt, or the appended input of a
-    /// later one. Deterministic in (seed, agent, turn).
-    pub fn new_input(&self, agent: u32, turn: u32) -> Vec<u32> {
-        let n = if turn == 0 {
+    /// New input tokens of `turn` for `agent`: the first prompt, or a later turn's tool output / user input,
+    /// drawn uniformly from half to one and a half times `turn_input_tokens`. Deterministic in the seed.
+    pub fn input_len(&self, agent: u32, turn: u32) -> u32 {
+        if turn == 0 {
             self.first_prompt_tokens
         } else {
-            self.turn_input_tokens
-        };
-        let stream = self.seed ^ (u64::from(agent) << 32) ^ (u64::from(turn) << 8) ^ 0xA6E7;
-        (0..u64::from(n)).map(|i| token(stream, i)).collect()
+            self.jitter(self.turn_input_tokens, agent, turn, 1)
+        }
+    }
+
+    /// Output length cap of `turn` for `agent`: half to one and a half times `response_tokens`.
+    pub fn response_len(&self, agent: u32, turn: u32) -> u32 {
+        self.jitter(self.response_tokens, agent, turn, 2)
+    }
+
+    /// Think time after `turn` of `agent` finished, in seconds: half to one and a half times `think_s`.
+    pub fn think_s(&self, agent: u32, turn: u32) -> f64 {
+        let unit = f64::from(token(self.stream(agent, turn, 3), 0)) / f64::from(u32::MAX);
+        self.think_s * (0.5 + unit)
+    }
+
+    /// Prompt length of `turn` for `agent`: every earlier input and response plus this turn's input.
+    pub fn prompt_tokens(&self, agent: u32, turn: u32) -> u64 {
+        (0..turn)
+            .map(|t| u64::from(self.input_len(agent, t)) + u64::from(self.response_len(agent, t)))
+            .sum::<u64>()
+            + u64::from(self.input_len(agent, turn))
+    }
+
+    /// Prompt tokens over every turn of every session.
+    pub fn total_prompt_tokens(&self) -> u64 {
+        (0..self.n_agents)
+            .flat_map(|agent| (0..self.turns).map(move |turn| (agent, turn)))
+            .map(|(a, t)| self.prompt_tokens(a, t))
+            .sum()
+    }
+
+    /// The most any cache can serve, in percent of all prompt tokens: every prompt token but each turn's new
+    /// input has been computed before (responses run to their cap: the simulated model never stops early).
+    pub fn max_from_cache_pct(&self) -> f64 {
+        let new: u64 = (0..self.n_agents)
+            .flat_map(|agent| (0..self.turns).map(move |turn| (agent, turn)))
+            .map(|(agent, turn)| u64::from(self.input_len(agent, turn)))
+            .sum();
+        let total = self.total_prompt_tokens();
+        100.0 * (total - new) as f64 / total as f64
+    }
+
+    /// The new input tokens of `turn` for `agent`. Deterministic in (seed, agent, turn).
+    pub fn new_input(&self, agent: u32, turn: u32) -> Vec<u32> {
+        let stream = self.stream(agent, turn, 0);
+        (0..u64::from(self.input_len(agent, turn)))
+            .map(|i| token(stream, i))
+            .collect()
+    }
+
+    /// The seed of stream `tag` of (agent, turn).
+    fn stream(&self, agent: u32, turn: u32, tag: u64) -> u64 {
+        self.seed ^ (u64::from(agent) << 40) ^ (u64::from(turn) << 8) ^ (tag << 4) ^ 0xA6E7
+    }
+
+    /// `mean` scaled by a factor drawn uniformly from [0.5, 1.5), at least 1.
+    fn jitter(&self, mean: u32, agent: u32, turn: u32, tag: u64) -> u32 {
+        let unit = f64::from(token(self.stream(agent, turn, tag), 0)) / f64::from(u32::MAX);
+        ((f64::from(mean) * (0.5 + unit)).round() as u32).max(1)
     }
 }
 

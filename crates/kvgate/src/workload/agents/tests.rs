@@ -6,8 +6,48 @@ use super::*;
 fn default_contexts_grow_every_turn() {
     let spec = AgentsSpec::default();
     assert!(spec.validate().is_ok());
-    assert!(spec.prompt_tokens(1) > spec.prompt_tokens(0));
-    assert_eq!(spec.prompt_tokens(0), u64::from(spec.first_prompt_tokens));
+    for turn in 1..spec.turns {
+        assert!(spec.prompt_tokens(3, turn) > spec.prompt_tokens(3, turn - 1));
+    }
+    assert_eq!(
+        spec.prompt_tokens(3, 0),
+        u64::from(spec.first_prompt_tokens)
+    );
+}
+
+#[test]
+fn lengths_and_think_times_vary_around_their_means_and_follow_the_seed() {
+    let spec = AgentsSpec::default();
+    let inputs: Vec<u32> = (1..spec.turns)
+        .map(|turn| spec.input_len(0, turn))
+        .collect();
+    assert!(
+        inputs
+            .iter()
+            .all(|&n| n >= spec.turn_input_tokens / 2 && n <= spec.turn_input_tokens * 3 / 2)
+    );
+    assert!(inputs.iter().any(|&n| n != inputs[0]), "lengths vary");
+    let responses: Vec<u32> = (0..spec.turns)
+        .map(|turn| spec.response_len(1, turn))
+        .collect();
+    assert!(
+        responses
+            .iter()
+            .all(|&n| n >= spec.response_tokens / 2 && n <= spec.response_tokens * 3 / 2)
+    );
+    let think = spec.think_s(2, 3);
+    assert!(think >= spec.think_s * 0.5 && think < spec.think_s * 1.5);
+    let other = AgentsSpec {
+        seed: spec.seed + 1,
+        ..spec.clone()
+    };
+    assert_ne!(
+        (1..spec.turns)
+            .map(|turn| other.input_len(0, turn))
+            .collect::<Vec<_>>(),
+        inputs,
+        "another seed, another workload"
+    );
 }
 
 #[test]
@@ -20,7 +60,7 @@ fn new_input_is_deterministic_and_distinct_per_agent() {
         spec.new_input(0, 0).len(),
         spec.first_prompt_tokens as usize
     );
-    assert_eq!(spec.new_input(0, 1).len(), spec.turn_input_tokens as usize);
+    assert_eq!(spec.new_input(0, 1).len(), spec.input_len(0, 1) as usize);
 }
 
 #[test]
@@ -65,11 +105,16 @@ fn max_from_cache_counts_everything_but_new_input() {
         n_agents: 2,
         turns: 2,
         first_prompt_tokens: 100,
-        turn_input_tokens: 10,
-        response_tokens: 40,
         ..AgentsSpec::default()
     };
-    // per agent: turn 0 = 100, turn 1 = 150 (of which 140 seen before)
-    assert_eq!(spec.total_prompt_tokens(), 500);
-    assert!((spec.max_from_cache_pct() - 56.0).abs() < 1e-9);
+    let (mut total, mut new) = (0, 0);
+    for agent in 0..2 {
+        let turn_1 = 100 + spec.response_len(agent, 0) + spec.input_len(agent, 1);
+        assert_eq!(spec.prompt_tokens(agent, 1), u64::from(turn_1));
+        total += 100 + turn_1;
+        new += 100 + spec.input_len(agent, 1);
+    }
+    assert_eq!(spec.total_prompt_tokens(), u64::from(total));
+    let expected = 100.0 * f64::from(total - new) / f64::from(total);
+    assert!((spec.max_from_cache_pct() - expected).abs() < 1e-9);
 }
