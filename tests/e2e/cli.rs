@@ -77,6 +77,10 @@ fn malformed_trace_line_is_named() {
     );
     let path = dir.path().join("t.jsonl");
     assert_fails_with(&["replay", path.to_str().unwrap()], "t.jsonl:2: ");
+    assert_fails_with(
+        &["replay", path.to_str().unwrap(), "--time-scale", "0"],
+        "kvgate: --time-scale 0 is invalid; allowed: a number > 0",
+    );
 }
 
 #[test]

@@ -32,6 +32,16 @@ pub enum Error {
         /// What is allowed.
         allowed: String,
     },
+    /// A command-line argument is out of range.
+    #[error("{name} {value} is invalid; allowed: {allowed}")]
+    InvalidArgument {
+        /// The option.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What is allowed.
+        allowed: &'static str,
+    },
     /// An environment variable holds a bad value.
     #[error("environment: {name}={value:?} is invalid; allowed: {allowed}")]
     Env {

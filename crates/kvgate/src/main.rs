@@ -87,6 +87,10 @@ struct ReplayArgs {
     /// Replay only the first N requests.
     #[arg(long)]
     limit: Option<usize>,
+    /// Stretch the trace's arrival times by this factor (the trace came from a cluster; one simulated
+    /// engine keeps up with it only stretched).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
 }
 
 /// Usable pages of the agents run unless told otherwise: 1024 pages of 16 tokens (16 384 tokens), so eight
@@ -165,6 +169,13 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
 
 fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let config = load_config(&args.run)?;
+    if !(args.time_scale.is_finite() && args.time_scale > 0.0) {
+        return Err(kvgate::Error::InvalidArgument {
+            name: "--time-scale",
+            value: args.time_scale.to_string(),
+            allowed: "a number > 0",
+        });
+    }
     let mut trace = mooncake::read_trace(&args.trace)?;
     if let Some(limit) = args.limit {
         trace.truncate(limit.max(1));
@@ -173,7 +184,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let later = run::later_turns(&trace);
     let policies = policies(&args.run.policy)?;
     let runs = run_policies(&policies, |policy, progress| {
-        run::run_replay(&config, &trace, &later, policy, progress)
+        run::run_replay(&config, &trace, &later, args.time_scale, policy, progress)
     })?;
     for run in &runs {
         // No engine can serve more from cache than the trace allows; more would be a counting bug.
@@ -192,8 +203,10 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
         println!("{}", report::runs_json(&runs, &extra));
     } else {
         println!(
-            "{} requests, pool {} pages of {} tokens; theoretical maximum prompt cache hit {max_hit_pct:.1}%\n",
+            "{} requests, arrivals stretched {}x, pool {} pages of {} tokens; theoretical maximum prompt cache hit \
+             {max_hit_pct:.1}%\n",
             trace.len(),
+            args.time_scale,
             config.pool.pages,
             config.model.tokens_per_page
         );

@@ -49,15 +49,21 @@ pub fn run_agents(
     Ok(engine.metrics())
 }
 
-/// Replays a trace under `policy`: request `i` arrives at its timestamp with its own prompt and output
-/// length; requests are handed to the engine as the clock reaches them, so memory stays bounded.
+/// Replays a trace under `policy`: request `i` arrives at its timestamp times `time_scale` (2.0 replays an
+/// hour of trace over two simulated hours, at half the load) with its own prompt and output length;
+/// requests are handed to the engine as the clock reaches them, so memory stays bounded.
 pub fn run_replay(
     config: &EngineConfig,
     trace: &[TraceRequest],
     later_turn: &[bool],
+    time_scale: f64,
     policy: Policy,
     progress: Progress<'_>,
 ) -> Result<RunMetrics> {
+    assert!(
+        time_scale.is_finite() && time_scale > 0.0,
+        "time scale {time_scale} must be positive"
+    );
     assert_eq!(
         trace.len(),
         later_turn.len(),
@@ -71,7 +77,9 @@ pub fn run_replay(
     loop {
         // Hand over every request that has arrived; when the engine has nothing to do, the next one.
         while next < trace.len() {
-            let arrival = Timestamp(Duration::from_millis(trace[next].timestamp));
+            let arrival = Timestamp(Duration::from_secs_f64(
+                trace[next].timestamp as f64 / 1000.0 * time_scale,
+            ));
             if arrival > engine.now() && !engine.is_idle() {
                 break;
             }
