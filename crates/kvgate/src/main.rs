@@ -150,7 +150,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         println!("{}", report::runs_json(&runs, &[]));
     } else {
         println!(
-            "{} agents x {} turns ({} first-prompt tokens, {} new tokens and {} response tokens a turn), \
+            "{} agents x {} turns ({} first-prompt tokens, about {} new tokens and {} response tokens a turn), \
              pool {} pages of {} tokens, preset {}; the workload allows at most {:.1}% from cache\n",
             spec.n_agents,
             spec.turns,
