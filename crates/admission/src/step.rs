@@ -377,6 +377,12 @@ impl Step<'_> {
         }
         let req = admit.req();
         let state = host.state();
+        // FCFS among requests that own no capacity: only a ready import passes a waiting request.
+        debug_assert!(
+            matches!(admit, Admit::Ready { .. })
+                || state.waiting.iter().next() == Some((order, req)),
+            "{req} was admitted without owning capacity while an earlier request waits"
+        );
         for queue in [state.waiting, state.ready] {
             if queue.get(&order) == Some(req) {
                 queue.remove(&order);
