@@ -8,96 +8,42 @@
 //! alone pins the pages until the copy drains, O5). Under `ordinary` and `pages-only` the index allocates
 //! them (`ResidentIndex::stage`). The consumer takes its own references through the prefix-hit path
 //! (`ResidentIndex::acquire`, O4), or, for an `ordinary` restore admitted at once, when it is staged.
+//!
+//! Layout: this file holds the `Engine` type, its construction and the request API (submit, cancel, resume,
+//! reset); `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator;
+//! `pages.rs` page-level work; `req.rs` a live request; `report.rs` `StepReport`, `RequestView` and the
+//! read-only accessors; `invariants.rs` `check_invariants` and the leak count.
 
 mod admit;
 mod coordinator;
+mod invariants;
 mod pages;
+mod report;
 mod req;
 mod step;
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use admission::WaitingQueue;
 use checkpoint_transfer::{
     CheckpointStore, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine, LayoutDescriptor,
-    ResidentIndex, StoreStats,
+    ResidentIndex,
 };
 use kv_pool::{HostStorage, PageId, PagePool};
-use reservation::{AdmissionOrder, Ledger, LedgerConfig, LedgerSnapshot, RequestId, Timestamp};
+use reservation::{AdmissionOrder, Ledger, LedgerConfig, RequestId, Timestamp};
 
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
-use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
+use crate::metrics::{FallbackReason, RequestMetrics};
 use crate::params::EngineParams;
 use crate::policy::Policy;
 use crate::request::{FinishedRequest, RequestSpec};
 
 use self::req::{Phase, Req, Restore};
 
-/// What one step did, for traces and tests.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct StepReport {
-    /// Engine clock after the step.
-    pub now: Timestamp,
-    /// Modeled duration of the step (zero when nothing ran and the clock jumped to the next event).
-    pub duration: Duration,
-    /// Requests that computed prefill tokens, with how many.
-    pub prefills: Vec<(RequestId, u32)>,
-    /// Requests that decoded.
-    pub decodes: Vec<RequestId>,
-    /// Ready full-prompt restores given a logits-only entry (Q4).
-    pub logits_only: Vec<RequestId>,
-    /// Requests admitted this step (ordinary admissions and ready imports).
-    pub admitted: Vec<RequestId>,
-    /// Requests preempted by recompute this step.
-    pub preempted: Vec<RequestId>,
-    /// Requests that finished (or paused, for streams) this step.
-    pub finished: Vec<RequestId>,
-    /// Restores that fell back to recompute this step, with why.
-    pub fallbacks: Vec<(RequestId, FallbackReason)>,
-    /// Waiting requests the admission walk examined (Q8: bounded by admissions + 1 + ready imports).
-    pub examined: u32,
-    /// Pending restores polled (each at most once per step).
-    pub restore_polls: u32,
-    /// Free pages after the step.
-    pub free_pages: u32,
-    /// Outstanding credits after the step.
-    pub credit_pages: u32,
-    /// Requests waiting for ordinary admission after the step.
-    pub waiting: u32,
-    /// Requests running after the step.
-    pub running: u32,
-    /// Whether the engine had nothing to do and nothing will happen by itself.
-    pub idle: bool,
-}
-
-impl StepReport {
-    /// Whether the step scheduled any work.
-    pub fn scheduled_any(&self) -> bool {
-        !self.prefills.is_empty() || !self.decodes.is_empty() || !self.logits_only.is_empty()
-    }
-}
-
-/// Where a live request is, for tests and traces.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RequestView {
-    /// State name: arriving, waiting, restoring, ready, running, paused, resuming.
-    pub phase: &'static str,
-    /// Tokens whose KV is computed or restored.
-    pub n_computed: u32,
-    /// Pages in its page table.
-    pub n_pages: u32,
-    /// Whether it holds a ledger ticket.
-    pub has_ticket: bool,
-    /// Whether it is a capacity waiter.
-    pub is_waiter: bool,
-    /// Output tokens so far.
-    pub n_output: u32,
-    /// Store lookups sent for its restore so far.
-    pub lookups: u32,
-}
+pub use self::report::{RequestView, StepReport};
 
 /// The engine: step loop, restore coordinator, executor, policies and metrics.
 pub struct Engine<E: Executor = SimExecutor> {
@@ -427,162 +373,15 @@ impl<E: Executor> Engine<E> {
         std::mem::take(&mut self.finished)
     }
 
-    /// Aggregated metrics of every request finished or cancelled so far.
-    pub fn metrics(&self) -> RunMetrics {
-        let mut run = RunMetrics::aggregate(
-            self.params.policy.name(),
-            &self.done,
-            self.now.0,
-            self.wall,
-            self.leaked_pages(),
-        );
-        run.capacity_waits = run.capacity_waits.max(self.capacity_waits_started);
-        run
-    }
-
-    /// Metrics of every request finished or cancelled so far, in completion order.
-    pub fn request_metrics(&self) -> &[RequestMetrics] {
-        &self.done
-    }
-
-    /// Where a live request is.
-    pub fn request(&self, id: RequestId) -> Option<RequestView> {
-        let req = self.reqs.get(&id)?;
-        Some(RequestView {
-            phase: match req.phase {
-                Phase::Arriving => "arriving",
-                Phase::Waiting => "waiting",
-                Phase::Restoring => "restoring",
-                Phase::Ready => "ready",
-                Phase::Running => "running",
-                Phase::Paused => "paused",
-                Phase::Resuming => "resuming",
-            },
-            n_computed: req.n_computed,
-            n_pages: req.pages.len() as u32,
-            has_ticket: self
-                .ledger
-                .as_ref()
-                .is_some_and(|ledger| ledger.ticket_state(id).is_some()),
-            is_waiter: self
-                .ledger
-                .as_ref()
-                .is_some_and(|ledger| ledger.is_waiter(id))
-                || req.wait_started.is_some(),
-            n_output: req.output.len() as u32,
-            lookups: req.lookups,
-        })
-    }
-
-    /// The page pool (read only).
-    pub fn pool(&self) -> &PagePool {
-        &self.pool
-    }
-
-    /// The ledger's state (`None` under policies without reservations).
-    pub fn ledger_snapshot(&self) -> Option<LedgerSnapshot> {
-        self.ledger.as_ref().map(Ledger::snapshot)
-    }
-
-    /// What the checkpoint store holds.
-    pub fn store_stats(&self) -> StoreStats {
-        self.store.stats()
-    }
-
     /// Empties the checkpoint store (a store restart that lost everything): pending restores find their
     /// checkpoint gone at their next lookup or refresh.
     pub fn forget_checkpoints(&mut self) {
         self.store = Box::new(HostStore::new(store_capacity_bytes(&self.params)));
     }
 
-    /// Restored pages verified byte for byte against recompute so far (E3).
-    pub fn pages_verified(&self) -> u64 {
-        self.pages_verified
-    }
-
-    /// Steps run so far.
-    pub fn steps(&self) -> u64 {
-        self.steps
-    }
-
     /// Injects a copy fault (fail, delay, evict a destination page) into the simulated copy engine.
     pub fn inject_copy_fault(&mut self, fault: Fault) {
         self.copies.inject(fault);
-    }
-
-    /// Pages in use that no live request, import or ticket accounts for (0 unless there is a bug).
-    pub fn leaked_pages(&self) -> u32 {
-        self.pool
-            .n_in_use()
-            .saturating_sub(self.held_pages().len() as u32)
-    }
-
-    /// Asserts every invariant: the pool's, the ledger's and the imports'; every page in use is held by a
-    /// live request or import and every held page is in use (no leak, no page freed under a holder or a live
-    /// copy); slots within the limit; outstanding credits within the live tickets' needs.
-    pub fn check_invariants(&self) {
-        self.pool.check_invariants();
-        self.index.check_invariants(&self.pool);
-        for page in self.copies.in_flight_pages() {
-            assert!(
-                self.pool.ref_count(page).expect("copied page in range") > 0,
-                "page {page:?} is free while a copy writes into it"
-            );
-        }
-        let held = self.held_pages();
-        for page in &held {
-            assert!(
-                self.pool.ref_count(*page).expect("held page in range") > 0,
-                "held page {page:?} is free"
-            );
-        }
-        assert_eq!(
-            self.pool.n_in_use() as usize,
-            held.len(),
-            "pages in use != pages held: a leak"
-        );
-        let slots_held = self.ledger.as_ref().map_or(0, Ledger::slots_held);
-        assert!(
-            self.running.len() as u32 + slots_held <= self.params.max_running,
-            "{} running + {slots_held} ticket slots > {}",
-            self.running.len(),
-            self.params.max_running
-        );
-        if let Some(ledger) = &self.ledger {
-            ledger.check_invariants(&self.pool);
-            for ticket in ledger.snapshot().tickets {
-                let req = self
-                    .reqs
-                    .get(&ticket.req)
-                    .expect("a ticket belongs to a live request");
-                let tpp = self.params.geometry.tokens_per_page();
-                // A ticket budgets every token still to compute: the prompt and, for a request preempted
-                // after it produced output, that output too.
-                let remaining =
-                    (req.tokens.len() as u32).div_ceil(tpp) as i64 - req.pages.len() as i64;
-                assert!(
-                    i64::from(ticket.credit_pages)
-                        <= remaining.max(0) + 2 + i64::from(self.params.draft_tokens.div_ceil(tpp)),
-                    "{} holds {} credits for {remaining} remaining pages",
-                    ticket.req,
-                    ticket.credit_pages
-                );
-            }
-        }
-        for (order, id) in self.waiting.iter().chain(self.ready.iter()) {
-            assert_eq!(self.reqs[&id].order, order, "waiting queue key drifted");
-        }
-    }
-
-    /// Every page a live request or import holds.
-    fn held_pages(&self) -> HashSet<PageId> {
-        let mut held: HashSet<PageId> = self
-            .reqs
-            .values()
-            .flat_map(|req| req.pages.iter().copied())
-            .collect();
-        held.extend(self.index.held_pages());
-        held
     }
 
     /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it

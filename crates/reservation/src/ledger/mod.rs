@@ -11,6 +11,15 @@
 //! pages the consumer currently holds from them. Window pages the consumer frees lower `held`, so freed pages
 //! stay protected for it (C4). Other requests see `n_free - credits` (R2, C1); running decodes may dip into
 //! credit-protected pages (C5): the ledger tolerates `n_free < credits` and never asks anyone to preempt.
+//!
+//! Layout: this file holds the `Ledger` type, its entries, reserve / publish / admit / release and the drain,
+//! and the counting queries; `credits.rs` the admitted consumer's credit use (`allocate`, `consume`,
+//! `release_window_pages`, `finish_prompt`); `waiters.rs` capacity waiters, their holds and bounded-wait
+//! expiry; `view.rs` the `snapshot` views and `check_invariants`.
+
+mod credits;
+mod view;
+mod waiters;
 
 use std::collections::BTreeMap;
 
@@ -20,6 +29,8 @@ use crate::config::{LedgerConfig, Preflight};
 use crate::error::{Error, Result};
 use crate::ids::{AdmissionOrder, RequestId, Timestamp};
 use crate::spec::RestoreSpec;
+
+pub use view::{LedgerSnapshot, TicketView, WaiterView};
 
 /// Names the destination pages of a cancelled import while its submitted copies drain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -67,55 +78,6 @@ impl Released {
     pub fn is_noop(&self) -> bool {
         *self == Released::default()
     }
-}
-
-/// One ticket, as `snapshot` shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TicketView {
-    /// The request.
-    pub req: RequestId,
-    /// Its stage.
-    pub state: TicketState,
-    /// Whether it still holds its own running slot (until admitted).
-    pub holds_slot: bool,
-    /// Destination pages still referenced by the ticket.
-    pub import_pages: u32,
-    /// Credits reserved at the peak.
-    pub peak_credit_pages: u32,
-    /// Pages the consumer holds from its credits now.
-    pub held_pages: u32,
-    /// Outstanding credits: `peak - held`.
-    pub credit_pages: u32,
-}
-
-/// One capacity waiter, as `snapshot` shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WaiterView {
-    /// The request.
-    pub req: RequestId,
-    /// Its place in the admission order.
-    pub order: AdmissionOrder,
-    /// Pages it needs (import + credits).
-    pub need_pages: u32,
-    /// Its first refusal.
-    pub since: Timestamp,
-    /// Whether its bounded wait is over.
-    pub expired: bool,
-}
-
-/// Everything the ledger holds, for tests and the engine's trace.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LedgerSnapshot {
-    /// Tickets by request id.
-    pub tickets: Vec<TicketView>,
-    /// Capacity waiters in admission order.
-    pub waiters: Vec<WaiterView>,
-    /// Pages of cancelled imports waiting for their copies to drain.
-    pub draining_pages: u32,
-    /// Outstanding credits of all tickets.
-    pub credit_pages: u32,
-    /// Running slots held by tickets.
-    pub slots_held: u32,
 }
 
 #[derive(Clone, Debug)]
@@ -277,64 +239,6 @@ impl Ledger {
         Ok(())
     }
 
-    /// Allocates `n_pages` for admitted `req` from its credits; beyond its outstanding credits it may use only
-    /// pages not protected for others (`n_free - credits`), else `Pressure` and nothing changes.
-    pub fn allocate(
-        &mut self,
-        pool: &mut PagePool,
-        req: RequestId,
-        n_pages: u32,
-    ) -> Result<Vec<PageId>> {
-        let outstanding = self.entry_in(req, TicketState::Admitted)?.outstanding();
-        let excess = n_pages.saturating_sub(outstanding);
-        let unprotected = pool.n_free().saturating_sub(self.credit_pages);
-        if excess > unprotected || n_pages > pool.n_free() {
-            return Err(Error::Pressure {
-                need_pages: n_pages,
-                available_pages: outstanding.min(pool.n_free()) + unprotected,
-                free_slots: 0,
-            });
-        }
-        let pages = pool.allocate(n_pages)?;
-        self.consume(req, n_pages)?;
-        Ok(pages)
-    }
-
-    /// Records that admitted `req` allocated `n_pages` itself: they are drawn from its credits.
-    pub fn consume(&mut self, req: RequestId, n_pages: u32) -> Result<()> {
-        let entry = self.entry_in(req, TicketState::Admitted)?;
-        let before = entry.outstanding();
-        entry.held_pages = entry.held_pages.saturating_add(n_pages);
-        let after = entry.outstanding();
-        self.credit_pages -= before - after;
-        Ok(())
-    }
-
-    /// Records that admitted `req` freed `n_pages` it held from its credits (positions that left a sliding or
-    /// chunked window became null). The credits come back (C4): the freed pages stay protected for `req`.
-    pub fn release_window_pages(&mut self, req: RequestId, n_pages: u32) -> Result<()> {
-        let entry = self.entry_in(req, TicketState::Admitted)?;
-        debug_assert!(
-            n_pages <= entry.held_pages,
-            "{req} frees {n_pages} pages but holds {}",
-            entry.held_pages
-        );
-        let before = entry.outstanding();
-        entry.held_pages = entry.held_pages.saturating_sub(n_pages);
-        let after = entry.outstanding();
-        self.credit_pages += after - before;
-        Ok(())
-    }
-
-    /// The consumer computed all its prompt tokens: the ticket ends and its outstanding credits are released
-    /// (C6). The consumer's pages are its own from now on.
-    pub fn finish_prompt(&mut self, req: RequestId) -> Result<()> {
-        self.entry_in(req, TicketState::Admitted)?;
-        let released = self.release_ticket(req, None);
-        debug_assert!(released.drain.is_none() && !released.slot);
-        Ok(())
-    }
-
     /// Releases everything `req` holds, idempotently (a second call returns a no-op `Released`): its capacity
     /// waiter (expired or not: its hold lifts, Q2), its ticket's slot and credits at once, the page
     /// references of a ready import (they become evictable, O6), and, for an import still copying, its
@@ -355,24 +259,6 @@ impl Ledger {
             .ok_or(Error::UnknownDrain { drain })?;
         pool.free_all(&pages)?;
         Ok(pages.len() as u32)
-    }
-
-    /// Marks every waiter whose bounded wait is over as expired, with its one warning; returns them in order.
-    /// Optional: `reserve` expires a waiter when it is polled, and an overdue waiter holds nobody back.
-    pub fn expire_due(&mut self, now: Timestamp) -> Vec<RequestId> {
-        let due: Vec<RequestId> = self
-            .waiters
-            .iter()
-            .filter(|(_, waiter)| {
-                !waiter.expired && now.since(waiter.since) >= self.config.restore_max_wait
-            })
-            .map(|(&(_, req), _)| req)
-            .collect();
-        for &req in &due {
-            // Marks and warns; the error value is the answer for a polled request, not needed here.
-            let _expired = self.check_expiry(req, now);
-        }
-        due
     }
 
     /// Outstanding credits of all tickets.
@@ -412,26 +298,9 @@ impl Ledger {
         self.tickets.get(&req).map(|entry| entry.state)
     }
 
-    /// Whether `req` is a capacity waiter (expired or not).
-    pub fn is_waiter(&self, req: RequestId) -> bool {
-        self.waiter_orders.contains_key(&req)
-    }
-
-    /// Whether `req`'s bounded wait is over (it must recompute; admission or release clears this).
-    pub fn is_expired(&self, req: RequestId) -> bool {
-        self.waiter_orders
-            .get(&req)
-            .is_some_and(|&order| self.waiters[&(order, req)].expired)
-    }
-
     /// Whether `req` holds a ticket or is a waiter.
     pub fn holds_anything(&self, req: RequestId) -> bool {
         self.tickets.contains_key(&req) || self.waiter_orders.contains_key(&req)
-    }
-
-    /// Capacity waiters, expired ones included.
-    pub fn n_waiters(&self) -> usize {
-        self.waiters.len()
     }
 
     /// Tickets.
@@ -442,92 +311,6 @@ impl Ledger {
     /// Pages of cancelled imports still draining.
     pub fn draining_pages(&self) -> u32 {
         self.draining.values().map(|pages| pages.len() as u32).sum()
-    }
-
-    /// Everything the ledger holds.
-    pub fn snapshot(&self) -> LedgerSnapshot {
-        LedgerSnapshot {
-            tickets: self
-                .tickets
-                .iter()
-                .map(|(&req, entry)| TicketView {
-                    req,
-                    state: entry.state,
-                    holds_slot: entry.holds_slot(),
-                    import_pages: entry.import_pages.len() as u32,
-                    peak_credit_pages: entry.peak_credit_pages,
-                    held_pages: entry.held_pages,
-                    credit_pages: entry.outstanding(),
-                })
-                .collect(),
-            waiters: self
-                .waiters
-                .iter()
-                .map(|(&(order, req), waiter)| WaiterView {
-                    req,
-                    order,
-                    need_pages: waiter.need_pages,
-                    since: waiter.since,
-                    expired: waiter.expired,
-                })
-                .collect(),
-            draining_pages: self.draining_pages(),
-            credit_pages: self.credit_pages,
-            slots_held: self.slots_held,
-        }
-    }
-
-    /// Asserts the ledger's invariants against `pool`: slots held by tickets never exceed the limit and match
-    /// the tickets; the credit total is the sum of outstanding credits; every page a ticket or a drain holds
-    /// is referenced in `pool`; a request is never both a ticket holder and a waiter; waiter indexes agree.
-    pub fn check_invariants(&self, pool: &PagePool) {
-        let slots = self
-            .tickets
-            .values()
-            .filter(|entry| entry.holds_slot())
-            .count() as u32;
-        assert_eq!(slots, self.slots_held, "slot count drifted");
-        assert!(
-            self.slots_held <= self.config.max_running_slots,
-            "{} ticket slots exceed the limit {}",
-            self.slots_held,
-            self.config.max_running_slots
-        );
-        let credits: u32 = self.tickets.values().map(TicketEntry::outstanding).sum();
-        assert_eq!(credits, self.credit_pages, "credit total drifted");
-        let ticket_pages = self.tickets.values().flat_map(|entry| &entry.import_pages);
-        for &page in ticket_pages.chain(self.draining.values().flatten()) {
-            let ref_count = pool
-                .ref_count(page)
-                .expect("ledger page in range and not null");
-            assert!(
-                ref_count > 0,
-                "ledger holds {page:?} but the pool has it free"
-            );
-        }
-        for (&req, entry) in &self.tickets {
-            assert!(
-                !self.waiter_orders.contains_key(&req),
-                "{req} is both a ticket and a waiter"
-            );
-            if entry.state == TicketState::Admitted {
-                assert!(
-                    entry.import_pages.is_empty(),
-                    "admitted {req} still holds import pages"
-                );
-            }
-        }
-        assert_eq!(
-            self.waiters.len(),
-            self.waiter_orders.len(),
-            "waiter indexes disagree"
-        );
-        for (&req, &order) in &self.waiter_orders {
-            assert!(
-                self.waiters.contains_key(&(order, req)),
-                "waiter {req} missing at {order:?}"
-            );
-        }
     }
 
     fn entry_in(&mut self, req: RequestId, expected: TicketState) -> Result<&mut TicketEntry> {
@@ -577,82 +360,6 @@ impl Ledger {
             TicketState::Admitted => {}
         }
         released
-    }
-
-    /// Pages and slots held, for `req` at `order`, by earlier waiters whose wait is not over.
-    fn earlier_waiters_hold(
-        &self,
-        order: AdmissionOrder,
-        req: RequestId,
-        now: Timestamp,
-    ) -> (u32, u32) {
-        let max_wait = self.config.restore_max_wait;
-        self.waiters
-            .range(..(order, req))
-            .filter(|(_, waiter)| !waiter.expired && now.since(waiter.since) < max_wait)
-            .fold((0u32, 0u32), |(pages, slots), (_, waiter)| {
-                (pages.saturating_add(waiter.need_pages), slots + 1)
-            })
-    }
-
-    fn record_waiter(
-        &mut self,
-        req: RequestId,
-        order: AdmissionOrder,
-        need_pages: u32,
-        now: Timestamp,
-    ) {
-        let mut waiter = WaiterEntry {
-            need_pages,
-            since: now,
-            expired: false,
-        };
-        if let Some(old_order) = self.waiter_orders.insert(req, order) {
-            let old = self.waiters.remove(&(old_order, req));
-            debug_assert!(old.is_some(), "waiter index of {req} dangling");
-            if let Some(old) = old {
-                waiter.since = old.since;
-                waiter.expired = old.expired;
-            }
-        }
-        self.waiters.insert((order, req), waiter);
-    }
-
-    /// Whether `req` (a waiter) is out of time: marks it expired with exactly one warning on the transition.
-    fn check_expiry(&mut self, req: RequestId, now: Timestamp) -> Result<()> {
-        let Some(&order) = self.waiter_orders.get(&req) else {
-            return Ok(());
-        };
-        let max_wait = self.config.restore_max_wait;
-        let waiter = self
-            .waiters
-            .get_mut(&(order, req))
-            .expect("waiter indexes agree");
-        let waited = now.since(waiter.since);
-        if !waiter.expired && waited < max_wait {
-            return Ok(());
-        }
-        if !waiter.expired {
-            waiter.expired = true;
-            tracing::warn!(
-                %req,
-                waited_s = waited.as_secs_f64(),
-                max_wait_s = max_wait.as_secs_f64(),
-                "restore gave up waiting for capacity after {:.1} s; recomputing its prompt",
-                waited.as_secs_f64()
-            );
-        }
-        Err(Error::Expired { req, waited })
-    }
-
-    fn forget_waiter(&mut self, req: RequestId) -> bool {
-        match self.waiter_orders.remove(&req) {
-            Some(order) => {
-                self.waiters.remove(&(order, req));
-                true
-            }
-            None => false,
-        }
     }
 }
 

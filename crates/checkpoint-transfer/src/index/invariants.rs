@@ -1,0 +1,77 @@
+//! `ResidentIndex::check_invariants`: the index's bookkeeping asserted against the pool, for tests and
+//! simulations.
+
+use kv_pool::PagePool;
+
+use super::{ImportState, ResidentIndex};
+
+impl ResidentIndex {
+    /// Asserts the index's invariants against the pool (for tests and simulations): every page an import
+    /// or capture holds has a reference (so no page is freed while a copy into it is outstanding), pages
+    /// belong to one import, a published import has no copy outstanding, and the maps agree.
+    pub fn check_invariants(&self, pool: &PagePool) {
+        let mut n_owned_pages = 0;
+        for (&import_id, import) in &self.imports {
+            for &page in &import.pages {
+                let ref_count = pool.ref_count(page).unwrap_or(0);
+                assert!(
+                    ref_count >= 1,
+                    "page {page:?} of import {import_id:?} has no reference"
+                );
+                assert_eq!(
+                    self.page_owner.get(&page),
+                    Some(&import_id),
+                    "page owner map disagrees"
+                );
+                n_owned_pages += 1;
+            }
+            for job in &import.jobs {
+                assert_eq!(self.by_job.get(job), Some(&import_id), "job map disagrees");
+            }
+            match import.state {
+                ImportState::Published => {
+                    assert!(
+                        import.jobs.is_empty(),
+                        "published import with copies outstanding"
+                    );
+                }
+                ImportState::Cancelled => {
+                    assert!(
+                        !import.jobs.is_empty(),
+                        "drained cancelled import not discarded"
+                    );
+                }
+                ImportState::Staged | ImportState::Failed => {
+                    assert!(!import.jobs.is_empty(), "settled import still staged");
+                }
+            }
+            let mapped = self.by_request.get(&import.request) == Some(&import_id);
+            assert_eq!(
+                mapped,
+                import.state != ImportState::Cancelled,
+                "request map disagrees"
+            );
+        }
+        assert_eq!(
+            n_owned_pages,
+            self.page_owner.len(),
+            "page owner map has stale pages"
+        );
+        assert_eq!(
+            self.by_job.len(),
+            self.imports
+                .values()
+                .map(|import| import.jobs.len())
+                .sum::<usize>(),
+            "job map has stale jobs"
+        );
+        for capture in self.captures.values() {
+            for &page in &capture.pages {
+                assert!(
+                    pool.ref_count(page).unwrap_or(0) >= 1,
+                    "captured page {page:?} has no reference"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! What the engine reports: `StepReport` (what one step did), `RequestView` (where a live request is) and
+//! the read-only accessors for metrics, the pool, the ledger, the store and counters.
+
+use std::time::Duration;
+
+use checkpoint_transfer::StoreStats;
+use kv_pool::PagePool;
+use reservation::{Ledger, LedgerSnapshot, RequestId, Timestamp};
+
+use super::Engine;
+use super::req::Phase;
+use crate::executor::Executor;
+use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
+
+/// What one step did, for traces and tests.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StepReport {
+    /// Engine clock after the step.
+    pub now: Timestamp,
+    /// Modeled duration of the step (zero when nothing ran and the clock jumped to the next event).
+    pub duration: Duration,
+    /// Requests that computed prefill tokens, with how many.
+    pub prefills: Vec<(RequestId, u32)>,
+    /// Requests that decoded.
+    pub decodes: Vec<RequestId>,
+    /// Ready full-prompt restores given a logits-only entry (Q4).
+    pub logits_only: Vec<RequestId>,
+    /// Requests admitted this step (ordinary admissions and ready imports).
+    pub admitted: Vec<RequestId>,
+    /// Requests preempted by recompute this step.
+    pub preempted: Vec<RequestId>,
+    /// Requests that finished (or paused, for streams) this step.
+    pub finished: Vec<RequestId>,
+    /// Restores that fell back to recompute this step, with why.
+    pub fallbacks: Vec<(RequestId, FallbackReason)>,
+    /// Waiting requests the admission walk examined (Q8: bounded by admissions + 1 + ready imports).
+    pub examined: u32,
+    /// Pending restores polled (each at most once per step).
+    pub restore_polls: u32,
+    /// Free pages after the step.
+    pub free_pages: u32,
+    /// Outstanding credits after the step.
+    pub credit_pages: u32,
+    /// Requests waiting for ordinary admission after the step.
+    pub waiting: u32,
+    /// Requests running after the step.
+    pub running: u32,
+    /// Whether the engine had nothing to do and nothing will happen by itself.
+    pub idle: bool,
+}
+
+impl StepReport {
+    /// Whether the step scheduled any work.
+    pub fn scheduled_any(&self) -> bool {
+        !self.prefills.is_empty() || !self.decodes.is_empty() || !self.logits_only.is_empty()
+    }
+}
+
+/// Where a live request is, for tests and traces.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestView {
+    /// State name: arriving, waiting, restoring, ready, running, paused, resuming.
+    pub phase: &'static str,
+    /// Tokens whose KV is computed or restored.
+    pub n_computed: u32,
+    /// Pages in its page table.
+    pub n_pages: u32,
+    /// Whether it holds a ledger ticket.
+    pub has_ticket: bool,
+    /// Whether it is a capacity waiter.
+    pub is_waiter: bool,
+    /// Output tokens so far.
+    pub n_output: u32,
+    /// Store lookups sent for its restore so far.
+    pub lookups: u32,
+}
+
+impl<E: Executor> Engine<E> {
+    /// Aggregated metrics of every request finished or cancelled so far.
+    pub fn metrics(&self) -> RunMetrics {
+        let mut run = RunMetrics::aggregate(
+            self.params.policy.name(),
+            &self.done,
+            self.now.0,
+            self.wall,
+            self.leaked_pages(),
+        );
+        run.capacity_waits = run.capacity_waits.max(self.capacity_waits_started);
+        run
+    }
+
+    /// Metrics of every request finished or cancelled so far, in completion order.
+    pub fn request_metrics(&self) -> &[RequestMetrics] {
+        &self.done
+    }
+
+    /// Where a live request is.
+    pub fn request(&self, id: RequestId) -> Option<RequestView> {
+        let req = self.reqs.get(&id)?;
+        Some(RequestView {
+            phase: match req.phase {
+                Phase::Arriving => "arriving",
+                Phase::Waiting => "waiting",
+                Phase::Restoring => "restoring",
+                Phase::Ready => "ready",
+                Phase::Running => "running",
+                Phase::Paused => "paused",
+                Phase::Resuming => "resuming",
+            },
+            n_computed: req.n_computed,
+            n_pages: req.pages.len() as u32,
+            has_ticket: self
+                .ledger
+                .as_ref()
+                .is_some_and(|ledger| ledger.ticket_state(id).is_some()),
+            is_waiter: self
+                .ledger
+                .as_ref()
+                .is_some_and(|ledger| ledger.is_waiter(id))
+                || req.wait_started.is_some(),
+            n_output: req.output.len() as u32,
+            lookups: req.lookups,
+        })
+    }
+
+    /// The page pool (read only).
+    pub fn pool(&self) -> &PagePool {
+        &self.pool
+    }
+
+    /// The ledger's state (`None` under policies without reservations).
+    pub fn ledger_snapshot(&self) -> Option<LedgerSnapshot> {
+        self.ledger.as_ref().map(Ledger::snapshot)
+    }
+
+    /// What the checkpoint store holds.
+    pub fn store_stats(&self) -> StoreStats {
+        self.store.stats()
+    }
+
+    /// Restored pages verified byte for byte against recompute so far (E3).
+    pub fn pages_verified(&self) -> u64 {
+        self.pages_verified
+    }
+
+    /// Steps run so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+}

@@ -1,0 +1,144 @@
+//! Read-only views of the ledger: `snapshot` with its `LedgerSnapshot`, `TicketView` and `WaiterView` (for
+//! tests and the engine's trace), and `check_invariants`, which asserts the ledger's bookkeeping against a pool.
+
+use kv_pool::PagePool;
+
+use super::{Ledger, TicketEntry, TicketState};
+use crate::ids::{AdmissionOrder, RequestId, Timestamp};
+
+/// One ticket, as `snapshot` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TicketView {
+    /// The request.
+    pub req: RequestId,
+    /// Its stage.
+    pub state: TicketState,
+    /// Whether it still holds its own running slot (until admitted).
+    pub holds_slot: bool,
+    /// Destination pages still referenced by the ticket.
+    pub import_pages: u32,
+    /// Credits reserved at the peak.
+    pub peak_credit_pages: u32,
+    /// Pages the consumer holds from its credits now.
+    pub held_pages: u32,
+    /// Outstanding credits: `peak - held`.
+    pub credit_pages: u32,
+}
+
+/// One capacity waiter, as `snapshot` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaiterView {
+    /// The request.
+    pub req: RequestId,
+    /// Its place in the admission order.
+    pub order: AdmissionOrder,
+    /// Pages it needs (import + credits).
+    pub need_pages: u32,
+    /// Its first refusal.
+    pub since: Timestamp,
+    /// Whether its bounded wait is over.
+    pub expired: bool,
+}
+
+/// Everything the ledger holds, for tests and the engine's trace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LedgerSnapshot {
+    /// Tickets by request id.
+    pub tickets: Vec<TicketView>,
+    /// Capacity waiters in admission order.
+    pub waiters: Vec<WaiterView>,
+    /// Pages of cancelled imports waiting for their copies to drain.
+    pub draining_pages: u32,
+    /// Outstanding credits of all tickets.
+    pub credit_pages: u32,
+    /// Running slots held by tickets.
+    pub slots_held: u32,
+}
+
+impl Ledger {
+    /// Everything the ledger holds.
+    pub fn snapshot(&self) -> LedgerSnapshot {
+        LedgerSnapshot {
+            tickets: self
+                .tickets
+                .iter()
+                .map(|(&req, entry)| TicketView {
+                    req,
+                    state: entry.state,
+                    holds_slot: entry.holds_slot(),
+                    import_pages: entry.import_pages.len() as u32,
+                    peak_credit_pages: entry.peak_credit_pages,
+                    held_pages: entry.held_pages,
+                    credit_pages: entry.outstanding(),
+                })
+                .collect(),
+            waiters: self
+                .waiters
+                .iter()
+                .map(|(&(order, req), waiter)| WaiterView {
+                    req,
+                    order,
+                    need_pages: waiter.need_pages,
+                    since: waiter.since,
+                    expired: waiter.expired,
+                })
+                .collect(),
+            draining_pages: self.draining_pages(),
+            credit_pages: self.credit_pages,
+            slots_held: self.slots_held,
+        }
+    }
+
+    /// Asserts the ledger's invariants against `pool`: slots held by tickets never exceed the limit and match
+    /// the tickets; the credit total is the sum of outstanding credits; every page a ticket or a drain holds
+    /// is referenced in `pool`; a request is never both a ticket holder and a waiter; waiter indexes agree.
+    pub fn check_invariants(&self, pool: &PagePool) {
+        let slots = self
+            .tickets
+            .values()
+            .filter(|entry| entry.holds_slot())
+            .count() as u32;
+        assert_eq!(slots, self.slots_held, "slot count drifted");
+        assert!(
+            self.slots_held <= self.config.max_running_slots,
+            "{} ticket slots exceed the limit {}",
+            self.slots_held,
+            self.config.max_running_slots
+        );
+        let credits: u32 = self.tickets.values().map(TicketEntry::outstanding).sum();
+        assert_eq!(credits, self.credit_pages, "credit total drifted");
+        let ticket_pages = self.tickets.values().flat_map(|entry| &entry.import_pages);
+        for &page in ticket_pages.chain(self.draining.values().flatten()) {
+            let ref_count = pool
+                .ref_count(page)
+                .expect("ledger page in range and not null");
+            assert!(
+                ref_count > 0,
+                "ledger holds {page:?} but the pool has it free"
+            );
+        }
+        for (&req, entry) in &self.tickets {
+            assert!(
+                !self.waiter_orders.contains_key(&req),
+                "{req} is both a ticket and a waiter"
+            );
+            if entry.state == TicketState::Admitted {
+                assert!(
+                    entry.import_pages.is_empty(),
+                    "admitted {req} still holds import pages"
+                );
+            }
+        }
+        assert_eq!(
+            self.waiters.len(),
+            self.waiter_orders.len(),
+            "waiter indexes disagree"
+        );
+        for (&req, &order) in &self.waiter_orders {
+            assert!(
+                self.waiters.contains_key(&(order, req)),
+                "waiter {req} missing at {order:?}"
+            );
+        }
+    }
+}
