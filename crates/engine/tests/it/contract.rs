@@ -80,11 +80,16 @@ pub(crate) fn seed_checkpoint(
 
 /// A long-running decode holding about `n_pages` pages.
 fn start_hog(engine: &mut Engine, id: u64, n_pages: u32) {
+    start_hog_for(engine, id, n_pages, 60);
+}
+
+/// `start_hog` decoding `output_tokens` tokens; returns once it has decoded one.
+fn start_hog_for(engine: &mut Engine, id: u64, n_pages: u32, output_tokens: u32) {
     engine
         .submit(spec(
             id,
             tokens(99, id as u32, 0, n_pages * TPP - 1),
-            60,
+            output_tokens,
             engine.now(),
         ))
         .unwrap();
@@ -174,14 +179,7 @@ fn q6_reservations_never_preempt_running_decodes_and_contended_steps_schedule_wo
     let mut engine = Engine::new(params(Policy::Reserved, 49)).unwrap();
     let prompt = tokens(1, 0, 0, 20 * TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
-    engine
-        .submit(spec(2, tokens(99, 2, 0, 30 * TPP - 1), 40, engine.now()))
-        .unwrap();
-    step_until(&mut engine, 100, |engine, _| {
-        engine
-            .request(RequestId(2))
-            .is_some_and(|view| view.n_output > 0)
-    });
+    start_hog_for(&mut engine, 2, 30, 40);
     engine
         .submit(spec(
             4,
@@ -532,14 +530,7 @@ fn g5_capacity_waits_are_counted_with_the_longest_wait() {
     let mut engine = Engine::new(params(Policy::Reserved, 49)).unwrap();
     let prompt = tokens(1, 0, 0, 20 * TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
-    engine
-        .submit(spec(2, tokens(99, 2, 0, 30 * TPP - 1), 40, engine.now()))
-        .unwrap();
-    step_until(&mut engine, 100, |engine, _| {
-        engine
-            .request(RequestId(2))
-            .is_some_and(|view| view.n_output > 0)
-    });
+    start_hog_for(&mut engine, 2, 30, 40);
     engine
         .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
         .unwrap();

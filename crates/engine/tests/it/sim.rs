@@ -142,37 +142,13 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
             }
         }
         // Paused streams: close them so every request ends.
-        for (&id, _) in live.iter() {
-            if engine
-                .request(RequestId(id))
-                .is_some_and(|view| view.phase == "paused")
-            {
-                engine
-                    .close_stream(RequestId(id))
-                    .expect("close a paused stream");
-            }
-        }
-        for finished in engine.take_finished() {
-            live.remove(&finished.id.0);
-        }
+        close_paused_streams(&mut engine, &mut live);
     }
     let mut steps = 0;
     while !engine.is_idle() {
         engine.step();
         engine.check_invariants();
-        for (&id, _) in live.iter() {
-            if engine
-                .request(RequestId(id))
-                .is_some_and(|view| view.phase == "paused")
-            {
-                engine
-                    .close_stream(RequestId(id))
-                    .expect("close a paused stream");
-            }
-        }
-        for finished in engine.take_finished() {
-            live.remove(&finished.id.0);
-        }
+        close_paused_streams(&mut engine, &mut live);
         steps += 1;
         assert!(steps < 200_000, "the run does not finish");
     }
@@ -185,6 +161,23 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
     );
     assert_eq!(engine.metrics().leaked_pages, 0);
     assert_eq!(engine.pool().n_in_use(), 0, "no page held once idle");
+}
+
+/// Closes every paused stream among `live` and forgets the requests that ended.
+fn close_paused_streams(engine: &mut Engine, live: &mut BTreeMap<u64, usize>) {
+    for &id in live.keys() {
+        if engine
+            .request(RequestId(id))
+            .is_some_and(|view| view.phase == "paused")
+        {
+            engine
+                .close_stream(RequestId(id))
+                .expect("close a paused stream");
+        }
+    }
+    for finished in engine.take_finished() {
+        live.remove(&finished.id.0);
+    }
 }
 
 #[test]
