@@ -561,7 +561,10 @@ fn w1_expired_restore_is_admitted_to_recompute_and_its_state_cleared() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(ProptestConfig::with_cases(
+        // PROPTEST_CASES overrides the count (e.g. 10x before a release).
+        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(128)
+    ))]
 
     /// FCFS holds among requests that do not own capacity: across steps, a cold request is admitted only after
     /// every cold request pushed before it; ready imports may pass; admitted requests leave the queues; the

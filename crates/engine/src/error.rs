@@ -3,6 +3,8 @@
 
 use reservation::RequestId;
 
+use crate::metrics::RejectReason;
+
 /// Result of engine operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -41,11 +43,16 @@ pub enum Error {
         /// The id.
         id: RequestId,
     },
-    /// The request can never fit: its prompt plus output exceeds the model length or the whole pool.
-    #[error("request {id} needs {tokens} tokens, more than the limit of {limit}")]
-    RequestTooLong {
+    /// The request can never run (K1): its prompt plus output exceeds the model length or the whole pool.
+    /// It is rejected alone and counted in `RunMetrics::rejected_requests`; the engine goes on.
+    #[error(
+        "request {id} rejected ({reason}): it needs {tokens} tokens, more than the limit of {limit}"
+    )]
+    Rejected {
         /// The id.
         id: RequestId,
+        /// Why it can never run.
+        reason: RejectReason,
         /// Tokens it needs.
         tokens: u64,
         /// The limit.
@@ -75,10 +82,53 @@ pub enum Error {
         /// Pages in use.
         n_pages: u32,
     },
+    /// No live request produced a token or ended for `stalled_s` seconds of engine time or `steps` steps
+    /// (K3: the liveness watchdog, `EngineParams::stall_timeout`). Names every stuck request and where it is.
+    #[error(
+        "no progress for {stalled_s:.1} s of engine time and {steps} steps; stuck requests: {requests}"
+    )]
+    Stalled {
+        /// Engine seconds since the last progress.
+        stalled_s: f64,
+        /// Steps since the last progress.
+        steps: u64,
+        /// The stuck requests with their phase, restore state and store lookups.
+        requests: String,
+    },
+    /// A restored page differs from what recomputing its prefix writes (E3, L5): the run stops.
+    #[error(
+        "restored block {block} of {id} (page {page:?}) differs from recompute at byte {byte}: a corrupt restore"
+    )]
+    RestoreMismatch {
+        /// The request.
+        id: RequestId,
+        /// Block index in the request's prompt.
+        block: u32,
+        /// The pool page.
+        page: kv_pool::PageId,
+        /// Offset of the first differing byte in the page.
+        byte: usize,
+    },
+    /// The engine found its own state inconsistent (a bug in kvgate, K2): names the broken invariant. The
+    /// engine must not be stepped again; drop it.
+    #[error("internal error (a bug in kvgate, please report it): {invariant}")]
+    Internal {
+        /// The broken invariant.
+        invariant: String,
+    },
     /// The page pool failed (a bug if it happens while driving the engine correctly).
     #[error(transparent)]
     Pool(#[from] kv_pool::Error),
     /// The checkpoint store or transfer layer failed.
     #[error(transparent)]
     Transfer(#[from] checkpoint_transfer::Error),
+}
+
+impl Error {
+    /// An internal-inconsistency error naming `invariant`.
+    pub(crate) fn internal(invariant: impl Into<String>) -> Error {
+        Error::Internal {
+            invariant: invariant.into(),
+        }
+    }
 }

@@ -12,7 +12,7 @@ mod request;
 pub use engine::{Engine, RequestView, StepReport};
 pub use error::{Error, Result};
 pub use executor::{CostModel, Executor, SimExecutor};
-pub use metrics::{FallbackReason, RequestMetrics, RunMetrics};
+pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
 pub use params::EngineParams;
 pub use policy::Policy;
 pub use request::{FinishedRequest, RequestSpec, STOP_TOKEN, output_token};

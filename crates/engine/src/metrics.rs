@@ -29,6 +29,8 @@ pub enum FallbackReason {
     Reset,
     /// The checkpoint no longer matched the request (lost, superseded or invalid).
     Invalid,
+    /// The request asked the store `RESTORE_LOOKUPS_MAX` times already (after preemptions or evictions, K3).
+    LookupsExhausted,
 }
 
 impl FallbackReason {
@@ -44,11 +46,37 @@ impl FallbackReason {
             FallbackReason::EvictedBeforeAdmission => "evicted_before_admission",
             FallbackReason::Reset => "reset",
             FallbackReason::Invalid => "invalid",
+            FallbackReason::LookupsExhausted => "lookups_exhausted",
         }
     }
 }
 
 impl fmt::Display for FallbackReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a request was rejected: it can never run (K1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RejectReason {
+    /// Its prompt plus output is longer than the model's context (`max_model_len`).
+    LongerThanModel,
+    /// It needs more pages than the whole pool has.
+    LargerThanPool,
+}
+
+impl RejectReason {
+    /// The reason's report name.
+    pub fn name(self) -> &'static str {
+        match self {
+            RejectReason::LongerThanModel => "longer_than_model",
+            RejectReason::LargerThanPool => "larger_than_pool",
+        }
+    }
+}
+
+impl fmt::Display for RejectReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
@@ -91,6 +119,8 @@ pub struct RequestMetrics {
     pub finished: Option<Timestamp>,
     /// Whether it was cancelled rather than finished.
     pub cancelled: bool,
+    /// Why it was rejected, when it could never run (K1); a rejected request also reads as cancelled.
+    pub rejected: Option<RejectReason>,
 }
 
 impl RequestMetrics {
@@ -134,6 +164,8 @@ pub struct RunMetrics {
     pub later_turns_local_hit: u32,
     /// Restore fallbacks by reason name.
     pub restore_fallbacks: BTreeMap<String, u32>,
+    /// Requests rejected because they can never run (K1), by reason name.
+    pub rejected_requests: BTreeMap<String, u32>,
     /// Capacity waits started.
     pub capacity_waits: u32,
     /// Longest capacity wait in seconds.
@@ -191,6 +223,10 @@ impl RunMetrics {
             let Some(turn_s) = request.turn_s() else {
                 continue;
             };
+            if request.rejected.is_some() {
+                // Counted by the engine in `rejected_requests`, with the requests refused at submission.
+                continue;
+            }
             if request.cancelled {
                 run.requests_cancelled += 1;
                 continue;

@@ -51,6 +51,10 @@ pub struct EngineParams {
     pub verify_restores: bool,
     /// Seed of the run (fault injection and anything random in the engine). Default 0.
     pub seed: u64,
+    /// The liveness watchdog (K3): when live requests exist and none produced a token or ended for this long
+    /// on the engine clock, or for `STALL_STEPS_MAX` steps, `Engine::step` fails with `Error::Stalled`
+    /// naming the stuck requests. Default 1 hour.
+    pub stall_timeout: Duration,
 }
 
 impl Default for EngineParams {
@@ -86,6 +90,7 @@ impl Default for EngineParams {
             cost,
             verify_restores: cfg!(debug_assertions),
             seed: 0,
+            stall_timeout: Duration::from_secs(3600),
         }
     }
 }
@@ -131,6 +136,9 @@ impl EngineParams {
         }
         if self.chunk_tokens == 0 {
             return invalid("chunk_tokens", "at least 1");
+        }
+        if self.stall_timeout.is_zero() {
+            return invalid("stall_timeout", "more than 0 s");
         }
         if self.copy_task_limit == 0 {
             return invalid("copy_task_limit", "at least 1");

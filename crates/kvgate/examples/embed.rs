@@ -32,7 +32,7 @@ fn main() -> Result<(), kvgate::Error> {
     let mut second_turn_sent = false;
     let mut steps = 0u64;
     while !engine.is_idle() {
-        let report = engine.step();
+        let report = engine.step()?;
         steps += 1;
         for done in engine.take_finished() {
             println!(

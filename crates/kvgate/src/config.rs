@@ -117,6 +117,9 @@ pub struct SchedulerConfig {
     pub draft_tokens: u32,
     /// Admission watermark in pages, applied while other work is scheduled. Default 0.
     pub watermark_pages: u32,
+    /// The liveness watchdog: a run in which no request produces a token or ends for this many seconds of
+    /// engine time stops with an error naming the stuck requests. Default 3600; more than 0.
+    pub stall_timeout_s: f64,
 }
 
 /// Restores.
@@ -177,6 +180,7 @@ impl Default for SchedulerConfig {
             chunk_tokens: 512,
             draft_tokens: 0,
             watermark_pages: 0,
+            stall_timeout_s: 3600.0,
         }
     }
 }
@@ -287,6 +291,11 @@ impl EngineConfig {
             1 << 24,
         )?;
         check_range("scheduler.draft_tokens", self.scheduler.draft_tokens, 0, 16)?;
+        check_seconds(
+            "scheduler.stall_timeout_s",
+            self.scheduler.stall_timeout_s,
+            true,
+        )?;
         check_seconds("restore.max_wait_s", self.restore.max_wait_s, false)?;
         check_seconds(
             "restore.lookup_timeout_s",
@@ -395,6 +404,7 @@ impl EngineConfig {
             cost: self.cost()?,
             verify_restores: cfg!(debug_assertions),
             seed: self.seed,
+            stall_timeout: seconds(self.scheduler.stall_timeout_s),
         })
     }
 }

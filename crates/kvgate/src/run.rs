@@ -32,7 +32,7 @@ pub fn run_agents(
     }
     let mut finished = 0u64;
     while !engine.is_idle() {
-        engine.step();
+        engine.step()?;
         for done in engine.take_finished() {
             finished += 1;
             progress(finished, total);
@@ -91,13 +91,13 @@ pub fn run_replay(
                 arrival,
             );
             spec.is_later_turn = later_turn[next];
-            engine.submit(spec)?;
+            submit_or_reject(&mut engine, spec)?;
             next += 1;
         }
         if engine.is_idle() && next == trace.len() {
             break;
         }
-        engine.step();
+        engine.step()?;
         for _ in engine.take_finished() {
             finished += 1;
             if finished.is_multiple_of(64) || started.elapsed() > Duration::from_secs(1) {
@@ -142,8 +142,17 @@ fn submit_turn(
     let mut request =
         RequestSpec::new(id, context.clone(), spec.response_len(agent, turn), arrival);
     request.is_later_turn = turn > 0;
-    engine.submit(request)?;
-    Ok(())
+    // A rejected turn ends its session: the engine counted it (K1), and the later turns would only grow.
+    submit_or_reject(engine, request)
+}
+
+/// Submits `request`; a request that can never run is rejected alone (K1: the engine counts it and logs
+/// why) and the run goes on. Any other error ends the run.
+fn submit_or_reject(engine: &mut Engine, request: RequestSpec) -> Result<()> {
+    match engine.submit(request) {
+        Ok(()) | Err(engine::Error::Rejected { .. }) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
 }
 
 fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {

@@ -190,14 +190,14 @@ pub fn run(scenario: &Scenario) -> Result<Value> {
                 .map_err(|e| bad(format!("step {step}: {e}")))?;
             outcomes.push(outcome);
         }
-        let report = engine.step();
+        let report = engine.step()?;
         for done in engine.take_finished() {
             live.remove(&done.id.0);
             if let Some(context) = contexts.get_mut(&done.id.0) {
                 context.extend_from_slice(&done.output);
             }
         }
-        engine.check_invariants();
+        engine.check_invariants()?;
         steps.push(step_json(step, &report, &outcomes, &engine, &live));
         if step >= last_event_step && engine.is_idle() {
             break;

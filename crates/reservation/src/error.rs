@@ -164,6 +164,16 @@ pub enum Error {
         /// The drain id.
         drain: DrainId,
     },
+    /// The consumer frees more window pages than it holds from its ticket's credits.
+    #[error("{req} frees {n_pages} window pages but holds {held_pages} from its credits")]
+    WindowFreeExceedsHeld {
+        /// The request.
+        req: RequestId,
+        /// Pages it said it freed.
+        n_pages: u32,
+        /// Pages it holds from its credits.
+        held_pages: u32,
+    },
     /// `KVGATE_RESTORE_MAX_WAIT_S` is not a non-negative number of seconds.
     #[error("KVGATE_RESTORE_MAX_WAIT_S={value:?} is not a non-negative number of seconds")]
     InvalidMaxWait {
@@ -182,7 +192,23 @@ impl Error {
             Error::Pressure { .. } => ErrorKind::Pressure,
             Error::Impossible { .. } => ErrorKind::Impossible,
             Error::Expired { .. } => ErrorKind::Expired,
-            _ => ErrorKind::Invalid,
+            // Listed one by one, so that a new variant must be classified here.
+            Error::ZeroTokens { .. }
+            | Error::BoundaryPastPrompt { .. }
+            | Error::DraftPrefixPastBoundary { .. }
+            | Error::PromptPastModelLen { .. }
+            | Error::ZeroChunk
+            | Error::ZeroRanks
+            | Error::RanksMismatch { .. }
+            | Error::PageWidthMismatch { .. }
+            | Error::GroupsMismatch { .. }
+            | Error::TicketExists { .. }
+            | Error::NoTicket { .. }
+            | Error::WrongTicketState { .. }
+            | Error::UnknownDrain { .. }
+            | Error::WindowFreeExceedsHeld { .. }
+            | Error::InvalidMaxWait { .. }
+            | Error::Pool(_) => ErrorKind::Invalid,
         }
     }
 }

@@ -733,7 +733,10 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(ProptestConfig::with_cases(
+        // PROPTEST_CASES overrides the count (e.g. 10x before a release).
+        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(128)
+    ))]
 
     /// Under any interleaving of stage / copy completion (acknowledgement) / rank failure / cancel /
     /// eviction / acquire / consumer free, no page is free while a copy into it is outstanding, the index

@@ -15,7 +15,7 @@ use super::step::{Plan, Work};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
-use crate::metrics::FallbackReason;
+use crate::metrics::{FallbackReason, RejectReason};
 use crate::policy::Policy;
 
 impl<E: Executor> Engine<E> {
@@ -41,9 +41,22 @@ impl<E: Executor> Engine<E> {
         report.examined += step.examined;
         report.restore_polls += step.restore_polls;
         for decision in step.decisions {
-            if let Decision::Rejected { req, .. } = decision {
-                // `submit` refuses requests longer than the pool, so a first chunk always fits it.
-                debug_assert!(false, "{req} can never fit the pool");
+            if let Decision::Rejected {
+                req,
+                need_pages,
+                usable_pages,
+            } = decision
+            {
+                // `submit` refuses requests larger than the pool, so this is a first chunk that can never fit
+                // (a watermark or a geometry the submit check does not see): reject it alone (K1).
+                tracing::warn!(request = %req, need_pages, usable_pages, "request rejected: it can never fit the pool");
+                *self
+                    .rejected
+                    .entry(RejectReason::LargerThanPool)
+                    .or_default() += 1;
+                if let Some(live) = self.reqs.get_mut(&req) {
+                    live.metrics.rejected = Some(RejectReason::LargerThanPool);
+                }
                 self.cancel(req)?;
             }
         }
@@ -267,7 +280,9 @@ impl<E: Executor> Engine<E> {
             checkpoint, blocks, ..
         } = self.reqs[&id].restore.clone()
         else {
-            unreachable!("a restore at once has an answered lookup")
+            return Err(Error::internal(format!(
+                "{id}: a restore at once without an answered lookup"
+            )));
         };
         if self.index.n_staged() >= self.params.copy_task_limit as usize {
             return Ok(false);
@@ -297,7 +312,11 @@ impl<E: Executor> Engine<E> {
                 dependency_pages: &hits,
             },
         )?;
-        let dest_pages = self.index.pages(id).expect("just staged").to_vec();
+        let dest_pages = self
+            .index
+            .pages(id)
+            .ok_or_else(|| Error::internal(format!("{id}: no pages for the import just staged")))?
+            .to_vec();
         for &page in &dest_pages {
             self.pool.touch(page)?;
         }
@@ -333,9 +352,15 @@ impl<E: Executor> Engine<E> {
     ) -> Result<bool> {
         let tpp = self.params.geometry.tokens_per_page();
         let Restore::Importing { blocks, .. } = self.reqs[&id].restore.clone() else {
-            unreachable!("a ready request has a published import")
+            return Err(Error::internal(format!(
+                "{id} is ready without a published import"
+            )));
         };
-        let dest = self.index.pages(id).expect("a ready import").to_vec();
+        let dest = self
+            .index
+            .pages(id)
+            .ok_or_else(|| Error::internal(format!("{id} is ready but the index has no import")))?
+            .to_vec();
         // Through the prefix-hit path (O4): the request takes its references, the index drops its own.
         let hits = match self.index.acquire(&mut self.pool, id) {
             Ok(acquired) => acquired.pages,
@@ -351,9 +376,11 @@ impl<E: Executor> Engine<E> {
         };
         debug_assert_eq!(hits.len(), blocks as usize);
         if let Some(ledger) = self.ledger.as_mut() {
-            ledger
-                .admit(id, &mut self.pool)
-                .expect("a ready import holds a ready ticket");
+            ledger.admit(id, &mut self.pool).map_err(|error| {
+                Error::internal(format!(
+                    "{id}: a ready import without a ready ticket: {error}"
+                ))
+            })?;
         }
         let restored_pages = hits.iter().filter(|page| dest.contains(page)).count() as u32;
         let req = self.reqs.get_mut(&id).expect("live");

@@ -16,7 +16,7 @@ use reservation::{ErrorKind, Preflight, RequestId, RestoreSpec};
 
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::metrics::FallbackReason;
 use crate::policy::Policy;
@@ -42,9 +42,12 @@ impl<E: Executor> Engine<E> {
             return;
         }
         let limit_tokens = restorable * tpp + 1;
-        self.send_lookup(id, limit_tokens);
+        if !self.send_lookup(id, limit_tokens) {
+            // K3: every path that asks the store (here: a preemption or an eviction before admission) counts
+            // against the one lookup budget; once it is spent the request recomputes.
+            self.enqueue_waiting(id, Some(FallbackReason::LookupsExhausted));
+        }
     }
-
     /// Blocks of `id`'s prompt a restore may cover: all but the last token's, or the whole prompt when it ends
     /// on a page boundary and the request has saved logits (Q4).
     fn restorable_blocks(&self, id: RequestId) -> u32 {
@@ -58,9 +61,14 @@ impl<E: Executor> Engine<E> {
         }
     }
 
-    fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) {
+    /// Sends a store lookup for `id`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
+    /// (nothing changed) when it is spent. Every path that asks the store goes through here.
+    fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> bool {
         let (now, latency) = (self.now, self.params.lookup_latency);
         let req = self.reqs.get_mut(&id).expect("live");
+        if req.lookups >= RESTORE_LOOKUPS_MAX {
+            return false;
+        }
         req.lookups += 1;
         req.restore = Restore::Lookup {
             sent: now,
@@ -70,6 +78,7 @@ impl<E: Executor> Engine<E> {
         req.phase = Phase::Restoring;
         self.waiting.remove(&req.order);
         self.restoring.insert(req.order, id);
+        true
     }
 
     /// The store's answer: a checkpoint and how many of its leading blocks restore `id` (fewer than
@@ -158,7 +167,11 @@ impl<E: Executor> Engine<E> {
                     self.try_reserve(id, report)?;
                 }
                 Restore::Importing { .. } => {} // copy in flight: defer
-                Restore::Idle => unreachable!("a restoring request has a restore"),
+                Restore::Idle => {
+                    return Err(Error::internal(format!(
+                        "{id} is restoring without a restore"
+                    )));
+                }
             }
         }
         Ok(())
@@ -209,13 +222,20 @@ impl<E: Executor> Engine<E> {
     /// Reserves for an answered restore by the policy's mechanism and starts its copy.
     fn try_reserve(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
         if self.index.n_staged() >= self.params.copy_task_limit as usize {
-            return Ok(()); // wait for a copy slot (G2)
+            // Wait for a copy slot (G2); a capacity wait whose bound ran out meanwhile is over all the same
+            // (W1), or the waiter would wait for ever behind copies that keep the slots busy.
+            if self.wait_expired(id) {
+                self.fall_back(id, FallbackReason::WaitExpired, report);
+            }
+            return Ok(());
         }
         let Restore::Answered {
             checkpoint, blocks, ..
         } = self.reqs[&id].restore.clone()
         else {
-            unreachable!()
+            return Err(Error::internal(format!(
+                "{id}: reserving without an answered lookup"
+            )));
         };
         let tpp = self.params.geometry.tokens_per_page();
         // The ticket's destination pages (`reserved`), or `None` (`pages-only`: the index allocates them).
@@ -303,6 +323,25 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
+    /// Whether `id`'s capacity wait is over (W1): its ledger waiter expired (with the ledger's one warning),
+    /// or, without a ledger (`pages-only`), it has waited `restore_max_wait` since its first refusal.
+    fn wait_expired(&mut self, id: RequestId) -> bool {
+        let now = self.now;
+        if let Some(ledger) = self.ledger.as_mut() {
+            let _due = ledger.expire_due(now);
+            return ledger.is_expired(id);
+        }
+        let Some(started) = self.reqs[&id].wait_started else {
+            return false;
+        };
+        let waited = now.since(started);
+        if waited < self.params.restore_max_wait {
+            return false;
+        }
+        tracing::warn!(request = %id, waited_s = waited.as_secs_f64(), "restore gave up waiting for capacity; recomputing its prompt");
+        true
+    }
+
     /// A refused reservation: pressure starts or continues a capacity wait (logged, G5); impossible and
     /// expired recompute at once.
     fn refused(
@@ -356,9 +395,7 @@ impl<E: Executor> Engine<E> {
         reason: FallbackReason,
         report: &mut StepReport,
     ) {
-        if self.reqs[&id].lookups < RESTORE_LOOKUPS_MAX {
-            self.send_lookup(id, limit_tokens);
-        } else {
+        if !self.send_lookup(id, limit_tokens) {
             self.fall_back(id, reason, report);
         }
     }
@@ -415,13 +452,23 @@ impl<E: Executor> Engine<E> {
                     req.loading = None;
                     let _released = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
                 } else if let Some(ledger) = self.ledger.as_mut() {
-                    ledger.publish(id).expect("an importing ticket");
+                    ledger.publish(id).map_err(|error| {
+                        Error::internal(format!(
+                            "{id} published without an importing ticket: {error}"
+                        ))
+                    })?;
                     req.phase = Phase::Ready;
                     self.restoring.remove(&req.order);
                     self.ready.insert(req.order, id);
                 } else {
                     // pages-only: no ownership once published; the pages are evictable cached pages.
-                    req.published_unowned = self.index.pages(id).expect("published").to_vec();
+                    req.published_unowned = self
+                        .index
+                        .pages(id)
+                        .ok_or_else(|| {
+                            Error::internal(format!("{id}: published import has no pages"))
+                        })?
+                        .to_vec();
                     req.restore = Restore::Idle;
                     let _released = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
                     self.enqueue_waiting(id, None);
@@ -449,7 +496,9 @@ impl<E: Executor> Engine<E> {
                     return Ok(());
                 }
                 let Restore::Importing { blocks, .. } = req.restore.clone() else {
-                    unreachable!("a failed import belongs to an importing restore")
+                    return Err(Error::internal(format!(
+                        "{id}: a failed import of no importing restore"
+                    )));
                 };
                 self.release_ticket(id);
                 self.retry_lookup(id, blocks * tpp, reason, report);

@@ -4,9 +4,11 @@
 use std::collections::HashSet;
 
 use kv_pool::PageId;
-use reservation::Ledger;
+use reservation::{Ledger, RequestId};
 
 use super::Engine;
+use super::req::Phase;
+use crate::error::{Error, Result};
 use crate::executor::Executor;
 
 impl<E: Executor> Engine<E> {
@@ -17,61 +19,120 @@ impl<E: Executor> Engine<E> {
             .saturating_sub(self.held_pages().len() as u32)
     }
 
-    /// Asserts every invariant: the pool's, the ledger's and the imports'; every page in use is held by a
-    /// live request or import and every held page is in use (no leak, no page freed under a holder or a live
-    /// copy); slots within the limit; outstanding credits within the live tickets' needs.
-    pub fn check_invariants(&self) {
+    /// Checks every invariant: the pool's, the ledger's and the imports' (these lower-layer checks assert); every
+    /// page in use is held by a live request or import and every held page is in use (no leak, no page freed
+    /// under a holder or a live copy); every request is in exactly the container its phase names; slots
+    /// within the limit; outstanding credits within the live tickets' needs. A broken one is
+    /// `Error::Internal` naming it.
+    pub fn check_invariants(&self) -> Result<()> {
+        let broken = |invariant: String| Err(Error::internal(invariant));
         self.pool.check_invariants();
         self.index.check_invariants(&self.pool);
         for page in self.copies.in_flight_pages() {
-            assert!(
-                self.pool.ref_count(page).expect("copied page in range") > 0,
-                "page {page:?} is free while a copy writes into it"
-            );
+            if self.pool.ref_count(page).map_or(true, |refs| refs == 0) {
+                return broken(format!("page {page:?} is free while a copy writes into it"));
+            }
         }
         let held = self.held_pages();
         for page in &held {
-            assert!(
-                self.pool.ref_count(*page).expect("held page in range") > 0,
-                "held page {page:?} is free"
-            );
+            if self.pool.ref_count(*page).map_or(true, |refs| refs == 0) {
+                return broken(format!("held page {page:?} is free"));
+            }
         }
-        assert_eq!(
-            self.pool.n_in_use() as usize,
-            held.len(),
-            "pages in use != pages held: a leak"
-        );
+        if self.pool.n_in_use() as usize != held.len() {
+            return broken(format!(
+                "{} pages in use but {} held: a leak",
+                self.pool.n_in_use(),
+                held.len()
+            ));
+        }
         let slots_held = self.ledger.as_ref().map_or(0, Ledger::slots_held);
-        assert!(
-            self.running.len() as u32 + slots_held <= self.params.max_running,
-            "{} running + {slots_held} ticket slots > {}",
-            self.running.len(),
-            self.params.max_running
-        );
+        if self.running.len() as u32 + slots_held > self.params.max_running {
+            return broken(format!(
+                "{} running + {slots_held} ticket slots > {}",
+                self.running.len(),
+                self.params.max_running
+            ));
+        }
         if let Some(ledger) = &self.ledger {
             ledger.check_invariants(&self.pool);
+            let tpp = self.params.geometry.tokens_per_page();
             for ticket in ledger.snapshot().tickets {
-                let req = self
-                    .reqs
-                    .get(&ticket.req)
-                    .expect("a ticket belongs to a live request");
-                let tpp = self.params.geometry.tokens_per_page();
+                let Some(req) = self.reqs.get(&ticket.req) else {
+                    return broken(format!("a ticket of {}, which is not live", ticket.req));
+                };
                 // A ticket budgets every token still to compute: the prompt and, for a request preempted
                 // after it produced output, that output too.
                 let remaining =
                     (req.tokens.len() as u32).div_ceil(tpp) as i64 - req.pages.len() as i64;
-                assert!(
-                    i64::from(ticket.credit_pages)
-                        <= remaining.max(0) + 2 + i64::from(self.params.draft_tokens.div_ceil(tpp)),
-                    "{} holds {} credits for {remaining} remaining pages",
-                    ticket.req,
-                    ticket.credit_pages
-                );
+                if i64::from(ticket.credit_pages)
+                    > remaining.max(0) + 2 + i64::from(self.params.draft_tokens.div_ceil(tpp))
+                {
+                    return broken(format!(
+                        "{} holds {} credits for {remaining} remaining pages",
+                        ticket.req, ticket.credit_pages
+                    ));
+                }
             }
         }
-        for (order, id) in self.waiting.iter().chain(self.ready.iter()) {
-            assert_eq!(self.reqs[&id].order, order, "waiting queue key drifted");
+        self.check_containers()
+    }
+
+    /// Every live request is in exactly the container its phase names, at its own key.
+    fn check_containers(&self) -> Result<()> {
+        let broken = |invariant: String| Err(Error::internal(invariant));
+        let mut in_containers = 0usize;
+        let mut expect = |id: RequestId, phase: Phase, what: &str| -> Result<()> {
+            in_containers += 1;
+            match self.reqs.get(&id) {
+                Some(req) if req.phase == phase => Ok(()),
+                Some(req) => broken(format!(
+                    "{id} is {:?} but in the {what} container",
+                    req.phase
+                )),
+                None => broken(format!("{id} is in the {what} container but not live")),
+            }
+        };
+        for id in self.arriving.values() {
+            expect(*id, Phase::Arriving, "arriving")?;
         }
+        for (order, id) in self.waiting.iter() {
+            expect(id, Phase::Waiting, "waiting")?;
+            if self.reqs[&id].order != order {
+                return broken(format!("{id}'s waiting queue key drifted"));
+            }
+        }
+        for (order, id) in self.ready.iter() {
+            expect(id, Phase::Ready, "ready")?;
+            if self.reqs[&id].order != order {
+                return broken(format!("{id}'s ready queue key drifted"));
+            }
+        }
+        for (order, id) in &self.restoring {
+            expect(*id, Phase::Restoring, "restoring")?;
+            if self.reqs[id].order != *order {
+                return broken(format!("{id}'s restoring key drifted"));
+            }
+        }
+        for id in &self.running {
+            expect(*id, Phase::Running, "running")?;
+        }
+        for id in &self.resuming {
+            expect(*id, Phase::Resuming, "resuming")?;
+        }
+        let n_paused = self
+            .reqs
+            .values()
+            .filter(|req| req.phase == Phase::Paused)
+            .count();
+        if in_containers + n_paused != self.reqs.len() {
+            return broken(format!(
+                "{} live requests but {} in containers and {n_paused} paused",
+                self.reqs.len(),
+                in_containers
+            ));
+        }
+        Ok(())
     }
 
     /// Every page a live request or import holds.

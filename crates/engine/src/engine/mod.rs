@@ -36,7 +36,7 @@ use reservation::{AdmissionOrder, Ledger, LedgerConfig, RequestId, Timestamp};
 
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
-use crate::metrics::{FallbackReason, RequestMetrics};
+use crate::metrics::{FallbackReason, RejectReason, RequestMetrics};
 use crate::params::EngineParams;
 use crate::policy::Policy;
 use crate::request::{FinishedRequest, RequestSpec};
@@ -75,6 +75,11 @@ pub struct Engine<E: Executor = SimExecutor> {
     wall: Duration,
     steps: u64,
     capacity_waits_started: u32,
+    /// Requests rejected because they can never run (K1).
+    rejected: BTreeMap<RejectReason, u32>,
+    /// The liveness watchdog (K3): when a request last produced a token or ended, and steps since.
+    last_progress: Timestamp,
+    steps_without_progress: u64,
     pages_verified: u64,
     page_buf: Vec<u8>,
 }
@@ -176,6 +181,9 @@ impl<E: Executor> Engine<E> {
             wall: Duration::ZERO,
             steps: 0,
             capacity_waits_started: 0,
+            rejected: BTreeMap::new(),
+            last_progress: Timestamp::ZERO,
+            steps_without_progress: 0,
             pages_verified: 0,
         })
     }
@@ -204,11 +212,26 @@ impl<E: Executor> Engine<E> {
         let tokens = spec.prompt.len() as u64
             + u64::from(spec.max_output_tokens)
             + u64::from(self.params.draft_tokens);
-        let limit = u64::from(self.params.geometry.max_model_len()).min(
-            u64::from(self.pool.n_usable()) * u64::from(self.params.geometry.tokens_per_page()),
-        );
-        if tokens > limit {
-            return Err(Error::RequestTooLong { id, tokens, limit });
+        let model_limit = u64::from(self.params.geometry.max_model_len());
+        let pool_limit =
+            u64::from(self.pool.n_usable()) * u64::from(self.params.geometry.tokens_per_page());
+        let rejected = if tokens > model_limit {
+            Some((RejectReason::LongerThanModel, model_limit))
+        } else if tokens > pool_limit {
+            Some((RejectReason::LargerThanPool, pool_limit))
+        } else {
+            None
+        };
+        if let Some((reason, limit)) = rejected {
+            // K1: this request alone is refused; it is counted and everything else goes on.
+            *self.rejected.entry(reason).or_default() += 1;
+            tracing::warn!(request = %id, %reason, tokens, limit, "request rejected: it can never run");
+            return Err(Error::Rejected {
+                id,
+                reason,
+                tokens,
+                limit,
+            });
         }
         let seq = self.seq;
         self.seq += 1;
@@ -388,6 +411,7 @@ impl<E: Executor> Engine<E> {
     /// (a ticket whose prompt ended in the step it finished, a waiter) is released: release is idempotent.
     fn retire(&mut self, id: RequestId, cancelled: bool) {
         self.release_ticket(id);
+        self.note_progress();
         let Some(mut req) = self.reqs.remove(&id) else {
             return;
         };

@@ -86,6 +86,11 @@ impl<E: Executor> Engine<E> {
             self.leaked_pages(),
         );
         run.capacity_waits = run.capacity_waits.max(self.capacity_waits_started);
+        run.rejected_requests = self
+            .rejected
+            .iter()
+            .map(|(reason, n)| (reason.name().to_owned(), *n))
+            .collect();
         run
     }
 

@@ -76,6 +76,18 @@ pub(crate) enum Restore {
     },
 }
 
+impl Restore {
+    /// The state's name, for diagnostics.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Restore::Idle => "idle",
+            Restore::Lookup { .. } => "lookup",
+            Restore::Answered { .. } => "answered",
+            Restore::Importing { .. } => "importing",
+        }
+    }
+}
+
 /// An `ordinary` restore admitted at once: its import copies into the request's pages from `first_block` on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Loading {

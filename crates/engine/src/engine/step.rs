@@ -11,9 +11,15 @@ use reservation::{RequestId, TicketState, Timestamp};
 use super::pages::AllocKind;
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::executor::{DecodeWork, Executor, PrefillWork, StepBatch};
 use crate::request::{STOP_TOKEN, output_token};
+
+/// The watchdog tolerates at least this many steps without progress (K3).
+const STALL_STEPS_MIN: u64 = 100_000;
+
+/// Stuck requests named in a watchdog error at most (the rest are counted).
+const STUCK_LISTED_MAX: usize = 16;
 
 /// Work planned for one request this step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,11 +66,16 @@ impl Plan {
 impl<E: Executor> Engine<E> {
     /// Runs one scheduler step and advances the clock by its modeled duration (or, when nothing can run, to
     /// the next event: an arrival, a copy completion, a lookup answer or timeout, a wait expiry).
-    pub fn step(&mut self) -> StepReport {
+    ///
+    /// Errors: `Error::Stalled` when no request made progress for `EngineParams::stall_timeout` (K3), naming
+    /// the stuck requests; `Error::Internal` when the engine found its own state inconsistent (a bug, K2).
+    /// Either leaves the engine as it was at the error: a server drops it (or cancels the named requests)
+    /// and keeps serving.
+    pub fn step(&mut self) -> Result<StepReport> {
         let wall_start = Instant::now();
         let mut report = StepReport::default();
-        self.step_inner(&mut report)
-            .unwrap_or_else(|error| panic!("engine step failed (a bug): {error}"));
+        self.step_inner(&mut report)?;
+        self.watch_progress()?;
         report.now = self.now;
         report.free_pages = self.pool.n_free();
         report.credit_pages = self
@@ -75,20 +86,89 @@ impl<E: Executor> Engine<E> {
         report.running = self.running.len() as u32;
         self.steps += 1;
         self.wall += wall_start.elapsed();
-        report
+        Ok(report)
     }
 
-    /// Steps until idle or `max_steps`; returns the steps taken.
-    pub fn run_until_idle(&mut self, max_steps: u64) -> u64 {
+    /// Steps until idle or `max_steps`; returns the steps taken. Errors as `step`.
+    pub fn run_until_idle(&mut self, max_steps: u64) -> Result<u64> {
         let mut steps = 0;
         while !self.is_idle() && steps < max_steps {
-            let report = self.step();
+            let report = self.step()?;
             steps += 1;
             if report.idle {
                 break;
             }
         }
-        steps
+        Ok(steps)
+    }
+
+    /// The liveness watchdog (K3): fails when requests are active (not arriving later, not paused) and none
+    /// produced a token or ended for `stall_timeout` on the engine clock or for `stall_steps_max` steps.
+    fn watch_progress(&mut self) -> Result<()> {
+        let active = self
+            .reqs
+            .values()
+            .any(|req| !matches!(req.phase, Phase::Arriving | Phase::Paused));
+        if !active {
+            self.note_progress();
+            return Ok(());
+        }
+        self.steps_without_progress += 1;
+        let stalled = self.now.since(self.last_progress);
+        if stalled <= self.params.stall_timeout
+            && self.steps_without_progress <= self.stall_steps_max()
+        {
+            return Ok(());
+        }
+        Err(Error::Stalled {
+            stalled_s: stalled.as_secs_f64(),
+            steps: self.steps_without_progress,
+            requests: self.describe_stuck(),
+        })
+    }
+
+    /// Steps without progress the watchdog tolerates: `STALL_STEPS_MIN`, or four times the steps the longest
+    /// prompt's prefill takes in chunks, when that is more.
+    fn stall_steps_max(&self) -> u64 {
+        let chunk = self.params.chunk_tokens.min(self.params.max_batched_tokens);
+        let prefill_steps =
+            u64::from(self.params.geometry.max_model_len()).div_ceil(u64::from(chunk));
+        STALL_STEPS_MIN.max(4 * prefill_steps)
+    }
+
+    /// A request produced a token or ended: the watchdog starts over.
+    pub(crate) fn note_progress(&mut self) {
+        self.last_progress = self.now;
+        self.steps_without_progress = 0;
+    }
+
+    /// The active requests, for the watchdog's error: id, phase, restore state, lookups and progress.
+    fn describe_stuck(&self) -> String {
+        let mut stuck: Vec<_> = self
+            .reqs
+            .iter()
+            .filter(|(_, req)| !matches!(req.phase, Phase::Arriving | Phase::Paused))
+            .collect();
+        stuck.sort_by_key(|(_, req)| req.order);
+        let n_stuck = stuck.len();
+        let mut text: Vec<String> = stuck
+            .into_iter()
+            .take(STUCK_LISTED_MAX)
+            .map(|(id, req)| {
+                format!(
+                    "{id} ({:?}, restore {}, {} lookups, {}/{} tokens computed)",
+                    req.phase,
+                    req.restore.name(),
+                    req.lookups,
+                    req.n_computed,
+                    req.tokens.len()
+                )
+            })
+            .collect();
+        if n_stuck > STUCK_LISTED_MAX {
+            text.push(format!("and {} more", n_stuck - STUCK_LISTED_MAX));
+        }
+        text.join(", ")
     }
 
     fn step_inner(&mut self, report: &mut StepReport) -> Result<()> {
@@ -171,10 +251,22 @@ impl<E: Executor> Engine<E> {
                 continue;
             }
             let (work, tokens, upto, kind) = if req.in_prefill() || req.n_to_compute() > 1 {
-                let n = req
+                let n_budget = req
                     .n_to_compute()
                     .min(self.params.chunk_tokens)
                     .min(plan.budget);
+                if n_budget == 0 {
+                    idx += 1;
+                    continue;
+                }
+                // A prefill without a ticket takes no credit-protected page (C1): its chunk shrinks to the
+                // pages it may take. When free pages exist but credits protect them all, it waits: credits
+                // never make anyone preempt a decode (C5).
+                let n = n_budget.min(self.unprotected_prefill_tokens(id));
+                if n == 0 && self.pool.n_free() > 0 {
+                    idx += 1;
+                    continue;
+                }
                 let upto = req.n_computed + n;
                 (
                     Work::Prefill {
@@ -196,11 +288,12 @@ impl<E: Executor> Engine<E> {
                     AllocKind::Decode,
                 )
             };
-            if tokens == 0 || tokens > plan.budget {
+            if tokens > plan.budget {
                 idx += 1;
                 continue;
             }
-            if self.grow_pages(id, upto, kind)? {
+            let scheduled = tokens > 0 && self.grow_pages(id, upto, kind)?;
+            if scheduled {
                 plan.entries.push((id, work));
                 plan.budget -= tokens;
                 idx += 1;
@@ -211,16 +304,43 @@ impl<E: Executor> Engine<E> {
                 idx += 1;
                 continue;
             }
+            // The newest request behind it that holds no credits gives way (Q6); credits belong to their
+            // consumer until its prompt is computed (C1, C6), so a credit holder is never the victim. With
+            // no victim, the request gives way itself, unless it holds credits: then it waits.
             let victim = self.running[idx + 1..]
                 .iter()
                 .rev()
                 .copied()
-                .find(|victim| self.reqs[victim].loading.is_none())
-                .unwrap_or(id);
-            self.preempt(victim, Some(report), true)?;
+                .find(|victim| {
+                    self.reqs[victim].loading.is_none() && !self.holds_admitted_ticket(*victim)
+                });
+            match victim {
+                Some(victim) => self.preempt(victim, Some(report), true)?,
+                None if self.holds_admitted_ticket(id) => idx += 1,
+                None => self.preempt(id, Some(report), true)?,
+            }
             // Retry the same index: either `id` again with more free pages, or the next request.
         }
         Ok(())
+    }
+
+    /// Tokens `id`'s next prefill chunk may cover with the pages it has and those it may take: all of them for
+    /// a consumer drawing on its own credits, else only the pages not protected for credit holders (C1).
+    fn unprotected_prefill_tokens(&self, id: RequestId) -> u32 {
+        if self.holds_admitted_ticket(id) {
+            return u32::MAX;
+        }
+        let tpp = self.params.geometry.tokens_per_page();
+        let req = &self.reqs[&id];
+        let pages = (req.pages.len() as u32).saturating_add(self.unprotected_free());
+        pages.saturating_mul(tpp).saturating_sub(req.n_computed)
+    }
+
+    /// Whether `id` is an admitted consumer still drawing on its ticket's credits.
+    pub(crate) fn holds_admitted_ticket(&self, id: RequestId) -> bool {
+        self.ledger
+            .as_ref()
+            .is_some_and(|ledger| ledger.ticket_state(id) == Some(TicketState::Admitted))
     }
 
     /// Applies the executed plan: page bytes, block registration, sampling, captures and completions.
@@ -269,7 +389,9 @@ impl<E: Executor> Engine<E> {
             && let Some(ledger) = self.ledger.as_mut()
             && ledger.ticket_state(id) == Some(TicketState::Admitted)
         {
-            ledger.finish_prompt(id).expect("admitted ticket");
+            ledger.finish_prompt(id).map_err(|error| {
+                Error::internal(format!("{id}: ending an admitted ticket: {error}"))
+            })?;
         }
         let req = &self.reqs[&id];
         if req.n_computed < req.prompt_end || req.prompt_captured {
@@ -296,6 +418,9 @@ impl<E: Executor> Engine<E> {
         };
         req.output.push(token);
         req.push_tokens(&[token], tpp);
+        self.last_progress = now;
+        self.steps_without_progress = 0;
+        let req = self.reqs.get_mut(&id).expect("live");
         req.answer_tokens += 1;
         req.stopped = stop;
         req.metrics.decode_tokens += 1;

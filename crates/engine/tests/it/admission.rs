@@ -12,7 +12,7 @@ fn blocked_head_step(n_waiting: u64) -> engine::StepReport {
     let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
     let hog = spec(0, tokens(7, 0, 0, 40 * TPP - 1), 100, engine.now());
     engine.submit(hog).unwrap();
-    while !engine.step().decodes.contains(&RequestId(0)) {
+    while !engine.step().expect("step").decodes.contains(&RequestId(0)) {
         assert!(engine.steps() < 50, "the decode does not start");
     }
     for id in 1..=n_waiting {
@@ -21,11 +21,11 @@ fn blocked_head_step(n_waiting: u64) -> engine::StepReport {
         engine.submit(spec(id, prompt, 4, engine.now())).unwrap();
     }
     for _ in 0..50 {
-        let report = engine.step();
-        engine.check_invariants();
+        let report = engine.step().expect("step");
+        engine.check_invariants().expect("invariants");
         if u64::from(report.waiting) == n_waiting {
-            let report = engine.step();
-            engine.check_invariants();
+            let report = engine.step().expect("step");
+            engine.check_invariants().expect("invariants");
             return report;
         }
     }

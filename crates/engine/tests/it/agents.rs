@@ -53,10 +53,10 @@ pub(crate) fn run_agents(params: EngineParams, agents: Agents, check_every: u64)
     }
     let mut steps = 0u64;
     while !engine.is_idle() {
-        let report = engine.step();
+        let report = engine.step().expect("step");
         steps += 1;
         if check_every > 0 && steps.is_multiple_of(check_every) {
-            engine.check_invariants();
+            engine.check_invariants().expect("invariants");
         }
         assert!(
             !report.idle || engine.is_idle(),
@@ -82,7 +82,7 @@ pub(crate) fn run_agents(params: EngineParams, agents: Agents, check_every: u64)
             }
         }
     }
-    engine.check_invariants();
+    engine.check_invariants().expect("invariants");
     AgentsRun {
         metrics: engine.metrics(),
         steps,

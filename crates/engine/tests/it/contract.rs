@@ -39,8 +39,8 @@ fn step_until(
 ) -> Vec<StepReport> {
     let mut reports = Vec::new();
     for _ in 0..max_steps {
-        let report = engine.step();
-        engine.check_invariants();
+        let report = engine.step().expect("step");
+        engine.check_invariants().expect("invariants");
         let stop = done(engine, &report);
         reports.push(report);
         if stop {
@@ -66,7 +66,7 @@ pub(crate) fn seed_checkpoint(
     engine
         .submit(spec(id, prompt.to_vec(), max_output_tokens, engine.now()))
         .unwrap();
-    engine.run_until_idle(100_000);
+    let _steps = engine.run_until_idle(100_000).expect("run");
     let finished = engine.take_finished();
     let output = finished
         .iter()
@@ -122,7 +122,7 @@ fn q4_full_prompt_restore_with_saved_logits_gets_logits_only_step_behind_blocked
     engine
         .submit(spec(3, tokens(1, 3, 0, 20 * TPP), 4, engine.now()))
         .unwrap();
-    engine.step();
+    engine.step().expect("step");
     assert_eq!(phase(&engine, 3), "waiting", "the cold head is blocked");
     let mut restore = spec(4, prompt, 4, engine.now());
     restore.saved_logits = true;
@@ -141,7 +141,7 @@ fn q4_full_prompt_restore_with_saved_logits_gets_logits_only_step_behind_blocked
         "no prefill for a full restore"
     );
     engine.cancel(RequestId(2)).unwrap();
-    engine.run_until_idle(100_000);
+    let _steps = engine.run_until_idle(100_000).expect("run");
     let metrics = engine
         .request_metrics()
         .iter()
@@ -234,7 +234,7 @@ fn q7_streaming_resume_bypasses_the_admission_gate_ahead_of_a_capacity_waiter() 
             .is_some_and(|view| view.is_waiter)
     });
     engine.resume(RequestId(5), &[3; 8], 2).unwrap();
-    let report = engine.step();
+    let report = engine.step().expect("step");
     assert!(
         report.prefills.iter().any(|(id, _)| *id == RequestId(5)),
         "the resume ran at once: {report:?}"
@@ -282,8 +282,8 @@ fn x1_forced_reset_preempts_releases_imports_and_frees_every_page() {
         "the import's request falls back to an ordinary lookup"
     );
     assert_eq!(engine.ledger_snapshot().unwrap().tickets.len(), 0);
-    engine.check_invariants();
-    let report = engine.step();
+    engine.check_invariants().expect("invariants");
+    let report = engine.step().expect("step");
     assert!(
         report
             .prefills
@@ -293,7 +293,7 @@ fn x1_forced_reset_preempts_releases_imports_and_frees_every_page() {
     );
     engine.cancel(RequestId(2)).unwrap();
     engine.cancel(RequestId(4)).unwrap();
-    engine.run_until_idle(1000);
+    let _steps = engine.run_until_idle(1000).expect("run");
     assert!(engine.is_idle());
     engine.reset_prefix_cache(true).unwrap();
     assert_eq!(
@@ -331,7 +331,7 @@ fn x2_non_forced_reset_fails_while_an_import_is_staged_and_changes_nothing() {
         (engine.pool().n_free(), engine.pool().n_cached_free()),
         (free, cached)
     );
-    engine.run_until_idle(100_000);
+    let _steps = engine.run_until_idle(100_000).expect("run");
     let metrics = engine
         .request_metrics()
         .iter()
@@ -355,7 +355,7 @@ fn g1_without_the_contract_pressure_admits_and_recomputes() {
         engine
             .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
             .unwrap();
-        engine.run_until_idle(100_000);
+        let _steps = engine.run_until_idle(100_000).expect("run");
         assert!(
             engine.ledger_snapshot().is_none(),
             "{policy}: no ledger, no reservation call"
@@ -388,7 +388,7 @@ fn g2_unanswered_lookup_defers_until_the_timeout_then_recomputes() {
     engine
         .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, start))
         .unwrap();
-    engine.run_until_idle(100_000);
+    let _steps = engine.run_until_idle(100_000).expect("run");
     let metrics = engine
         .request_metrics()
         .iter()
@@ -407,10 +407,10 @@ fn g2_complete_local_hit_is_admitted_without_the_store() {
     engine
         .submit(spec(2, prompt.clone(), 16, engine.now()))
         .unwrap();
-    engine.run_until_idle(100_000);
+    let _steps = engine.run_until_idle(100_000).expect("run");
     let next = [prompt, output].concat();
     engine.submit(spec(3, next, 4, engine.now())).unwrap();
-    engine.run_until_idle(100_000);
+    let _steps = engine.run_until_idle(100_000).expect("run");
     let metrics = engine
         .request_metrics()
         .iter()
@@ -443,13 +443,13 @@ fn g2_copy_tasks_at_their_limit_wait_for_a_copy_slot() {
     engine
         .submit(spec(4, [b, vec![7; 8]].concat(), 4, engine.now()))
         .unwrap();
-    engine.step();
+    engine.step().expect("step");
     assert!(engine.request(RequestId(3)).unwrap().has_ticket);
     assert!(
         !engine.request(RequestId(4)).unwrap().has_ticket,
         "waits for a copy slot"
     );
-    engine.run_until_idle(100_000);
+    let _steps = engine.run_until_idle(100_000).expect("run");
     assert!(
         engine
             .request_metrics()
@@ -481,7 +481,7 @@ fn g3_a_waiting_restore_is_not_revalidated_while_its_checkpoint_exists() {
         "the refresh is no re-validation: one lookup while waiting"
     );
     engine.close_stream(RequestId(2)).unwrap();
-    engine.run_until_idle(1000);
+    let _steps = engine.run_until_idle(1000).expect("run");
     assert!(
         engine
             .request_metrics()
@@ -534,7 +534,7 @@ fn g5_capacity_waits_are_counted_with_the_longest_wait() {
     engine
         .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
         .unwrap();
-    engine.run_until_idle(100_000);
+    let _steps = engine.run_until_idle(100_000).expect("run");
     let metrics = engine.metrics();
     assert_eq!(metrics.capacity_waits, 1);
     assert!(metrics.longest_capacity_wait_s > 0.0);
@@ -566,8 +566,8 @@ fn e1_sessions_rotating_through_a_small_pool_restore_every_later_turn_in_fifo_or
             let mut order = Vec::new();
             let mut steps = 0;
             while order.len() < ids.len() {
-                engine.step();
-                engine.check_invariants();
+                engine.step().expect("step");
+                engine.check_invariants().expect("invariants");
                 steps += 1;
                 assert!(
                     steps < 100_000,
@@ -617,7 +617,7 @@ fn e2_response_checkpoint_is_reusable_after_a_stop_token_or_a_length_cap() {
         let mut first = spec(1, prompt.clone(), 2 * TPP, engine.now());
         first.stop_after = stop_after;
         engine.submit(first).unwrap();
-        engine.run_until_idle(100_000);
+        let _steps = engine.run_until_idle(100_000).expect("run");
         let output = engine.take_finished().pop().unwrap().output;
         assert_eq!(
             output.len(),
@@ -627,7 +627,7 @@ fn e2_response_checkpoint_is_reusable_after_a_stop_token_or_a_length_cap() {
         let next = [prompt, output, vec![9; 20]].concat();
         let response_blocks = (next.len() as u32 - 20 - 1) / TPP;
         engine.submit(spec(2, next, 2, engine.now())).unwrap();
-        engine.run_until_idle(100_000);
+        let _steps = engine.run_until_idle(100_000).expect("run");
         let metrics = engine
             .request_metrics()
             .iter()
@@ -690,7 +690,7 @@ fn g2_empty_lookup_is_a_restore_fallback_only_for_a_later_turn() {
     later_turn.is_later_turn = true;
     engine.submit(first_turn).unwrap();
     engine.submit(later_turn).unwrap();
-    engine.run_until_idle(10_000);
+    let _steps = engine.run_until_idle(10_000).expect("run");
     assert_eq!(
         metrics_of(&engine, 1).fallback,
         None,
@@ -714,7 +714,7 @@ fn o7_failed_copy_whose_retry_finds_nothing_falls_back_as_copy_failed() {
     let mut turn = spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now());
     turn.is_later_turn = true;
     engine.submit(turn).unwrap();
-    engine.run_until_idle(10_000);
+    let _steps = engine.run_until_idle(10_000).expect("run");
     let metrics = metrics_of(&engine, 4);
     assert!(!metrics.restored);
     assert_eq!(metrics.fallback, Some(FallbackReason::CopyFailed));
@@ -731,22 +731,22 @@ fn g2_a_complete_local_hit_evicted_before_admission_asks_the_store_again() {
     engine
         .submit(spec(1, prompt.clone(), 1, engine.now()))
         .unwrap();
-    engine.run_until_idle(10_000);
+    let _steps = engine.run_until_idle(10_000).expect("run");
     let output = engine.take_finished()[0].output.clone();
     engine
         .submit(spec(2, tokens(98, 2, 0, 42 * TPP - 1), 100, engine.now()))
         .unwrap();
-    engine.step();
+    engine.step().expect("step");
     assert_eq!(phase(&engine, 2), "running");
     let turn = [prompt, output, tokens(7, 0, 1, 3 * TPP)].concat();
     engine.submit(spec(3, turn, 2, engine.now())).unwrap();
-    engine.step();
+    engine.step().expect("step");
     assert_eq!(
         phase(&engine, 3),
         "waiting",
         "a complete local hit waits for space"
     );
-    engine.run_until_idle(10_000);
+    let _steps = engine.run_until_idle(10_000).expect("run");
     let turn = metrics_of(&engine, 3);
     assert!(
         turn.restored,

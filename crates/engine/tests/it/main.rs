@@ -5,6 +5,7 @@
 mod admission;
 mod agents;
 mod contract;
+mod credits;
 mod prefix;
 mod restart;
 mod sim;

@@ -34,8 +34,8 @@ fn g2_prefix_of_a_longer_checkpoint_is_restored_for_attention_only_layouts() {
         let mut turn = spec(2, diverging_turn(&earlier, 5), 4, engine.now());
         turn.is_later_turn = true;
         engine.submit(turn).unwrap();
-        engine.run_until_idle(100_000);
-        engine.check_invariants();
+        let _steps = engine.run_until_idle(100_000).expect("run");
+        engine.check_invariants().expect("invariants");
         let metrics = metrics_of(&engine, 2);
         assert!(metrics.restored, "{policy}: {metrics:?}");
         assert_eq!(metrics.fallback, None, "{policy}");
@@ -62,7 +62,7 @@ fn o7_failed_copy_retries_a_shorter_prefix_of_the_checkpoint() {
     let mut turn = spec(2, [prompt, vec![7; 8]].concat(), 4, engine.now());
     turn.is_later_turn = true;
     engine.submit(turn).unwrap();
-    engine.run_until_idle(10_000);
+    let _steps = engine.run_until_idle(10_000).expect("run");
     let metrics = metrics_of(&engine, 2);
     assert!(metrics.restored, "{metrics:?}");
     assert_eq!(
@@ -84,7 +84,7 @@ fn o7_failed_copies_stop_after_the_lookup_budget_and_recompute() {
     let mut turn = spec(2, [prompt, vec![7; 8]].concat(), 4, engine.now());
     turn.is_later_turn = true;
     engine.submit(turn).unwrap();
-    engine.run_until_idle(10_000);
+    let _steps = engine.run_until_idle(10_000).expect("run");
     let metrics = metrics_of(&engine, 2);
     assert!(!metrics.restored, "{metrics:?}");
     assert_eq!(metrics.fallback, Some(FallbackReason::CopyFailed));

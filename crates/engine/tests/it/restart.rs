@@ -35,7 +35,7 @@ fn e3_disk_store_checkpoints_survive_an_engine_restart_and_restore_what_recomput
     );
     let next_turn = [prompt.clone(), output, tokens(5, 0, 1, 20)].concat();
     after.submit(spec(2, next_turn, 2, after.now())).unwrap();
-    after.run_until_idle(100_000);
+    let _steps = after.run_until_idle(100_000).expect("run");
     let turn = metrics_of(&after, 2);
     assert!(
         turn.restored,

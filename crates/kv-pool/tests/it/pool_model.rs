@@ -405,7 +405,10 @@ fn pool_and_ops() -> impl Strategy<Value = (u32, Vec<Op>)> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(192))]
+    #![proptest_config(ProptestConfig::with_cases(
+        // PROPTEST_CASES overrides the count (e.g. 10x before a release).
+        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(192)
+    ))]
 
     /// Any sequence of pool operations (valid or misuse) agrees with the reference model after every step:
     /// free + in use + null == total, no page both free and referenced, ref counts never negative (misuse

@@ -45,13 +45,15 @@ impl Ledger {
     /// chunked window became null). The credits come back (C4): the freed pages stay protected for `req`.
     pub fn release_window_pages(&mut self, req: RequestId, n_pages: u32) -> Result<()> {
         let entry = self.entry_in(req, TicketState::Admitted)?;
-        debug_assert!(
-            n_pages <= entry.held_pages,
-            "{req} frees {n_pages} pages but holds {}",
-            entry.held_pages
-        );
+        if n_pages > entry.held_pages {
+            return Err(Error::WindowFreeExceedsHeld {
+                req,
+                n_pages,
+                held_pages: entry.held_pages,
+            });
+        }
         let before = entry.outstanding();
-        entry.held_pages = entry.held_pages.saturating_sub(n_pages);
+        entry.held_pages -= n_pages;
         let after = entry.outstanding();
         self.credit_pages += after - before;
         Ok(())

@@ -50,6 +50,9 @@ struct World {
     consumer_pages: Vec<Vec<PageId>>,
     acquired: Vec<Vec<PageId>>,
     ticket_pages: Vec<Vec<PageId>>,
+    /// Pages each consumer allocated from its current ticket's credits (a request that restores again keeps
+    /// the pages of its earlier ticket, but those are no longer the new ticket's).
+    ticket_held: Vec<u32>,
     drains: Vec<crate::DrainId>,
     competitor: Vec<PageId>,
 }
@@ -63,7 +66,10 @@ fn free_request(world: &mut World, pool: &mut PagePool, idx: usize) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(192))]
+    #![proptest_config(ProptestConfig::with_cases(
+        // PROPTEST_CASES overrides the count (e.g. 10x before a release).
+        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(192)
+    ))]
 
     /// After every operation: the ledger's and the pool's invariants hold; outstanding credits never exceed
     /// the free pages (nobody allocates past them here); ticket slots never exceed the limit; a released
@@ -81,6 +87,7 @@ proptest! {
             consumer_pages: vec![Vec::new(); N_REQUESTS as usize],
             acquired: vec![Vec::new(); N_REQUESTS as usize],
             ticket_pages: vec![Vec::new(); N_REQUESTS as usize],
+            ticket_held: vec![0; N_REQUESTS as usize],
             ..World::default()
         };
         let mut now = Timestamp::ZERO;
@@ -92,7 +99,10 @@ proptest! {
                     let free = pool.n_free();
                     let credits = ledger.credit_pages();
                     match ledger.reserve(&mut pool, RequestId(id), AdmissionOrder::fcfs(id), &spec, &preflight, now) {
-                        Ok(ticket) => world.ticket_pages[id as usize] = ticket.import_pages,
+                        Ok(ticket) => {
+                            world.ticket_pages[id as usize] = ticket.import_pages;
+                            world.ticket_held[id as usize] = 0;
+                        }
                         Err(_) => {
                             prop_assert_eq!(pool.n_free(), free);
                             prop_assert_eq!(ledger.credit_pages(), credits);
@@ -114,25 +124,42 @@ proptest! {
                 }
                 Op::Allocate { id, n_pages } => {
                     if let Ok(pages) = ledger.allocate(&mut pool, RequestId(id), n_pages) {
+                        world.ticket_held[id as usize] += n_pages;
                         world.consumer_pages[id as usize].extend(pages);
                     }
                 }
                 Op::WindowFree { id, n_pages } => {
-                    let held = &mut world.consumer_pages[id as usize];
-                    let n = (n_pages as usize).min(held.len());
-                    if ledger.ticket_state(RequestId(id)) == Some(TicketState::Admitted) && n > 0 {
-                        let freed: Vec<PageId> = held.drain(..n).collect();
-                        pool.free_all(&freed).expect("held");
-                        ledger.release_window_pages(RequestId(id), n as u32).expect("admitted");
+                    if ledger.ticket_state(RequestId(id)) == Some(TicketState::Admitted) {
+                        let idx = id as usize;
+                        let held = world.ticket_held[idx];
+                        if n_pages > held {
+                            // More than this ticket's pages: refused, nothing changes.
+                            let credits = ledger.credit_pages();
+                            let refused = ledger.release_window_pages(RequestId(id), n_pages);
+                            let refused_as_expected = matches!(refused, Err(crate::Error::WindowFreeExceedsHeld { .. }));
+                            prop_assert!(refused_as_expected, "{:?}", refused);
+                            prop_assert_eq!(ledger.credit_pages(), credits);
+                        } else if n_pages > 0 {
+                            let pages = &mut world.consumer_pages[idx];
+                            let freed: Vec<PageId> = pages.split_off(pages.len() - n_pages as usize);
+                            pool.free_all(&freed).expect("held");
+                            ledger.release_window_pages(RequestId(id), n_pages).expect("admitted");
+                            world.ticket_held[idx] -= n_pages;
+                        }
                     }
                 }
-                Op::Finish { id } => { let _ = ledger.finish_prompt(RequestId(id)); }
+                Op::Finish { id } => {
+                    if ledger.finish_prompt(RequestId(id)).is_ok() {
+                        world.ticket_held[id as usize] = 0;
+                    }
+                }
                 Op::Release { id } => {
                     let released = ledger.release(RequestId(id), &mut pool);
                     if let Some(drain) = released.drain {
                         world.drains.push(drain);
                     }
                     world.ticket_pages[id as usize].clear();
+                    world.ticket_held[id as usize] = 0;
                     free_request(&mut world, &mut pool, id as usize);
                     prop_assert!(!ledger.holds_anything(RequestId(id)));
                     prop_assert_eq!(ledger.credit_pages_of(RequestId(id)), 0);

@@ -289,7 +289,10 @@ fn branch_tokens(branch: u8, blocks: u8) -> Vec<u32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(128))]
+    #![proptest_config(ProptestConfig::with_cases(
+        // PROPTEST_CASES overrides the count (e.g. 10x before a release).
+        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(128)
+    ))]
 
     /// Through any sequence of puts (supersedes, evictions of a small store), removals and lookups, the
     /// block-key index holds exactly the stored checkpoints' keys, and the block-prefix lookup answers the
