@@ -344,7 +344,7 @@ impl<E: Executor> Engine<E> {
     /// Admits a ready import (it owns its slot, pages and credits): acquires its pages through the prefix-hit
     /// path (O4), then schedules its first chunk from its credits, or its logits-only entry (Q4). `false` when
     /// its pages were lost despite ownership: it is back in the waiting queue for an ordinary lookup.
-    fn admit_ready(
+    pub(crate) fn admit_ready(
         &mut self,
         id: RequestId,
         plan: &mut Plan,

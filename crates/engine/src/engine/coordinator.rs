@@ -459,7 +459,15 @@ impl<E: Executor> Engine<E> {
                     })?;
                     req.phase = Phase::Ready;
                     self.restoring.remove(&req.order);
-                    self.ready.insert(req.order, id);
+                    let tpp = u64::from(self.params.geometry.tokens_per_page());
+                    let full_prompt = matches!(req.restore, Restore::Importing { blocks, .. }
+                        if u64::from(blocks) * tpp == req.tokens.len() as u64);
+                    if full_prompt && req.spec.saved_logits {
+                        // Its own isolated step admits it (Q4), not the admission walk.
+                        self.ready_logits.insert(req.order, id);
+                    } else {
+                        self.ready.insert(req.order, id);
+                    }
                 } else {
                     // pages-only: no ownership once published; the pages are evictable cached pages.
                     req.published_unowned = self

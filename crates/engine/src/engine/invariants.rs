@@ -108,6 +108,12 @@ impl<E: Executor> Engine<E> {
                 return broken(format!("{id}'s ready queue key drifted"));
             }
         }
+        for (order, id) in &self.ready_logits {
+            expect(*id, Phase::Ready, "ready-logits")?;
+            if self.reqs[id].order != *order {
+                return broken(format!("{id}'s ready-logits key drifted"));
+            }
+        }
         for (order, id) in &self.restoring {
             expect(*id, Phase::Restoring, "restoring")?;
             if self.reqs[id].order != *order {

@@ -65,6 +65,8 @@ pub struct Engine<E: Executor = SimExecutor> {
     restoring: BTreeMap<AdmissionOrder, RequestId>,
     /// Published imports owned by their request (`reserved`): they may pass a blocked head (Q1).
     ready: WaitingQueue,
+    /// Ready imports of a whole prompt with saved logits: admitted by their isolated logits-only step (Q4).
+    ready_logits: BTreeMap<AdmissionOrder, RequestId>,
     running: Vec<RequestId>,
     resuming: VecDeque<RequestId>,
     finished: Vec<FinishedRequest>,
@@ -80,6 +82,8 @@ pub struct Engine<E: Executor = SimExecutor> {
     /// The liveness watchdog (K3): when a request last produced a token or ended, and steps since.
     last_progress: Timestamp,
     steps_without_progress: u64,
+    /// Whether the last step was an isolated logits-only step (Q4).
+    last_step_isolated: bool,
     pages_verified: u64,
     page_buf: Vec<u8>,
 }
@@ -171,6 +175,7 @@ impl<E: Executor> Engine<E> {
             waiting: WaitingQueue::default(),
             restoring: BTreeMap::new(),
             ready: WaitingQueue::default(),
+            ready_logits: BTreeMap::new(),
             running: Vec::new(),
             resuming: VecDeque::new(),
             finished: Vec::new(),
@@ -184,6 +189,7 @@ impl<E: Executor> Engine<E> {
             rejected: BTreeMap::new(),
             last_progress: Timestamp::ZERO,
             steps_without_progress: 0,
+            last_step_isolated: false,
             pages_verified: 0,
         })
     }
@@ -266,6 +272,7 @@ impl<E: Executor> Engine<E> {
             }
             Phase::Ready => {
                 self.ready.remove(&order);
+                self.ready_logits.remove(&order);
                 self.drop_restore(id)?;
             }
             Phase::Running | Phase::Paused | Phase::Resuming => {
@@ -340,6 +347,7 @@ impl<E: Executor> Engine<E> {
             .ready
             .iter()
             .map(|(_, id)| id)
+            .chain(self.ready_logits.values().copied())
             .chain(self.restoring.values().copied())
             .collect();
         for id in with_imports {

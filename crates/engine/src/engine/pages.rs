@@ -287,6 +287,7 @@ impl<E: Executor> Engine<E> {
         }
         self.restoring.remove(&req.order);
         self.ready.remove(&req.order);
+        self.ready_logits.remove(&req.order);
         req.phase = Phase::Waiting;
         self.waiting.insert(req.order, id);
     }

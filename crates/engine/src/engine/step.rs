@@ -184,8 +184,13 @@ impl<E: Executor> Engine<E> {
             budget: self.params.max_batched_tokens,
         };
         self.schedule_resumes();
-        self.schedule_running(&mut plan, report)?;
-        self.admit(&mut plan, report)?;
+        let isolated = self.isolated_logits_step(&mut plan, report)?;
+        if !isolated {
+            // Q5: no ready import holds the decode pass back.
+            self.schedule_running(&mut plan, report)?;
+            self.admit(&mut plan, report)?;
+        }
+        self.last_step_isolated = isolated;
         let _evictions = self.pool.take_evictions();
         if plan.entries.is_empty() {
             match self.next_event_at() {
@@ -210,6 +215,22 @@ impl<E: Executor> Engine<E> {
             self.arriving.remove(&(at, seq));
             self.on_arrival(id);
         }
+    }
+
+    /// Q4: ready imports that restore their whole prompt with saved logits get a step of their own that runs
+    /// nothing but their logits-only entries (sampling from the saved logits), even behind a blocked head; they
+    /// own their slot. Not twice in a row while requests run, so the decode pass is never held back for more
+    /// than one step (Q5). `true` when this step is such an isolated step.
+    fn isolated_logits_step(&mut self, plan: &mut Plan, report: &mut StepReport) -> Result<bool> {
+        if self.last_step_isolated && !self.running.is_empty() {
+            return Ok(false);
+        }
+        let full_prompt = std::mem::take(&mut self.ready_logits);
+        for id in full_prompt.into_values() {
+            // `false`: its pages were lost and it is back in the waiting queue for a lookup.
+            let _admitted = self.admit_ready(id, plan, report)?;
+        }
+        Ok(!plan.entries.is_empty())
     }
 
     /// Paused streams that received input run again at once when a slot is free: they bypass the admission
@@ -247,6 +268,13 @@ impl<E: Executor> Engine<E> {
             let id = self.running[idx];
             let req = &self.reqs[&id];
             if req.loading.is_some() {
+                idx += 1;
+                continue;
+            }
+            if req.n_to_compute() == 0 {
+                // An `ordinary` restore of the whole prompt with saved logits, its copy landed: it samples from
+                // them, computing nothing.
+                plan.entries.push((id, Work::LogitsOnly));
                 idx += 1;
                 continue;
             }

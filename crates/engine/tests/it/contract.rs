@@ -137,8 +137,8 @@ fn q4_full_prompt_restore_with_saved_logits_gets_logits_only_step_behind_blocked
         "the ready import passed the blocked head"
     );
     assert!(
-        last.prefills.iter().all(|(id, _)| *id != RequestId(4)),
-        "no prefill for a full restore"
+        last.prefills.is_empty() && last.decodes.is_empty(),
+        "the logits-only step runs nothing else: {last:?}"
     );
     engine.cancel(RequestId(2)).unwrap();
     let _steps = engine.run_until_idle(100_000).expect("run");
@@ -154,6 +154,43 @@ fn q4_full_prompt_restore_with_saved_logits_gets_logits_only_step_behind_blocked
 }
 
 #[test]
+fn q4_ordinary_page_aligned_full_prompt_restore_with_saved_logits_samples_without_computing() {
+    // The review's panic: under `ordinary` the restored request was scheduled a decode at a position past its
+    // prompt. Page-aligned, 20 pages, restored at once, it samples from the saved logits.
+    let mut engine = Engine::new(params(Policy::Ordinary, 64)).unwrap();
+    let prompt = tokens(1, 0, 0, 20 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    let mut restore = spec(4, prompt, 3, engine.now());
+    restore.saved_logits = true;
+    engine.submit(restore).unwrap();
+    let reports = step_until(&mut engine, 100, |engine, _| {
+        engine.request(RequestId(4)).is_none()
+    });
+    assert!(
+        reports
+            .iter()
+            .any(|report| report.logits_only.contains(&RequestId(4))),
+        "it sampled from its saved logits"
+    );
+    assert!(
+        reports
+            .iter()
+            .all(|report| report.prefills.iter().all(|(id, _)| *id != RequestId(4))),
+        "nothing of the prompt was computed"
+    );
+    let metrics = engine
+        .request_metrics()
+        .iter()
+        .find(|m| m.id == Some(RequestId(4)))
+        .unwrap()
+        .clone();
+    assert_eq!(metrics.prompt_tokens_restored, 20 * TPP);
+    assert_eq!(metrics.prompt_tokens_recomputed, 0);
+    assert_eq!(metrics.decode_tokens, 3);
+    assert_eq!(engine.metrics().leaked_pages, 0);
+}
+
+#[test]
 fn q5_ready_import_never_suppresses_the_decode_pass() {
     let mut engine = Engine::new(params(Policy::Reserved, 41)).unwrap();
     let prompt = tokens(1, 0, 0, 4 * TPP);
@@ -165,12 +202,61 @@ fn q5_ready_import_never_suppresses_the_decode_pass() {
     let reports = step_until(&mut engine, 50, |_, report| {
         report.logits_only.contains(&RequestId(4))
     });
-    for report in &reports {
+    // Every step but the isolated logits-only one (Q4) schedules the running decode.
+    let (isolated, others) = reports.split_last().expect("a step");
+    assert!(isolated.decodes.is_empty() && isolated.prefills.is_empty());
+    for report in others {
         assert!(
             report.decodes.contains(&RequestId(2)),
             "the running decode is scheduled every step: {report:?}"
         );
         assert!(report.preempted.is_empty());
+    }
+    let next = engine.step().expect("step");
+    assert!(
+        next.decodes.contains(&RequestId(2)) && next.decodes.contains(&RequestId(4)),
+        "after the isolated step the decode pass runs, the restored request with it: {next:?}"
+    );
+}
+
+#[test]
+fn q5_isolated_steps_never_run_twice_in_a_row_while_requests_decode() {
+    let mut engine = Engine::new(params(Policy::Reserved, 80)).unwrap();
+    let prompts: Vec<Vec<u32>> = (0..2).map(|i| tokens(1, i, 0, 4 * TPP)).collect();
+    for (i, prompt) in prompts.iter().enumerate() {
+        seed_checkpoint(&mut engine, 10 + i as u64, prompt, 1);
+    }
+    start_hog(&mut engine, 2, 20);
+    // The two restores become ready in different steps, each with its isolated step; a decode pass runs
+    // between any two of them.
+    for (i, prompt) in prompts.into_iter().enumerate() {
+        let mut restore = spec(4 + i as u64, prompt, 4, engine.now());
+        restore.saved_logits = true;
+        engine.submit(restore).unwrap();
+        engine.inject_copy_fault(Fault::DelayNext {
+            rank: 0,
+            by: Duration::from_millis(1 + 5 * i as u64),
+        });
+    }
+    let reports = step_until(&mut engine, 200, |engine, _| {
+        engine.request(RequestId(4)).is_none() && engine.request(RequestId(5)).is_none()
+    });
+    let isolated: Vec<bool> = reports
+        .iter()
+        .map(|report| !report.logits_only.is_empty())
+        .collect();
+    assert!(isolated.iter().any(|&isolated| isolated));
+    for (pair, reports) in isolated.windows(2).zip(reports.windows(2)) {
+        assert!(
+            !(pair[0] && pair[1]),
+            "two isolated steps in a row: {reports:?}"
+        );
+    }
+    for report in reports
+        .iter()
+        .filter(|report| !report.logits_only.is_empty())
+    {
+        assert!(report.decodes.is_empty() && report.prefills.is_empty());
     }
 }
 

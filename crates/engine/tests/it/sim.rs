@@ -67,6 +67,10 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
                     prompt = tokens(seed, session as u32, next_id as u32 + 7, 50);
                     sessions[session] = prompt.clone();
                 }
+                if rng.below(4) == 0 && prompt.len() > 16 {
+                    // Page-aligned prompts: with saved logits, a whole-prompt restore (Q4).
+                    prompt.truncate(prompt.len() / 16 * 16);
+                }
                 let arrival = engine.now().after(Duration::from_millis(rng.below(200)));
                 let mut spec = RequestSpec::new(next_id, prompt, 1 + rng.below(40) as u32, arrival);
                 spec.salt = vec![(session % 2) as u8];
