@@ -235,22 +235,16 @@ impl<E: Executor> Engine<E> {
         }
         let pages = self.pool.allocate(new_pages)?;
         let req = self.reqs.get_mut(&id).expect("live");
-        if !req.admitted_once {
-            req.admitted_once = true;
-            let restored = hits
-                .iter()
-                .filter(|page| req.published_unowned.contains(page))
-                .count() as u32;
-            req.metrics.prompt_tokens_restored = restored * tpp;
-            req.metrics.prompt_tokens_local_hit = (hits.len() as u32 - restored) * tpp;
-            if restored > 0 {
-                req.metrics.restored = true;
-            } else if !req.published_unowned.is_empty() {
-                req.fall_back(FallbackReason::EvictedBeforeAdmission);
-                report
-                    .fallbacks
-                    .push((id, FallbackReason::EvictedBeforeAdmission));
-            }
+        let restored = hits
+            .iter()
+            .filter(|page| req.published_unowned.contains(page))
+            .count() as u32;
+        req.record_served((hits.len() as u32 - restored) * tpp, restored * tpp);
+        if restored == 0 && !req.published_unowned.is_empty() {
+            req.fall_back(FallbackReason::EvictedBeforeAdmission);
+            report
+                .fallbacks
+                .push((id, FallbackReason::EvictedBeforeAdmission));
         }
         req.published_unowned.clear();
         req.pages = hits;
@@ -322,10 +316,7 @@ impl<E: Executor> Engine<E> {
         }
         let import_pages = blocks - first_block;
         let req = self.reqs.get_mut(&id).expect("live");
-        req.admitted_once = true;
-        req.metrics.prompt_tokens_local_hit = first_block * tpp;
-        req.metrics.prompt_tokens_restored = import_pages * tpp;
-        req.metrics.restored = true;
+        req.record_served(first_block * tpp, import_pages * tpp);
         req.pages = hits;
         req.pages.extend(dest_pages);
         req.n_computed = blocks * tpp;
@@ -385,12 +376,7 @@ impl<E: Executor> Engine<E> {
         let restored_pages = hits.iter().filter(|page| dest.contains(page)).count() as u32;
         let req = self.reqs.get_mut(&id).expect("live");
         req.restore = Restore::Idle;
-        if !req.admitted_once {
-            req.admitted_once = true;
-            req.metrics.prompt_tokens_restored = restored_pages * tpp;
-            req.metrics.prompt_tokens_local_hit = (blocks - restored_pages) * tpp;
-            req.metrics.restored = restored_pages > 0;
-        }
+        req.record_served((blocks - restored_pages) * tpp, restored_pages * tpp);
         req.pages = hits;
         req.n_computed = blocks * tpp;
         req.n_registered = blocks;

@@ -1,7 +1,7 @@
 //! The engine's invariant checks: `check_invariants` (pool, ledger, imports, held pages, slots, credits)
 //! and `leaked_pages`, both built on the set of pages live requests and imports hold.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 
 use kv_pool::PageId;
 use reservation::{Ledger, RequestId};
@@ -12,11 +12,18 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 
 impl<E: Executor> Engine<E> {
-    /// Pages in use that no live request, import or ticket accounts for (0 unless there is a bug).
+    /// Pages in use that no named owner accounts for: a page whose pool reference count exceeds the references
+    /// its owners hold (live requests' page tables, the index's imports and captures, draining ones included,
+    /// and the ledger's tickets). Exact at any time; 0 unless there is a bug.
     pub fn leaked_pages(&self) -> u32 {
-        self.pool
-            .n_in_use()
-            .saturating_sub(self.held_pages().len() as u32)
+        let owned = self.page_owners();
+        (1..self.pool.n_total())
+            .map(PageId)
+            .filter(|page| {
+                let refs = self.pool.ref_count(*page).unwrap_or(0);
+                refs > owned.get(page).copied().unwrap_or(0)
+            })
+            .count() as u32
     }
 
     /// Checks every invariant: the pool's, the ledger's and the imports' (these lower-layer checks assert); every
@@ -33,18 +40,17 @@ impl<E: Executor> Engine<E> {
                 return broken(format!("page {page:?} is free while a copy writes into it"));
             }
         }
-        let held = self.held_pages();
-        for page in &held {
-            if self.pool.ref_count(*page).map_or(true, |refs| refs == 0) {
-                return broken(format!("held page {page:?} is free"));
+        // Every reference the pool counts has a named owner, and every owner's page is referenced: no leak, no
+        // page freed under a holder.
+        let owned = self.page_owners();
+        for page in (1..self.pool.n_total()).map(PageId) {
+            let refs = self.pool.ref_count(page).unwrap_or(0);
+            let expected = owned.get(&page).copied().unwrap_or(0);
+            if refs != expected {
+                return broken(format!(
+                    "page {page:?} has {refs} references but its owners hold {expected}"
+                ));
             }
-        }
-        if self.pool.n_in_use() as usize != held.len() {
-            return broken(format!(
-                "{} pages in use but {} held: a leak",
-                self.pool.n_in_use(),
-                held.len()
-            ));
         }
         let slots_held = self.ledger.as_ref().map_or(0, Ledger::slots_held);
         if self.running.len() as u32 + slots_held > self.params.max_running {
@@ -141,14 +147,26 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Every page a live request or import holds.
-    fn held_pages(&self) -> HashSet<PageId> {
-        let mut held: HashSet<PageId> = self
-            .reqs
-            .values()
-            .flat_map(|req| req.pages.iter().copied())
-            .collect();
-        held.extend(self.index.held_pages());
-        held
+    /// The references each page's named owners hold: live requests' page tables, the resident index's
+    /// imports and captures (draining ones included), and the ledger's tickets (their destination pages until
+    /// the consumer is admitted, which are the import's pages).
+    fn page_owners(&self) -> HashMap<PageId, u32> {
+        let mut owned: HashMap<PageId, u32> = HashMap::new();
+        let mut own = |page: PageId| *owned.entry(page).or_default() += 1;
+        for req in self.reqs.values() {
+            req.pages.iter().copied().for_each(&mut own);
+        }
+        self.index.held_pages().for_each(&mut own);
+        if let Some(ledger) = &self.ledger {
+            for ticket in ledger.snapshot().tickets {
+                let pages = self.index.pages(ticket.req).unwrap_or(&[]);
+                pages
+                    .iter()
+                    .take(ticket.import_pages as usize)
+                    .copied()
+                    .for_each(&mut own);
+            }
+        }
+        owned
     }
 }

@@ -123,7 +123,7 @@ pub(crate) struct Req {
     pub(crate) order: AdmissionOrder,
     /// Lookups sent (G2/O7: at most four).
     pub(crate) lookups: u32,
-    /// Whether the request was admitted once (hit metrics are kept from the first admission only).
+    /// Whether the request was admitted once.
     pub(crate) admitted_once: bool,
     /// Pages a pages-only import published for it (unowned), to count restored hits at admission.
     pub(crate) published_unowned: Vec<PageId>,
@@ -207,12 +207,35 @@ impl Req {
         self.n_computed < self.prompt_end
     }
 
+    /// Records what this admission served from cache: the first `local_tokens` of the prompt from the local
+    /// prefix cache and the next `restored_tokens` from a restore, capped at the prompt. What counts is what
+    /// the request never computed: the admission that served the least, so a prefix recomputed after a
+    /// preemption counts as recomputed, and a request restoring what it computed itself before a preemption
+    /// does not count its own work as a cache hit. A restore that served it clears an earlier fallback.
+    pub(crate) fn record_served(&mut self, local_tokens: u32, restored_tokens: u32) {
+        let prompt = self.metrics.prompt_tokens;
+        let local = local_tokens.min(prompt);
+        let restored = restored_tokens.min(prompt - local);
+        let served_before =
+            self.metrics.prompt_tokens_local_hit + self.metrics.prompt_tokens_restored;
+        if self.admitted_once && local + restored >= served_before {
+            return;
+        }
+        self.admitted_once = true;
+        self.metrics.prompt_tokens_local_hit = local;
+        self.metrics.prompt_tokens_restored = restored;
+        self.metrics.restored = restored > 0;
+        if self.metrics.restored {
+            self.metrics.fallback = None;
+        }
+    }
+
     /// Records a restore fallback (the first reason wins). A store without a checkpoint for a request that is
     /// not a later turn (a session's first turn) is no fallback: nothing was there to restore.
     pub(crate) fn fall_back(&mut self, reason: FallbackReason) {
         let nothing_to_restore =
             reason == FallbackReason::NotInStore && !self.metrics.is_later_turn;
-        if self.metrics.fallback.is_none() && !self.metrics.restored && !nothing_to_restore {
+        if self.metrics.fallback.is_none() && !nothing_to_restore {
             self.metrics.fallback = Some(reason);
         }
     }

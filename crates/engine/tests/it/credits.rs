@@ -95,10 +95,10 @@ fn consumer_keeps_its_credits(order: Order, chunk_tokens: u32, restored_pages: u
     };
     let consumer = metrics(3);
     assert!(!consumer.cancelled && !metrics(2).cancelled, "{label}");
-    assert_eq!(
-        consumer.prompt_tokens_restored,
-        restored_pages * TPP,
-        "{label}: the consumer restored its checkpoint"
+    // Its final admission (after a preemption in decode, if any) served at least the checkpoint from cache.
+    assert!(
+        consumer.prompt_tokens_restored + consumer.prompt_tokens_local_hit >= restored_pages * TPP,
+        "{label}: the consumer's prefix came from cache: {consumer:?}"
     );
     assert_eq!(engine.metrics().leaked_pages, 0, "{label}");
     assert_eq!(engine.pool().n_in_use(), 0, "{label}: every page is free");
