@@ -31,6 +31,7 @@ pub fn run_json(run: &RunMetrics) -> Value {
         "p50_ttft_s": round(run.p50_ttft_s, 3),
         "p99_ttft_s": round(run.p99_ttft_s, 3),
         "leaked_pages": run.leaked_pages,
+        "store_write_failures": run.store_write_failures,
         "sim_seconds": round(run.sim_seconds, 3),
         "wall_seconds": round(run.wall_seconds, 3),
     })
@@ -52,7 +53,7 @@ pub fn runs_json(runs: &[RunMetrics], extra: &[(&str, Value)]) -> Value {
 /// The side-by-side table, one column per run, one row per headline metric.
 pub fn table(runs: &[RunMetrics]) -> String {
     type Row = (&'static str, fn(&RunMetrics) -> String);
-    let rows: [Row; 14] = [
+    let rows: [Row; 15] = [
         ("prompt tokens from cache", |r| {
             format!("{:.1}%", r.prompt_tokens_from_cache_pct)
         }),
@@ -82,6 +83,9 @@ pub fn table(runs: &[RunMetrics]) -> String {
         }),
         ("preemptions", |r| r.preemptions.to_string()),
         ("leaked pages", |r| r.leaked_pages.to_string()),
+        ("store write failures", |r| {
+            r.store_write_failures.to_string()
+        }),
         ("simulated time", |r| format!("{:.1} s", r.sim_seconds)),
         ("wall time", |r| format!("{:.2} s", r.wall_seconds)),
     ];

@@ -86,6 +86,7 @@ impl<E: Executor> Engine<E> {
             self.leaked_pages(),
         );
         run.capacity_waits = run.capacity_waits.max(self.capacity_waits_started);
+        run.store_write_failures = self.store.stats().n_write_failures;
         run
     }
 
