@@ -133,3 +133,91 @@ fn the_shipped_scenarios_run_from_the_command_line() {
             .is_some_and(|steps| !steps.is_empty())
     );
 }
+
+#[test]
+fn an_invalid_log_filter_is_an_error_naming_the_variable() {
+    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["agents", "--agents", "1", "--turns", "1"])
+        .env("KVGATE_LOG", "kvgate=loud")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("kvgate: environment: KVGATE_LOG=\"kvgate=loud\" is invalid; allowed: "),
+        "{stderr}"
+    );
+}
+
+/// A store directory in `dir` (`[store] dir`) and the config file naming it.
+fn store_config(dir: &std::path::Path) -> std::path::PathBuf {
+    let config = dir.join("c.toml");
+    let store = dir.join("store");
+    std::fs::write(
+        &config,
+        format!("[store]\ndir = {:?}\n", store.to_str().unwrap()),
+    )
+    .unwrap();
+    config
+}
+
+#[test]
+fn logs_written_to_a_file_carry_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = store_config(dir.path());
+    // A foreign manifest: opening the store warns that it is skipped.
+    std::fs::create_dir(dir.path().join("store")).unwrap();
+    std::fs::write(dir.path().join("store/ckpt-61.manifest"), b"foreign").unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["agents", "--config", config.to_str().unwrap()])
+        .args(["--policy", "reserved", "--agents", "1", "--turns", "1"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("checkpoint file rejected, skipped"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains('\u{1b}'), "colour codes in {stderr:?}");
+}
+
+#[test]
+fn policies_run_at_once_each_keep_their_own_store_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = store_config(dir.path());
+    let args = [
+        "agents",
+        "--config",
+        config.to_str().unwrap(),
+        "--agents",
+        "2",
+        "--turns",
+        "2",
+        "--json",
+    ];
+    // Twice: the second run reopens what the first left, policy by policy.
+    for run in 0..2 {
+        let (ok, stdout, stderr) = kvgate(&args);
+        assert!(ok, "run {run}: {stderr}");
+        assert!(!stderr.contains("WARN"), "run {run}: {stderr}");
+        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let runs = report["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 4);
+        for policy_run in runs {
+            assert_eq!(policy_run["store_write_failures"], 0, "{policy_run}");
+        }
+    }
+    for policy in ["ordinary", "pages-only", "reserved", "oracle"] {
+        let store = dir.path().join("store").join(policy);
+        let names: Vec<String> = std::fs::read_dir(&store)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.contains(&"LOCK".to_string()), "{policy}: {names:?}");
+        assert!(
+            names.iter().any(|name| name.ends_with(".manifest")),
+            "{policy} kept its checkpoints: {names:?}"
+        );
+    }
+}

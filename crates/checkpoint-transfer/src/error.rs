@@ -64,6 +64,36 @@ pub enum Error {
         /// The store's capacity.
         capacity_bytes: u64,
     },
+    /// Writing or removing a checkpoint's files failed (disk full, read-only file system, permission); the
+    /// checkpoint is not stored.
+    #[error(
+        "cannot write checkpoint file {path}: {source}; free space on the disk or make the store directory \
+         writable (the checkpoint is not stored)"
+    )]
+    Write {
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error: its kind says disk full, read-only file system or permission.
+        source: std::io::Error,
+    },
+    /// Another store (another engine, here or in another process) holds the store directory.
+    #[error(
+        "store directory {dir} is in use by {holder}; stop that engine or give this one another directory"
+    )]
+    Locked {
+        /// The directory.
+        dir: PathBuf,
+        /// The holder as its lock file names it (pid and host).
+        holder: String,
+    },
+    /// The store directory cannot be used.
+    #[error("checkpoint store directory {dir:?} is not usable: {reason}")]
+    StoreDir {
+        /// The directory as given.
+        dir: PathBuf,
+        /// Why.
+        reason: &'static str,
+    },
     /// A file system operation failed.
     #[error("store i/o on {path}: {source}")]
     Io {

@@ -184,6 +184,9 @@ pub struct RunMetrics {
     pub p99_ttft_s: f64,
     /// Pages still in use once the engine is idle (must be 0).
     pub leaked_pages: u32,
+    /// Checkpoint captures the store could not write (disk full, read-only file system, permission); the
+    /// engine went on without them.
+    pub store_write_failures: u64,
     /// Simulated (engine clock) seconds.
     pub sim_seconds: f64,
     /// Real seconds spent stepping.

@@ -144,7 +144,9 @@ pub struct StoreConfig {
     /// Capacity in pages (a checkpoint costs one page per full block it holds). Default 1048576; at least 1.
     pub capacity_pages: u64,
     /// Directory of a disk store whose checkpoints survive a restart; absent (the default) for the
-    /// host-memory store.
+    /// host-memory store. One engine owns it at a time (a lock file names the holder); when several
+    /// policies run at once (the command line without `--policy`), each keeps its checkpoints in
+    /// `<dir>/<policy>` (`EngineConfig::for_one_of_several`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<std::path::PathBuf>,
 }
@@ -316,6 +318,18 @@ impl EngineConfig {
         if self.store.capacity_pages == 0 {
             return invalid("store.capacity_pages", "0", "at least 1");
         }
+        if self
+            .store
+            .dir
+            .as_ref()
+            .is_some_and(|dir| dir.as_os_str().is_empty())
+        {
+            return invalid(
+                "store.dir",
+                "\"\"",
+                "a directory path; leave the field out for the host-memory store",
+            );
+        }
         self.geometry().map(|_| ())
     }
 
@@ -379,6 +393,16 @@ impl EngineConfig {
             value: self.model.preset.clone(),
             allowed: "one of small-8b-gpu, glm-like-moe".to_string(),
         })
+    }
+
+    /// This config for the engine of `policy` when several engines run at once: its disk store, if any, in
+    /// the subdirectory `<store.dir>/<policy>`, so no two engines share a directory.
+    pub fn for_one_of_several(&self, policy: Policy) -> EngineConfig {
+        let mut config = self.clone();
+        if let Some(dir) = &mut config.store.dir {
+            dir.push(policy.name());
+        }
+        config
     }
 
     /// The engine parameters for a run of `policy`.

@@ -100,14 +100,13 @@ const AGENTS_POOL_PAGES: u32 = 1024;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
-    let result = match cli.command {
+    let result = init_logging().and_then(|()| match cli.command {
         Command::Agents(args) => agents(&args),
         Command::Replay(args) => replay(&args),
         Command::Scenario { file } => {
             kvgate::scenario::run_file(&file).map(|trace| println!("{trace}"))
         }
-    };
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -117,16 +116,34 @@ fn main() -> ExitCode {
     }
 }
 
-/// Engine logs (bounded-wait expiries, capacity waits) go to stderr; `KVGATE_LOG` sets the filter
-/// (`warn` by default; e.g. `KVGATE_LOG=info` shows every capacity wait as it starts).
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KVGATE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+/// The environment variable holding the log filter.
+const LOG_ENV: &str = "KVGATE_LOG";
+
+/// Engine logs (bounded-wait expiries, capacity waits, store failures) go to stderr, coloured only when
+/// stderr is a terminal; `KVGATE_LOG` sets the filter (`warn` by default; e.g. `KVGATE_LOG=info` shows every
+/// capacity wait as it starts). A filter that does not parse is an error, not ignored.
+fn init_logging() -> kvgate::Result<()> {
+    let invalid = |value: String| kvgate::Error::Env {
+        name: LOG_ENV,
+        value,
+        allowed: "a log filter such as warn, info or debug (tracing EnvFilter syntax)",
+    };
+    let filter = match std::env::var(LOG_ENV) {
+        Ok(value) => {
+            tracing_subscriber::EnvFilter::try_new(&value).map_err(|_| invalid(value.clone()))?
+        }
+        Err(std::env::VarError::NotPresent) => tracing_subscriber::EnvFilter::new("warn"),
+        Err(std::env::VarError::NotUnicode(value)) => {
+            return Err(invalid(value.to_string_lossy().into_owned()));
+        }
+    };
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
+    Ok(())
 }
 
 fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
@@ -144,6 +161,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     spec.validate()?;
     let policies = policies(&args.run.policy)?;
     let runs = run_policies(&policies, |policy, progress| {
+        let config = config_of(&config, policy, policies.len());
         run::run_agents(&config, &spec, policy, progress)
     })?;
     if args.run.json {
@@ -184,6 +202,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let later = run::later_turns(&trace);
     let policies = policies(&args.run.policy)?;
     let runs = run_policies(&policies, |policy, progress| {
+        let config = config_of(&config, policy, policies.len());
         run::run_replay(&config, &trace, &later, args.time_scale, policy, progress)
     })?;
     for run in &runs {
@@ -234,6 +253,16 @@ fn load_config(args: &RunArgs) -> kvgate::Result<EngineConfig> {
     }
     config.validate()?;
     Ok(config)
+}
+
+/// The config of `policy`'s engine when `n_policies` run at once: with several, each has its own store
+/// directory (`<store.dir>/<policy>`), since one directory holds one engine's checkpoints.
+fn config_of(config: &EngineConfig, policy: Policy, n_policies: usize) -> EngineConfig {
+    if n_policies > 1 {
+        config.for_one_of_several(policy)
+    } else {
+        config.clone()
+    }
 }
 
 fn policies(names: &[String]) -> kvgate::Result<Vec<Policy>> {

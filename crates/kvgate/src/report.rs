@@ -6,11 +6,12 @@ use serde_json::{Map, Value, json};
 
 /// One run as a JSON object: `policy` and every metric by its name.
 pub fn run_json(run: &RunMetrics) -> Value {
-    let fallbacks: Map<String, Value> = run
-        .restore_fallbacks
-        .iter()
-        .map(|(reason, n)| (reason.clone(), json!(n)))
-        .collect();
+    let by_reason = |counts: &std::collections::BTreeMap<String, u32>| -> Map<String, Value> {
+        counts
+            .iter()
+            .map(|(reason, n)| (reason.clone(), json!(n)))
+            .collect()
+    };
     json!({
         "policy": run.policy,
         "prompt_tokens": run.prompt_tokens,
@@ -21,7 +22,8 @@ pub fn run_json(run: &RunMetrics) -> Value {
         "later_turns": run.later_turns,
         "later_turns_restored": run.later_turns_restored,
         "later_turns_local_hit": run.later_turns_local_hit,
-        "restore_fallbacks": fallbacks,
+        "restore_fallbacks": by_reason(&run.restore_fallbacks),
+        "rejected_requests": by_reason(&run.rejected_requests),
         "capacity_waits": run.capacity_waits,
         "longest_capacity_wait_s": round(run.longest_capacity_wait_s, 3),
         "preemptions": run.preemptions,
@@ -31,6 +33,7 @@ pub fn run_json(run: &RunMetrics) -> Value {
         "p50_ttft_s": round(run.p50_ttft_s, 3),
         "p99_ttft_s": round(run.p99_ttft_s, 3),
         "leaked_pages": run.leaked_pages,
+        "store_write_failures": run.store_write_failures,
         "sim_seconds": round(run.sim_seconds, 3),
         "wall_seconds": round(run.wall_seconds, 3),
     })
@@ -52,7 +55,7 @@ pub fn runs_json(runs: &[RunMetrics], extra: &[(&str, Value)]) -> Value {
 /// The side-by-side table, one column per run, one row per headline metric.
 pub fn table(runs: &[RunMetrics]) -> String {
     type Row = (&'static str, fn(&RunMetrics) -> String);
-    let rows: [Row; 14] = [
+    let rows: [Row; 16] = [
         ("prompt tokens from cache", |r| {
             format!("{:.1}%", r.prompt_tokens_from_cache_pct)
         }),
@@ -69,7 +72,8 @@ pub fn table(runs: &[RunMetrics]) -> String {
         ("  or a full local hit", |r| {
             r.later_turns_local_hit.to_string()
         }),
-        ("restore fallbacks", |r| fallbacks(r)),
+        ("restore fallbacks", |r| by_most(&r.restore_fallbacks)),
+        ("rejected requests", |r| by_most(&r.rejected_requests)),
         ("mean turn time", |r| format!("{:.1} s", r.mean_turn_s)),
         ("p50 / p99 ttft", |r| {
             format!("{:.2} / {:.2} s", r.p50_ttft_s, r.p99_ttft_s)
@@ -82,6 +86,9 @@ pub fn table(runs: &[RunMetrics]) -> String {
         }),
         ("preemptions", |r| r.preemptions.to_string()),
         ("leaked pages", |r| r.leaked_pages.to_string()),
+        ("store write failures", |r| {
+            r.store_write_failures.to_string()
+        }),
         ("simulated time", |r| format!("{:.1} s", r.sim_seconds)),
         ("wall time", |r| format!("{:.2} s", r.wall_seconds)),
     ];
@@ -115,12 +122,13 @@ pub fn table(runs: &[RunMetrics]) -> String {
     out
 }
 
-fn fallbacks(run: &RunMetrics) -> String {
-    let total: u32 = run.restore_fallbacks.values().sum();
+/// A count by reason as its total and the most frequent reason.
+fn by_most(counts: &std::collections::BTreeMap<String, u32>) -> String {
+    let total: u32 = counts.values().sum();
     if total == 0 {
         return "0".to_string();
     }
-    let mut reasons: Vec<(&String, &u32)> = run.restore_fallbacks.iter().collect();
+    let mut reasons: Vec<(&String, &u32)> = counts.iter().collect();
     reasons.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
     let (top, n) = reasons[0];
     format!("{total} (most: {top} {n})")

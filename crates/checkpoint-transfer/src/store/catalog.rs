@@ -73,6 +73,7 @@ impl Catalog {
             n_bytes: self.n_bytes,
             capacity_bytes: self.capacity_bytes,
             n_evictions: self.n_evictions,
+            n_write_failures: 0,
         }
     }
 

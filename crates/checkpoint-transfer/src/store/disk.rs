@@ -1,35 +1,41 @@
-//! `DiskStore`: checkpoints in a directory that survive restarts. Per checkpoint a bincode manifest (magic,
-//! format version, manifest data with the layout it was written for, the BLAKE3 checksum of every page
-//! payload) and a payload file named after its generation. Writes are atomic (temp file, fsync, rename,
-//! directory fsync; the manifest last, so it never names a payload that is not complete). Reopening rebuilds
-//! the index; leftover temp files are ignored; truncated, corrupted or foreign files are reported and never
-//! restored (G6). Manifest decoding is size-limited. File names are hex-encoded ids: no id escapes the
-//! directory.
+//! `DiskStore`: checkpoints in a directory that survive restarts. Per checkpoint a manifest (`manifest`:
+//! magic, format version, the manifest data with the layout it was written for, the BLAKE3 checksum of every
+//! page payload, and a BLAKE3 checksum of the manifest's own bytes) and a payload file named after its
+//! generation. Writes are atomic (temp file, fsync, rename, directory fsync; the payload first, the manifest
+//! last, so a manifest never names a payload that is not complete). One store owns its directory at a time
+//! (an exclusive lock on `LOCK`, naming the holder). Reopening rebuilds the index; leftover temp files and
+//! payloads no manifest names are removed; truncated, corrupted, foreign or non-regular files are reported
+//! and never restored (G6). Every file is read only when it is a regular file, never through a link, and
+//! within a size limit (`files`). A capacity below what the directory holds evicts whole checkpoints, least
+//! recently written first, with a warning. File names are hex-encoded ids: no id escapes the directory.
+
+mod files;
+mod manifest;
 
 use std::collections::HashSet;
-use std::fs::{self, File};
-use std::io::{Read, Write};
+use std::fs;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use serde::{Deserialize, Serialize};
+pub use manifest::{MANIFEST_BYTES_MAX, MANIFEST_FORMAT_VERSION};
 
+use self::files::{DirLock, ReadError};
+use self::manifest::ManifestBody;
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload, PrefixQuery};
 use crate::error::{Error, Result};
 use crate::store::catalog::Catalog;
 use crate::store::{CheckpointStore, PutOutcome, StoreStats};
 
-/// Manifest format this build writes and reads.
-pub const MANIFEST_FORMAT_VERSION: u32 = 1;
+#[cfg(test)]
+pub(crate) use manifest::seal as seal_manifest;
 
-/// Largest manifest accepted, in bytes: a hostile file cannot make decoding allocate more.
-pub const MANIFEST_BYTES_MAX: usize = 16 << 20;
-
-const MANIFEST_MAGIC: [u8; 8] = *b"KVGATECK";
 const MANIFEST_SUFFIX: &str = ".manifest";
 const PAYLOAD_SUFFIX: &str = ".payload";
-const TEMP_SUFFIX: &str = ".tmp";
+
+/// Evicted checkpoints named one by one in the warning of an open that shrank the store.
+const EVICTED_NAMED_MAX: usize = 8;
 
 /// A file found at open that was not loaded, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,34 +46,39 @@ pub struct RejectedFile {
     pub reason: String,
 }
 
-/// Checkpoints in a directory.
+/// Checkpoints in a directory, which it owns while open.
 #[derive(Debug)]
 pub struct DiskStore {
     dir: PathBuf,
     catalog: Catalog,
     rejected: Vec<RejectedFile>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct DiskManifest {
-    magic: [u8; 8],
-    format_version: u32,
-    meta: CheckpointMeta,
-    payload_bytes: u64,
-    /// BLAKE3 of every page, rank-major (rank 0's pages first).
-    page_checksums: Vec<[u8; 32]>,
+    evicted_at_open: Vec<CheckpointId>,
+    n_write_failures: u64,
+    _lock: DirLock,
 }
 
 impl DiskStore {
-    /// Opens (creating if needed) a store in `dir` holding at most `capacity_bytes` of payload, and rebuilds
-    /// its index from the manifests there. Unusable files are listed by `rejected`, never loaded.
+    /// Opens (creating if needed) a store in `dir` holding at most `capacity_bytes` of payload, takes the
+    /// directory's lock (`Error::Locked` when another store holds it) and rebuilds its index from the
+    /// manifests there. Unusable files are listed by `rejected`, never loaded; checkpoints beyond the capacity
+    /// are evicted whole (`evicted_at_open`).
     pub fn open(dir: impl Into<PathBuf>, capacity_bytes: u64) -> Result<Self> {
         let dir = dir.into();
+        if dir.as_os_str().is_empty() {
+            return Err(Error::StoreDir {
+                dir,
+                reason: "the path is empty; name a directory",
+            });
+        }
         fs::create_dir_all(&dir).map_err(|source| io_error(&dir, source))?;
+        let lock = DirLock::acquire(&dir)?;
         let mut store = Self {
             catalog: Catalog::new(capacity_bytes),
             rejected: Vec::new(),
+            evicted_at_open: Vec::new(),
+            n_write_failures: 0,
             dir,
+            _lock: lock,
         };
         store.rebuild()?;
         Ok(store)
@@ -84,9 +95,16 @@ impl DiskStore {
         &self.dir
     }
 
-    /// Files found at open that were not loaded (truncated, corrupted, foreign, wrong version).
+    /// Files found at open that were not loaded (truncated, corrupted, foreign, wrong version, not a
+    /// regular file).
     pub fn rejected(&self) -> &[RejectedFile] {
         &self.rejected
+    }
+
+    /// Checkpoints deleted at open because the directory held more than the capacity (or one alone was
+    /// larger than it), least recently written first.
+    pub fn evicted_at_open(&self) -> &[CheckpointId] {
+        &self.evicted_at_open
     }
 
     /// Path of the manifest of `id`.
@@ -102,22 +120,23 @@ impl DiskStore {
 
     fn rebuild(&mut self) -> Result<()> {
         let entries = fs::read_dir(&self.dir).map_err(|source| io_error(&self.dir, source))?;
-        let mut loaded: Vec<(SystemTime, DiskManifest)> = Vec::new();
+        let mut loaded: Vec<(SystemTime, ManifestBody)> = Vec::new();
         let mut payload_files: Vec<PathBuf> = Vec::new();
         let mut keep_stems: HashSet<String> = HashSet::new();
         for entry in entries {
             let entry = entry.map_err(|source| io_error(&self.dir, source))?;
             let path = entry.path();
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.ends_with(TEMP_SUFFIX) {
+            if files::is_temp(&name) {
                 // A write that never completed: never part of the store.
                 tracing::info!(path = %path.display(), "removing leftover temp file");
-                let _ignored = fs::remove_file(&path);
+                self.remove_stray(path);
             } else if name.ends_with(PAYLOAD_SUFFIX) {
                 payload_files.push(path);
             } else if let Some(stem) = name.strip_suffix(MANIFEST_SUFFIX) {
                 match self.load_manifest(&path, stem) {
                     Ok(manifest) => {
+                        // `DirEntry::metadata` does not follow links; the manifest is a regular file.
                         let mtime = entry
                             .metadata()
                             .and_then(|m| m.modified())
@@ -125,35 +144,13 @@ impl DiskStore {
                         loaded.push((mtime, manifest));
                     }
                     Err(reason) => {
-                        tracing::warn!(path = %path.display(), %reason, "checkpoint manifest rejected");
                         keep_stems.insert(stem.to_string());
-                        self.rejected.push(RejectedFile { path, reason });
+                        self.reject(path, reason);
                     }
                 }
             }
         }
-        loaded.sort_by_key(|(mtime, _)| *mtime);
-        let mut referenced: HashSet<PathBuf> = HashSet::new();
-        for (_, manifest) in loaded {
-            let meta = manifest.meta;
-            let outcome = self.catalog.plan_put(&meta, manifest.payload_bytes);
-            match outcome {
-                Ok(outcome) => {
-                    for evicted in &outcome.evicted {
-                        self.delete_files(evicted)?;
-                    }
-                    referenced.insert(self.payload_path(&meta.id, meta.generation));
-                    self.catalog.insert(Arc::new(meta), manifest.payload_bytes);
-                }
-                Err(err) => {
-                    let path = self.manifest_path(&meta.id);
-                    self.rejected.push(RejectedFile {
-                        path,
-                        reason: err.to_string(),
-                    });
-                }
-            }
-        }
+        let referenced = self.load_in_write_order(loaded)?;
         for path in payload_files {
             let stem_matches = |stem: &String| {
                 path.file_name()
@@ -162,43 +159,97 @@ impl DiskStore {
             };
             if !referenced.contains(&path) && !keep_stems.iter().any(stem_matches) {
                 tracing::info!(path = %path.display(), "removing payload no manifest names");
-                let _ignored = fs::remove_file(&path);
+                self.remove_stray(path);
             }
         }
-        Ok(())
+        files::sync_dir(&self.dir).map_err(|source| io_error(&self.dir, source))
+    }
+
+    /// Inserts the loaded manifests oldest first, evicting whole checkpoints (least recently written first)
+    /// when they hold more than the capacity. Returns the payloads the loaded checkpoints name.
+    fn load_in_write_order(
+        &mut self,
+        mut loaded: Vec<(SystemTime, ManifestBody)>,
+    ) -> Result<HashSet<PathBuf>> {
+        loaded.sort_by_key(|(mtime, _)| *mtime);
+        let mut referenced: HashSet<PathBuf> = HashSet::new();
+        let mut evicted_bytes = 0u64;
+        let mut sizes = std::collections::HashMap::new();
+        for (_, manifest) in loaded {
+            let meta = manifest.meta;
+            match self.catalog.plan_put(&meta, manifest.payload_bytes) {
+                Ok(outcome) => {
+                    for evicted in outcome.evicted {
+                        self.delete_files(&evicted)?;
+                        evicted_bytes += sizes.get(&evicted).copied().unwrap_or(0);
+                        self.evicted_at_open.push(evicted);
+                    }
+                    referenced.insert(self.payload_path(&meta.id, meta.generation));
+                    sizes.insert(meta.id.clone(), manifest.payload_bytes);
+                    self.catalog.insert(Arc::new(meta), manifest.payload_bytes);
+                }
+                Err(Error::TooLarge { .. }) => {
+                    self.delete_files(&meta.id)?;
+                    evicted_bytes += manifest.payload_bytes;
+                    self.evicted_at_open.push(meta.id);
+                }
+                Err(err) => {
+                    let path = self.manifest_path(&meta.id);
+                    self.reject(path, err.to_string());
+                }
+            }
+        }
+        if !self.evicted_at_open.is_empty() {
+            let named: Vec<String> = self
+                .evicted_at_open
+                .iter()
+                .take(EVICTED_NAMED_MAX)
+                .map(ToString::to_string)
+                .collect();
+            tracing::warn!(
+                dir = %self.dir.display(),
+                n_evicted = self.evicted_at_open.len(),
+                evicted_bytes,
+                capacity_bytes = self.catalog.stats().capacity_bytes,
+                first_evicted = %named.join(", "),
+                "the store directory held more than the capacity: evicted whole checkpoints, least recently \
+                 written first"
+            );
+        }
+        Ok(referenced)
+    }
+
+    fn reject(&mut self, path: PathBuf, reason: String) {
+        tracing::warn!(path = %path.display(), %reason, "checkpoint file rejected, skipped");
+        self.rejected.push(RejectedFile { path, reason });
+    }
+
+    /// Removes a temp file or an unnamed payload; one that cannot be removed (a directory) is reported.
+    fn remove_stray(&mut self, path: PathBuf) {
+        if let Err(error) = files::remove_if_present(&path) {
+            self.reject(
+                path,
+                format!("cannot remove it: {error}; remove it by hand"),
+            );
+        }
     }
 
     /// Reads and checks one manifest; the reason it is unusable otherwise.
-    fn load_manifest(&self, path: &Path, stem: &str) -> Result<DiskManifest, String> {
-        let len = fs::metadata(path)
-            .map_err(|e| format!("cannot stat: {e}"))?
-            .len();
-        if len > MANIFEST_BYTES_MAX as u64 {
-            return Err(format!(
-                "manifest is {len} bytes, more than the limit of {MANIFEST_BYTES_MAX}"
-            ));
-        }
-        let mut bytes = Vec::with_capacity(len as usize);
-        File::open(path)
-            .and_then(|mut file| file.read_to_end(&mut bytes))
-            .map_err(|e| format!("cannot read: {e}"))?;
-        let manifest = decode_manifest(&bytes)?;
+    fn load_manifest(&self, path: &Path, stem: &str) -> Result<ManifestBody, String> {
+        let bytes = files::read_regular(path, MANIFEST_BYTES_MAX as u64)
+            .map_err(|e| format!("manifest unusable: {e}"))?;
+        let manifest = manifest::decode(&bytes)?;
         if file_stem(&manifest.meta.id) != stem {
             return Err(format!(
                 "manifest names checkpoint {} but its file name does not",
                 manifest.meta.id
             ));
         }
-        let expected_checksums = manifest.meta.pages.len() * manifest.meta.layout.n_ranks as usize;
-        if manifest.page_checksums.len() != expected_checksums
-            || manifest.payload_bytes != manifest.meta.payload_bytes()
-        {
-            return Err("manifest's checksums or payload size do not match its pages".to_string());
-        }
         let payload = self.payload_path(&manifest.meta.id, manifest.meta.generation);
-        let payload_len = fs::metadata(&payload)
-            .map_err(|e| format!("payload {} is missing: {e}", payload.display()))?
-            .len();
+        let payload_len = files::regular_len(&payload).map_err(|e| match e {
+            ReadError::Io(e) => format!("payload {} is missing: {e}", payload.display()),
+            other => format!("payload {} is unusable: {other}", payload.display()),
+        })?;
         if payload_len != manifest.payload_bytes {
             return Err(format!(
                 "payload {} is {payload_len} bytes, the manifest says {}",
@@ -209,25 +260,31 @@ impl DiskStore {
         Ok(manifest)
     }
 
+    /// Deletes a checkpoint's manifest, then every payload of its id (a crash in between leaves only
+    /// payloads, which the next open removes). Tries every file; the first failure is returned.
     fn delete_files(&self, id: &CheckpointId) -> Result<()> {
         let manifest = self.manifest_path(id);
-        let stem = file_stem(id);
-        remove_if_present(&manifest)?;
+        let stem = format!("{}.", file_stem(id));
+        files::remove_if_present(&manifest).map_err(|source| write_error(&manifest, source))?;
         let entries = fs::read_dir(&self.dir).map_err(|source| io_error(&self.dir, source))?;
+        let mut first_error = None;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if name.starts_with(&format!("{stem}.")) && name.ends_with(PAYLOAD_SUFFIX) {
-                remove_if_present(&entry.path())?;
+            if name.starts_with(&stem) && name.ends_with(PAYLOAD_SUFFIX) {
+                let path = entry.path();
+                if let Err(source) = files::remove_if_present(&path) {
+                    first_error.get_or_insert_with(|| write_error(&path, source));
+                }
             }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     fn write_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
         let meta = &checkpoint.meta;
         let payload_path = self.payload_path(&meta.id, meta.generation);
         let mut page_checksums = Vec::new();
-        write_atomically(&payload_path, |file| {
+        files::write_atomically(&payload_path, |file| {
             for pages in &checkpoint.payload.ranks {
                 for page in pages {
                     page_checksums.push(*blake3::hash(page).as_bytes());
@@ -236,42 +293,64 @@ impl DiskStore {
             }
             Ok(())
         })?;
-        let manifest = DiskManifest {
-            magic: MANIFEST_MAGIC,
-            format_version: MANIFEST_FORMAT_VERSION,
+        // The payload's rename is durable before a manifest names it.
+        files::sync_dir(&self.dir).map_err(|source| write_error(&self.dir, source))?;
+        let manifest_path = self.manifest_path(&meta.id);
+        let body = ManifestBody {
             meta: meta.clone(),
             payload_bytes: checkpoint.payload.n_bytes(),
             page_checksums,
         };
-        let bytes =
-            bincode::serde::encode_to_vec(&manifest, bincode::config::standard()).map_err(|e| {
-                Error::Corrupt {
-                    path: self.manifest_path(&meta.id),
-                    reason: format!("cannot encode manifest: {e}"),
-                }
-            })?;
-        write_atomically(&self.manifest_path(&meta.id), |file| file.write_all(&bytes))?;
-        File::open(&self.dir)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|source| io_error(&self.dir, source))
+        let bytes = manifest::encode(&body).map_err(|reason| Error::Corrupt {
+            path: manifest_path.clone(),
+            reason,
+        })?;
+        files::write_atomically(&manifest_path, |file| file.write_all(&bytes))?;
+        files::sync_dir(&self.dir).map_err(|source| write_error(&self.dir, source))
+    }
+
+    /// Stores a checkpoint the catalog made room for; on failure deletes what was written of it and what
+    /// remains of the generation it supersedes (the catalog no longer holds either).
+    fn store_files(&mut self, checkpoint: &Checkpoint, outcome: &PutOutcome) -> Result<()> {
+        for evicted in &outcome.evicted {
+            self.delete_files(evicted)?;
+        }
+        let id = &checkpoint.meta.id;
+        if let Err(error) = self.write_checkpoint(checkpoint) {
+            if outcome.superseded_generation.is_some() {
+                let _ignored = self.delete_files(id);
+            } else {
+                let payload = self.payload_path(id, checkpoint.meta.generation);
+                let _ignored = files::remove_if_present(&payload);
+            }
+            return Err(error);
+        }
+        if let Some(old_generation) = outcome.superseded_generation {
+            let old = self.payload_path(id, old_generation);
+            files::remove_if_present(&old).map_err(|source| write_error(&old, source))?;
+        }
+        Ok(())
     }
 
     /// Reads and verifies the payload of a stored checkpoint.
     fn read_payload(&self, meta: &CheckpointMeta) -> Result<CheckpointPayload> {
+        let manifest_path = self.manifest_path(&meta.id);
+        let manifest_bytes = files::read_regular(&manifest_path, MANIFEST_BYTES_MAX as u64)
+            .map_err(|e| read_error(&manifest_path, e))?;
         let path = self.payload_path(&meta.id, meta.generation);
         let corrupt = |reason: String| Error::Corrupt {
             path: path.clone(),
             reason,
         };
-        let manifest_bytes =
-            fs::read(self.manifest_path(&meta.id)).map_err(|source| io_error(&path, source))?;
-        let manifest = decode_manifest(&manifest_bytes).map_err(&corrupt)?;
+        let manifest = manifest::decode(&manifest_bytes).map_err(&corrupt)?;
         if manifest.meta != *meta {
             return Err(corrupt(
                 "the manifest changed on disk since the store was opened".into(),
             ));
         }
-        let bytes = fs::read(&path).map_err(|source| io_error(&path, source))?;
+        // `decode` checked the sizes: payload bytes = pages x ranks x page width, one checksum per page.
+        let bytes =
+            files::read_regular(&path, manifest.payload_bytes).map_err(|e| read_error(&path, e))?;
         if bytes.len() as u64 != manifest.payload_bytes {
             return Err(corrupt(format!(
                 "payload is {} bytes, the manifest says {}",
@@ -282,12 +361,13 @@ impl DiskStore {
         let bytes_per_page = meta.layout.bytes_per_page as usize;
         let n_pages = meta.pages.len();
         let mut ranks = Vec::with_capacity(meta.layout.n_ranks as usize);
+        let mut chunks = bytes.chunks_exact(bytes_per_page.max(1));
         for rank in 0..meta.layout.n_ranks as usize {
             let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_pages);
             for page_idx in 0..n_pages {
                 let flat_idx = rank * n_pages + page_idx;
-                let page = &bytes[flat_idx * bytes_per_page..(flat_idx + 1) * bytes_per_page];
-                if *blake3::hash(page).as_bytes() != manifest.page_checksums[flat_idx] {
+                let page = chunks.next().unwrap_or_default();
+                if Some(blake3::hash(page).as_bytes()) != manifest.page_checksums.get(flat_idx) {
                     return Err(corrupt(format!(
                         "page {page_idx} of rank {rank} fails its checksum"
                     )));
@@ -312,16 +392,15 @@ impl CheckpointStore for DiskStore {
         self.catalog.find_longest_prefix(query)
     }
 
+    /// A failed write (`Error::Write`: disk full, read-only file system, permission) leaves the checkpoint
+    /// unstored, its superseded generation gone, and counts in `StoreStats::n_write_failures`.
     fn put(&mut self, checkpoint: Checkpoint) -> Result<PutOutcome> {
         checkpoint.payload.check_shape(&checkpoint.meta)?;
         let n_bytes = checkpoint.payload.n_bytes();
         let outcome = self.catalog.plan_put(&checkpoint.meta, n_bytes)?;
-        for evicted in &outcome.evicted {
-            self.delete_files(evicted)?;
-        }
-        self.write_checkpoint(&checkpoint)?;
-        if let Some(old_generation) = outcome.superseded_generation {
-            remove_if_present(&self.payload_path(&checkpoint.meta.id, old_generation))?;
+        if let Err(error) = self.store_files(&checkpoint, &outcome) {
+            self.n_write_failures += 1;
+            return Err(error);
         }
         self.catalog.insert(Arc::new(checkpoint.meta), n_bytes);
         Ok(outcome)
@@ -362,37 +441,11 @@ impl CheckpointStore for DiskStore {
     }
 
     fn stats(&self) -> StoreStats {
-        self.catalog.stats()
-    }
-}
-
-fn decode_manifest(bytes: &[u8]) -> Result<DiskManifest, String> {
-    let config = bincode::config::standard().with_limit::<MANIFEST_BYTES_MAX>();
-    let describe = |e: bincode::error::DecodeError| match e {
-        bincode::error::DecodeError::UnexpectedEnd { .. } => {
-            format!("truncated manifest ({} bytes): {e}", bytes.len())
+        StoreStats {
+            n_write_failures: self.n_write_failures,
+            ..self.catalog.stats()
         }
-        other => format!("undecodable manifest: {other}"),
-    };
-    let ((magic, format_version), _): (([u8; 8], u32), usize) =
-        bincode::serde::decode_from_slice(bytes, config).map_err(describe)?;
-    if magic != MANIFEST_MAGIC {
-        return Err("not a kvgate checkpoint manifest (foreign file)".to_string());
     }
-    if format_version != MANIFEST_FORMAT_VERSION {
-        return Err(format!(
-            "manifest format version {format_version}, this build reads {MANIFEST_FORMAT_VERSION}"
-        ));
-    }
-    let (manifest, n_read): (DiskManifest, usize) =
-        bincode::serde::decode_from_slice(bytes, config).map_err(describe)?;
-    if n_read != bytes.len() {
-        return Err(format!(
-            "manifest has {} trailing bytes",
-            bytes.len() - n_read
-        ));
-    }
-    Ok(manifest)
 }
 
 /// Hex of the id's bytes: only `[0-9a-f]`, so a file name can never leave the directory.
@@ -405,38 +458,27 @@ fn file_stem(id: &CheckpointId) -> String {
     stem
 }
 
-fn write_atomically(
-    path: &Path,
-    write: impl FnOnce(&mut std::io::BufWriter<&File>) -> std::io::Result<()>,
-) -> Result<()> {
-    let mut temp = path.as_os_str().to_owned();
-    temp.push(TEMP_SUFFIX);
-    let temp = PathBuf::from(temp);
-    let result = (|| {
-        let file = File::create(&temp)?;
-        let mut writer = std::io::BufWriter::with_capacity(1 << 20, &file);
-        write(&mut writer)?;
-        writer.flush()?;
-        drop(writer);
-        file.sync_all()?;
-        fs::rename(&temp, path)
-    })();
-    result.map_err(|source| {
-        let _ignored = fs::remove_file(&temp);
-        io_error(path, source)
-    })
-}
-
-fn remove_if_present(path: &Path) -> Result<()> {
-    match fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io_error(path, e)),
-        _ => Ok(()),
-    }
-}
-
 fn io_error(path: &Path, source: std::io::Error) -> Error {
     Error::Io {
         path: path.to_path_buf(),
         source,
+    }
+}
+
+fn write_error(path: &Path, source: std::io::Error) -> Error {
+    Error::Write {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// A file that could not be read: the system's error, or a file that is not what the store wrote.
+fn read_error(path: &Path, error: ReadError) -> Error {
+    match error {
+        ReadError::Io(source) => io_error(path, source),
+        other => Error::Corrupt {
+            path: path.to_path_buf(),
+            reason: other.to_string(),
+        },
     }
 }

@@ -70,6 +70,9 @@ pub struct StoreStats {
     pub capacity_bytes: u64,
     /// Checkpoints evicted for room since the store was created or opened.
     pub n_evictions: u64,
+    /// Puts whose files could not be written (disk full, read-only file system, permission) since the store
+    /// was created or opened; none of those checkpoints is stored.
+    pub n_write_failures: u64,
 }
 
 #[cfg(test)]

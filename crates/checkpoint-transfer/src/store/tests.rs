@@ -1,5 +1,7 @@
 //! Store tiers: prefix lookup, recency, capacity, generations; the disk store's crash safety and G6
-//! rejection of truncated, corrupted and foreign files. Block-prefix lookup in `prefix`.
+//! rejection of truncated, corrupted and foreign files. Block-prefix lookup in `prefix`; the disk store's
+//! ownership, shrinking, hostile files, manifest checksum and write failures in `durability`; kill -9 at
+//! random points in `crash`.
 
 use std::sync::Arc;
 
@@ -10,8 +12,11 @@ use crate::checkpoint::{
 };
 use crate::error::{Error, Mismatch};
 use crate::layout::{GroupKind, LayoutDescriptor};
+use crate::store::disk::seal_manifest;
 use crate::store::{CheckpointStore, DiskStore, HostStore, MANIFEST_FORMAT_VERSION};
 
+mod crash;
+mod durability;
 mod prefix;
 
 const BYTES_PER_PAGE: u64 = 64;
@@ -332,10 +337,11 @@ fn g6_foreign_and_wrong_version_files_are_rejected() {
     let mut reasons: Vec<&str> = store.rejected().iter().map(|r| r.reason.as_str()).collect();
     reasons.sort();
     assert_eq!(reasons.len(), 2);
-    assert!(
-        reasons[0].contains("format version 2, this build reads 1"),
-        "{reasons:?}"
+    let expected = format!(
+        "format version {}, this build reads {MANIFEST_FORMAT_VERSION}",
+        MANIFEST_FORMAT_VERSION + 1
     );
+    assert!(reasons[0].contains(&expected), "{reasons:?}");
     assert!(reasons[1].contains("foreign file"), "{reasons:?}");
     assert_eq!(store.stats().n_checkpoints, 0);
 }
@@ -343,14 +349,10 @@ fn g6_foreign_and_wrong_version_files_are_rejected() {
 #[test]
 fn g6_hostile_manifest_length_cannot_exhaust_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let mut bytes = bincode::serde::encode_to_vec(
-        (*b"KVGATECK", MANIFEST_FORMAT_VERSION),
-        bincode::config::standard(),
-    )
-    .unwrap();
-    // The id string claims 2^60 bytes (varint: 253 marks a u64).
-    bytes.push(253);
-    bytes.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    // The id string claims 2^60 bytes (varint: 253 marks a u64), in a manifest whose own checksum is right.
+    let mut body = vec![253];
+    body.extend_from_slice(&(1u64 << 60).to_le_bytes());
+    let bytes = seal_manifest(MANIFEST_FORMAT_VERSION, &body).unwrap();
     std::fs::write(dir.path().join("ckpt-68.manifest"), bytes).unwrap();
     let store = DiskStore::open(dir.path(), 1 << 20).unwrap();
     assert_eq!(store.rejected().len(), 1);
@@ -411,7 +413,7 @@ fn disk_store_evicts_to_capacity_and_supersedes_generations() {
     );
     assert_eq!(
         std::fs::read_dir(dir.path()).unwrap().count(),
-        2,
-        "one manifest and one payload"
+        3,
+        "the lock file, one manifest and one payload"
     );
 }

@@ -16,6 +16,9 @@ use crate::error::{Error, Result};
 use crate::executor::{Executor, PageWrite};
 use crate::metrics::FallbackReason;
 
+/// Failed store writes per warning after the first: a full disk fails every capture, the log stays short.
+const STORE_WRITE_FAILURES_PER_WARNING: u64 = 100;
+
 /// How an allocation may use credit-protected pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum AllocKind {
@@ -165,6 +168,23 @@ impl<E: Executor> Engine<E> {
         };
         match self.store.put(checkpoint) {
             Ok(_outcome) => {}
+            // The store could not write (disk full, read-only file system, permission): the engine goes on
+            // without this checkpoint; `store_write_failures` counts it, the log says so rate-limited.
+            Err(
+                error @ (checkpoint_transfer::Error::Write { .. }
+                | checkpoint_transfer::Error::Io { .. }),
+            ) => {
+                let n_failures = self.store.stats().n_write_failures;
+                if n_failures <= 1 || n_failures.is_multiple_of(STORE_WRITE_FAILURES_PER_WARNING) {
+                    tracing::warn!(
+                        request = %id,
+                        %error,
+                        n_failures,
+                        "checkpoint not stored: the store cannot write (logged for the first failure and \
+                         every {STORE_WRITE_FAILURES_PER_WARNING}th)"
+                    );
+                }
+            }
             // A capture too large for the store, or an older generation: nothing to restore later.
             Err(error) => tracing::debug!(request = %id, %error, "checkpoint not stored"),
         }

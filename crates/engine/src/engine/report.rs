@@ -91,6 +91,7 @@ impl<E: Executor> Engine<E> {
             .iter()
             .map(|(reason, n)| (reason.name().to_owned(), *n))
             .collect();
+        run.store_write_failures = self.store.stats().n_write_failures;
         run
     }
 

@@ -62,3 +62,43 @@ fn a_store_directory_that_cannot_be_opened_is_an_error() {
     let error = Engine::new(disk_params(Policy::Reserved, &file)).unwrap_err();
     assert!(error.to_string().contains("not-a-directory"), "{error}");
 }
+
+#[test]
+fn a_second_engine_on_a_store_directory_in_use_is_refused_naming_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = Engine::new(disk_params(Policy::Reserved, dir.path())).unwrap();
+    let error = Engine::new(disk_params(Policy::Ordinary, dir.path())).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("is in use by pid {} on ", std::process::id())),
+        "{error}"
+    );
+    drop(first);
+    Engine::new(disk_params(Policy::Ordinary, dir.path())).unwrap();
+}
+
+#[test]
+fn captures_the_store_cannot_write_are_counted_and_the_engine_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let mut engine = Engine::new(disk_params(Policy::Reserved, &store_dir)).unwrap();
+    // The store directory replaced by a file: every write fails, for root too.
+    std::fs::remove_dir_all(&store_dir).unwrap();
+    std::fs::write(&store_dir, b"not a directory").unwrap();
+    let prompt = tokens(5, 0, 0, 8 * TPP + 3);
+    let output = seed_checkpoint(&mut engine, 1, &prompt, 4);
+    assert_eq!(
+        output.len(),
+        4,
+        "the request finished without its checkpoint"
+    );
+    let run = engine.metrics();
+    assert!(run.store_write_failures >= 1, "{run:?}");
+    assert_eq!(
+        run.store_write_failures,
+        engine.store_stats().n_write_failures
+    );
+    assert_eq!(engine.store_stats().n_checkpoints, 0);
+    assert_eq!(engine.leaked_pages(), 0);
+}

@@ -117,3 +117,48 @@ fn a_store_directory_selects_the_disk_store() {
         None
     );
 }
+
+#[test]
+fn an_empty_store_directory_names_the_field() {
+    let error = EngineConfig::from_toml("[store]\ndir = \"\"").unwrap_err();
+    assert!(
+        matches!(
+            &error,
+            Error::InvalidConfig {
+                field: "store.dir",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "config: `store.dir` = \"\" is out of range; allowed: a directory path; leave the field out for \
+         the host-memory store"
+    );
+}
+
+#[test]
+fn engines_running_at_once_each_get_their_own_store_directory() {
+    let config = EngineConfig::from_toml("[store]\ndir = \"/tmp/kvgate-checkpoints\"").unwrap();
+    let dirs: Vec<_> = Policy::ALL
+        .iter()
+        .map(|&policy| {
+            config
+                .for_one_of_several(policy)
+                .engine_params(policy)
+                .unwrap()
+                .store_dir
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        dirs,
+        ["ordinary", "pages-only", "reserved", "oracle"]
+            .map(|name| Path::new("/tmp/kvgate-checkpoints").join(name))
+    );
+    assert_eq!(
+        EngineConfig::default().for_one_of_several(Policy::Reserved),
+        EngineConfig::default()
+    );
+}

@@ -100,20 +100,30 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>, TraceError> {
 pub fn parse_trace(reader: impl BufRead, path: &str) -> Result<Vec<TraceRequest>, TraceError> {
     let mut requests = Vec::new();
     let mut last_timestamp = 0;
-    for (idx, line) in reader.lines().enumerate() {
+    // Bytes, not `lines()`: a line that is not UTF-8 is an error naming its line number.
+    for (idx, line) in reader.split(b'\n').enumerate() {
         let line_no = idx + 1;
-        let line = line.map_err(|source| TraceError::Io {
+        let mut line = line.map_err(|source| TraceError::Io {
             path: path.to_string(),
             source,
         })?;
-        if line.trim().is_empty() {
-            continue;
+        if line.last() == Some(&b'\r') {
+            line.pop();
         }
         let bad = |message: String| TraceError::Line {
             path: path.to_string(),
             line: line_no,
             message,
         };
+        let line = String::from_utf8(line).map_err(|e| {
+            bad(format!(
+                "not UTF-8 text (invalid byte at column {}); a trace is JSON lines",
+                e.utf8_error().valid_up_to() + 1
+            ))
+        })?;
+        if line.trim().is_empty() {
+            continue;
+        }
         let request: TraceRequest = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
         request.validate().map_err(bad)?;
         if request.timestamp < last_timestamp {

@@ -115,3 +115,17 @@ fn the_shipped_trace_parses_and_has_a_bounded_maximum() {
     let pct = theoretical_max_hit_pct(&trace);
     assert!(pct > 0.0 && pct < 100.0, "{pct}");
 }
+
+#[test]
+fn a_line_that_is_not_utf8_names_its_line() {
+    let mut bytes =
+        b"{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\r\n"
+            .to_vec();
+    bytes.extend_from_slice(b"{\"timestamp\": 1, \xff\xfe}\n");
+    let err = parse_trace(std::io::Cursor::new(bytes), "t.jsonl").unwrap_err();
+    assert!(matches!(&err, TraceError::Line { line: 2, .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "t.jsonl:2: not UTF-8 text (invalid byte at column 18); a trace is JSON lines"
+    );
+}
