@@ -119,6 +119,8 @@ pub struct RequestMetrics {
     pub finished: Option<Timestamp>,
     /// Whether it was cancelled rather than finished.
     pub cancelled: bool,
+    /// Store lookups its restores sent (at most `RESTORE_LOOKUPS_MAX` on every path, K3).
+    pub lookups: u32,
     /// Why it was rejected, when it could never run (K1); a rejected request also reads as cancelled.
     pub rejected: Option<RejectReason>,
 }

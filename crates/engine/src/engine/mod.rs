@@ -424,6 +424,7 @@ impl<E: Executor> Engine<E> {
             return;
         };
         req.metrics.finished = Some(self.now);
+        req.metrics.lookups = req.lookups;
         req.metrics.cancelled = cancelled;
         self.done.push(req.metrics.clone());
         self.finished.push(FinishedRequest {

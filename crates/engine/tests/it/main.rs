@@ -8,4 +8,5 @@ mod contract;
 mod credits;
 mod prefix;
 mod restart;
+mod robustness;
 mod sim;

@@ -218,3 +218,10 @@ fn sim_random_requests_cancellations_resets_faults_and_clock_jumps_under_every_p
         }
     }
 }
+
+/// W1 regression (the review's seed 1441 under `reserved`): two capacity waiters whose bounded wait ran out
+/// while every copy slot was busy were never polled into expiry, so the clock froze at their expiry time.
+#[test]
+fn w1_capacity_waiters_expire_while_copy_slots_are_busy_sim_seed_1441() {
+    simulate(Policy::Reserved, 1441, 3000);
+}

@@ -1,0 +1,295 @@
+//! Robustness through the public API (K1-K3): a request that can never run is rejected alone and counted; no
+//! sequence of calls makes the engine panic, and internal inconsistencies are errors; every path that asks the
+//! store counts against one lookup budget, and a run that stops progressing fails with the stuck requests.
+
+use std::time::Duration;
+
+use checkpoint_transfer::{Fault, RESTORE_LOOKUPS_MAX};
+use engine::{Engine, EngineParams, Error, Policy, RejectReason, RequestSpec};
+use proptest::prelude::*;
+use reservation::{RequestId, Timestamp};
+
+use crate::agents::tokens;
+use crate::contract::{TPP, params, seed_checkpoint, spec};
+
+#[test]
+fn k1_a_request_that_can_never_run_is_rejected_alone_and_counted_by_reason() {
+    let mut params = params(Policy::Reserved, 65);
+    params.geometry = EngineParams::full_attention_geometry(&params.cost, TPP, 2048).unwrap();
+    let mut engine = Engine::new(params).unwrap();
+    engine
+        .submit(spec(1, tokens(1, 1, 0, 100), 8, Timestamp::ZERO))
+        .unwrap();
+    // Longer than the model's context.
+    let too_long = engine.submit(spec(2, tokens(1, 2, 0, 2044), 8, Timestamp::ZERO));
+    assert!(
+        matches!(
+            too_long,
+            Err(Error::Rejected {
+                id: RequestId(2),
+                reason: RejectReason::LongerThanModel,
+                tokens: 2052,
+                limit: 2048,
+            })
+        ),
+        "{too_long:?}"
+    );
+    // Fits the model, not the pool (64 usable pages of 16 tokens).
+    let too_big = engine.submit(spec(3, tokens(1, 3, 0, 1100), 20, Timestamp::ZERO));
+    assert!(
+        matches!(
+            too_big,
+            Err(Error::Rejected {
+                reason: RejectReason::LargerThanPool,
+                limit: 1024,
+                ..
+            })
+        ),
+        "{too_big:?}"
+    );
+    assert!(
+        too_big
+            .unwrap_err()
+            .to_string()
+            .contains("larger_than_pool")
+    );
+    engine
+        .submit(spec(4, tokens(1, 4, 0, 200), 8, Timestamp::ZERO))
+        .unwrap();
+    let _steps = engine.run_until_idle(10_000).unwrap();
+    let metrics = engine.metrics();
+    assert_eq!(metrics.requests_finished, 2, "every other request went on");
+    assert_eq!(metrics.rejected_requests["longer_than_model"], 1);
+    assert_eq!(metrics.rejected_requests["larger_than_pool"], 1);
+    // A rejected id was never live: it may be submitted again, within the limits.
+    engine
+        .submit(spec(2, tokens(1, 2, 0, 100), 8, engine.now()))
+        .unwrap();
+}
+
+#[test]
+fn k3_lookups_after_preemptions_and_evictions_count_against_one_budget() {
+    // The review's livelock: under pages-only every preemption asked the store again, without a cap. A pool
+    // much smaller than the sessions' contexts preempts constantly; no request may exceed the budget, and
+    // the run ends.
+    for policy in [Policy::PagesOnly, Policy::Reserved, Policy::Ordinary] {
+        let agents = crate::agents::Agents {
+            n_agents: 16,
+            turns: 6,
+            first_prompt_tokens: 1024,
+            turn_input_tokens: 32,
+            response_tokens: 224,
+            think_s: 2.0,
+            seed: 1,
+        };
+        let run = crate::agents::run_agents(params(policy, 513), agents, 1);
+        assert_eq!(run.metrics.requests_finished, 16 * 6, "{policy}");
+        assert!(run.metrics.preemptions > 0, "{policy}: under pressure");
+    }
+}
+
+#[test]
+fn k3_every_request_sends_at_most_the_lookup_budget_under_pressure() {
+    for policy in [Policy::PagesOnly, Policy::Reserved] {
+        let mut engine = Engine::new(EngineParams {
+            max_running: 8,
+            chunk_tokens: 64,
+            ..params(policy, 96)
+        })
+        .unwrap();
+        let history: Vec<Vec<u32>> = (0..6).map(|i| tokens(3, i, 0, 40 * TPP)).collect();
+        for (i, prompt) in history.iter().enumerate() {
+            seed_checkpoint(&mut engine, 100 + i as u64, prompt, 1);
+        }
+        for (i, prompt) in history.into_iter().enumerate() {
+            let mut prompt = prompt;
+            prompt.extend(tokens(3, i as u32, 1, 5 * TPP));
+            engine
+                .submit(spec(i as u64, prompt, 40, engine.now()))
+                .unwrap();
+        }
+        let _steps = engine.run_until_idle(200_000).unwrap();
+        for metrics in engine.request_metrics() {
+            assert!(
+                metrics.lookups <= RESTORE_LOOKUPS_MAX,
+                "{policy}: {:?} sent {} lookups",
+                metrics.id,
+                metrics.lookups
+            );
+        }
+        if policy == Policy::PagesOnly {
+            assert!(engine.metrics().preemptions > 0, "{policy}: under pressure");
+        }
+    }
+}
+
+#[test]
+fn k3_a_run_that_stops_progressing_fails_naming_the_stuck_requests() {
+    let mut engine = Engine::new(EngineParams {
+        stall_timeout: Duration::from_secs(30),
+        ..params(Policy::Reserved, 64)
+    })
+    .unwrap();
+    let prompt = tokens(1, 0, 0, 8 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    // A copy that takes a day: nothing else runs, so nothing progresses.
+    engine.inject_copy_fault(Fault::DelayNext {
+        rank: 0,
+        by: Duration::from_secs(86_400),
+    });
+    engine.submit(spec(7, prompt, 4, engine.now())).unwrap();
+    let error = loop {
+        match engine.step() {
+            Ok(_) => continue,
+            Err(error) => break error,
+        }
+    };
+    let Error::Stalled { requests, .. } = &error else {
+        panic!("{error}");
+    };
+    assert!(requests.contains("req-7"), "{error}");
+    assert!(error.to_string().contains("no progress"), "{error}");
+    // The engine is intact: the stuck request can be cancelled and the run goes on.
+    engine.cancel(RequestId(7)).unwrap();
+    engine.check_invariants().unwrap();
+}
+
+/// One call of the public API with arbitrary (often invalid) arguments.
+#[derive(Clone, Debug)]
+enum Call {
+    Submit {
+        id: u64,
+        len: u32,
+        out: u32,
+        logits: bool,
+        stream: bool,
+    },
+    Cancel {
+        id: u64,
+    },
+    Resume {
+        id: u64,
+        len: u32,
+        out: u32,
+    },
+    Close {
+        id: u64,
+    },
+    Reset {
+        forced: bool,
+    },
+    Step,
+    Advance {
+        ms: u64,
+    },
+    Fault {
+        kind: u8,
+        page: u32,
+    },
+    Forget,
+}
+
+fn call() -> impl Strategy<Value = Call> {
+    let id = 0u64..6;
+    prop_oneof![
+        3 => (id.clone(), 0u32..300, 0u32..20, any::<bool>(), any::<bool>())
+            .prop_map(|(id, len, out, logits, stream)| Call::Submit { id, len, out, logits, stream }),
+        1 => id.clone().prop_map(|id| Call::Cancel { id }),
+        1 => (id.clone(), 0u32..40, 0u32..4).prop_map(|(id, len, out)| Call::Resume { id, len, out }),
+        1 => id.prop_map(|id| Call::Close { id }),
+        1 => any::<bool>().prop_map(|forced| Call::Reset { forced }),
+        6 => Just(Call::Step),
+        1 => (0u64..5000).prop_map(|ms| Call::Advance { ms }),
+        1 => (0u8..3, 0u32..70).prop_map(|(kind, page)| Call::Fault { kind, page }),
+        1 => Just(Call::Forget),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        // PROPTEST_CASES overrides the count (e.g. 10x before a release).
+        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(64)
+    ))]
+
+    /// K2: no sequence of public calls, with ids that are unknown, reused or live and sizes from empty to
+    /// larger than the pool, makes the engine panic; every call returns a value, the invariants hold after
+    /// each, and once the calls stop and every stream is closed the engine drains with no page in use.
+    #[test]
+    fn k2_no_sequence_of_public_calls_panics(calls in proptest::collection::vec(call(), 1..120)) {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+            let mut engine = Engine::new(EngineParams {
+                max_running: 3,
+                chunk_tokens: 32,
+                restore_max_wait: Duration::from_millis(500),
+                ..params(policy, 24)
+            }).unwrap();
+            for call in &calls {
+                apply(&mut engine, call);
+                engine.check_invariants().unwrap();
+            }
+            for _ in 0..100_000 {
+                if engine.is_idle() {
+                    break;
+                }
+                for id in 0..6 {
+                    let _closed = engine.close_stream(RequestId(id));
+                }
+                engine.step().unwrap();
+                engine.check_invariants().unwrap();
+            }
+            for id in 0..6 {
+                let _closed = engine.close_stream(RequestId(id));
+            }
+            prop_assert!(engine.is_idle());
+            prop_assert_eq!(engine.pool().n_in_use(), 0);
+            prop_assert_eq!(engine.metrics().leaked_pages, 0);
+        }
+    }
+}
+
+fn apply(engine: &mut Engine, call: &Call) {
+    match *call {
+        Call::Submit {
+            id,
+            len,
+            out,
+            logits,
+            stream,
+        } => {
+            let mut request =
+                RequestSpec::new(id, tokens(5, id as u32 % 2, 0, len), out, engine.now());
+            request.saved_logits = logits;
+            request.streaming = stream;
+            request.is_later_turn = true;
+            let _result = engine.submit(request);
+        }
+        Call::Cancel { id } => {
+            let _result = engine.cancel(RequestId(id));
+        }
+        Call::Resume { id, len, out } => {
+            let _result = engine.resume(RequestId(id), &tokens(6, id as u32, 1, len), out);
+        }
+        Call::Close { id } => {
+            let _result = engine.close_stream(RequestId(id));
+        }
+        Call::Reset { forced } => {
+            let _result = engine.reset_prefix_cache(forced);
+        }
+        Call::Step => {
+            engine.step().unwrap();
+        }
+        Call::Advance { ms } => {
+            let to = engine.now().after(Duration::from_millis(ms));
+            engine.advance_clock(to);
+        }
+        Call::Fault { kind, page } => engine.inject_copy_fault(match kind {
+            0 => Fault::FailNext { rank: 0 },
+            1 => Fault::DelayNext {
+                rank: 0,
+                by: Duration::from_millis(u64::from(page) * 10),
+            },
+            _ => Fault::EvictDestination(kv_pool::PageId(page)),
+        }),
+        Call::Forget => engine.forget_checkpoints(),
+    }
+}
