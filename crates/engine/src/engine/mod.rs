@@ -82,6 +82,9 @@ pub struct Engine<E: Executor = SimExecutor> {
     /// The liveness watchdog (K3): when a request last produced a token or ended, and steps since.
     last_progress: Timestamp,
     steps_without_progress: u64,
+    /// What happened between steps (a forced reset's preemptions and fallbacks): the next step's report
+    /// starts from it.
+    between_steps: StepReport,
     /// Whether the last step was an isolated logits-only step (Q4).
     last_step_isolated: bool,
     pages_verified: u64,
@@ -190,6 +193,7 @@ impl<E: Executor> Engine<E> {
             last_progress: Timestamp::ZERO,
             steps_without_progress: 0,
             last_step_isolated: false,
+            between_steps: StepReport::default(),
             pages_verified: 0,
         })
     }
@@ -342,6 +346,7 @@ impl<E: Executor> Engine<E> {
         }
         for id in self.running.clone().into_iter().rev() {
             self.preempt(id, None, false)?;
+            self.between_steps.reset_preempted.push(id);
         }
         let with_imports: Vec<RequestId> = self
             .ready
@@ -355,6 +360,11 @@ impl<E: Executor> Engine<E> {
             self.drop_restore(id)?;
             self.end_wait(id);
             self.enqueue_waiting(id, had_import.then_some(FallbackReason::Reset));
+            if had_import {
+                self.between_steps
+                    .fallbacks
+                    .push((id, FallbackReason::Reset));
+            }
         }
         let paused: Vec<RequestId> = self
             .reqs

@@ -12,7 +12,8 @@ use super::req::Phase;
 use crate::executor::Executor;
 use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
 
-/// What one step did, for traces and tests.
+/// What one step did, for traces and tests. It includes what happened since the previous step outside any
+/// step: a forced prefix-cache reset's preemptions and fallbacks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepReport {
     /// Engine clock after the step.
@@ -29,6 +30,8 @@ pub struct StepReport {
     pub admitted: Vec<RequestId>,
     /// Requests preempted by recompute this step.
     pub preempted: Vec<RequestId>,
+    /// Requests a forced prefix-cache reset preempted since the previous step (X1).
+    pub reset_preempted: Vec<RequestId>,
     /// Requests that finished (or paused, for streams) this step.
     pub finished: Vec<RequestId>,
     /// Restores that fell back to recompute this step, with why.

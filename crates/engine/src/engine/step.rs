@@ -73,7 +73,7 @@ impl<E: Executor> Engine<E> {
     /// and keeps serving.
     pub fn step(&mut self) -> Result<StepReport> {
         let wall_start = Instant::now();
-        let mut report = StepReport::default();
+        let mut report = std::mem::take(&mut self.between_steps);
         self.step_inner(&mut report)?;
         self.watch_progress()?;
         report.now = self.now;
