@@ -287,14 +287,18 @@ impl<E: Executor> Engine<E> {
                     idx += 1;
                     continue;
                 }
-                // A prefill without a ticket takes no credit-protected page (C1): its chunk shrinks to the
-                // pages it may take. When free pages exist but credits protect them all, it waits: credits
-                // never make anyone preempt a decode (C5).
-                let n = n_budget.min(self.unprotected_prefill_tokens(id));
-                if n == 0 && self.pool.n_free() > 0 {
-                    idx += 1;
-                    continue;
-                }
+                // A prefill without a ticket takes no credit-protected page (C1). When the pages it needs are
+                // free but credits protect some, its chunk shrinks to the unprotected pages, or it waits when
+                // there are none: credits never make anyone preempt (C5). When the pool itself lacks the
+                // pages, it is ordinary pressure, handled below as without credits.
+                let n = match self.credit_blocked_prefill_tokens(id, n_budget) {
+                    Some(0) => {
+                        idx += 1;
+                        continue;
+                    }
+                    Some(n) => n,
+                    None => n_budget,
+                };
                 let upto = req.n_computed + n;
                 (
                     Work::Prefill {
@@ -352,16 +356,26 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Tokens `id`'s next prefill chunk may cover with the pages it has and those it may take: all of them for
-    /// a consumer drawing on its own credits, else only the pages not protected for credit holders (C1).
-    fn unprotected_prefill_tokens(&self, id: RequestId) -> u32 {
+    /// `Some(tokens)` when credits, not the pool, keep `id`'s prefill of `n_tokens` from its pages: the free
+    /// pages would do, but some are protected for credit holders. It may then cover only what its pages and
+    /// the unprotected ones hold. `None` when the pages are there, when the pool itself lacks them, or when
+    /// `id` draws on its own credits.
+    fn credit_blocked_prefill_tokens(&self, id: RequestId, n_tokens: u32) -> Option<u32> {
         if self.holds_admitted_ticket(id) {
-            return u32::MAX;
+            return None;
         }
         let tpp = self.params.geometry.tokens_per_page();
         let req = &self.reqs[&id];
-        let pages = (req.pages.len() as u32).saturating_add(self.unprotected_free());
-        pages.saturating_mul(tpp).saturating_sub(req.n_computed)
+        let held = req.pages.len() as u32;
+        let need = (req.n_computed + n_tokens)
+            .div_ceil(tpp)
+            .saturating_sub(held);
+        let unprotected = self.unprotected_free();
+        if need <= unprotected || need > self.pool.n_free() {
+            return None;
+        }
+        let may_hold_tokens = (held + unprotected).saturating_mul(tpp);
+        Some(n_tokens.min(may_hold_tokens.saturating_sub(req.n_computed)))
     }
 
     /// Whether `id` is an admitted consumer still drawing on its ticket's credits.
