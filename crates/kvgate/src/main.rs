@@ -169,13 +169,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
 
 fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let config = load_config(&args.run)?;
-    if !(args.time_scale.is_finite() && args.time_scale > 0.0) {
-        return Err(kvgate::Error::InvalidArgument {
-            name: "--time-scale",
-            value: args.time_scale.to_string(),
-            allowed: "a number > 0",
-        });
-    }
+    run::check_time_scale(args.time_scale)?;
     let mut trace = mooncake::read_trace(&args.trace)?;
     if let Some(limit) = args.limit {
         trace.truncate(limit.max(1));

@@ -164,12 +164,6 @@ pub enum Error {
         /// The drain id.
         drain: DrainId,
     },
-    /// `KVGATE_RESTORE_MAX_WAIT_S` is not a non-negative number of seconds.
-    #[error("KVGATE_RESTORE_MAX_WAIT_S={value:?} is not a non-negative number of seconds")]
-    InvalidMaxWait {
-        /// The value found.
-        value: String,
-    },
     /// The pool refused an operation (a bug in the caller's page accounting).
     #[error("page pool: {0}")]
     Pool(#[from] kv_pool::Error),
