@@ -79,7 +79,7 @@ fn malformed_trace_line_is_named() {
     assert_fails_with(&["replay", path.to_str().unwrap()], "t.jsonl:2: ");
     assert_fails_with(
         &["replay", path.to_str().unwrap(), "--time-scale", "0"],
-        "kvgate: --time-scale 0 is invalid; allowed: a number > 0",
+        "kvgate: --time-scale 0 is invalid; allowed: a number above 0, at most 1e6",
     );
 }
 
