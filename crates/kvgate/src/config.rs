@@ -373,7 +373,7 @@ impl EngineConfig {
         )
         .map_err(|e| Error::InvalidConfig {
             field: "model.groups",
-            value: String::new(),
+            value: format!("{} group(s)", self.model.groups.len()),
             allowed: e.to_string(),
         })
     }

@@ -19,7 +19,7 @@ pub const MODEL_LEN_MAX: u32 = 1 << 24;
 pub const AGENTS_MAX: u32 = 10_000;
 
 /// Turns of an agents run at most, all sessions together (`n_agents * turns`).
-pub const AGENT_TURNS_TOTAL_MAX: u64 = 1_000_000;
+pub const AGENT_TURNS_TOTAL_MAX: u64 = 100_000;
 
 /// Steps of a scenario at most (`max_steps`): every step is a record of the trace it prints.
 pub const SCENARIO_STEPS_MAX: u32 = 1_000_000;

@@ -111,9 +111,22 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("kvgate: {error}");
+            eprintln!("kvgate: {}", clipped(&error.to_string()));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// At most `ERROR_CHARS_MAX` characters of `message`: an error quotes the value it refuses, which may be huge.
+fn clipped(message: &str) -> String {
+    const ERROR_CHARS_MAX: usize = 2000;
+    match message.char_indices().nth(ERROR_CHARS_MAX) {
+        Some((end, _)) => format!(
+            "{}... ({} more bytes)",
+            &message[..end],
+            message.len() - end
+        ),
+        None => message.to_string(),
     }
 }
 

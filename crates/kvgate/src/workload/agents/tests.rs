@@ -144,7 +144,7 @@ fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limi
             turns: u32::MAX,
             ..spec.clone()
         }),
-        "agents: `n_agents * turns` = 4294967295 is above the limit of 1000000; run fewer sessions or turns"
+        "agents: `n_agents * turns` = 4294967295 is above the limit of 100000; run fewer sessions or turns"
     );
     assert_eq!(
         error(AgentsSpec {
@@ -167,7 +167,7 @@ fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limi
     }
     AgentsSpec {
         n_agents: crate::limits::AGENTS_MAX,
-        turns: 100,
+        turns: 10,
         think_s: THINK_S_MAX,
         ..spec
     }
