@@ -72,7 +72,10 @@ fn run(args: &[String], env: &BTreeMap<String, String>) -> Option<Outcome> {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    let stderr = reader.join().expect("the reader thread").expect("stderr reads");
+    let stderr = reader
+        .join()
+        .expect("the reader thread")
+        .expect("stderr reads");
     status.map(|status| Outcome {
         success: status.success(),
         stderr: String::from_utf8_lossy(&stderr).into_owned(),
@@ -128,12 +131,15 @@ fn write_input(dir: &Path, name: &str, chunks: impl Iterator<Item = Vec<u8>>) ->
 /// The inputs too large to commit, written into `dir`.
 fn generated_cases(dir: &Path) -> Vec<Case> {
     // A 70 MB trace line: the reader must refuse it at 1 MiB, not allocate it (or 16 GiB of tokens).
-    let head = br#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1"#.to_vec();
+    let head =
+        br#"{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1"#.to_vec();
     let body = (0..70).map(|_| b", 1".repeat((1 << 20) / 3));
     let long_line = write_input(
         dir,
         "long_line.jsonl",
-        std::iter::once(head).chain(body).chain(std::iter::once(b"]}\n".to_vec())),
+        std::iter::once(head)
+            .chain(body)
+            .chain(std::iter::once(b"]}\n".to_vec())),
     );
     let preset = write_input(
         dir,
@@ -146,9 +152,11 @@ fn generated_cases(dir: &Path) -> Vec<Case> {
         [b"[pool]\npages = \xff\xfe\n".to_vec()].into_iter(),
     );
     let agents = |config: &str| {
-        ["agents", "--agents", "1", "--turns", "1", "--config", config]
-            .map(String::from)
-            .to_vec()
+        [
+            "agents", "--agents", "1", "--turns", "1", "--config", config,
+        ]
+        .map(String::from)
+        .to_vec()
     };
     let case = |name: &str, args: Vec<String>, env: &[(&str, String)], expect: &str| Case {
         name: name.to_string(),
@@ -235,5 +243,9 @@ fn a_late_event_after_a_long_idle_stretch_runs_at_once() {
     );
     let outcome = run(&["scenario".to_string(), path], &BTreeMap::new()).expect("it finishes");
     assert!(outcome.success, "{}", outcome.stderr);
-    assert!(outcome.elapsed < Duration::from_secs(5), "{:?}", outcome.elapsed);
+    assert!(
+        outcome.elapsed < Duration::from_secs(5),
+        "{:?}",
+        outcome.elapsed
+    );
 }

@@ -276,7 +276,12 @@ impl EngineConfig {
         if self.model.groups.is_empty() {
             return invalid("model.groups", "[]", "at least one cache group");
         }
-        check_range("pool.pages", self.pool.pages, 1, EngineParams::N_PAGES_MAX - 1)?;
+        check_range(
+            "pool.pages",
+            self.pool.pages,
+            1,
+            EngineParams::N_PAGES_MAX - 1,
+        )?;
         check_range(
             "pool.sim_bytes_per_page",
             self.pool.sim_bytes_per_page,
@@ -414,8 +419,16 @@ impl EngineConfig {
             draft_tokens: self.scheduler.draft_tokens,
             policy,
             restore_max_wait: seconds("restore.max_wait_s", self.restore.max_wait_s, false)?,
-            lookup_timeout: seconds("restore.lookup_timeout_s", self.restore.lookup_timeout_s, true)?,
-            lookup_latency: seconds("restore.lookup_latency_s", self.restore.lookup_latency_s, false)?,
+            lookup_timeout: seconds(
+                "restore.lookup_timeout_s",
+                self.restore.lookup_timeout_s,
+                true,
+            )?,
+            lookup_latency: seconds(
+                "restore.lookup_latency_s",
+                self.restore.lookup_latency_s,
+                false,
+            )?,
             copy_task_limit: self.restore.copy_task_limit,
             watermark_pages: self.scheduler.watermark_pages,
             store_capacity_pages: self.store.capacity_pages,

@@ -42,8 +42,9 @@ pub fn run_agents(
             contexts[agent as usize].extend_from_slice(&done.output);
             if turn + 1 < spec.turns {
                 let think_s = spec.think_s(agent, turn);
-                let think = duration_s(think_s, false)
-                    .map_err(|_| AgentsSpecError::ThinkTime { value: show(think_s) })?;
+                let think = duration_s(think_s, false).map_err(|_| AgentsSpecError::ThinkTime {
+                    value: show(think_s),
+                })?;
                 let arrival = engine.now().after(think);
                 submit_turn(&mut engine, spec, &mut contexts, agent, turn + 1, arrival)?;
             }

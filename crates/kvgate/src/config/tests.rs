@@ -130,7 +130,10 @@ fn huge_times_are_refused_naming_the_field_and_the_limit() {
                 message.starts_with(&format!("config: `restore.{field}` = ")),
                 "{message}"
             );
-            assert!(message.contains("at most 1e9") || message.contains("to 1e9"), "{message}");
+            assert!(
+                message.contains("at most 1e9") || message.contains("to 1e9"),
+                "{message}"
+            );
         }
     }
     assert_eq!(
@@ -160,7 +163,10 @@ fn pools_too_big_to_allocate_are_refused_naming_the_field_and_the_limit() {
     // The oracle's pool holds every running slot at the model's length, so it is refused where others are not.
     let config = EngineConfig::from_toml("[pool]\nsim_bytes_per_page = 4096").unwrap();
     config.engine_params(Policy::Reserved).unwrap();
-    let oracle = config.engine_params(Policy::Oracle).unwrap_err().to_string();
+    let oracle = config
+        .engine_params(Policy::Oracle)
+        .unwrap_err()
+        .to_string();
     assert!(
         oracle.starts_with(
             "config: `pool.sim_bytes_per_page` = 4096 is out of range; allowed: at most 2047 for the oracle \

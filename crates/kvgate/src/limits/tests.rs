@@ -26,7 +26,11 @@ fn hostile_seconds_are_refused_with_what_is_allowed() {
         f64::MAX,
     ] {
         assert_eq!(duration_s(bad, false), Err(SECONDS_ALLOWED), "{bad}");
-        assert_eq!(duration_s(bad, true), Err(POSITIVE_SECONDS_ALLOWED), "{bad}");
+        assert_eq!(
+            duration_s(bad, true),
+            Err(POSITIVE_SECONDS_ALLOWED),
+            "{bad}"
+        );
     }
     assert_eq!(duration_s(0.0, true), Err(POSITIVE_SECONDS_ALLOWED));
 }

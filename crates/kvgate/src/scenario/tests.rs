@@ -40,7 +40,11 @@ fn repeated_clock_jumps_never_overflow_the_clock() {
     let events: Vec<String> = (0..100)
         .map(|step| format!(r#"{{"at_step": {step}, "do": {{"advance_s": 1e9}}}}"#))
         .collect();
-    let trace = run(&scenario(&format!(r#"{{"events": [{}]}}"#, events.join(",")))).unwrap();
+    let trace = run(&scenario(&format!(
+        r#"{{"events": [{}]}}"#,
+        events.join(",")
+    )))
+    .unwrap();
     let steps = trace["steps"].as_array().unwrap();
     assert_eq!(steps.last().unwrap()["now_s"], serde_json::json!(1e11));
 }

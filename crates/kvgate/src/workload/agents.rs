@@ -93,12 +93,27 @@ impl AgentsSpec {
         }
         let turns_total = u64::from(self.n_agents) * u64::from(self.turns);
         let limits = [
-            ("n_agents", u64::from(self.n_agents), u64::from(AGENTS_MAX), "run fewer sessions"),
-            ("n_agents * turns", turns_total, AGENT_TURNS_TOTAL_MAX, "run fewer sessions or turns"),
+            (
+                "n_agents",
+                u64::from(self.n_agents),
+                u64::from(AGENTS_MAX),
+                "run fewer sessions",
+            ),
+            (
+                "n_agents * turns",
+                turns_total,
+                AGENT_TURNS_TOTAL_MAX,
+                "run fewer sessions or turns",
+            ),
         ]
         .into_iter()
         .chain(tokens.map(|(field, value)| {
-            (field, u64::from(value), u64::from(MODEL_LEN_MAX), "no model is that long")
+            (
+                field,
+                u64::from(value),
+                u64::from(MODEL_LEN_MAX),
+                "no model is that long",
+            )
         }));
         for (field, value, limit, what_to_do) in limits {
             if value > limit {

@@ -145,8 +145,7 @@ pub fn parse_trace(mut reader: impl BufRead, path: &str) -> Result<Vec<TraceRequ
         if text.trim_ascii().is_empty() {
             continue;
         }
-        let request: TraceRequest =
-            serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
+        let request: TraceRequest = serde_json::from_slice(text).map_err(|e| bad(e.to_string()))?;
         request.validate().map_err(bad)?;
         if request.timestamp < last_timestamp {
             return Err(bad(format!(

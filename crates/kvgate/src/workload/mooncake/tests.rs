@@ -123,7 +123,12 @@ fn a_70_mb_line_is_refused_without_reading_it_whole() {
     )
     .chain(std::io::repeat(b'[').take(2 << 20));
     let error = parse_trace(std::io::BufReader::new(first_fine), "t.jsonl").unwrap_err();
-    assert!(error.to_string().starts_with("t.jsonl:2: the line is longer"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .starts_with("t.jsonl:2: the line is longer"),
+        "{error}"
+    );
 }
 
 #[test]
