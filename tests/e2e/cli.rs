@@ -79,7 +79,7 @@ fn malformed_trace_line_is_named() {
     assert_fails_with(&["replay", path.to_str().unwrap()], "t.jsonl:2: ");
     assert_fails_with(
         &["replay", path.to_str().unwrap(), "--time-scale", "0"],
-        "kvgate: --time-scale 0 is invalid; allowed: a number > 0",
+        "kvgate: --time-scale 0 is invalid; allowed: a number above 0, at most 1e6",
     );
 }
 
@@ -220,4 +220,49 @@ fn policies_run_at_once_each_keep_their_own_store_directory() {
             "{policy} kept its checkpoints: {names:?}"
         );
     }
+}
+
+#[test]
+fn k1_replay_rejects_requests_that_can_never_run_alone_and_counts_them() {
+    // Two requests the model can never hold (longer than max_model_len, and 2^32 output tokens) between
+    // ordinary ones: those two are rejected, the rest run, and the report counts the rejections by reason.
+    let hash_ids = |n: u32, offset: u32| {
+        (offset..offset + n)
+            .map(|id| id.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let lines = [
+        format!(
+            r#"{{"timestamp": 0, "input_length": 1000, "output_length": 8, "hash_ids": [{}]}}"#,
+            hash_ids(2, 0)
+        ),
+        format!(
+            r#"{{"timestamp": 10, "input_length": 200000, "output_length": 1, "hash_ids": [{}]}}"#,
+            hash_ids(391, 100)
+        ),
+        format!(
+            r#"{{"timestamp": 20, "input_length": 100, "output_length": 4294967295, "hash_ids": [{}]}}"#,
+            hash_ids(1, 1000)
+        ),
+        format!(
+            r#"{{"timestamp": 30, "input_length": 1000, "output_length": 8, "hash_ids": [{}]}}"#,
+            hash_ids(2, 0)
+        ),
+    ];
+    let dir = temp_file("t.jsonl", &(lines.join("\n") + "\n"));
+    let trace = dir.path().join("t.jsonl");
+    let (ok, stdout, stderr) = kvgate(&[
+        "replay",
+        trace.to_str().unwrap(),
+        "--policy",
+        "reserved",
+        "--json",
+    ]);
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("request rejected"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let run = &report["runs"][0];
+    assert_eq!(run["rejected_requests"]["longer_than_model"], 2, "{run}");
+    assert_eq!(run["prompt_tokens"], 2000, "the two others ran: {run}");
 }

@@ -1,7 +1,8 @@
 //! The workspace's end-to-end tests: scenario traces and a small agents run as insta snapshots, and the
-//! `kvgate` binary's answers to bad input.
+//! `kvgate` binary's answers to bad input (a few by hand, and the corpus under `tests/bad_inputs/`).
 
 mod agents;
+mod bad_inputs;
 mod cli;
 mod scenarios;
 

@@ -96,6 +96,39 @@ impl Default for EngineParams {
 }
 
 impl EngineParams {
+    /// Pages of a pool at most, the null page included: 4 Mi pages (64 Mi tokens of 16-token pages, far above
+    /// any GPU's KV cache). Every page costs the pool and the page storage some bytes of bookkeeping.
+    pub const N_PAGES_MAX: u32 = 1 << 22;
+    /// Bytes each simulated page holds at most (`sim_bytes_per_page`): 1 MiB.
+    pub const SIM_BYTES_PER_PAGE_MAX: u32 = 1 << 20;
+    /// Bytes of simulated page storage at most: the pool's pages (`pool_pages`, so the oracle's larger pool
+    /// counts) times `sim_bytes_per_page`, 1 GiB. The storage is allocated when the engine is built.
+    pub const SIM_STORAGE_BYTES_MAX: u64 = 1 << 30;
+
+    /// Pages the engine's pool holds, the null page included: `n_pages`, except under `Policy::Oracle`, whose
+    /// pool has room for every running slot at the model's length (at least `n_pages`, at most 1 Mi pages).
+    pub fn pool_pages(&self) -> u32 {
+        match self.policy {
+            Policy::Oracle => {
+                let tpp = self.geometry.tokens_per_page().max(1);
+                let per_request = self.geometry.max_model_len().div_ceil(tpp) + 1;
+                self.n_pages
+                    .max(
+                        per_request
+                            .saturating_mul(self.max_running)
+                            .saturating_add(1),
+                    )
+                    .min(1 << 20)
+            }
+            _ => self.n_pages,
+        }
+    }
+
+    /// Bytes of simulated page storage the engine allocates: `pool_pages() * sim_bytes_per_page`.
+    pub fn sim_storage_bytes(&self) -> u64 {
+        u64::from(self.pool_pages()) * u64::from(self.sim_bytes_per_page)
+    }
+
     /// One full-attention group of `tokens_per_page` tokens per page sized from `cost`, `max_model_len` tokens.
     pub fn full_attention_geometry(
         cost: &CostModel,
@@ -128,6 +161,16 @@ impl EngineParams {
         if self.n_pages < 2 {
             return invalid("n_pages", "at least 2 (the null page and one usable page)");
         }
+        if self.n_pages > Self::N_PAGES_MAX {
+            return invalid(
+                "n_pages",
+                &format!(
+                    "{} is above the limit of {} pages; use a smaller pool",
+                    self.n_pages,
+                    Self::N_PAGES_MAX
+                ),
+            );
+        }
         if self.max_running == 0 {
             return invalid("max_running", "at least 1");
         }
@@ -145,6 +188,29 @@ impl EngineParams {
         }
         if self.sim_bytes_per_page == 0 {
             return invalid("sim_bytes_per_page", "at least 1");
+        }
+        if self.sim_bytes_per_page > Self::SIM_BYTES_PER_PAGE_MAX {
+            return invalid(
+                "sim_bytes_per_page",
+                &format!(
+                    "{} is above the limit of {} bytes",
+                    self.sim_bytes_per_page,
+                    Self::SIM_BYTES_PER_PAGE_MAX
+                ),
+            );
+        }
+        if self.sim_storage_bytes() > Self::SIM_STORAGE_BYTES_MAX {
+            return invalid(
+                "sim_bytes_per_page",
+                &format!(
+                    "{} pages of {} bytes make {} bytes of page storage, above the limit of {} bytes; \
+                     use fewer pages or fewer bytes per page",
+                    self.pool_pages(),
+                    self.sim_bytes_per_page,
+                    self.sim_storage_bytes(),
+                    Self::SIM_STORAGE_BYTES_MAX
+                ),
+            );
         }
         if self.draft_tokens >= self.max_batched_tokens {
             return invalid("draft_tokens", "smaller than max_batched_tokens");

@@ -1,5 +1,5 @@
-//! Unit tests of the engine's parts that stand alone: policies, the cost model, page content, output tokens
-//! and metric aggregation.
+//! Unit tests of the engine's parts that stand alone: policies, the cost model, page content, output tokens,
+//! metric aggregation and the parameters' limits.
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use crate::executor::{
     CostModel, DecodeWork, Executor, PrefillWork, SimExecutor, StepBatch, page_content,
 };
 use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
-use crate::{Error, Policy, output_token};
+use crate::{EngineParams, Error, Policy, output_token};
 
 #[test]
 fn policy_names_round_trip_and_unknown_names_are_errors() {
@@ -148,4 +148,45 @@ fn run_metrics_aggregate_hits_restores_and_percentiles() {
     assert!((run.mean_turn_s - 4.0).abs() < 1e-9);
     assert!((run.p50_ttft_s - 3.0).abs() < 1e-9 && (run.p99_ttft_s - 5.0).abs() < 1e-9);
     assert!((run.aggregate_decode_tok_s - 3.0).abs() < 1e-9);
+}
+
+/// `validate`'s message for `params`, which must be refused.
+fn refusal(params: &EngineParams) -> String {
+    params.validate().unwrap_err().to_string()
+}
+
+#[test]
+fn pools_too_big_to_allocate_are_refused_before_anything_is_allocated() {
+    let mut params = EngineParams {
+        n_pages: u32::MAX,
+        ..EngineParams::default()
+    };
+    assert_eq!(
+        refusal(&params),
+        "invalid engine parameter n_pages: 4294967295 is above the limit of 4194304 pages; use a smaller pool"
+    );
+    params.n_pages = 200_000_000;
+    assert!(refusal(&params).contains("200000000 is above the limit of 4194304 pages"));
+    params.n_pages = EngineParams::N_PAGES_MAX;
+    params.validate().unwrap();
+    params.n_pages = 4096;
+    params.sim_bytes_per_page = u32::MAX;
+    assert_eq!(
+        refusal(&params),
+        "invalid engine parameter sim_bytes_per_page: 4294967295 is above the limit of 1048576 bytes"
+    );
+    // The oracle's pool is larger than n_pages: its storage counts.
+    params.sim_bytes_per_page = 1 << 20;
+    params.policy = Policy::Oracle;
+    assert_eq!(params.pool_pages(), 524_353);
+    assert_eq!(
+        refusal(&params),
+        "invalid engine parameter sim_bytes_per_page: 524353 pages of 1048576 bytes make 549823971328 bytes \
+         of page storage, above the limit of 1073741824 bytes; use fewer pages or fewer bytes per page"
+    );
+    params.policy = Policy::Reserved;
+    assert_eq!(params.pool_pages(), 4096);
+    assert!(refusal(&params).contains("4096 pages of 1048576 bytes make 4294967296 bytes"));
+    params.sim_bytes_per_page = 1 << 18;
+    params.validate().unwrap();
 }

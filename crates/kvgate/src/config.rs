@@ -2,13 +2,13 @@
 //! and unit; `validate` names the field and its allowed range; unknown fields are rejected.
 
 use std::path::Path;
-use std::time::Duration;
 
 use engine::{CostModel, EngineParams, Policy};
 use kv_pool::{CacheGroup, Geometry, GroupKind};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::limits::{self, duration_s};
 
 /// The environment variable that overrides `restore.max_wait_s` (contract W1).
 pub const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
@@ -96,10 +96,11 @@ pub enum GroupConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolConfig {
-    /// Usable pages per rank (the null page not counted). Default 4095; at least 1.
+    /// Usable pages per rank (the null page not counted). Default 4095; 1..=4194303.
     pub pages: u32,
     /// Bytes each simulated page really holds and copies (a fingerprint; the cost model uses the model's real
-    /// bytes). Default 32; 8..=1048576.
+    /// bytes). Default 32; 8..=1048576, and the pool's pages times this at most 1 GiB (the `oracle` policy's
+    /// pool counts when it runs).
     pub sim_bytes_per_page: u32,
 }
 
@@ -126,12 +127,12 @@ pub struct SchedulerConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RestoreConfig {
-    /// Longest capacity wait of a restore before it recomputes, in seconds; 0 = recompute at once. Default 60.
-    /// Overridden by the environment variable `KVGATE_RESTORE_MAX_WAIT_S`.
+    /// Longest capacity wait of a restore before it recomputes, in seconds; 0 = recompute at once. Default 60;
+    /// at most 1e9. Overridden by the environment variable `KVGATE_RESTORE_MAX_WAIT_S`.
     pub max_wait_s: f64,
-    /// Time a store lookup may stay unanswered, in seconds. Default 60; more than 0.
+    /// Time a store lookup may stay unanswered, in seconds. Default 60; above 0, at most 1e9.
     pub lookup_timeout_s: f64,
-    /// Latency of a store lookup on the engine clock, in seconds. Default 0.
+    /// Latency of a store lookup on the engine clock, in seconds. Default 0; at most 1e9.
     pub lookup_latency_s: f64,
     /// Copy tasks in flight at most. Default 32; at least 1.
     pub copy_task_limit: u32,
@@ -235,20 +236,29 @@ impl EngineConfig {
         Ok(config)
     }
 
-    /// This config with `restore.max_wait_s` taken from `KVGATE_RESTORE_MAX_WAIT_S` when that is set.
-    pub fn with_env_overrides(mut self) -> Result<EngineConfig> {
-        if let Ok(value) = std::env::var(RESTORE_MAX_WAIT_ENV) {
-            self.restore.max_wait_s = value
-                .trim()
-                .parse::<f64>()
-                .ok()
-                .filter(|s| s.is_finite() && *s >= 0.0)
-                .ok_or(Error::Env {
-                    name: RESTORE_MAX_WAIT_ENV,
-                    value,
-                    allowed: "a number of seconds >= 0",
-                })?;
+    /// This config with `restore.max_wait_s` taken from `KVGATE_RESTORE_MAX_WAIT_S` when that is set. The
+    /// facade is the only place that reads the environment.
+    pub fn with_env_overrides(self) -> Result<EngineConfig> {
+        match std::env::var_os(RESTORE_MAX_WAIT_ENV) {
+            Some(value) => self.with_restore_max_wait_env(&value.to_string_lossy()),
+            None => Ok(self),
         }
+    }
+
+    /// This config with `restore.max_wait_s` set from `value`, the text of `KVGATE_RESTORE_MAX_WAIT_S`: a number
+    /// of seconds from 0 to 1e9 (surrounding spaces allowed).
+    pub fn with_restore_max_wait_env(mut self, value: &str) -> Result<EngineConfig> {
+        let bad = |allowed| Error::Env {
+            name: RESTORE_MAX_WAIT_ENV,
+            value: value.to_string(),
+            allowed,
+        };
+        let seconds = value
+            .trim()
+            .parse::<f64>()
+            .map_err(|_| bad(limits::SECONDS_ALLOWED))?;
+        duration_s(seconds, false).map_err(bad)?;
+        self.restore.max_wait_s = seconds;
         Ok(self)
     }
 
@@ -262,17 +272,27 @@ impl EngineConfig {
             );
         }
         check_range("model.tokens_per_page", self.model.tokens_per_page, 1, 4096)?;
-        check_range("model.max_model_len", self.model.max_model_len, 1, 1 << 24)?;
+        check_range(
+            "model.max_model_len",
+            self.model.max_model_len,
+            1,
+            limits::MODEL_LEN_MAX,
+        )?;
         check_range("model.context_parallel", self.model.context_parallel, 1, 64)?;
         if self.model.groups.is_empty() {
             return invalid("model.groups", "[]", "at least one cache group");
         }
-        check_range("pool.pages", self.pool.pages, 1, u32::MAX - 2)?;
+        check_range(
+            "pool.pages",
+            self.pool.pages,
+            1,
+            EngineParams::N_PAGES_MAX - 1,
+        )?;
         check_range(
             "pool.sim_bytes_per_page",
             self.pool.sim_bytes_per_page,
             8,
-            1 << 20,
+            EngineParams::SIM_BYTES_PER_PAGE_MAX,
         )?;
         check_range(
             "scheduler.max_running",
@@ -330,7 +350,7 @@ impl EngineConfig {
                 "a directory path; leave the field out for the host-memory store",
             );
         }
-        self.geometry().map(|_| ())
+        check_storage(&self.params(Policy::Reserved)?)
     }
 
     /// The cache geometry this config describes.
@@ -381,7 +401,7 @@ impl EngineConfig {
         )
         .map_err(|e| Error::InvalidConfig {
             field: "model.groups",
-            value: String::new(),
+            value: format!("{} group(s)", self.model.groups.len()),
             allowed: e.to_string(),
         })
     }
@@ -405,10 +425,24 @@ impl EngineConfig {
         config
     }
 
-    /// The engine parameters for a run of `policy`.
+    /// The engine parameters for a run of `policy`. Errors: any field out of range, and page storage above its
+    /// limit under `policy` (the `oracle` policy's pool is larger).
     pub fn engine_params(&self, policy: Policy) -> Result<EngineParams> {
         self.validate()?;
-        let seconds = |s: f64| Duration::from_secs_f64(s);
+        let params = self.params(policy)?;
+        check_storage(&params)?;
+        Ok(params)
+    }
+
+    /// The engine parameters for `policy`, the page storage unchecked.
+    fn params(&self, policy: Policy) -> Result<EngineParams> {
+        let seconds = |field, value, positive| {
+            duration_s(value, positive).map_err(|allowed| Error::InvalidConfig {
+                field,
+                value: limits::show(value),
+                allowed: allowed.to_string(),
+            })
+        };
         Ok(EngineParams {
             geometry: self.geometry()?,
             n_pages: self.pool.pages + 1,
@@ -417,9 +451,17 @@ impl EngineConfig {
             chunk_tokens: self.scheduler.chunk_tokens,
             draft_tokens: self.scheduler.draft_tokens,
             policy,
-            restore_max_wait: seconds(self.restore.max_wait_s),
-            lookup_timeout: seconds(self.restore.lookup_timeout_s),
-            lookup_latency: seconds(self.restore.lookup_latency_s),
+            restore_max_wait: seconds("restore.max_wait_s", self.restore.max_wait_s, false)?,
+            lookup_timeout: seconds(
+                "restore.lookup_timeout_s",
+                self.restore.lookup_timeout_s,
+                true,
+            )?,
+            lookup_latency: seconds(
+                "restore.lookup_latency_s",
+                self.restore.lookup_latency_s,
+                false,
+            )?,
             copy_task_limit: self.restore.copy_task_limit,
             watermark_pages: self.scheduler.watermark_pages,
             store_capacity_pages: self.store.capacity_pages,
@@ -428,7 +470,11 @@ impl EngineConfig {
             cost: self.cost()?,
             verify_restores: cfg!(debug_assertions),
             seed: self.seed,
-            stall_timeout: seconds(self.scheduler.stall_timeout_s),
+            stall_timeout: seconds(
+                "scheduler.stall_timeout_s",
+                self.scheduler.stall_timeout_s,
+                true,
+            )?,
         })
     }
 }
@@ -450,20 +496,29 @@ fn check_range(field: &'static str, value: u32, min: u32, max: u32) -> Result<()
 }
 
 fn check_seconds(field: &'static str, value: f64, positive: bool) -> Result<()> {
-    let ok = value.is_finite() && if positive { value > 0.0 } else { value >= 0.0 };
-    if ok {
-        Ok(())
-    } else {
-        invalid(
-            field,
-            &value.to_string(),
-            if positive {
-                "a number of seconds > 0"
-            } else {
-                "a number of seconds >= 0"
-            },
-        )
+    match duration_s(value, positive) {
+        Ok(_) => Ok(()),
+        Err(allowed) => invalid(field, &limits::show(value), allowed),
     }
+}
+
+/// Refuses a pool whose simulated page storage, allocated when the engine is built, would pass its limit.
+fn check_storage(params: &EngineParams) -> Result<()> {
+    if params.sim_storage_bytes() <= EngineParams::SIM_STORAGE_BYTES_MAX {
+        return Ok(());
+    }
+    let pages = params.pool_pages();
+    invalid(
+        "pool.sim_bytes_per_page",
+        &params.sim_bytes_per_page.to_string(),
+        &format!(
+            "at most {} for the {} policy's pool of {pages} pages: pages times sim_bytes_per_page must stay \
+             within {} bytes of page storage; lower pool.pages or pool.sim_bytes_per_page",
+            EngineParams::SIM_STORAGE_BYTES_MAX / u64::from(pages),
+            params.policy.name(),
+            EngineParams::SIM_STORAGE_BYTES_MAX,
+        ),
+    )
 }
 
 #[cfg(test)]

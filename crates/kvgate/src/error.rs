@@ -67,6 +67,9 @@ pub enum Error {
     #[error(transparent)]
     Trace(#[from] crate::workload::mooncake::TraceError),
     /// The engine refused something.
+    /// A check of the facade's own results failed (a bug in kvgate).
+    #[error("internal error (a bug in kvgate, please report it): {0}")]
+    Internal(String),
     #[error("engine: {0}")]
     Engine(#[from] engine::Error),
 }

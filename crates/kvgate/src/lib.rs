@@ -6,6 +6,7 @@
 mod builder;
 pub mod config;
 mod error;
+pub mod limits;
 pub mod report;
 pub mod run;
 pub mod scenario;

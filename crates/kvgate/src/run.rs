@@ -8,8 +8,9 @@ use engine::{Engine, Policy, RequestSpec, RunMetrics};
 use reservation::{RequestId, Timestamp};
 
 use crate::config::EngineConfig;
-use crate::error::Result;
-use crate::workload::agents::AgentsSpec;
+use crate::error::{Error, Result};
+use crate::limits::{TIME_SCALE_MAX, duration_s, show};
+use crate::workload::agents::{AgentsSpec, AgentsSpecError};
 use crate::workload::mooncake::{TRACE_BLOCK_TOKENS, TraceRequest};
 
 /// Called now and then with (requests finished, requests in the workload).
@@ -40,7 +41,10 @@ pub fn run_agents(
             // The response, stop token included, is part of the next turn's context.
             contexts[agent as usize].extend_from_slice(&done.output);
             if turn + 1 < spec.turns {
-                let think = Duration::from_secs_f64(spec.think_s(agent, turn));
+                let think_s = spec.think_s(agent, turn);
+                let think = duration_s(think_s, false).map_err(|_| AgentsSpecError::ThinkTime {
+                    value: show(think_s),
+                })?;
                 let arrival = engine.now().after(think);
                 submit_turn(&mut engine, spec, &mut contexts, agent, turn + 1, arrival)?;
             }
@@ -51,7 +55,8 @@ pub fn run_agents(
 
 /// Replays a trace under `policy`: request `i` arrives at its timestamp times `time_scale` (2.0 replays an
 /// hour of trace over two simulated hours, at half the load) with its own prompt and output length;
-/// requests are handed to the engine as the clock reaches them, so memory stays bounded.
+/// requests are handed to the engine as the clock reaches them, so memory stays bounded. Errors: a time scale
+/// out of range ([`check_time_scale`]), an arrival past the limit on every time, one flag per request missing.
 pub fn run_replay(
     config: &EngineConfig,
     trace: &[TraceRequest],
@@ -60,15 +65,18 @@ pub fn run_replay(
     policy: Policy,
     progress: Progress<'_>,
 ) -> Result<RunMetrics> {
-    assert!(
-        time_scale.is_finite() && time_scale > 0.0,
-        "time scale {time_scale} must be positive"
-    );
-    assert_eq!(
-        trace.len(),
-        later_turn.len(),
-        "one later-turn flag per request"
-    );
+    check_time_scale(time_scale)?;
+    if trace.len() != later_turn.len() {
+        return Err(Error::InvalidArgument {
+            name: "later_turn",
+            value: format!("{} flags for {} requests", later_turn.len(), trace.len()),
+            allowed: "one flag per request of the trace (`later_turns`)",
+        });
+    }
+    let arrivals = trace
+        .iter()
+        .map(|request| arrival(request.timestamp, time_scale))
+        .collect::<Result<Vec<_>>>()?;
     let mut engine = Engine::new(config.engine_params(policy)?)?;
     let total = trace.len() as u64;
     let mut next = 0usize;
@@ -77,9 +85,7 @@ pub fn run_replay(
     loop {
         // Hand over every request that has arrived; when the engine has nothing to do, the next one.
         while next < trace.len() {
-            let arrival = Timestamp(Duration::from_secs_f64(
-                trace[next].timestamp as f64 / 1000.0 * time_scale,
-            ));
+            let arrival = arrivals[next];
             if arrival > engine.now() && !engine.is_idle() {
                 break;
             }
@@ -107,6 +113,34 @@ pub fn run_replay(
     }
     progress(total, total);
     Ok(engine.metrics())
+}
+
+/// Refuses a replay's time scale unless it is a number above 0, at most [`TIME_SCALE_MAX`].
+pub fn check_time_scale(time_scale: f64) -> Result<()> {
+    if time_scale.is_finite() && time_scale > 0.0 && time_scale <= TIME_SCALE_MAX {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        name: "--time-scale",
+        value: show(time_scale),
+        allowed: "a number above 0, at most 1e6",
+    })
+}
+
+/// When a request stamped `timestamp_ms` arrives on the engine clock, stretched by `time_scale`.
+fn arrival(timestamp_ms: u64, time_scale: f64) -> Result<Timestamp> {
+    let seconds = timestamp_ms as f64 / 1000.0 * time_scale;
+    duration_s(seconds, false)
+        .map(Timestamp)
+        .map_err(|_| Error::InvalidArgument {
+            name: "--time-scale",
+            value: format!(
+                "{} (a request at {timestamp_ms} ms would arrive at {} s)",
+                show(time_scale),
+                show(seconds)
+            ),
+            allowed: "a time scale that keeps every arrival within 1e9 s",
+        })
 }
 
 /// Which requests of a trace are later turns of a conversation. The trace has no session ids, so a request

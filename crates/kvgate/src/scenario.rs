@@ -1,11 +1,11 @@
 //! `kvgate scenario FILE`: a scripted timeline (config, policy and events such as submit, cancel, reset,
 //! copy faults and clock jumps, each at a step index) run through one engine, producing a per-step JSON trace
 //! of what each step scheduled, preemptions, request states, credits and free pages. The format is documented
-//! in `docs/scenarios.md`; unknown fields are rejected.
+//! in `docs/scenarios.md`; unknown fields are rejected. Steps where the engine is idle and no event is due are
+//! skipped: the run jumps to the next event's step.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
-use std::time::Duration;
 
 use checkpoint_transfer::Fault;
 use engine::{Engine, Policy, RequestSpec, StepReport};
@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
+use crate::limits::{SCENARIO_STEPS_MAX, duration_s, show};
 use crate::report;
 use crate::workload::token;
 
@@ -31,7 +32,8 @@ pub struct Scenario {
     /// Policy: ordinary, pages-only, reserved (default) or oracle.
     #[serde(default = "default_policy")]
     pub policy: String,
-    /// Steps at most; the run also ends once every event ran and the engine is idle. Default 10000.
+    /// Steps at most; the run also ends once every event ran and the engine is idle. Default 10000; at most
+    /// 1000000.
     #[serde(default = "default_max_steps")]
     pub max_steps: u32,
     /// The timeline.
@@ -138,17 +140,19 @@ fn default_max_steps() -> u32 {
     10_000
 }
 
-/// Reads a scenario file, runs it and returns the trace as pretty JSON.
+/// Reads a scenario file, runs it and returns the trace as pretty JSON. `KVGATE_RESTORE_MAX_WAIT_S` overrides
+/// the file's `restore.max_wait_s`, as it overrides a config file's.
 pub fn run_file(path: &Path) -> Result<String> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {
         path: shown.clone(),
         source,
     })?;
-    let scenario: Scenario = serde_json::from_str(&text).map_err(|e| Error::Scenario {
+    let mut scenario: Scenario = serde_json::from_str(&text).map_err(|e| Error::Scenario {
         path: shown.clone(),
         message: e.to_string(),
     })?;
+    scenario.config = scenario.config.with_env_overrides()?;
     let trace = run(&scenario).map_err(|error| match error {
         Error::Scenario { message, .. } => Error::Scenario {
             path: shown,
@@ -166,9 +170,13 @@ pub fn run(scenario: &Scenario) -> Result<Value> {
         message,
     };
     let policy: Policy = scenario.policy.parse()?;
-    let config = scenario.config.clone();
-    config.validate()?;
-    let mut engine = Engine::new(config.engine_params(policy)?)?;
+    if scenario.max_steps > SCENARIO_STEPS_MAX {
+        return Err(bad(format!(
+            "max_steps {} is above the limit of {SCENARIO_STEPS_MAX}; use fewer steps",
+            scenario.max_steps
+        )));
+    }
+    let mut engine = Engine::new(scenario.config.engine_params(policy)?)?;
     let mut events: BTreeMap<u32, Vec<&Action>> = BTreeMap::new();
     for event in &scenario.events {
         if event.at_step >= scenario.max_steps {
@@ -179,11 +187,11 @@ pub fn run(scenario: &Scenario) -> Result<Value> {
         }
         events.entry(event.at_step).or_default().push(&event.action);
     }
-    let last_event_step = events.keys().next_back().copied().unwrap_or(0);
     let mut contexts: HashMap<u64, Vec<u32>> = HashMap::new();
     let mut live: BTreeSet<u64> = BTreeSet::new();
     let mut steps = Vec::new();
-    for step in 0..scenario.max_steps {
+    let mut step = 0;
+    while step < scenario.max_steps {
         let mut outcomes = Vec::new();
         for action in events.remove(&step).unwrap_or_default() {
             let outcome = apply(&mut engine, action, &mut contexts, &mut live)
@@ -199,8 +207,14 @@ pub fn run(scenario: &Scenario) -> Result<Value> {
         }
         engine.check_invariants()?;
         steps.push(step_json(step, &report, &outcomes, &engine, &live));
-        if step >= last_event_step && engine.is_idle() {
-            break;
+        if engine.is_idle() {
+            // Nothing happens by itself until the next event: jump to it rather than step through idle steps.
+            match events.keys().next() {
+                Some(&next) => step = next,
+                None => break,
+            }
+        } else {
+            step += 1;
         }
     }
     Ok(json!({
@@ -236,6 +250,7 @@ fn apply(
                 })?,
                 None => Vec::new(),
             };
+            check_prompt_len(engine, "new_tokens", prompt.len(), submit.new_tokens)?;
             let seed = submit.seed.unwrap_or(submit.id) ^ 0x5CE4_A410;
             prompt.extend((0..u64::from(submit.new_tokens)).map(|i| token(seed, i)));
             let now = engine.now();
@@ -263,6 +278,7 @@ fn apply(
             new_tokens,
             max_output_tokens,
         } => {
+            check_prompt_len(engine, "resume.new_tokens", 0, *new_tokens)?;
             let seed = id ^ u64::from(*new_tokens) ^ 0x2E5D;
             let input: Vec<u32> = (0..u64::from(*new_tokens))
                 .map(|i| token(seed, i))
@@ -279,34 +295,47 @@ fn apply(
                     format!("fail next copy on rank {rank}"),
                     Fault::FailNext { rank },
                 ),
-                CopyFault::DelayNext { rank, by_s } => {
-                    if !(by_s.is_finite() && by_s >= 0.0) {
-                        return Err(format!(
-                            "delay_next.by_s must be a number of seconds >= 0, got {by_s}"
-                        ));
-                    }
-                    (
-                        format!("delay next copy on rank {rank} by {by_s} s"),
-                        Fault::DelayNext {
-                            rank,
-                            by: Duration::from_secs_f64(by_s),
-                        },
-                    )
-                }
+                CopyFault::DelayNext { rank, by_s } => (
+                    format!("delay next copy on rank {rank} by {by_s} s"),
+                    Fault::DelayNext {
+                        rank,
+                        by: seconds("delay_next.by_s", by_s)?,
+                    },
+                ),
             };
             engine.inject_copy_fault(fault);
             json!({ name: "ok" })
         }
-        Action::AdvanceS(seconds) => {
-            if !(seconds.is_finite() && *seconds >= 0.0) {
-                return Err(format!(
-                    "advance_s must be a number of seconds >= 0, got {seconds}"
-                ));
-            }
-            engine.advance_clock(engine.now().after(Duration::from_secs_f64(*seconds)));
-            json!({ format!("advance {seconds} s"): "ok" })
+        Action::AdvanceS(by_s) => {
+            engine.advance_clock(engine.now().after(seconds("advance_s", *by_s)?));
+            json!({ format!("advance {by_s} s"): "ok" })
         }
     })
+}
+
+/// `value` seconds of the scenario field `field`, or what is wrong with it.
+fn seconds(field: &str, value: f64) -> std::result::Result<std::time::Duration, String> {
+    duration_s(value, false)
+        .map_err(|allowed| format!("{field} {} is invalid; allowed: {allowed}", show(value)))
+}
+
+/// Refuses, before it is built, a prompt of `context` tokens plus `new_tokens` longer than the model: no engine
+/// could take it, and building it could exhaust memory.
+fn check_prompt_len(
+    engine: &Engine,
+    field: &str,
+    context: usize,
+    new_tokens: u32,
+) -> std::result::Result<(), String> {
+    let max_model_len = engine.params().geometry.max_model_len();
+    let tokens = context as u64 + u64::from(new_tokens);
+    if tokens <= u64::from(max_model_len) {
+        return Ok(());
+    }
+    Err(format!(
+        "{field} {new_tokens} makes a prompt of {tokens} tokens, above model.max_model_len {max_model_len}; \
+         use fewer tokens"
+    ))
 }
 
 fn step_json(
@@ -355,3 +384,6 @@ fn step_json(
         "requests": requests,
     })
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,9 +1,8 @@
-//! The ledger's configuration (running-slot limit, bounded restore wait with its environment override) and
-//! the `Preflight` context a caller passes to each reservation.
+//! The ledger's configuration (running-slot limit, bounded restore wait) and the `Preflight` context a caller
+//! passes to each reservation. The ledger reads no environment: the facade applies
+//! `KVGATE_RESTORE_MAX_WAIT_S` to the engine's configuration.
 
 use std::time::Duration;
-
-use crate::error::{Error, Result};
 
 /// Limits of the ledger.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -17,41 +16,12 @@ pub struct LedgerConfig {
 impl LedgerConfig {
     /// The default bounded wait: 60 s.
     pub const DEFAULT_RESTORE_MAX_WAIT: Duration = Duration::from_secs(60);
-    /// The environment variable that overrides the bounded wait, in seconds.
-    pub const RESTORE_MAX_WAIT_ENV: &'static str = "KVGATE_RESTORE_MAX_WAIT_S";
-
     /// A config with `max_running_slots` and the default 60 s wait.
     pub fn new(max_running_slots: u32) -> LedgerConfig {
         LedgerConfig {
             max_running_slots,
             restore_max_wait: Self::DEFAULT_RESTORE_MAX_WAIT,
         }
-    }
-
-    /// `new`, with the wait read from `KVGATE_RESTORE_MAX_WAIT_S` when it is set. Errors with `InvalidMaxWait`
-    /// when the variable is not a non-negative number of seconds.
-    pub fn from_env(max_running_slots: u32) -> Result<LedgerConfig> {
-        let value = std::env::var(Self::RESTORE_MAX_WAIT_ENV).ok();
-        Ok(LedgerConfig {
-            max_running_slots,
-            restore_max_wait: Self::parse_restore_max_wait(value.as_deref())?,
-        })
-    }
-
-    /// The bounded wait given the environment variable's value: the default when absent, else its seconds
-    /// (fractions allowed, `0` = recompute at once).
-    pub fn parse_restore_max_wait(value: Option<&str>) -> Result<Duration> {
-        let Some(value) = value else {
-            return Ok(Self::DEFAULT_RESTORE_MAX_WAIT);
-        };
-        value
-            .trim()
-            .parse::<f64>()
-            .ok()
-            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-            .ok_or_else(|| Error::InvalidMaxWait {
-                value: value.to_owned(),
-            })
     }
 }
 

@@ -174,12 +174,6 @@ pub enum Error {
         /// Pages it holds from its credits.
         held_pages: u32,
     },
-    /// `KVGATE_RESTORE_MAX_WAIT_S` is not a non-negative number of seconds.
-    #[error("KVGATE_RESTORE_MAX_WAIT_S={value:?} is not a non-negative number of seconds")]
-    InvalidMaxWait {
-        /// The value found.
-        value: String,
-    },
     /// The pool refused an operation (a bug in the caller's page accounting).
     #[error("page pool: {0}")]
     Pool(#[from] kv_pool::Error),
@@ -207,7 +201,6 @@ impl Error {
             | Error::WrongTicketState { .. }
             | Error::UnknownDrain { .. }
             | Error::WindowFreeExceedsHeld { .. }
-            | Error::InvalidMaxWait { .. }
             | Error::Pool(_) => ErrorKind::Invalid,
         }
     }

@@ -32,9 +32,10 @@ impl Timestamp {
         self.0.saturating_sub(earlier.0)
     }
 
-    /// This timestamp moved `by` later.
+    /// This timestamp moved `by` later, saturating at the clock's end (`Duration::MAX`, about 584 billion
+    /// years) instead of overflowing: a clock jumped that far stays there.
     pub fn after(self, by: Duration) -> Timestamp {
-        Timestamp(self.0 + by)
+        Timestamp(self.0.saturating_add(by))
     }
 }
 

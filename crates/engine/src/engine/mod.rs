@@ -38,7 +38,6 @@ use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
 use crate::metrics::{FallbackReason, RejectReason, RequestMetrics};
 use crate::params::EngineParams;
-use crate::policy::Policy;
 use crate::request::{FinishedRequest, RequestSpec};
 
 use self::req::{Phase, Req, Restore};
@@ -116,21 +115,7 @@ impl<E: Executor> Engine<E> {
     pub fn with_executor(params: EngineParams, executor: E) -> Result<Self> {
         params.validate()?;
         let tpp = params.geometry.tokens_per_page();
-        let n_pages = match params.policy {
-            // The upper bound: enough pages for every running slot at the model's length, capped.
-            Policy::Oracle => {
-                let per_request = params.geometry.max_model_len().div_ceil(tpp) + 1;
-                params
-                    .n_pages
-                    .max(
-                        per_request
-                            .saturating_mul(params.max_running)
-                            .saturating_add(1),
-                    )
-                    .min(1 << 20)
-            }
-            _ => params.n_pages,
-        };
+        let n_pages = params.pool_pages();
         let pool = PagePool::new(n_pages)?;
         let storage = Arc::new(HostStorage::new(
             1,

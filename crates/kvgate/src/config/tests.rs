@@ -1,4 +1,7 @@
-//! Tests of config loading: defaults, TOML round trip, and every bad value naming its field.
+//! Tests of config loading: defaults, TOML round trip, every bad value naming its field and limit, and the
+//! environment override.
+
+use std::time::Duration;
 
 use super::*;
 
@@ -38,7 +41,7 @@ fn groups_of_every_kind_parse() {
 fn out_of_range_values_name_the_field_and_range() {
     assert_eq!(
         err("[pool]\npages = 0"),
-        "config: `pool.pages` = 0 is out of range; allowed: 1..=4294967293"
+        "config: `pool.pages` = 0 is out of range; allowed: 1..=4194303"
     );
     assert_eq!(
         err("[scheduler]\ndraft_tokens = 17"),
@@ -46,7 +49,7 @@ fn out_of_range_values_name_the_field_and_range() {
     );
     assert_eq!(
         err("[restore]\nmax_wait_s = -1.0"),
-        "config: `restore.max_wait_s` = -1 is out of range; allowed: a number of seconds >= 0"
+        "config: `restore.max_wait_s` = -1 is out of range; allowed: a number of seconds from 0 to 1e9"
     );
     assert_eq!(
         err("[model]\npreset = \"gpt-9\""),
@@ -116,6 +119,76 @@ fn a_store_directory_selects_the_disk_store() {
             .store_dir,
         None
     );
+}
+
+#[test]
+fn huge_times_are_refused_naming_the_field_and_the_limit() {
+    for field in ["max_wait_s", "lookup_timeout_s", "lookup_latency_s"] {
+        for value in ["1e300", "1e10", "inf", "nan", "-inf"] {
+            let message = err(&format!("[restore]\n{field} = {value}"));
+            assert!(
+                message.starts_with(&format!("config: `restore.{field}` = ")),
+                "{message}"
+            );
+            assert!(
+                message.contains("at most 1e9") || message.contains("to 1e9"),
+                "{message}"
+            );
+        }
+    }
+    assert_eq!(
+        err("[restore]\nlookup_timeout_s = 0.0"),
+        "config: `restore.lookup_timeout_s` = 0 is out of range; allowed: a number of seconds above 0, at most 1e9"
+    );
+}
+
+#[test]
+fn pools_too_big_to_allocate_are_refused_naming_the_field_and_the_limit() {
+    for pages in ["4294967295", "4294967293", "200000000", "4194304"] {
+        assert_eq!(
+            err(&format!("[pool]\npages = {pages}")),
+            format!("config: `pool.pages` = {pages} is out of range; allowed: 1..=4194303")
+        );
+    }
+    assert_eq!(
+        err("[pool]\nsim_bytes_per_page = 4294967295"),
+        "config: `pool.sim_bytes_per_page` = 4294967295 is out of range; allowed: 8..=1048576"
+    );
+    assert_eq!(
+        err("[pool]\npages = 4194303\nsim_bytes_per_page = 1048576"),
+        "config: `pool.sim_bytes_per_page` = 1048576 is out of range; allowed: at most 256 for the reserved \
+         policy's pool of 4194304 pages: pages times sim_bytes_per_page must stay within 1073741824 bytes of page \
+         storage; lower pool.pages or pool.sim_bytes_per_page"
+    );
+    // The oracle's pool holds every running slot at the model's length, so it is refused where others are not.
+    let config = EngineConfig::from_toml("[pool]\nsim_bytes_per_page = 4096").unwrap();
+    config.engine_params(Policy::Reserved).unwrap();
+    let oracle = config
+        .engine_params(Policy::Oracle)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        oracle.starts_with(
+            "config: `pool.sim_bytes_per_page` = 4096 is out of range; allowed: at most 2047 for the oracle \
+             policy's pool of 524353 pages"
+        ),
+        "{oracle}"
+    );
+}
+
+#[test]
+fn w1_the_restore_wait_environment_variable_overrides_the_config_and_is_checked() {
+    let apply = |value: &str| EngineConfig::default().with_restore_max_wait_env(value);
+    assert_eq!(apply(" 2.5 ").unwrap().restore.max_wait_s, 2.5);
+    assert_eq!(apply("0").unwrap().restore.max_wait_s, 0.0);
+    for bad in ["abc", "soon", "", "-1", "NaN", "inf", "1e300", "1e10"] {
+        assert_eq!(
+            apply(bad).unwrap_err().to_string(),
+            format!(
+                "environment: KVGATE_RESTORE_MAX_WAIT_S={bad:?} is invalid; allowed: a number of seconds from 0 to 1e9"
+            ),
+        );
+    }
 }
 
 #[test]

@@ -6,6 +6,11 @@
 use serde::{Deserialize, Serialize};
 
 use super::token;
+use crate::limits::{AGENT_TURNS_TOTAL_MAX, AGENTS_MAX, MODEL_LEN_MAX, SECONDS_MAX};
+
+/// The longest mean think time, in seconds: 5e8. A drawn think time is up to one and a half times the mean,
+/// so it stays within the limit on every time ([`SECONDS_MAX`]).
+pub const THINK_S_MAX: f64 = SECONDS_MAX / 2.0;
 
 /// Shape of an agents run. Every field has a default (see `Default`) and a unit in its name.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,8 +55,20 @@ pub enum AgentsSpecError {
         /// The field.
         field: &'static str,
     },
-    /// The think time is negative or not a number.
-    #[error("agents: `think_s` must be a finite number >= 0, got {value}")]
+    /// A count is above its limit.
+    #[error("agents: `{field}` = {value} is above the limit of {limit}; {what_to_do}")]
+    AboveLimit {
+        /// The field.
+        field: &'static str,
+        /// The value given.
+        value: u64,
+        /// The largest value allowed.
+        limit: u64,
+        /// What to do instead.
+        what_to_do: &'static str,
+    },
+    /// The think time is negative, not a number or above its limit.
+    #[error("agents: `think_s` must be a number of seconds from 0 to 5e8, got {value}")]
     ThinkTime {
         /// The value given.
         value: String,
@@ -59,22 +76,58 @@ pub enum AgentsSpecError {
 }
 
 impl AgentsSpec {
-    /// Checks every field; the error names the first bad one.
+    /// Checks every field against its limits; the error names the first bad one.
     pub fn validate(&self) -> Result<(), AgentsSpecError> {
-        for (field, value) in [
-            ("n_agents", self.n_agents),
-            ("turns", self.turns),
+        let tokens = [
             ("first_prompt_tokens", self.first_prompt_tokens),
             ("turn_input_tokens", self.turn_input_tokens),
             ("response_tokens", self.response_tokens),
-        ] {
+        ];
+        for (field, value) in [("n_agents", self.n_agents), ("turns", self.turns)]
+            .into_iter()
+            .chain(tokens)
+        {
             if value == 0 {
                 return Err(AgentsSpecError::Zero { field });
             }
         }
-        if !(self.think_s.is_finite() && self.think_s >= 0.0) {
+        let turns_total = u64::from(self.n_agents) * u64::from(self.turns);
+        let limits = [
+            (
+                "n_agents",
+                u64::from(self.n_agents),
+                u64::from(AGENTS_MAX),
+                "run fewer sessions",
+            ),
+            (
+                "n_agents * turns",
+                turns_total,
+                AGENT_TURNS_TOTAL_MAX,
+                "run fewer sessions or turns",
+            ),
+        ]
+        .into_iter()
+        .chain(tokens.map(|(field, value)| {
+            (
+                field,
+                u64::from(value),
+                u64::from(MODEL_LEN_MAX),
+                "no model is that long",
+            )
+        }));
+        for (field, value, limit, what_to_do) in limits {
+            if value > limit {
+                return Err(AgentsSpecError::AboveLimit {
+                    field,
+                    value,
+                    limit,
+                    what_to_do,
+                });
+            }
+        }
+        if !(self.think_s.is_finite() && (0.0..=THINK_S_MAX).contains(&self.think_s)) {
             return Err(AgentsSpecError::ThinkTime {
-                value: self.think_s.to_string(),
+                value: crate::limits::show(self.think_s),
             });
         }
         Ok(())
@@ -109,11 +162,20 @@ impl AgentsSpec {
             + u64::from(self.input_len(agent, turn))
     }
 
-    /// Prompt tokens over every turn of every session.
+    /// Prompt tokens over every turn of every session (one pass over the turns: a turn's prompt is the
+    /// previous turn's prompt and response plus its input).
     pub fn total_prompt_tokens(&self) -> u64 {
         (0..self.n_agents)
-            .flat_map(|agent| (0..self.turns).map(move |turn| (agent, turn)))
-            .map(|(a, t)| self.prompt_tokens(a, t))
+            .map(|agent| {
+                let mut context = 0u64;
+                (0..self.turns)
+                    .map(|turn| {
+                        let prompt = context + u64::from(self.input_len(agent, turn));
+                        context = prompt + u64::from(self.response_len(agent, turn));
+                        prompt
+                    })
+                    .sum::<u64>()
+            })
             .sum()
     }
 

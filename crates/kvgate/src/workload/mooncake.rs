@@ -1,15 +1,17 @@
 //! The Mooncake trace format (`../shared/workloads/mooncake/`): one JSON object per line with `timestamp`
 //! (ms), `input_length`, `output_length` and `hash_ids` (prefix block hashes, 512 tokens a block; the last
 //! block may be partial). A replay turns each request into token ids whose 512-token blocks are determined by
-//! their hash ids, so prefix sharing is exactly what the trace says.
+//! their hash ids, so prefix sharing is exactly what the trace says. Lines are read with a length limit, so a
+//! hostile trace costs at most that much memory per line.
 
 use std::collections::HashSet;
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 use std::path::Path;
 
 use serde::Deserialize;
 
 use super::token;
+use crate::limits::{MODEL_LEN_MAX, SECONDS_MAX, TRACE_LINE_BYTES_MAX};
 
 /// Tokens per hash block in the Mooncake traces.
 pub const TRACE_BLOCK_TOKENS: u32 = 512;
@@ -58,10 +60,24 @@ pub enum TraceError {
 }
 
 impl TraceRequest {
-    /// Checks that the record is self-consistent: a non-empty prompt covered exactly by its hash blocks.
+    /// Checks that the record is self-consistent and within the limits: a non-empty prompt no longer than any
+    /// model, covered exactly by its hash blocks, arriving within the limit on every time.
     fn validate(&self) -> Result<(), String> {
         if self.input_length == 0 {
             return Err("input_length must be at least 1".into());
+        }
+        if self.input_length > MODEL_LEN_MAX {
+            return Err(format!(
+                "input_length {} is above the limit of {MODEL_LEN_MAX} tokens",
+                self.input_length
+            ));
+        }
+        let timestamp_ms_max = SECONDS_MAX as u64 * 1000;
+        if self.timestamp > timestamp_ms_max {
+            return Err(format!(
+                "timestamp {} ms is above the limit of {timestamp_ms_max} ms",
+                self.timestamp
+            ));
         }
         let blocks_needed = self.input_length.div_ceil(TRACE_BLOCK_TOKENS) as usize;
         if self.hash_ids.len() != blocks_needed {
@@ -96,35 +112,48 @@ pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>, TraceError> {
     parse_trace(std::io::BufReader::new(file), &shown)
 }
 
-/// Parses a trace from any reader; `path` only names it in errors.
-pub fn parse_trace(reader: impl BufRead, path: &str) -> Result<Vec<TraceRequest>, TraceError> {
+/// Parses a trace from any reader; `path` only names it in errors. A line longer than
+/// [`TRACE_LINE_BYTES_MAX`] is an error, found without reading more of it than the limit.
+pub fn parse_trace(mut reader: impl BufRead, path: &str) -> Result<Vec<TraceRequest>, TraceError> {
     let mut requests = Vec::new();
     let mut last_timestamp = 0;
-    // Bytes, not `lines()`: a line that is not UTF-8 is an error naming its line number.
-    for (idx, line) in reader.split(b'\n').enumerate() {
-        let line_no = idx + 1;
-        let mut line = line.map_err(|source| TraceError::Io {
-            path: path.to_string(),
-            source,
-        })?;
-        if line.last() == Some(&b'\r') {
-            line.pop();
+    let mut line = Vec::new();
+    for line_no in 1.. {
+        line.clear();
+        let limit = TRACE_LINE_BYTES_MAX as u64 + 1;
+        let n_read = (&mut reader)
+            .take(limit)
+            .read_until(b'\n', &mut line)
+            .map_err(|source| TraceError::Io {
+                path: path.to_string(),
+                source,
+            })?;
+        if n_read == 0 {
+            break;
         }
         let bad = |message: String| TraceError::Line {
             path: path.to_string(),
             line: line_no,
             message,
         };
-        let line = String::from_utf8(line).map_err(|e| {
-            bad(format!(
-                "not UTF-8 text (invalid byte at column {}); a trace is JSON lines",
-                e.utf8_error().valid_up_to() + 1
-            ))
-        })?;
-        if line.trim().is_empty() {
+        let text = line.strip_suffix(b"\n").unwrap_or(&line);
+        let text = text.strip_suffix(b"\r").unwrap_or(text);
+        if text.len() > TRACE_LINE_BYTES_MAX {
+            return Err(bad(format!(
+                "the line is longer than the limit of {TRACE_LINE_BYTES_MAX} bytes"
+            )));
+        }
+        if text.trim_ascii().is_empty() {
             continue;
         }
-        let request: TraceRequest = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        // A line that is not UTF-8 is an error naming its line and column.
+        let text = std::str::from_utf8(text).map_err(|e| {
+            bad(format!(
+                "not UTF-8 text (invalid byte at column {}); a trace is JSON lines",
+                e.valid_up_to() + 1
+            ))
+        })?;
+        let request: TraceRequest = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
         request.validate().map_err(bad)?;
         if request.timestamp < last_timestamp {
             return Err(bad(format!(

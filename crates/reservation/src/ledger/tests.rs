@@ -576,29 +576,6 @@ fn w1_bounded_wait_expires_once_refuses_even_with_space_and_clears_on_release() 
 }
 
 #[test]
-fn w1_restore_max_wait_parses_the_environment_value() {
-    let parse = LedgerConfig::parse_restore_max_wait;
-    assert_eq!(parse(None), Ok(Duration::from_secs(60)));
-    assert_eq!(parse(Some("0")), Ok(Duration::ZERO));
-    assert_eq!(parse(Some(" 2.5 ")), Ok(Duration::from_millis(2500)));
-    for bad in ["-1", "soon", "", "NaN", "inf"] {
-        assert_eq!(
-            parse(Some(bad)),
-            Err(Error::InvalidMaxWait {
-                value: bad.to_owned()
-            }),
-            "{bad}"
-        );
-    }
-    let config = LedgerConfig::from_env(4).expect("unset or valid in the test environment");
-    assert_eq!(config.max_running_slots, 4);
-    assert_eq!(
-        LedgerConfig::RESTORE_MAX_WAIT_ENV,
-        "KVGATE_RESTORE_MAX_WAIT_S"
-    );
-}
-
-#[test]
 fn release_is_idempotent_and_cancel_while_copying_drains_pages() {
     let mut pool = PagePool::new(1 + 8).expect("pool");
     let mut ledger = ledger(4);
@@ -632,4 +609,13 @@ fn release_is_idempotent_and_cancel_while_copying_drains_pages() {
     assert_eq!(pool.n_free(), 8);
     let snapshot = ledger.snapshot();
     assert!(snapshot.tickets.is_empty() && snapshot.waiters.is_empty());
+}
+
+#[test]
+fn timestamp_after_saturates_at_the_end_of_the_clock_instead_of_overflowing() {
+    let end = Timestamp(Duration::MAX);
+    assert_eq!(end.after(Duration::from_secs(1)), end);
+    assert_eq!(at(5).after(Duration::MAX), end);
+    assert_eq!(at(5).after(Duration::from_secs(2)), at(7));
+    assert_eq!(end.since(at(5)), Duration::MAX - Duration::from_secs(5));
 }

@@ -118,3 +118,69 @@ fn max_from_cache_counts_everything_but_new_input() {
     let expected = 100.0 * f64::from(total - new) / f64::from(total);
     assert!((spec.max_from_cache_pct() - expected).abs() < 1e-9);
 }
+
+#[test]
+fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limit() {
+    let error = |spec: AgentsSpec| spec.validate().unwrap_err().to_string();
+    let spec = AgentsSpec::default();
+    assert_eq!(
+        error(AgentsSpec {
+            n_agents: u32::MAX,
+            ..spec.clone()
+        }),
+        "agents: `n_agents` = 4294967295 is above the limit of 10000; run fewer sessions"
+    );
+    assert_eq!(
+        error(AgentsSpec {
+            n_agents: 100_000,
+            turns: 1,
+            ..spec.clone()
+        }),
+        "agents: `n_agents` = 100000 is above the limit of 10000; run fewer sessions"
+    );
+    assert_eq!(
+        error(AgentsSpec {
+            n_agents: 1,
+            turns: u32::MAX,
+            ..spec.clone()
+        }),
+        "agents: `n_agents * turns` = 4294967295 is above the limit of 100000; run fewer sessions or turns"
+    );
+    assert_eq!(
+        error(AgentsSpec {
+            first_prompt_tokens: u32::MAX,
+            ..spec.clone()
+        }),
+        "agents: `first_prompt_tokens` = 4294967295 is above the limit of 16777216; no model is that long"
+    );
+    for think_s in [1e300, 5e8 * 1.01, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(
+            error(AgentsSpec {
+                think_s,
+                ..spec.clone()
+            }),
+            format!(
+                "agents: `think_s` must be a number of seconds from 0 to 5e8, got {}",
+                crate::limits::show(think_s)
+            )
+        );
+    }
+    AgentsSpec {
+        n_agents: crate::limits::AGENTS_MAX,
+        turns: 10,
+        think_s: THINK_S_MAX,
+        ..spec
+    }
+    .validate()
+    .unwrap();
+}
+
+#[test]
+fn total_prompt_tokens_sums_every_turns_prompt() {
+    let spec = AgentsSpec::default();
+    let by_turn: u64 = (0..spec.n_agents)
+        .flat_map(|agent| (0..spec.turns).map(move |turn| (agent, turn)))
+        .map(|(agent, turn)| spec.prompt_tokens(agent, turn))
+        .sum();
+    assert_eq!(spec.total_prompt_tokens(), by_turn);
+}

@@ -99,21 +99,73 @@ fn empty_trace_and_missing_file_are_errors() {
 }
 
 #[test]
-#[allow(
-    clippy::print_stderr,
-    reason = "a test that cannot run says that it skipped"
-)]
-fn the_shipped_trace_parses_and_has_a_bounded_maximum() {
+fn the_vendored_trace_slice_parses_and_has_a_bounded_maximum() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/workloads/mooncake/conversation_trace.jsonl");
-    if !path.exists() {
-        eprintln!("skipped: {} not present", path.display());
-        return;
-    }
+        .join("../../tests/workloads/mooncake/conversation_trace_head.jsonl");
     let trace = read_trace(&path).unwrap();
-    assert_eq!(trace.len(), 12_031);
+    assert_eq!(trace.len(), 200);
+    assert_eq!(theoretical_max_hit_tokens(&trace), (164_864, 2_782_179));
     let pct = theoretical_max_hit_pct(&trace);
     assert!(pct > 0.0 && pct < 100.0, "{pct}");
+}
+
+#[test]
+fn a_70_mb_line_is_refused_without_reading_it_whole() {
+    // The reader yields 70 MB lazily: the parser must stop at the limit, not allocate the line.
+    let huge = std::io::BufReader::new(std::io::repeat(b' ').take(70 << 20));
+    let error = parse_trace(huge, "t.jsonl").unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "t.jsonl:1: the line is longer than the limit of 1048576 bytes"
+    );
+    let first_fine = std::io::Cursor::new(
+        "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}\n",
+    )
+    .chain(std::io::repeat(b'[').take(2 << 20));
+    let error = parse_trace(std::io::BufReader::new(first_fine), "t.jsonl").unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .starts_with("t.jsonl:2: the line is longer"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_line_of_exactly_the_limit_is_read() {
+    let record = "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [1]}";
+    let padding = " ".repeat(crate::limits::TRACE_LINE_BYTES_MAX - record.len());
+    let padded = format!("{record}{padding}\n");
+    assert_eq!(parse(&padded).unwrap().len(), 1);
+}
+
+#[test]
+fn huge_lengths_and_timestamps_are_refused_naming_the_limit() {
+    let line = |timestamp: u64, input_length: u64| {
+        format!(
+            "{{\"timestamp\": {timestamp}, \"input_length\": {input_length}, \"output_length\": 1, \"hash_ids\": [1]}}"
+        )
+    };
+    assert_eq!(
+        parse(&line(0, 4_294_967_295)).unwrap_err().to_string(),
+        "t.jsonl:1: input_length 4294967295 is above the limit of 16777216 tokens"
+    );
+    assert_eq!(
+        parse(&line(u64::MAX, 1)).unwrap_err().to_string(),
+        "t.jsonl:1: timestamp 18446744073709551615 ms is above the limit of 1000000000000 ms"
+    );
+    assert!(
+        parse(&line(0, 4_294_967_296))
+            .unwrap_err()
+            .to_string()
+            .contains("invalid value: integer `4294967296`")
+    );
+    assert!(
+        parse(&line(0, 1).replace("\"timestamp\": 0", "\"timestamp\": -1"))
+            .unwrap_err()
+            .to_string()
+            .starts_with("t.jsonl:1: invalid value: integer `-1`")
+    );
 }
 
 #[test]
