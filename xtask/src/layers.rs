@@ -11,7 +11,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("kv-pool", &[]),
     ("reservation", &["kv-pool"]),
     ("admission", &["kv-pool", "reservation"]),
-    ("checkpoint-transfer", &["kv-pool", "reservation"]),
+    ("checkpoint-transfer", &["kv-pool"]),
     (
         "engine",
         &["kv-pool", "reservation", "admission", "checkpoint-transfer"],

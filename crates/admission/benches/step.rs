@@ -18,7 +18,8 @@ use admission::{
     WaitingQueue, schedule_step,
 };
 use kv_pool::{CacheGroup, Geometry, GroupKind, PagePool};
-use reservation::{Ledger, LedgerConfig, RequestId, RestoreSpec, Timestamp};
+use kv_pool::{RequestId, Timestamp};
+use reservation::{Ledger, LedgerConfig, RestoreSpec};
 
 /// The queues, the ledger and the pool, and answers from a dense table: request 0 is the restore, everyone
 /// else is cold.

@@ -1,7 +1,7 @@
 //! The one error type of admission: misuse of the waiting queue. Pressure, impossible and invalid restore
 //! answers are `Decision`s and `BlockReason`s of a step, not errors.
 
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 /// Result of admission operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -3,7 +3,8 @@
 //! (`Admit`), so the next request is examined against the pool as it now is.
 
 use kv_pool::PagePool;
-use reservation::{Ledger, RequestId, RestoreSpec};
+use kv_pool::RequestId;
+use reservation::{Ledger, RestoreSpec};
 
 use crate::queue::WaitingQueue;
 

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use reservation::{AdmissionOrder, RequestId};
+use kv_pool::{AdmissionOrder, RequestId};
 
 use crate::error::{Error, Result};
 

@@ -5,7 +5,8 @@
 //! step examines the requests it admits, the blocked head and the ready imports: never the rest of the queue
 //! (Q8).
 
-use reservation::{AdmissionOrder, ErrorKind, Ledger, Preflight, RequestId, Ticket, Timestamp};
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
+use reservation::{ErrorKind, Ledger, Preflight, Ticket};
 
 use crate::host::{AdmissionHost, Admit, Candidate, FallbackCause, HostState};
 use crate::queue::WaitingQueue;

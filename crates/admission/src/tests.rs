@@ -6,8 +6,9 @@ use std::convert::Infallible;
 use std::time::Duration;
 
 use kv_pool::{CacheGroup, Geometry, GroupKind, PageId, PagePool};
+use kv_pool::{RequestId, Timestamp};
 use proptest::prelude::*;
-use reservation::{ErrorKind, Ledger, LedgerConfig, RequestId, RestoreSpec, Timestamp};
+use reservation::{ErrorKind, Ledger, LedgerConfig, RestoreSpec};
 
 use crate::{
     AdmissionHost, Admit, BlockReason, Candidate, Decision, FallbackCause, HostState, QueuePolicy,

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use checkpoint_transfer::{
     CopyEngine, CopyJob, CopyOutcome, CopyWork, CudaCopyEngine, ThreadedCopyEngine,
 };
+use kv_pool::Timestamp;
 use kv_pool::{HostStorage, PageId, PageStorage};
-use reservation::Timestamp;
 
 const BYTES_PER_PAGE: usize = 2 << 20;
 

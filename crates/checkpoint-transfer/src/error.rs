@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use kv_pool::PageId;
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 use crate::checkpoint::CheckpointId;
 

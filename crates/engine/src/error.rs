@@ -1,7 +1,7 @@
 //! The one error type of the engine. Invalid input and operations the state forbids are errors that name the
 //! value; pressure is never an error here (requests wait), and bugs are debug assertions.
 
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 use crate::metrics::RejectReason;
 

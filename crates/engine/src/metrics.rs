@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
-use reservation::{RequestId, Timestamp};
+use kv_pool::{RequestId, Timestamp};
 
 /// Why a restore fell back to recomputing its prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -1,7 +1,7 @@
 //! Requests as the facade submits them, their deterministic output tokens, and what a finished request hands
 //! back.
 
-use reservation::{RequestId, Timestamp};
+use kv_pool::{RequestId, Timestamp};
 
 use crate::metrics::RequestMetrics;
 

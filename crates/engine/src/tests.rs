@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use kv_pool::BlockKey;
-use reservation::{RequestId, Timestamp};
+use kv_pool::{RequestId, Timestamp};
 
 use crate::executor::{
     CostModel, DecodeWork, Executor, PrefillWork, SimExecutor, StepBatch, page_content,

@@ -5,12 +5,14 @@
 
 mod error;
 mod geometry;
+mod ids;
 mod page;
 mod pool;
 mod storage;
 
 pub use error::{Error, Result};
 pub use geometry::{CacheGroup, Continuation, Geometry, GroupKind, RestoreNeed};
+pub use ids::{AdmissionOrder, RequestId, Timestamp};
 pub use page::{BlockKey, PageId};
 pub use pool::{Eviction, PagePool};
 pub use storage::{CudaStorage, HostStorage, PageStorage, cuda_available};

@@ -22,4 +22,4 @@ pub use engine::{
     RequestSpec, RequestView, RunMetrics, STOP_TOKEN, StepReport, output_token,
 };
 pub use kv_pool::{BlockKey, CacheGroup, Geometry, GroupKind, PageId};
-pub use reservation::{RequestId, Timestamp};
+pub use kv_pool::{RequestId, Timestamp};

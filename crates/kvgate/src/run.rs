@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use engine::{Engine, Policy, RequestSpec, RunMetrics};
-use reservation::{RequestId, Timestamp};
+use kv_pool::{RequestId, Timestamp};
 
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use checkpoint_transfer::Fault;
 use engine::{Engine, Policy, RequestSpec, StepReport};
-use reservation::RequestId;
+use kv_pool::RequestId;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

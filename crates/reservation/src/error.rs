@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::ids::RequestId;
 use crate::ledger::{DrainId, TicketState};
+use kv_pool::RequestId;
 
 /// Result of ledger operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

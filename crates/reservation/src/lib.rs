@@ -4,7 +4,6 @@
 
 mod config;
 mod error;
-mod ids;
 mod ledger;
 mod spec;
 #[cfg(test)]
@@ -12,7 +11,6 @@ mod tests;
 
 pub use config::{LedgerConfig, Preflight};
 pub use error::{Error, ErrorKind, Result};
-pub use ids::{AdmissionOrder, RequestId, Timestamp};
 pub use ledger::{
     DrainId, Ledger, LedgerSnapshot, Released, Ticket, TicketState, TicketView, WaiterView,
 };

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DriverError, PinnedHostSlice};
 use kv_pool::PageId;
-use reservation::Timestamp;
+use kv_pool::Timestamp;
 
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
 use crate::error::{Error, Result};

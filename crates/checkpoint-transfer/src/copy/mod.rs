@@ -11,7 +11,7 @@ mod threaded;
 use std::sync::Arc;
 
 use kv_pool::PageId;
-use reservation::Timestamp;
+use kv_pool::Timestamp;
 
 pub use cuda::CudaCopyEngine;
 pub use inline::{CopyModel, Fault, InlineCopyEngine};

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kv_pool::Timestamp;
 use kv_pool::{HostStorage, PageId, PageStorage};
-use reservation::Timestamp;
 
 use crate::copy::{
     CopyCompletion, CopyEngine, CopyJob, CopyModel, CopyOutcome, CopyWork, CudaCopyEngine, Fault,

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver, Sender};
+use kv_pool::Timestamp;
 use kv_pool::{PageId, PageStorage};
-use reservation::Timestamp;
 
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
 use crate::error::{Error, Result};

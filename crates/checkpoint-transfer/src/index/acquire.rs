@@ -1,8 +1,8 @@
 //! Taking imports out of the index: `acquire` by the consumer through the prefix-hit path (O4), `cancel`
 //! (O5, O6) and the prefix-cache reset gate `clear` (O3, X1, X2).
 
+use kv_pool::RequestId;
 use kv_pool::{BlockKey, PagePool};
-use reservation::RequestId;
 
 use super::{AcquiredImport, CancelOutcome, ImportId, ImportState, ResidentIndex, release_page};
 use crate::copy::CopyEngine;

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use kv_pool::{PageId, PagePool};
-use reservation::{RequestId, Timestamp};
+use kv_pool::{RequestId, Timestamp};
 
 use crate::checkpoint::{Checkpoint, CheckpointMeta, CheckpointPayload};
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};

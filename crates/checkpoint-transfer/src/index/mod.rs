@@ -31,8 +31,8 @@ mod types;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId, PagePool};
-use reservation::RequestId;
 
 pub use types::{
     AcquiredImport, CancelOutcome, CaptureId, ImportEvent, ImportId, ImportState, LookupBudget,

@@ -2,8 +2,8 @@
 //! every rank acknowledged (O2), failure and drain (O5, O7), invalidation by eviction, and the discard of an
 //! import that will not be published.
 
+use kv_pool::Timestamp;
 use kv_pool::{BlockKey, Eviction, PageId, PagePool};
-use reservation::Timestamp;
 
 use super::{ImportEvent, ImportId, ImportState, ResidentIndex, release_page};
 use crate::copy::{CopyCompletion, CopyEngine, CopyOutcome};

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use kv_pool::Timestamp;
 use kv_pool::{PageId, PagePool};
-use reservation::Timestamp;
 
 use super::{Import, ImportId, ImportState, ResidentIndex, StageRequest};
 use crate::copy::{CopyEngine, CopyJob, CopyWork};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kv_pool::{BlockKey, HostStorage, PageId, PagePool, PageStorage};
+use kv_pool::{RequestId, Timestamp};
 use proptest::prelude::*;
-use reservation::{RequestId, Timestamp};
 
 use crate::checkpoint::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PrefixQuery,

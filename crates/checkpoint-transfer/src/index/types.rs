@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use kv_pool::PageId;
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 use crate::checkpoint::{Checkpoint, CheckpointMeta};
 

@@ -8,7 +8,7 @@
 
 use admission::{AdmissionHost, Admit, Candidate, Decision, FallbackCause, HostState, StepContext};
 use kv_pool::PageId;
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 use super::req::{Loading, Phase, Restore};
 use super::step::{Plan, Work};

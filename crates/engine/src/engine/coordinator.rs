@@ -12,7 +12,8 @@ use std::time::Duration;
 use checkpoint_transfer::{
     CheckpointMeta, ImportEvent, PrefixQuery, RESTORE_LOOKUPS_MAX, StageRequest,
 };
-use reservation::{ErrorKind, Preflight, RequestId, RestoreSpec};
+use kv_pool::RequestId;
+use reservation::{ErrorKind, Preflight, RestoreSpec};
 
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};

@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use kv_pool::PageId;
-use reservation::{Ledger, RequestId};
+use kv_pool::RequestId;
+use reservation::Ledger;
 
 use super::Engine;
 use super::req::Phase;

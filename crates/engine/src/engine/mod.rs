@@ -31,8 +31,9 @@ use checkpoint_transfer::{
     CheckpointStore, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine, LayoutDescriptor,
     ResidentIndex,
 };
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{HostStorage, PageId, PagePool};
-use reservation::{AdmissionOrder, Ledger, LedgerConfig, RequestId, Timestamp};
+use reservation::{Ledger, LedgerConfig};
 
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};

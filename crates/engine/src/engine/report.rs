@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use checkpoint_transfer::StoreStats;
 use kv_pool::PagePool;
-use reservation::{Ledger, LedgerSnapshot, RequestId, Timestamp};
+use kv_pool::{RequestId, Timestamp};
+use reservation::{Ledger, LedgerSnapshot};
 
 use super::Engine;
 use super::req::Phase;

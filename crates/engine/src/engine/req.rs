@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use checkpoint_transfer::{CheckpointMeta, ImportId};
+use kv_pool::{AdmissionOrder, Timestamp};
 use kv_pool::{BlockKey, PageId};
-use reservation::{AdmissionOrder, Timestamp};
 
 use crate::metrics::{FallbackReason, RequestMetrics};
 use crate::request::RequestSpec;

@@ -6,7 +6,8 @@
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::{CheckpointKind, CopyEngine};
-use reservation::{RequestId, TicketState, Timestamp};
+use kv_pool::{RequestId, Timestamp};
+use reservation::TicketState;
 
 use super::pages::AllocKind;
 use super::req::{Phase, Restore};

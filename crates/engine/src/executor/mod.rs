@@ -10,8 +10,8 @@ pub use sim::SimExecutor;
 
 use std::time::Duration;
 
+use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId};
-use reservation::RequestId;
 
 /// One prefill chunk of a step: `n_tokens` prompt tokens of `request` starting at position `first_pos`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! bound on the work of a step with a blocked head.
 
 use engine::{Engine, Policy};
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 use crate::agents::tokens;
 use crate::contract::{TPP, params, spec};

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use engine::{Engine, EngineParams, Policy, RequestSpec, RunMetrics};
-use reservation::Timestamp;
+use kv_pool::Timestamp;
 
 /// Shape of an agents run.
 #[derive(Clone, Copy, Debug)]

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use checkpoint_transfer::Fault;
 use engine::{Engine, EngineParams, Error, FallbackReason, Policy, RequestSpec, StepReport};
-use reservation::{RequestId, Timestamp};
+use kv_pool::{RequestId, Timestamp};
 
 use crate::agents::{Agents, run_agents, tokens};
 

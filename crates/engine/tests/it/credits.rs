@@ -3,7 +3,7 @@
 //! prefix lengths on a small pool.
 
 use engine::{Engine, EngineParams, Policy};
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 use crate::agents::tokens;
 use crate::contract::{TPP, seed_checkpoint, spec};

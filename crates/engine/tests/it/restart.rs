@@ -2,7 +2,7 @@
 //! previous engine's checkpoint, byte for byte equal to recompute (E3 verification is on in debug builds).
 
 use engine::{Engine, EngineParams, Policy};
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 use crate::agents::tokens;
 use crate::contract::{TPP, metrics_of, params, seed_checkpoint, spec};

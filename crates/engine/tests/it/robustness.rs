@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use checkpoint_transfer::{Fault, RESTORE_LOOKUPS_MAX};
 use engine::{Engine, EngineParams, Error, Policy, RejectReason, RequestSpec};
+use kv_pool::{RequestId, Timestamp};
 use proptest::prelude::*;
-use reservation::{RequestId, Timestamp};
 
 use crate::agents::tokens;
 use crate::contract::{TPP, params, seed_checkpoint, spec};

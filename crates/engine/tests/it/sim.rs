@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use checkpoint_transfer::Fault;
 use engine::{Engine, EngineParams, Policy, RequestSpec};
-use reservation::RequestId;
+use kv_pool::RequestId;
 
 use crate::agents::tokens;
 

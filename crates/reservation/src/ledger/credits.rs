@@ -5,7 +5,7 @@ use kv_pool::{PageId, PagePool};
 
 use super::{Ledger, TicketState};
 use crate::error::{Error, Result};
-use crate::ids::RequestId;
+use kv_pool::RequestId;
 
 impl Ledger {
     /// Allocates `n_pages` for admitted `req` from its credits; beyond its outstanding credits it may use only

@@ -27,8 +27,8 @@ use kv_pool::{Geometry, PageId, PagePool, RestoreNeed};
 
 use crate::config::{LedgerConfig, Preflight};
 use crate::error::{Error, Result};
-use crate::ids::{AdmissionOrder, RequestId, Timestamp};
 use crate::spec::RestoreSpec;
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
 pub use view::{LedgerSnapshot, TicketView, WaiterView};
 

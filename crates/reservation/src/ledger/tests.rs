@@ -10,8 +10,8 @@ use kv_pool::{BlockKey, CacheGroup, Geometry, GroupKind, PageId, PagePool};
 use super::{Ledger, TicketState};
 use crate::config::{LedgerConfig, Preflight};
 use crate::error::{Error, ErrorKind};
-use crate::ids::{AdmissionOrder, RequestId, Timestamp};
 use crate::spec::RestoreSpec;
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
 /// Full attention, 4 tokens per page, one rank.
 fn full_geometry() -> Geometry {

@@ -4,7 +4,7 @@
 use kv_pool::PagePool;
 
 use super::{Ledger, TicketEntry, TicketState};
-use crate::ids::{AdmissionOrder, RequestId, Timestamp};
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
 /// One ticket, as `snapshot` shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -4,7 +4,7 @@
 
 use super::{Ledger, WaiterEntry};
 use crate::error::{Error, Result};
-use crate::ids::{AdmissionOrder, RequestId, Timestamp};
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
 impl Ledger {
     /// Marks every waiter whose bounded wait is over as expired, with its one warning; returns them in order.

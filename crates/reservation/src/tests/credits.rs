@@ -6,9 +6,8 @@ use std::collections::VecDeque;
 
 use kv_pool::{CacheGroup, Geometry, GroupKind, PageId, PagePool};
 
-use crate::{
-    AdmissionOrder, ErrorKind, Ledger, LedgerConfig, Preflight, RequestId, RestoreSpec, Timestamp,
-};
+use crate::{ErrorKind, Ledger, LedgerConfig, Preflight, RestoreSpec};
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
 fn geometry(kinds: &[GroupKind], tokens_per_page: u32, context_parallel: u32) -> Geometry {
     let groups = kinds

@@ -6,9 +6,8 @@ use std::time::Duration;
 use kv_pool::{CacheGroup, Geometry, GroupKind, PageId, PagePool};
 use proptest::prelude::*;
 
-use crate::{
-    AdmissionOrder, Ledger, LedgerConfig, Preflight, RequestId, RestoreSpec, TicketState, Timestamp,
-};
+use crate::{Ledger, LedgerConfig, Preflight, RestoreSpec, TicketState};
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
 const N_REQUESTS: u64 = 4;
 

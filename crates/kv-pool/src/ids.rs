@@ -1,4 +1,5 @@
-//! Request ids and the injected clock's timestamps, shared by every layer above the pool.
+//! The vocabulary every layer shares, kept at the bottom so that no crate depends on another for it: request
+//! ids, the injected clock's timestamps and the admission order.
 
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ impl std::fmt::Display for RequestId {
     }
 }
 
-/// A point on the injected clock: time since the clock's origin. The ledger never reads a real clock; callers
+/// A point on the injected clock: time since the clock's origin. No library crate reads a real clock; callers
 /// pass `now` in, so every decision is deterministic and testable.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Timestamp(pub Duration);
