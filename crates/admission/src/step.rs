@@ -373,17 +373,18 @@ impl Step<'_> {
         order: AdmissionOrder,
         admit: Admit,
     ) -> Result<bool, H::Error> {
-        if !host.admit(admit)? {
-            return Ok(false);
-        }
         let req = admit.req();
-        let state = host.state();
         // FCFS among requests that own no capacity: only a ready import passes a waiting request.
         debug_assert!(
             matches!(admit, Admit::Ready { .. })
-                || state.waiting.iter().next() == Some((order, req)),
+                || host.state().waiting.iter().next() == Some((order, req)),
             "{req} was admitted without owning capacity while an earlier request waits"
         );
+        if !host.admit(admit)? {
+            return Ok(false);
+        }
+        // The host may have taken it off its queue already (the engine moves it to its running list).
+        let state = host.state();
         for queue in [state.waiting, state.ready] {
             if queue.get(&order) == Some(req) {
                 queue.remove(&order);

@@ -85,7 +85,7 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
     }
 
     fn examine(&mut self, id: RequestId, free_slots: u32) -> Result<Candidate> {
-        Ok(self.engine.examine(id, free_slots, self.plan))
+        self.engine.examine(id, free_slots, self.plan)
     }
 
     fn admit(&mut self, admit: Admit) -> Result<bool> {
@@ -133,12 +133,12 @@ impl<E: Executor> Engine<E> {
     /// What waiting `id` needs now. With a free slot, a request whose local prefix (found at its lookup) was
     /// evicted since asks the store again, as an engine re-queries its connector whenever it considers a
     /// request; under `ordinary` an answered restore is tried at once (G1).
-    fn examine(&mut self, id: RequestId, free_slots: u32, plan: &Plan) -> Candidate {
+    fn examine(&mut self, id: RequestId, free_slots: u32, plan: &Plan) -> Result<Candidate> {
         if self.reqs[&id].phase == Phase::Ready {
-            return Candidate::RestoreReady;
+            return Ok(Candidate::RestoreReady);
         }
         if plan.budget == 0 {
-            return Candidate::OutOfBudget;
+            return Ok(Candidate::OutOfBudget);
         }
         let tpp = self.params.geometry.tokens_per_page();
         let cold = self.cold_start(id, plan.budget);
@@ -152,14 +152,14 @@ impl<E: Executor> Engine<E> {
             && (cold.hits.len() as u32) < req.expected_local_blocks
         {
             self.reqs.get_mut(&id).expect("live").expected_local_blocks = 0;
-            self.on_arrival(id);
+            self.on_arrival(id)?;
             if self.reqs[&id].phase != Phase::Waiting {
-                return Candidate::Withdrawn;
+                return Ok(Candidate::Withdrawn);
             }
             // Back at its place as a complete local hit: it is considered as it is now.
-            return Candidate::Cold {
+            return Ok(Candidate::Cold {
                 need_pages: cold.need_pages,
-            };
+            });
         }
         if self.params.policy == Policy::Ordinary
             && let Restore::Answered { blocks, .. } = req.restore
@@ -170,15 +170,15 @@ impl<E: Executor> Engine<E> {
                 let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
                 let import_pages = blocks - n_hits;
                 let chunk_pages = (start + chunk).div_ceil(tpp) - blocks;
-                return Candidate::RestoreAtOnce {
+                return Ok(Candidate::RestoreAtOnce {
                     need_pages: import_pages + chunk_pages + self.cached_free(&cold.hits),
-                };
+                });
             }
             self.reqs.get_mut(&id).expect("live").restore = Restore::Idle;
         }
-        Candidate::Cold {
+        Ok(Candidate::Cold {
             need_pages: cold.need_pages,
-        }
+        })
     }
 
     /// Where `id` starts as a cold request with `budget` tokens left in the step.
@@ -251,8 +251,7 @@ impl<E: Executor> Engine<E> {
         req.pages.extend(pages);
         req.n_computed = start;
         req.n_registered = start / tpp;
-        req.phase = Phase::Running;
-        self.running.push(id);
+        self.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         plan.entries.push((
             id,
@@ -325,9 +324,8 @@ impl<E: Executor> Engine<E> {
             import,
             first_block,
         });
-        req.phase = Phase::Running;
         req.restore = Restore::Idle;
-        self.running.push(id);
+        self.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         Ok(true)
     }
@@ -359,7 +357,7 @@ impl<E: Executor> Engine<E> {
                 // Lost despite ownership (a reset dropped the keys); the index released it: look up again as an
                 // ordinary request.
                 self.drop_restore(id)?;
-                self.enqueue_waiting(id, Some(FallbackReason::Invalid));
+                self.enqueue_waiting(id, Some(FallbackReason::Invalid))?;
                 report.fallbacks.push((id, FallbackReason::Invalid));
                 return Ok(false);
             }
@@ -380,9 +378,8 @@ impl<E: Executor> Engine<E> {
         req.pages = hits;
         req.n_computed = blocks * tpp;
         req.n_registered = blocks;
-        req.phase = Phase::Running;
         let full_prompt = req.n_computed == req.tokens.len() as u32;
-        self.running.push(id);
+        self.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         if full_prompt {
             plan.entries.push((id, Work::LogitsOnly));

@@ -27,7 +27,7 @@ const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(30);
 
 impl<E: Executor> Engine<E> {
     /// A request arrives: it asks the store unless its local prefix already covers every restorable block.
-    pub(crate) fn on_arrival(&mut self, id: RequestId) {
+    pub(crate) fn on_arrival(&mut self, id: RequestId) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
         let req = &self.reqs[&id];
         let restorable = self.restorable_blocks(id);
@@ -39,15 +39,15 @@ impl<E: Executor> Engine<E> {
             let req = self.reqs.get_mut(&id).expect("live");
             req.expected_local_blocks = local;
             req.metrics.complete_local_hit |= !req.admitted_once && restorable > 0;
-            self.enqueue_waiting(id, None);
-            return;
+            return self.enqueue_waiting(id, None);
         }
         let limit_tokens = restorable * tpp + 1;
-        if !self.send_lookup(id, limit_tokens) {
+        if !self.send_lookup(id, limit_tokens)? {
             // K3: every path that asks the store (here: a preemption or an eviction before admission) counts
             // against the one lookup budget; once it is spent the request recomputes.
-            self.enqueue_waiting(id, Some(FallbackReason::LookupsExhausted));
+            self.enqueue_waiting(id, Some(FallbackReason::LookupsExhausted))?;
         }
+        Ok(())
     }
     /// Blocks of `id`'s prompt a restore may cover: all but the last token's, or the whole prompt when it ends
     /// on a page boundary and the request has saved logits (Q4).
@@ -64,11 +64,11 @@ impl<E: Executor> Engine<E> {
 
     /// Sends a store lookup for `id`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
     /// (nothing changed) when it is spent. Every path that asks the store goes through here.
-    fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> bool {
+    fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
         let (now, latency) = (self.now, self.params.lookup_latency);
         let req = self.reqs.get_mut(&id).expect("live");
         if req.lookups >= RESTORE_LOOKUPS_MAX {
-            return false;
+            return Ok(false);
         }
         req.lookups += 1;
         req.restore = Restore::Lookup {
@@ -76,10 +76,8 @@ impl<E: Executor> Engine<E> {
             answer_at: now.after(latency),
             limit_tokens,
         };
-        req.phase = Phase::Restoring;
-        self.waiting.remove(&req.order);
-        self.restoring.insert(req.order, id);
-        true
+        self.move_to(id, Phase::Restoring)?;
+        Ok(true)
     }
 
     /// The store's answer: a checkpoint and how many of its leading blocks restore `id` (fewer than
@@ -132,7 +130,7 @@ impl<E: Executor> Engine<E> {
                     if self.now >= answer_at {
                         self.answer_lookup(id, limit_tokens, report)?;
                     } else if self.now.since(sent) >= self.params.lookup_timeout {
-                        self.fall_back(id, FallbackReason::LookupTimeout, report);
+                        self.fall_back(id, FallbackReason::LookupTimeout, report)?;
                     }
                 }
                 Restore::Answered {
@@ -147,7 +145,7 @@ impl<E: Executor> Engine<E> {
                             blocks * self.params.geometry.tokens_per_page() + 1,
                         ) {
                             None => {
-                                self.fall_back(id, FallbackReason::NotInStore, report);
+                                self.fall_back(id, FallbackReason::NotInStore, report)?;
                                 continue;
                             }
                             Some((fresh, fresh_blocks)) => {
@@ -191,7 +189,7 @@ impl<E: Executor> Engine<E> {
             } else {
                 FallbackReason::NotInStore
             };
-            self.fall_back(id, reason, report);
+            self.fall_back(id, reason, report)?;
             return Ok(());
         };
         let blocks = matched_blocks.min(self.restorable_blocks(id));
@@ -204,8 +202,7 @@ impl<E: Executor> Engine<E> {
             req.restore = Restore::Idle;
             req.metrics.complete_local_hit |= !req.admitted_once;
             req.expected_local_blocks = local;
-            self.enqueue_waiting(id, None);
-            return Ok(());
+            return self.enqueue_waiting(id, None);
         }
         self.reqs.get_mut(&id).expect("live").restore = Restore::Answered {
             checkpoint,
@@ -214,8 +211,7 @@ impl<E: Executor> Engine<E> {
         };
         if self.params.policy == Policy::Ordinary {
             // Before the contract: the restore is tried at admission, at once or not at all (G1).
-            self.enqueue_waiting(id, None);
-            return Ok(());
+            return self.enqueue_waiting(id, None);
         }
         self.try_reserve(id, report)
     }
@@ -226,7 +222,7 @@ impl<E: Executor> Engine<E> {
             // Wait for a copy slot (G2); a capacity wait whose bound ran out meanwhile is over all the same
             // (W1), or the waiter would wait for ever behind copies that keep the slots busy.
             if self.wait_expired(id) {
-                self.fall_back(id, FallbackReason::WaitExpired, report);
+                self.fall_back(id, FallbackReason::WaitExpired, report)?;
             }
             return Ok(());
         }
@@ -287,7 +283,7 @@ impl<E: Executor> Engine<E> {
             });
             if self.params.restore_max_wait.is_zero() {
                 if blocks > available {
-                    self.fall_back(id, FallbackReason::WaitExpired, report);
+                    self.fall_back(id, FallbackReason::WaitExpired, report)?;
                     return Ok(());
                 }
             } else if blocks > available {
@@ -301,7 +297,7 @@ impl<E: Executor> Engine<E> {
         let Ok(stored) = self.store.get(&checkpoint.id) else {
             // G3: the selected checkpoint was lost: release what was reserved and look up again.
             self.release_ticket(id);
-            self.retry_lookup(id, blocks * tpp + 1, FallbackReason::NotInStore, report);
+            self.retry_lookup(id, blocks * tpp + 1, FallbackReason::NotInStore, report)?;
             return Ok(());
         };
         let part = self.checkpoint_part(&stored, 0, blocks);
@@ -368,7 +364,7 @@ impl<E: Executor> Engine<E> {
                     Some(started) => {
                         if self.ledger.is_none() && now.since(started) >= max_wait {
                             // pages-only keeps its own bounded wait (no ledger).
-                            self.fall_back(id, FallbackReason::WaitExpired, report);
+                            self.fall_back(id, FallbackReason::WaitExpired, report)?;
                             return Ok(());
                         }
                         if now.since(req.wait_logged) >= WAIT_LOG_INTERVAL {
@@ -378,11 +374,11 @@ impl<E: Executor> Engine<E> {
                     }
                 }
             }
-            ErrorKind::Impossible => self.fall_back(id, FallbackReason::Impossible, report),
-            ErrorKind::Expired => self.fall_back(id, FallbackReason::WaitExpired, report),
+            ErrorKind::Impossible => self.fall_back(id, FallbackReason::Impossible, report)?,
+            ErrorKind::Expired => self.fall_back(id, FallbackReason::WaitExpired, report)?,
             ErrorKind::Invalid => {
                 tracing::warn!(request = %id, %message, "restore refused as invalid: recomputing");
-                self.fall_back(id, FallbackReason::Invalid, report);
+                self.fall_back(id, FallbackReason::Invalid, report)?;
             }
         }
         Ok(())
@@ -395,14 +391,20 @@ impl<E: Executor> Engine<E> {
         limit_tokens: u32,
         reason: FallbackReason,
         report: &mut StepReport,
-    ) {
-        if !self.send_lookup(id, limit_tokens) {
-            self.fall_back(id, reason, report);
+    ) -> Result<()> {
+        if !self.send_lookup(id, limit_tokens)? {
+            self.fall_back(id, reason, report)?;
         }
+        Ok(())
     }
 
     /// The restore recomputes: release what it holds, record why, and queue it as an ordinary request.
-    fn fall_back(&mut self, id: RequestId, reason: FallbackReason, report: &mut StepReport) {
+    fn fall_back(
+        &mut self,
+        id: RequestId,
+        reason: FallbackReason,
+        report: &mut StepReport,
+    ) -> Result<()> {
         self.end_wait(id);
         debug_assert!(
             self.index.state(id).is_none(),
@@ -410,7 +412,7 @@ impl<E: Executor> Engine<E> {
         );
         self.release_ticket(id);
         report.fallbacks.push((id, reason));
-        self.enqueue_waiting(id, Some(reason));
+        self.enqueue_waiting(id, Some(reason))
     }
 
     /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2).
@@ -444,13 +446,9 @@ impl<E: Executor> Engine<E> {
                     "{id} published an import it does not wait for"
                 );
                 self.verify_import(id, loading.map_or(0, |loading| loading.first_block))?;
-                let req = self
-                    .reqs
-                    .get_mut(&id)
-                    .expect("a live import has a live request");
                 if loading.is_some() {
                     // ordinary: the admitted request already holds the pages; the index lets go of them.
-                    req.loading = None;
+                    self.reqs.get_mut(&id).expect("live").loading = None;
                     let _released = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
                 } else if let Some(ledger) = self.ledger.as_mut() {
                     ledger.publish(id).map_err(|error| {
@@ -458,19 +456,10 @@ impl<E: Executor> Engine<E> {
                             "{id} published without an importing ticket: {error}"
                         ))
                     })?;
-                    req.phase = Phase::Ready;
-                    self.restoring.remove(&req.order);
-                    let tpp = u64::from(self.params.geometry.tokens_per_page());
-                    let full_prompt = matches!(req.restore, Restore::Importing { blocks, .. }
-                        if u64::from(blocks) * tpp == req.tokens.len() as u64);
-                    if full_prompt && req.spec.saved_logits {
-                        // Its own isolated step admits it (Q4), not the admission walk.
-                        self.ready_logits.insert(req.order, id);
-                    } else {
-                        self.ready.insert(req.order, id);
-                    }
+                    self.move_to(id, Phase::Ready)?;
                 } else {
                     // pages-only: no ownership once published; the pages are evictable cached pages.
+                    let req = self.reqs.get_mut(&id).expect("live");
                     req.published_unowned = self
                         .index
                         .pages(id)
@@ -480,7 +469,7 @@ impl<E: Executor> Engine<E> {
                         .to_vec();
                     req.restore = Restore::Idle;
                     let _released = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
-                    self.enqueue_waiting(id, None);
+                    self.enqueue_waiting(id, None)?;
                 }
             }
             &ImportEvent::Failed { request: id, .. }
@@ -510,7 +499,7 @@ impl<E: Executor> Engine<E> {
                     )));
                 };
                 self.release_ticket(id);
-                self.retry_lookup(id, blocks * tpp, reason, report);
+                self.retry_lookup(id, blocks * tpp, reason, report)?;
             }
             ImportEvent::Captured { .. } | ImportEvent::CaptureFailed { .. } => {
                 debug_assert!(false, "the engine captures without the index");

@@ -17,6 +17,7 @@
 mod admit;
 mod coordinator;
 mod invariants;
+mod lifecycle;
 mod pages;
 mod report;
 mod req;
@@ -232,8 +233,9 @@ impl<E: Executor> Engine<E> {
         let seq = self.seq;
         self.seq += 1;
         let arrival = spec.arrival.max(self.now);
-        let req = Req::new(spec, seq, self.params.geometry.tokens_per_page());
-        self.arriving.insert((arrival, seq), id);
+        let req = Req::new(spec, seq, arrival, self.params.geometry.tokens_per_page());
+        // Creation: the one place a request enters a container without an edge.
+        self.arriving.insert(req.arrival_key, id);
         self.reqs.insert(id, req);
         Ok(())
     }
@@ -244,30 +246,12 @@ impl<E: Executor> Engine<E> {
         let Some(req) = self.reqs.get(&id) else {
             return Err(Error::UnknownRequest { id });
         };
-        let phase = req.phase.clone();
-        let order = req.order;
-        let arrival_key = (req.spec.arrival.max(Timestamp::ZERO), order.seq);
+        let phase = req.phase;
+        self.leave_container(id);
         match phase {
-            Phase::Arriving => {
-                self.arriving.retain(|_, queued| *queued != id);
-                let _ = arrival_key;
-            }
-            Phase::Waiting => {
-                self.waiting.remove(&order);
-                self.drop_restore(id)?;
-            }
-            Phase::Restoring => {
-                self.restoring.remove(&order);
-                self.drop_restore(id)?;
-            }
-            Phase::Ready => {
-                self.ready.remove(&order);
-                self.ready_logits.remove(&order);
-                self.drop_restore(id)?;
-            }
+            Phase::Arriving => {}
+            Phase::Waiting | Phase::Restoring | Phase::Ready => self.drop_restore(id)?,
             Phase::Running | Phase::Paused | Phase::Resuming => {
-                self.running.retain(|running| *running != id);
-                self.resuming.retain(|resuming| *resuming != id);
                 self.cancel_loading(id)?;
                 self.release_ticket(id);
                 self.free_request_pages(id)?;
@@ -292,9 +276,7 @@ impl<E: Executor> Engine<E> {
         req.answer_tokens = 0;
         req.answer_cap = max_output_tokens.max(1);
         req.stopped = false;
-        req.phase = Phase::Resuming;
-        self.resuming.push_back(id);
-        Ok(())
+        self.move_to(id, Phase::Resuming)
     }
 
     /// Ends a paused streaming session: its pages are freed (cached) and it is reported finished.
@@ -345,7 +327,7 @@ impl<E: Executor> Engine<E> {
             let had_import = matches!(self.reqs[&id].restore, Restore::Importing { .. });
             self.drop_restore(id)?;
             self.end_wait(id);
-            self.enqueue_waiting(id, had_import.then_some(FallbackReason::Reset));
+            self.enqueue_waiting(id, had_import.then_some(FallbackReason::Reset))?;
             if had_import {
                 self.between_steps
                     .fallbacks
@@ -414,6 +396,7 @@ impl<E: Executor> Engine<E> {
     /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it
     /// (a ticket whose prompt ended in the step it finished, a waiter) is released: release is idempotent.
     fn retire(&mut self, id: RequestId, cancelled: bool) {
+        self.leave_container(id);
         self.release_ticket(id);
         self.note_progress();
         let Some(mut req) = self.reqs.remove(&id) else {

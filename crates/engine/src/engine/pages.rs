@@ -252,7 +252,6 @@ impl<E: Executor> Engine<E> {
         report: Option<&mut StepReport>,
         lookup: bool,
     ) -> Result<()> {
-        self.running.retain(|running| *running != id);
         self.cancel_loading(id)?;
         self.release_ticket(id);
         self.free_request_pages(id)?;
@@ -263,11 +262,10 @@ impl<E: Executor> Engine<E> {
             report.preempted.push(id);
         }
         if lookup {
-            self.on_arrival(id);
+            self.on_arrival(id)
         } else {
-            self.enqueue_waiting(id, None);
+            self.enqueue_waiting(id, None)
         }
-        Ok(())
     }
 
     /// Cancels an `ordinary` restore still copying into `id`'s pages: they hold nothing valid yet, so they
@@ -299,17 +297,17 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Puts `id` in the ordinary waiting queue, recording a restore fallback if given.
-    pub(crate) fn enqueue_waiting(&mut self, id: RequestId, fallback: Option<FallbackReason>) {
+    pub(crate) fn enqueue_waiting(
+        &mut self,
+        id: RequestId,
+        fallback: Option<FallbackReason>,
+    ) -> Result<()> {
         let req = self.reqs.get_mut(&id).expect("live");
         if let Some(reason) = fallback {
             req.fall_back(reason);
             req.restore = Restore::Idle;
         }
-        self.restoring.remove(&req.order);
-        self.ready.remove(&req.order);
-        self.ready_logits.remove(&req.order);
-        req.phase = Phase::Waiting;
-        self.waiting.insert(req.order, id);
+        self.move_to(id, Phase::Waiting)
     }
 
     /// Drops whatever restore `id` has in progress: its ticket or waiter (slot and credits at once), its

@@ -18,14 +18,9 @@ pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
     }
 }
 
-/// The request state machine.
-///
-/// ```text
-/// Arriving -> Waiting -> Running -> (Paused -> Running)* -> done
-///     \-> Restoring -> Waiting | Ready -> Running           (restore coordinator)
-/// Running -> Waiting (preempted by recompute); any state -> done (cancelled)
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// Where a request is in its lifecycle; each phase names the one container that holds it (`lifecycle.rs` draws
+/// the edges and maps this enum onto the ledger's and the index's states).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Phase {
     /// Submitted with a future arrival time.
     Arriving,
@@ -121,6 +116,8 @@ pub(crate) struct Req {
     pub(crate) phase: Phase,
     pub(crate) restore: Restore,
     pub(crate) order: AdmissionOrder,
+    /// Its key in the arriving queue: arrival time (never before its submission) and sequence.
+    pub(crate) arrival_key: (Timestamp, u64),
     /// Lookups sent (G2/O7: at most four).
     pub(crate) lookups: u32,
     /// Whether the request was admitted once.
@@ -145,7 +142,12 @@ pub(crate) struct Req {
 
 impl Req {
     /// A new request from its spec.
-    pub(crate) fn new(spec: RequestSpec, seq: u64, tokens_per_page: u32) -> Req {
+    pub(crate) fn new(
+        spec: RequestSpec,
+        seq: u64,
+        arrival: Timestamp,
+        tokens_per_page: u32,
+    ) -> Req {
         let keys = BlockKey::chain_all(&spec.prompt, tokens_per_page as usize, &spec.salt);
         let metrics = RequestMetrics {
             id: Some(spec.id),
@@ -167,6 +169,7 @@ impl Req {
             phase: Phase::Arriving,
             restore: Restore::Idle,
             order: admission_order(spec.priority, seq),
+            arrival_key: (arrival, seq),
             lookups: 0,
             admitted_once: false,
             published_unowned: Vec::new(),

@@ -173,7 +173,7 @@ impl<E: Executor> Engine<E> {
     }
 
     fn step_inner(&mut self, report: &mut StepReport) -> Result<()> {
-        self.process_arrivals();
+        self.process_arrivals()?;
         self.poll_imports(report)?;
         self.poll_restores(report)?;
         // The notices are not the index's business: its pages hold references and are never evicted, and a
@@ -184,7 +184,7 @@ impl<E: Executor> Engine<E> {
             entries: Vec::new(),
             budget: self.params.max_batched_tokens,
         };
-        self.schedule_resumes();
+        self.schedule_resumes()?;
         let isolated = self.isolated_logits_step(&mut plan, report)?;
         if !isolated {
             // Q5: no ready import holds the decode pass back.
@@ -208,14 +208,15 @@ impl<E: Executor> Engine<E> {
         self.apply(&plan, report)
     }
 
-    fn process_arrivals(&mut self) {
+    fn process_arrivals(&mut self) -> Result<()> {
         while let Some((&(at, seq), &id)) = self.arriving.first_key_value() {
             if at > self.now {
                 break;
             }
             self.arriving.remove(&(at, seq));
-            self.on_arrival(id);
+            self.on_arrival(id)?;
         }
+        Ok(())
     }
 
     /// Q4: ready imports that restore their whole prompt with saved logits get a step of their own that runs
@@ -236,15 +237,14 @@ impl<E: Executor> Engine<E> {
 
     /// Paused streams that received input run again at once when a slot is free: they bypass the admission
     /// gate, the blocked head and capacity waiters (Q7).
-    fn schedule_resumes(&mut self) {
+    fn schedule_resumes(&mut self) -> Result<()> {
         while let Some(&id) = self.resuming.front() {
             if self.free_slots() == 0 {
                 break;
             }
-            self.resuming.pop_front();
-            self.reqs.get_mut(&id).expect("live").phase = Phase::Running;
-            self.running.push(id);
+            self.move_to(id, Phase::Running)?;
         }
+        Ok(())
     }
 
     /// Running slots free for admissions: the limit minus running requests and ticket-held slots.
@@ -473,10 +473,8 @@ impl<E: Executor> Engine<E> {
         }
         self.capture(id, CheckpointKind::Response)?;
         report.finished.push(id);
-        self.running.retain(|running| *running != id);
-        let req = self.reqs.get_mut(&id).expect("live");
-        if req.spec.streaming {
-            req.phase = Phase::Paused;
+        if self.reqs[&id].spec.streaming {
+            self.move_to(id, Phase::Paused)?;
             self.register_blocks(id)?;
             return Ok(());
         }
