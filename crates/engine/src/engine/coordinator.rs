@@ -22,6 +22,10 @@ use crate::executor::Executor;
 use crate::metrics::FallbackReason;
 use crate::policy::Policy;
 
+/// Checkpoints a restored request may publish while it computes its prompt (the prompt-end capture), each
+/// budgeted in its credits (C2).
+pub(crate) const CAPTURES_PER_RESTORE: u32 = 1;
+
 /// A capacity wait is logged when it starts and every this often after (G5).
 const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -245,7 +249,7 @@ impl<E: Executor> Engine<E> {
                 self.params.chunk_tokens,
             );
             spec.draft_lookahead_tokens = self.params.draft_tokens;
-            spec.captures = 1;
+            spec.captures = CAPTURES_PER_RESTORE;
             let unticketed_prefill_pages = self
                 .running
                 .iter()
@@ -309,8 +313,23 @@ impl<E: Executor> Engine<E> {
         };
         let import = match ticket_pages {
             Some(pages) => {
-                self.index
-                    .stage_into(&mut self.pool, &mut self.copies, self.now, stage, pages)?
+                let import = self.index.stage_into(
+                    &mut self.pool,
+                    &mut self.copies,
+                    self.now,
+                    stage,
+                    pages,
+                )?;
+                // One owner pins and drains the destination pages: the index, which took its own
+                // reference. The ticket hands its references over and keeps its slot and credits.
+                let handed = self
+                    .ledger
+                    .as_mut()
+                    .ok_or_else(|| Error::internal(format!("{id} has a ticket but no ledger")))?
+                    .hand_over_pages(id)
+                    .map_err(|error| Error::internal(format!("{id}: {error}")))?;
+                self.pool.free_all(&handed)?;
+                import
             }
             None => self
                 .index

@@ -68,13 +68,17 @@ impl<E: Executor> Engine<E> {
                 let Some(req) = self.reqs.get(&ticket.req) else {
                     return broken(format!("a ticket of {}, which is not live", ticket.req));
                 };
-                // A ticket budgets every token still to compute: the prompt and, for a request preempted
-                // after it produced output, that output too.
+                // A ticket budgets every token still to compute (the prompt and, for a request preempted
+                // after it produced output, that output too), its draft lookahead, and the captures it may
+                // publish (C2). The engine copies a capture out of the request's own pages, so capture credits
+                // are never drawn: they end with the ticket (C6).
                 let remaining =
                     (req.tokens.len() as u32).div_ceil(tpp) as i64 - req.pages.len() as i64;
-                if i64::from(ticket.credit_pages)
-                    > remaining.max(0) + 2 + i64::from(self.params.draft_tokens.div_ceil(tpp))
-                {
+                let captures = i64::from(
+                    self.params.geometry.capture_pages() * super::coordinator::CAPTURES_PER_RESTORE,
+                );
+                let draft = i64::from(self.params.draft_tokens.div_ceil(tpp));
+                if i64::from(ticket.credit_pages) > remaining.max(0) + captures + draft {
                     return broken(format!(
                         "{} holds {} credits for {remaining} remaining pages",
                         ticket.req, ticket.credit_pages

@@ -280,19 +280,21 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Releases everything `id` holds in the ledger, if there is one. The pages of a ticket whose copy is
-    /// still in flight are given back at once: the resident index's own reference pins them until the copy
-    /// drains (O5), so the ledger's drain set needs no waiting.
+    /// Releases everything `id` holds in the ledger, if there is one: its waiter, or its ticket's slot and
+    /// credits. A ticket holds no page references once its import is staged (they were handed to the index,
+    /// which alone pins and drains them, O5), so a release never leaves the ledger a drain.
     pub(crate) fn release_ticket(&mut self, id: RequestId) {
         let Some(ledger) = self.ledger.as_mut() else {
             return;
         };
         let released = ledger.release(id, &mut self.pool);
-        if let Some(drain) = released.drain
-            && let Err(error) = ledger.pages_drained(drain, &mut self.pool)
-        {
-            // Unreachable: the drain was just returned. Not worth failing the caller for.
-            tracing::error!(request = %id, %error, "settling a drain the ledger just returned");
+        if let Some(drain) = released.drain {
+            // Unreachable: every ticket hands its pages over when its import is staged. Settled rather than
+            // leaked, and reported.
+            tracing::error!(request = %id, "a released ticket still held its import's pages");
+            if let Err(error) = ledger.pages_drained(drain, &mut self.pool) {
+                tracing::error!(request = %id, %error, "settling a ticket's drain");
+            }
         }
     }
 

@@ -219,6 +219,15 @@ impl Ledger {
         })
     }
 
+    /// Hands the page references of `req`'s importing ticket to the caller, who from now on holds them (for
+    /// example a resident index that staged an import into them: it pins the pages while copies write and
+    /// drains them after a cancel, so one owner does both). The ticket keeps its slot and credits; releasing
+    /// it later gives back no pages and no drain.
+    pub fn hand_over_pages(&mut self, req: RequestId) -> Result<Vec<PageId>> {
+        let entry = self.entry_in(req, TicketState::Importing)?;
+        Ok(std::mem::take(&mut entry.import_pages))
+    }
+
     /// The import was published on every rank: the ticket becomes a ready import, still owned by `req`.
     pub fn publish(&mut self, req: RequestId) -> Result<()> {
         let entry = self.entry_in(req, TicketState::Importing)?;
@@ -341,6 +350,9 @@ impl Ledger {
             self.slots_held -= 1;
         }
         match entry.state {
+            TicketState::Importing if entry.import_pages.is_empty() => {
+                // Its pages were handed over: their holder drains them.
+            }
             TicketState::Importing => {
                 let drain = DrainId(self.next_drain);
                 self.next_drain += 1;

@@ -15,6 +15,7 @@ const N_REQUESTS: u64 = 4;
 enum Op {
     Reserve { id: u64, boundary: u32, extra: u32 },
     Publish { id: u64 },
+    HandOver { id: u64 },
     Admit { id: u64 },
     Allocate { id: u64, n_pages: u32 },
     WindowFree { id: u64, n_pages: u32 },
@@ -31,6 +32,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => (id.clone(), 1u32..24, 0u32..24).prop_map(|(id, boundary, extra)| Op::Reserve { id, boundary, extra }),
         2 => id.clone().prop_map(|id| Op::Publish { id }),
+        1 => id.clone().prop_map(|id| Op::HandOver { id }),
         2 => id.clone().prop_map(|id| Op::Admit { id }),
         2 => (id.clone(), 0u32..4).prop_map(|(id, n_pages)| Op::Allocate { id, n_pages }),
         1 => (id.clone(), 0u32..3).prop_map(|(id, n_pages)| Op::WindowFree { id, n_pages }),
@@ -53,6 +55,10 @@ struct World {
     /// the pages of its earlier ticket, but those are no longer the new ticket's).
     ticket_held: Vec<u32>,
     drains: Vec<crate::DrainId>,
+    /// Pages an importing ticket handed over, per request (an index pins them from then on).
+    handed: Vec<Vec<PageId>>,
+    /// Handed-over pages of released tickets, waiting for their copies to drain.
+    handed_draining: Vec<PageId>,
     competitor: Vec<PageId>,
 }
 
@@ -87,6 +93,7 @@ proptest! {
             acquired: vec![Vec::new(); N_REQUESTS as usize],
             ticket_pages: vec![Vec::new(); N_REQUESTS as usize],
             ticket_held: vec![0; N_REQUESTS as usize],
+            handed: vec![Vec::new(); N_REQUESTS as usize],
             ..World::default()
         };
         let mut now = Timestamp::ZERO;
@@ -109,12 +116,29 @@ proptest! {
                     }
                 }
                 Op::Publish { id } => { let _ = ledger.publish(RequestId(id)); }
+                Op::HandOver { id } => {
+                    let idx = id as usize;
+                    if ledger.ticket_state(RequestId(id)) == Some(TicketState::Importing) {
+                        let pages = ledger.hand_over_pages(RequestId(id)).expect("importing");
+                        prop_assert_eq!(&pages, &world.ticket_pages[idx]);
+                        world.ticket_pages[idx].clear();
+                        world.handed[idx].extend(pages);
+                        // A second hand-over gives nothing more.
+                        prop_assert!(ledger.hand_over_pages(RequestId(id)).expect("importing").is_empty());
+                    } else {
+                        let refused = ledger.hand_over_pages(RequestId(id));
+                        prop_assert!(refused.is_err(), "{:?}", refused);
+                    }
+                }
                 Op::Admit { id } => {
                     if ledger.ticket_state(RequestId(id)) == Some(TicketState::Ready) {
                         let pages = std::mem::take(&mut world.ticket_pages[id as usize]);
                         for &page in &pages {
                             pool.touch(page).expect("acquire");
                         }
+                        // Handed-over pages: the consumer takes the holder's references over.
+                        let handed = std::mem::take(&mut world.handed[id as usize]);
+                        world.acquired[id as usize].extend(handed);
                         ledger.admit(RequestId(id), &mut pool).expect("ready");
                         // A request may finish its prompt and restore again while it still holds the pages
                         // of its first import: it keeps both.
@@ -159,6 +183,8 @@ proptest! {
                     }
                     world.ticket_pages[id as usize].clear();
                     world.ticket_held[id as usize] = 0;
+                    let handed = std::mem::take(&mut world.handed[id as usize]);
+                    world.handed_draining.extend(handed);
                     free_request(&mut world, &mut pool, id as usize);
                     prop_assert!(!ledger.holds_anything(RequestId(id)));
                     prop_assert_eq!(ledger.credit_pages_of(RequestId(id)), 0);
@@ -170,6 +196,8 @@ proptest! {
                     if let Some(drain) = world.drains.pop() {
                         ledger.pages_drained(drain, &mut pool).expect("draining");
                     }
+                    let handed = std::mem::take(&mut world.handed_draining);
+                    pool.free_all(&handed).expect("held by the holder");
                 }
                 Op::Compete { n_pages } => {
                     if n_pages <= ledger.available_pages(&pool, &Preflight::default()) {
@@ -194,6 +222,8 @@ proptest! {
             }
             free_request(&mut world, &mut pool, id as usize);
         }
+        let handed: Vec<PageId> = world.handed.concat().into_iter().chain(world.handed_draining.drain(..)).collect();
+        pool.free_all(&handed).expect("held by the holder");
         for drain in std::mem::take(&mut world.drains) {
             ledger.pages_drained(drain, &mut pool).expect("draining");
         }
