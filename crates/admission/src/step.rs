@@ -409,10 +409,7 @@ impl Step<'_> {
         let ledger = ledger.as_deref();
         let available_pages = match ledger {
             Some(ledger) => ledger.available_pages(pool, &preflight),
-            None => pool
-                .n_free()
-                .saturating_sub(preflight.unticketed_prefill_pages)
-                .saturating_sub(preflight.applied_watermark_pages()),
+            None => reservation::pages_available_to_admit(pool.n_free(), 0, &preflight),
         };
         (self.free_slots(ledger), available_pages)
     }

@@ -5,6 +5,7 @@
 mod config;
 mod error;
 mod ledger;
+mod rules;
 mod spec;
 #[cfg(test)]
 mod tests;
@@ -14,4 +15,5 @@ pub use error::{Error, ErrorKind, Result};
 pub use ledger::{
     DrainId, Ledger, LedgerSnapshot, Released, Ticket, TicketState, TicketView, WaiterView,
 };
+pub use rules::{pages_available_to_admit, pages_for_decode, pages_unprotected};
 pub use spec::RestoreSpec;

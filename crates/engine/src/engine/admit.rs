@@ -21,14 +21,15 @@ use crate::policy::Policy;
 impl<E: Executor> Engine<E> {
     /// Admits waiting requests for this step.
     pub(crate) fn admit(&mut self, plan: &mut Plan, report: &mut StepReport) -> Result<()> {
+        // The restore preflight, except that cold admissions count the pages free now, as vLLM's scheduler
+        // does (an in-flight prefill takes its pages chunk by chunk), and that work planned this step counts.
+        let preflight = self.restore_preflight();
         let ctx = StepContext {
-            running_requests: self.running.len() as u32,
+            running_requests: preflight.running_requests,
             max_running_slots: self.params.max_running,
-            // Cold admissions count the pages free now, as vLLM's scheduler does: an in-flight prefill takes
-            // its pages chunk by chunk. A restore's preflight counts those needs (the coordinator, R2).
             unticketed_prefill_pages: 0,
-            watermark_pages: self.params.watermark_pages,
-            other_work_scheduled: !plan.entries.is_empty() || !self.running.is_empty(),
+            watermark_pages: preflight.watermark_pages,
+            other_work_scheduled: preflight.other_work_scheduled || !plan.entries.is_empty(),
             max_admissions: u32::MAX,
         };
         let now = self.now;

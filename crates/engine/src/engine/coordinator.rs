@@ -240,7 +240,7 @@ impl<E: Executor> Engine<E> {
         };
         let tpp = self.params.geometry.tokens_per_page();
         // The ticket's destination pages (`reserved`), or `None` (`pages-only`: the index allocates them).
-        let ticket_pages = if let Some(ledger) = self.ledger.as_mut() {
+        let ticket_pages = if self.ledger.is_some() {
             let req = &self.reqs[&id];
             let mut spec = RestoreSpec::for_geometry(
                 &self.params.geometry,
@@ -250,26 +250,9 @@ impl<E: Executor> Engine<E> {
             );
             spec.draft_lookahead_tokens = self.params.draft_tokens;
             spec.captures = CAPTURES_PER_RESTORE;
-            let unticketed_prefill_pages = self
-                .running
-                .iter()
-                .map(|running| &self.reqs[running])
-                .filter(|running| {
-                    running.in_prefill() && ledger.ticket_state(running.spec.id).is_none()
-                })
-                .map(|running| {
-                    running
-                        .prompt_end
-                        .div_ceil(tpp)
-                        .saturating_sub(running.pages.len() as u32)
-                })
-                .sum();
-            let preflight = Preflight {
-                running_requests: self.running.len() as u32,
-                unticketed_prefill_pages,
-                watermark_pages: self.params.watermark_pages,
-                other_work_scheduled: !self.running.is_empty(),
-            };
+            let preflight = self.restore_preflight();
+            let ledger = self.ledger.as_mut().expect("checked above");
+            let req = &self.reqs[&id];
             match ledger.reserve(&mut self.pool, id, req.order, &spec, &preflight, self.now) {
                 Ok(ticket) => Some(ticket.import_pages),
                 Err(error) => {
@@ -279,12 +262,13 @@ impl<E: Executor> Engine<E> {
             }
         } else {
             // pages-only: the imported pages alone, taken if free now; no slot, no credits, no hold on others.
-            let busy = !self.running.is_empty();
-            let available = self.pool.n_free().saturating_sub(if busy {
-                self.params.watermark_pages
-            } else {
-                0
-            });
+            // The naive fix does not count other prefills' needs either (no R2 beyond the watermark).
+            let preflight = Preflight {
+                unticketed_prefill_pages: 0,
+                ..self.restore_preflight()
+            };
+            let available =
+                reservation::pages_available_to_admit(self.pool.n_free(), 0, &preflight);
             if self.params.restore_max_wait.is_zero() {
                 if blocks > available {
                     self.fall_back(id, FallbackReason::WaitExpired, report)?;
@@ -337,6 +321,30 @@ impl<E: Executor> Engine<E> {
         };
         self.reqs.get_mut(&id).expect("live").restore = Restore::Importing { blocks, import };
         Ok(())
+    }
+
+    /// The preflight of a restore's reservation (R2): what else competes this step, the remaining needs of
+    /// running prefills that hold no ticket included (they take their pages chunk by chunk).
+    pub(crate) fn restore_preflight(&self) -> Preflight {
+        let tpp = self.params.geometry.tokens_per_page();
+        let unticketed_prefill_pages = self
+            .running
+            .iter()
+            .map(|running| &self.reqs[running])
+            .filter(|running| running.in_prefill() && !self.holds_admitted_ticket(running.spec.id))
+            .map(|running| {
+                running
+                    .prompt_end
+                    .div_ceil(tpp)
+                    .saturating_sub(running.pages.len() as u32)
+            })
+            .sum();
+        Preflight {
+            running_requests: self.running.len() as u32,
+            unticketed_prefill_pages,
+            watermark_pages: self.params.watermark_pages,
+            other_work_scheduled: !self.running.is_empty(),
+        }
     }
 
     /// Whether `id`'s capacity wait is over (W1): its ledger waiter expired (with the ledger's one warning),

@@ -35,7 +35,7 @@ impl<E: Executor> Engine<E> {
             .ledger
             .as_ref()
             .map_or(0, |ledger| ledger.credit_pages());
-        self.pool.n_free().saturating_sub(credits)
+        reservation::pages_unprotected(self.pool.n_free(), credits)
     }
 
     /// Grows `id`'s page table to hold `upto_tokens` tokens. `false` (and nothing changed) when the pages
@@ -71,7 +71,7 @@ impl<E: Executor> Engine<E> {
             }
         } else {
             let available = match kind {
-                AllocKind::Decode => self.pool.n_free(),
+                AllocKind::Decode => reservation::pages_for_decode(self.pool.n_free()),
                 AllocKind::Prefill => self.unprotected_free(),
             };
             if need > available {

@@ -18,7 +18,7 @@ impl Ledger {
     ) -> Result<Vec<PageId>> {
         let outstanding = self.entry_in(req, TicketState::Admitted)?.outstanding();
         let excess = n_pages.saturating_sub(outstanding);
-        let unprotected = pool.n_free().saturating_sub(self.credit_pages);
+        let unprotected = crate::rules::pages_unprotected(pool.n_free(), self.credit_pages);
         if excess > unprotected || n_pages > pool.n_free() {
             return Err(Error::Pressure {
                 need_pages: n_pages,

@@ -296,10 +296,7 @@ impl Ledger {
     /// Pages a new request may take now (R2): free pages minus all credits, unticketed prefill needs and the
     /// applied watermark. Capacity waiters' holds are not subtracted (they only hold back later restores).
     pub fn available_pages(&self, pool: &PagePool, preflight: &Preflight) -> u32 {
-        pool.n_free()
-            .saturating_sub(self.credit_pages)
-            .saturating_sub(preflight.unticketed_prefill_pages)
-            .saturating_sub(preflight.applied_watermark_pages())
+        crate::rules::pages_available_to_admit(pool.n_free(), self.credit_pages, preflight)
     }
 
     /// The stage of `req`'s ticket, if it holds one.
