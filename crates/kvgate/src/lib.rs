@@ -18,8 +18,8 @@ pub use error::{Error, Result};
 
 pub use checkpoint_transfer::{CheckpointStore, DiskStore, Fault, HostStore};
 pub use engine::{
-    CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, Policy, RequestMetrics,
-    RequestSpec, RequestView, RunMetrics, STOP_TOKEN, StepReport, output_token,
+    CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, Policy, RejectReason,
+    RequestMetrics, RequestPhase, RequestSpec, RequestView, RunMetrics, STOP_TOKEN, StepReport,
+    output_token,
 };
-pub use kv_pool::{BlockKey, CacheGroup, Geometry, GroupKind, PageId};
-pub use kv_pool::{RequestId, Timestamp};
+pub use kv_pool::{BlockKey, CacheGroup, Geometry, GroupKind, PageId, RequestId, Timestamp};

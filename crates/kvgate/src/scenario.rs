@@ -271,7 +271,12 @@ fn apply(
         Action::Cancel { id } => outcome(&format!("cancel {id}"), engine.cancel(RequestId(*id))),
         Action::Reset { forced } => {
             let name = if *forced { "forced reset" } else { "reset" };
-            outcome(name, engine.reset_prefix_cache(*forced))
+            let result = if *forced {
+                engine.force_reset_prefix_cache()
+            } else {
+                engine.reset_prefix_cache()
+            };
+            outcome(name, result)
         }
         Action::Resume {
             id,
@@ -353,7 +358,7 @@ fn step_json(
             Some((
                 id.to_string(),
                 json!({
-                    "phase": view.phase,
+                    "phase": view.phase.name(),
                     "computed": view.n_computed,
                     "pages": view.n_pages,
                     "ticket": view.has_ticket,

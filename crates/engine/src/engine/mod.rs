@@ -44,7 +44,7 @@ use crate::request::{FinishedRequest, RequestSpec};
 
 use self::req::{Phase, Req, Restore};
 
-pub use self::report::{RequestView, StepReport};
+pub use self::report::{RequestPhase, RequestView, StepReport};
 
 /// The engine: step loop, restore coordinator, executor, policies and metrics.
 pub struct Engine<E: Executor = SimExecutor> {
@@ -290,30 +290,33 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Resets the prefix cache. Not forced: refused, changing nothing, while any import is staged or owned
-    /// (X2) or any page is in use. Forced (X1): preempts running requests, releases every ready import (its
+    /// Resets the prefix cache (X2): refused, changing nothing, while any import is staged or owned or any page
+    /// is in use; `force_reset_prefix_cache` preempts and releases first.
+    pub fn reset_prefix_cache(&mut self) -> Result<()> {
+        if let Err(refused) = self.index.clear(&mut self.pool, &mut self.copies, false) {
+            let checkpoint_transfer::Error::ResetRefused { n_staged, n_owned } = refused else {
+                return Err(refused.into());
+            };
+            return Err(Error::ResetRefusedImports {
+                n_imports: n_staged + n_owned,
+            });
+        }
+        if self.pool.n_in_use() > 0 {
+            return Err(Error::ResetRefusedPagesInUse {
+                n_pages: self.pool.n_in_use(),
+            });
+        }
+        self.pool.reset_prefix_cache()?;
+        Ok(())
+    }
+
+    /// Resets the prefix cache by force (X1): preempts running requests, releases every ready import (its
     /// request falls back to an ordinary lookup), cancels copying imports (their pages drain first), drops the
     /// pages of paused streams, then resets: once no copy is draining every page but the null page is free.
-    pub fn reset_prefix_cache(&mut self, forced: bool) -> Result<()> {
-        if !forced {
-            if let Err(refused) = self.index.clear(&mut self.pool, &mut self.copies, false) {
-                let checkpoint_transfer::Error::ResetRefused { n_staged, n_owned } = refused else {
-                    return Err(refused.into());
-                };
-                return Err(Error::ResetRefusedImports {
-                    n_imports: n_staged + n_owned,
-                });
-            }
-            if self.pool.n_in_use() > 0 {
-                return Err(Error::ResetRefusedPagesInUse {
-                    n_pages: self.pool.n_in_use(),
-                });
-            }
-            self.pool.reset_prefix_cache()?;
-            return Ok(());
-        }
+    /// The next step's report lists the preempted requests (`reset_preempted`) and the fallbacks.
+    pub fn force_reset_prefix_cache(&mut self) -> Result<()> {
         for id in self.running.clone().into_iter().rev() {
-            self.preempt(id, None, false)?;
+            self.preempt_for_reset(id)?;
             self.between_steps.reset_preempted.push(id);
         }
         let with_imports: Vec<RequestId> = self

@@ -243,29 +243,32 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Preempts running `id` by recompute: its pages are freed (their blocks stay cached), its ticket
-    /// released, and it goes back to the waiting queue at its place, through a store lookup first when
-    /// `lookup` (as a newly arrived request would: its prompt-end checkpoint may restore it).
-    pub(crate) fn preempt(
-        &mut self,
-        id: RequestId,
-        report: Option<&mut StepReport>,
-        lookup: bool,
-    ) -> Result<()> {
+    /// Preempts running `id` by recompute from the running pass (Q6): its pages are freed (their blocks stay
+    /// cached), its ticket released, and it asks the store again as a newly arrived request would (its
+    /// prompt-end checkpoint may restore it; within its lookup budget, K3), at its place in the order.
+    pub(crate) fn preempt(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
+        self.give_up_running(id)?;
+        report.preempted.push(id);
+        self.on_arrival(id)
+    }
+
+    /// Preempts running `id` for a forced reset (X1): as `preempt`, but straight back to the waiting queue,
+    /// since the reset empties the cache a lookup would read.
+    pub(crate) fn preempt_for_reset(&mut self, id: RequestId) -> Result<()> {
+        self.give_up_running(id)?;
+        self.enqueue_waiting(id, None)
+    }
+
+    /// What both preemptions do: cancel a restore at once still copying, release the ticket, free the pages,
+    /// count the preemption.
+    fn give_up_running(&mut self, id: RequestId) -> Result<()> {
         self.cancel_loading(id)?;
         self.release_ticket(id);
         self.free_request_pages(id)?;
         let req = self.reqs.get_mut(&id).expect("live");
         req.metrics.preemptions += 1;
         req.restore = Restore::Idle;
-        if let Some(report) = report {
-            report.preempted.push(id);
-        }
-        if lookup {
-            self.on_arrival(id)
-        } else {
-            self.enqueue_waiting(id, None)
-        }
+        Ok(())
     }
 
     /// Cancels an `ordinary` restore still copying into `id`'s pages: they hold nothing valid yet, so they

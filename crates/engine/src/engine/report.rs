@@ -60,11 +60,51 @@ impl StepReport {
     }
 }
 
+/// Where a live request is in its lifecycle (the engine's `lifecycle.rs` draws the edges).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RequestPhase {
+    /// Submitted with a future arrival time.
+    Arriving,
+    /// In the waiting queue for ordinary admission.
+    Waiting,
+    /// With the restore coordinator: lookup pending, capacity wait or copy in flight.
+    Restoring,
+    /// A published import it owns, waiting for admission (`reserved`).
+    Ready,
+    /// Holds a running slot.
+    Running,
+    /// A streaming session between inputs.
+    Paused,
+    /// A paused session that received input, about to run again.
+    Resuming,
+}
+
+impl RequestPhase {
+    /// The phase's lower-case name, as traces print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RequestPhase::Arriving => "arriving",
+            RequestPhase::Waiting => "waiting",
+            RequestPhase::Restoring => "restoring",
+            RequestPhase::Ready => "ready",
+            RequestPhase::Running => "running",
+            RequestPhase::Paused => "paused",
+            RequestPhase::Resuming => "resuming",
+        }
+    }
+}
+
+impl std::fmt::Display for RequestPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Where a live request is, for tests and traces.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestView {
-    /// State name: arriving, waiting, restoring, ready, running, paused, resuming.
-    pub phase: &'static str,
+    /// Its lifecycle phase.
+    pub phase: RequestPhase,
     /// Tokens whose KV is computed or restored.
     pub n_computed: u32,
     /// Pages in its page table.
@@ -109,13 +149,13 @@ impl<E: Executor> Engine<E> {
         let req = self.reqs.get(&id)?;
         Some(RequestView {
             phase: match req.phase {
-                Phase::Arriving => "arriving",
-                Phase::Waiting => "waiting",
-                Phase::Restoring => "restoring",
-                Phase::Ready => "ready",
-                Phase::Running => "running",
-                Phase::Paused => "paused",
-                Phase::Resuming => "resuming",
+                Phase::Arriving => RequestPhase::Arriving,
+                Phase::Waiting => RequestPhase::Waiting,
+                Phase::Restoring => RequestPhase::Restoring,
+                Phase::Ready => RequestPhase::Ready,
+                Phase::Running => RequestPhase::Running,
+                Phase::Paused => RequestPhase::Paused,
+                Phase::Resuming => RequestPhase::Resuming,
             },
             n_computed: req.n_computed,
             n_pages: req.pages.len() as u32,

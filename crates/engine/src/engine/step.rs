@@ -348,9 +348,9 @@ impl<E: Executor> Engine<E> {
                     self.reqs[victim].loading.is_none() && !self.holds_admitted_ticket(*victim)
                 });
             match victim {
-                Some(victim) => self.preempt(victim, Some(report), true)?,
+                Some(victim) => self.preempt(victim, report)?,
                 None if self.holds_admitted_ticket(id) => idx += 1,
-                None => self.preempt(id, Some(report), true)?,
+                None => self.preempt(id, report)?,
             }
             // Retry the same index: either `id` again with more free pages, or the next request.
         }

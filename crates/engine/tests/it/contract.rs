@@ -53,7 +53,7 @@ fn step_until(
 fn phase(engine: &Engine, id: u64) -> &'static str {
     engine
         .request(RequestId(id))
-        .map_or("gone", |view| view.phase)
+        .map_or("gone", |view| view.phase.name())
 }
 
 /// Runs `prompt` once as request `id` so its checkpoints land in the store, then drops the local prefix cache.
@@ -74,7 +74,7 @@ pub(crate) fn seed_checkpoint(
         .unwrap()
         .output
         .clone();
-    engine.reset_prefix_cache(false).unwrap();
+    engine.reset_prefix_cache().unwrap();
     output
 }
 
@@ -356,7 +356,7 @@ fn x1_forced_reset_preempts_releases_imports_and_frees_every_page() {
             .request(RequestId(4))
             .is_some_and(|view| view.has_ticket)
     });
-    engine.reset_prefix_cache(true).unwrap();
+    engine.force_reset_prefix_cache().unwrap();
     assert_eq!(
         phase(&engine, 2),
         "waiting",
@@ -381,7 +381,7 @@ fn x1_forced_reset_preempts_releases_imports_and_frees_every_page() {
     engine.cancel(RequestId(4)).unwrap();
     let _steps = engine.run_until_idle(1000).expect("run");
     assert!(engine.is_idle());
-    engine.reset_prefix_cache(true).unwrap();
+    engine.force_reset_prefix_cache().unwrap();
     assert_eq!(
         engine.pool().n_free(),
         engine.pool().n_usable(),
@@ -408,7 +408,7 @@ fn x2_non_forced_reset_fails_while_an_import_is_staged_and_changes_nothing() {
             .is_some_and(|view| view.has_ticket)
     });
     let (free, cached) = (engine.pool().n_free(), engine.pool().n_cached_free());
-    let error = engine.reset_prefix_cache(false).unwrap_err();
+    let error = engine.reset_prefix_cache().unwrap_err();
     assert!(
         matches!(error, Error::ResetRefusedImports { n_imports: 1 }),
         "{error}"
@@ -709,7 +709,7 @@ fn e2_response_checkpoint_is_reusable_after_a_stop_token_or_a_length_cap() {
             output.len(),
             stop_after.map_or(2 * TPP as usize, |stop| stop as usize)
         );
-        engine.reset_prefix_cache(false).unwrap();
+        engine.reset_prefix_cache().unwrap();
         let next = [prompt, output, vec![9; 20]].concat();
         let response_blocks = (next.len() as u32 - 20 - 1) / TPP;
         engine.submit(spec(2, next, 2, engine.now())).unwrap();

@@ -49,7 +49,7 @@ fn consumer_keeps_its_credits(order: Order, chunk_tokens: u32, restored_pages: u
             engine.submit(consumer).expect("submit");
             while engine
                 .request(RequestId(3))
-                .is_some_and(|view| view.phase != "running")
+                .is_some_and(|view| view.phase != engine::RequestPhase::Running)
             {
                 engine.step().expect("step");
             }

@@ -273,7 +273,11 @@ fn apply(engine: &mut Engine, call: &Call) {
             let _result = engine.close_stream(RequestId(id));
         }
         Call::Reset { forced } => {
-            let _result = engine.reset_prefix_cache(forced);
+            let _result = if forced {
+                engine.force_reset_prefix_cache()
+            } else {
+                engine.reset_prefix_cache()
+            };
         }
         Call::Step => {
             engine.step().unwrap();

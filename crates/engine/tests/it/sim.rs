@@ -91,7 +91,12 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
             45..=46 => {
                 let forced = rng.below(2) == 0;
                 let before = engine.pool().n_free();
-                if engine.reset_prefix_cache(forced).is_err() {
+                let reset = if forced {
+                    engine.force_reset_prefix_cache()
+                } else {
+                    engine.reset_prefix_cache()
+                };
+                if reset.is_err() {
                     assert!(!forced, "a forced reset succeeds");
                     assert_eq!(
                         engine.pool().n_free(),
@@ -170,7 +175,7 @@ fn close_paused_streams(engine: &mut Engine, live: &mut BTreeMap<u64, usize>) {
     for &id in live.keys() {
         if engine
             .request(RequestId(id))
-            .is_some_and(|view| view.phase == "paused")
+            .is_some_and(|view| view.phase == engine::RequestPhase::Paused)
         {
             engine
                 .close_stream(RequestId(id))

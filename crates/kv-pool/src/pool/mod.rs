@@ -450,12 +450,6 @@ impl PagePool {
             .collect()
     }
 
-    /// Same as `free_pages_in_reuse_order` (the name from before uncached pages were reused first; a
-    /// prefix of it is no longer in LRU order). O(n); for tests and diagnostics.
-    pub fn free_pages_lru(&self) -> Vec<PageId> {
-        self.free_pages_in_reuse_order()
-    }
-
     /// Cached free pages (holding a key) from the LRU end (next to be evicted) to the MRU end. O(n); for
     /// tests and diagnostics.
     pub fn cached_free_pages_lru(&self) -> Vec<PageId> {

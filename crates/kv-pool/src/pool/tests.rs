@@ -22,7 +22,7 @@ fn new_counts_pages_and_rejects_tiny_pools() {
     assert_eq!(pool.n_free(), 4);
     assert_eq!(pool.n_cached_free(), 0);
     assert_eq!(pool.n_in_use(), 0);
-    assert_eq!(pool.free_pages_lru(), ids(&[1, 2, 3, 4]));
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[1, 2, 3, 4]));
     pool.check_invariants();
     assert_eq!(
         PagePool::new(0).unwrap_err(),
@@ -60,7 +60,7 @@ fn allocate_is_all_or_nothing() {
         }
     );
     assert_eq!(pool.n_free(), 3);
-    assert_eq!(pool.free_pages_lru(), ids(&[1, 2, 3]));
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[1, 2, 3]));
     pool.allocate(3).unwrap();
     assert_eq!(
         pool.allocate(1).unwrap_err(),
@@ -133,7 +133,7 @@ fn uncached_free_pages_are_reused_most_recently_freed_first() {
     pool.free(pages[2]).unwrap();
     pool.free(pages[0]).unwrap();
     assert_eq!(pool.free_pages_in_reuse_order(), ids(&[1, 3]));
-    assert_eq!(pool.free_pages_lru(), ids(&[1, 3]), "the older name");
+    assert_eq!(pool.free_pages_in_reuse_order(), ids(&[1, 3]));
     assert_eq!(pool.cached_free_pages_lru(), ids(&[]));
     assert_eq!(pool.allocate(1).unwrap(), ids(&[1]));
     assert_eq!(pool.allocate(1).unwrap(), ids(&[3]));
@@ -249,7 +249,7 @@ fn free_all_frees_in_reverse_order() {
 fn free_all_validates_everything_before_changing_anything() {
     let mut pool = PagePool::new(5).unwrap();
     let pages = pool.allocate(3).unwrap();
-    let before = pool.free_pages_lru();
+    let before = pool.free_pages_in_reuse_order();
     let bad_inputs: [(Vec<PageId>, Error); 4] = [
         (vec![pages[0], PageId::NULL], Error::NullPage),
         (
@@ -272,7 +272,7 @@ fn free_all_validates_everything_before_changing_anything() {
             expected,
             "input {input:?}"
         );
-        assert_eq!(pool.free_pages_lru(), before);
+        assert_eq!(pool.free_pages_in_reuse_order(), before);
         for &page in &pages {
             assert_eq!(pool.ref_count(page), Ok(1));
         }
@@ -299,7 +299,7 @@ fn touch_takes_a_free_page_back_and_keeps_its_key() {
     );
     assert_eq!(pool.ref_count(page), Ok(1));
     assert_eq!(pool.lookup(&key(1)), Some(page));
-    assert!(!pool.free_pages_lru().contains(&page));
+    assert!(!pool.free_pages_in_reuse_order().contains(&page));
     assert!(pool.take_evictions().is_empty());
     pool.check_invariants();
 }

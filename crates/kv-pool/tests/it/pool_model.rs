@@ -255,7 +255,7 @@ fn assert_agrees(pool: &mut PagePool, model: &mut Model, universe: &[Vec<BlockKe
         .copied()
         .collect();
     assert_eq!(pool.free_pages_in_reuse_order(), reuse_order);
-    assert_eq!(pool.free_pages_lru(), reuse_order);
+    assert_eq!(pool.free_pages_in_reuse_order(), reuse_order);
     for page in 1..model.n_pages {
         let page = PageId(page);
         let ref_count = pool.ref_count(page).unwrap();

@@ -63,8 +63,11 @@ impl Ledger {
     /// (C6). The consumer's pages are its own from now on.
     pub fn finish_prompt(&mut self, req: RequestId) -> Result<()> {
         self.entry_in(req, TicketState::Admitted)?;
-        let released = self.release_ticket(req, None);
-        debug_assert!(released.drain.is_none() && !released.slot);
+        let removed = self.remove_ticket(req);
+        debug_assert!(
+            removed
+                .is_some_and(|(entry, released)| entry.import_pages.is_empty() && !released.slot)
+        );
         Ok(())
     }
 }

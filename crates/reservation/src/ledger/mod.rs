@@ -255,7 +255,7 @@ impl Ledger {
     /// `pages_drained` (O5). Also the cancel path.
     pub fn release(&mut self, req: RequestId, pool: &mut PagePool) -> Released {
         let waiter = self.forget_waiter(req);
-        let mut released = self.release_ticket(req, Some(pool));
+        let mut released = self.release_ticket(req, pool);
         released.waiter = waiter;
         released
     }
@@ -331,13 +331,11 @@ impl Ledger {
         Ok(entry)
     }
 
-    /// Removes `req`'s ticket; with `pool`, a ready import's references are dropped now and an importing
-    /// one's pages go to a drain.
-    fn release_ticket(&mut self, req: RequestId, pool: Option<&mut PagePool>) -> Released {
-        let Some(entry) = self.tickets.remove(&req) else {
-            return Released::default();
-        };
-        let mut released = Released {
+    /// Removes `req`'s ticket, giving back its slot and outstanding credits; the entry's pages are the
+    /// caller's to settle (`release` does, by the ticket's state).
+    fn remove_ticket(&mut self, req: RequestId) -> Option<(TicketEntry, Released)> {
+        let entry = self.tickets.remove(&req)?;
+        let released = Released {
             slot: entry.holds_slot(),
             credit_pages: entry.outstanding(),
             ..Released::default()
@@ -346,6 +344,15 @@ impl Ledger {
         if released.slot {
             self.slots_held -= 1;
         }
+        Some((entry, released))
+    }
+
+    /// Removes `req`'s ticket and settles its pages: a ready import's references are dropped now, an
+    /// importing one's pages (unless handed over) go to a drain.
+    fn release_ticket(&mut self, req: RequestId, pool: &mut PagePool) -> Released {
+        let Some((entry, mut released)) = self.remove_ticket(req) else {
+            return Released::default();
+        };
         match entry.state {
             TicketState::Importing if entry.import_pages.is_empty() => {
                 // Its pages were handed over: their holder drains them.
@@ -357,13 +364,11 @@ impl Ledger {
                 released.drain = Some(drain);
             }
             TicketState::Ready => {
-                if let Some(pool) = pool {
-                    let freed = pool.free_all(&entry.import_pages);
-                    debug_assert!(
-                        freed.is_ok(),
-                        "ticket pages of {req} not referenced: {freed:?}"
-                    );
-                }
+                let freed = pool.free_all(&entry.import_pages);
+                debug_assert!(
+                    freed.is_ok(),
+                    "ticket pages of {req} not referenced: {freed:?}"
+                );
                 released.freed_import_pages = entry.import_pages.len() as u32;
             }
             TicketState::Admitted => {}
