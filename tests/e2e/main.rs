@@ -1,5 +1,9 @@
 //! The workspace's end-to-end tests: scenario traces and a small agents run as insta snapshots, and the
 //! `kvgate` binary's answers to bad input (a few by hand, and the corpus under `tests/bad_inputs/`).
+#![allow(
+    clippy::disallowed_methods,
+    reason = "end-to-end tests time the binary and set its environment"
+)]
 
 mod agents;
 mod bad_inputs;

@@ -3,7 +3,8 @@
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
-    reason = "xtask is a command-line tool"
+    clippy::disallowed_methods,
+    reason = "xtask is a command-line tool: it prints, reads the environment and times benchmarks"
 )]
 
 mod bench;
@@ -118,4 +119,22 @@ fn cargo_env(root: &Path, args: &[&str], env: &[(&str, &str)]) -> Result<(), Str
 
 pub(crate) fn cargo_bin() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string())
+}
+
+/// The repository's own checks as ordinary tests, so that a plain `cargo test` catches them too.
+#[cfg(test)]
+mod checks {
+    #[test]
+    fn every_crate_depends_only_on_the_layers_below_it() {
+        if let Err(problems) = super::layers::check(&super::root()) {
+            panic!("{problems}");
+        }
+    }
+
+    #[test]
+    fn the_repository_is_tidy() {
+        if let Err(problems) = super::tidy::check(&super::root()) {
+            panic!("{problems}");
+        }
+    }
 }

@@ -5,6 +5,7 @@
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
+    clippy::disallowed_methods,
     reason = "a bench binary reports on stdout and stderr"
 )]
 

@@ -1,5 +1,6 @@
 //! Admission tests pinning R2-R5, Q1, Q8, W1 and G1's restore at once at the step level, and the FCFS
 //! property test.
+#![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -3,6 +3,7 @@
 //! same run (`memcpy_gib_s`); target ratio >= 0.8. `restore_host_1worker_gib_s` is the same restore on one
 //! worker thread, the like-for-like comparison with memcpy. With `--gpu` and a driver: `CudaCopyEngine` restore GiB/s and the pinned upload baseline.
 //! Prints progress on stderr and one JSON object on stdout.
+#![allow(clippy::disallowed_methods, reason = "a bench times itself")]
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,

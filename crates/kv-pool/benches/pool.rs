@@ -2,6 +2,7 @@
 //! baseline measured in the same run, and a prefix hit (`longest_prefix` over a cached chain) per block.
 //! Prints progress on stderr and one JSON object on stdout. Flags: `--quick` (fewer iterations); `--gpu`
 //! and anything else (cargo passes `--bench`) are ignored.
+#![allow(clippy::disallowed_methods, reason = "a bench times itself")]
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,

@@ -238,6 +238,10 @@ impl EngineConfig {
 
     /// This config with `restore.max_wait_s` taken from `KVGATE_RESTORE_MAX_WAIT_S` when that is set. The
     /// facade is the only place that reads the environment.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the facade is the one place that reads the environment"
+    )]
     pub fn with_env_overrides(self) -> Result<EngineConfig> {
         match std::env::var_os(RESTORE_MAX_WAIT_ENV) {
             Some(value) => self.with_restore_max_wait_env(&value.to_string_lossy()),

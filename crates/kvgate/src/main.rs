@@ -2,7 +2,8 @@
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
-    reason = "a command-line tool prints its results"
+    clippy::disallowed_methods,
+    reason = "a command-line tool prints its results, reads its environment and times its runs"
 )]
 
 use std::io::IsTerminal;

@@ -81,6 +81,10 @@ pub fn run_replay(
     let total = trace.len() as u64;
     let mut next = 0usize;
     let mut finished = 0u64;
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "wall time paces the progress report only"
+    )]
     let started = Instant::now();
     loop {
         // Hand over every request that has arrived; when the engine has nothing to do, the next one.

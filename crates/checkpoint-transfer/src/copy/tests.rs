@@ -1,6 +1,10 @@
 //! Copy engines: modeled timing and fault injection of the inline engine, real bytes and drain semantics of
 //! the threaded engine, and the CUDA engine (skipped, saying why, without a driver).
 #![allow(
+    clippy::disallowed_methods,
+    reason = "tests time real copies and read their environment"
+)]
+#![allow(
     clippy::print_stderr,
     reason = "a CUDA test says on stderr that it skipped and why"
 )]

@@ -1,5 +1,6 @@
 //! The resident index against a real `PagePool`, `HostStorage` and the deterministic inline copy engine:
 //! O1-O7, stage validation (R4's data half), captures, and a proptest over random interleavings.
+#![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -73,6 +73,10 @@ impl<E: Executor> Engine<E> {
     /// Either leaves the engine as it was at the error: a server drops it (or cancels the named requests)
     /// and keeps serving.
     pub fn step(&mut self) -> Result<StepReport> {
+        #[allow(
+            clippy::disallowed_methods,
+            reason = "wall time feeds only the wall_seconds metric, never a decision"
+        )]
         let wall_start = Instant::now();
         let mut report = std::mem::take(&mut self.between_steps);
         self.step_inner(&mut report)?;

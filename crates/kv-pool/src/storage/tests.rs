@@ -1,5 +1,9 @@
 //! Tests of page storage: host round trips, alignment, copies, every error, concurrent writers; CUDA tests
 //! (`cuda_*`) print that they skipped when no driver is present, and fail then if `KVGATE_REQUIRE_GPU=1`.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "GPU tests read KVGATE_REQUIRE_GPU"
+)]
 
 use std::sync::Arc;
 

@@ -1,5 +1,6 @@
 //! Tests of the scenario runner on hostile files: huge times, sizes and step counts are errors naming the
 //! field and the limit, and an idle engine jumps to a late event instead of stepping to it.
+#![allow(clippy::disallowed_methods, reason = "a test times a long idle run")]
 
 use std::time::Instant;
 

@@ -1,5 +1,6 @@
 //! Property tests over random sequences of reserve / publish / admit / allocate / window free / finish /
 //! cancel / drain / competitor allocate and free / clock advance on a small pool.
+#![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
 use std::time::Duration;
 

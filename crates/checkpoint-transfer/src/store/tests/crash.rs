@@ -4,6 +4,10 @@
 //! directory and checks that no completed checkpoint was lost, nothing partial loads, and no orphan file is
 //! left after that clean open. Then the next child goes on in the same directory.
 #![allow(
+    clippy::disallowed_methods,
+    reason = "the crash test reads its seed and role from the environment"
+)]
+#![allow(
     clippy::print_stdout,
     clippy::print_stderr,
     reason = "the child reports its operations to the parent on stdout; the seed is printed"

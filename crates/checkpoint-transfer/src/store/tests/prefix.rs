@@ -2,6 +2,7 @@
 //! attention-only layouts, whole checkpoints only for layouts with a recurrent or auxiliary group, recency,
 //! both tiers (the disk store after reopen), and the block-key index staying in step with the stored
 //! checkpoints through supersede, eviction and removal (a proptest against a scan).
+#![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
 use std::sync::Arc;
 
