@@ -2,16 +2,23 @@
 //! index (`checkpoint_transfer::ResidentIndex`: every import), the reservation ledger (`reserved` only) and
 //! every live request, and exposes the API the facade drives step by step.
 //!
-//! Page references of an import: under `reserved` the ledger's ticket allocates the destination pages (R1)
-//! and the index takes its own reference on them (`ResidentIndex::stage_into`); the ticket's reference goes
-//! at `Ledger::admit` or `release` (a cancelled copy's drain set is settled at once: the index's reference
-//! alone pins the pages until the copy drains, O5). Under `ordinary` and `pages-only` the index allocates
-//! them (`ResidentIndex::stage`). The consumer takes its own references through the prefix-hit path
-//! (`ResidentIndex::acquire`, O4), or, for an `ordinary` restore admitted at once, when it is staged.
+//! Who holds each page reference of an import, per policy (the pool counts them; `check_invariants` checks
+//! that every reference has exactly one of these owners):
+//!
+//! | import stage                      | `ordinary` (restore at once)        | `pages-only`                  | `reserved`, `oracle`                                  |
+//! |-----------------------------------|-------------------------------------|-------------------------------|-------------------------------------------------------|
+//! | reserved                          | -                                   | -                             | the ticket (`Ledger::reserve` allocates them, R1)     |
+//! | staged (copying)                  | the index and the admitted request  | the index (`stage` allocates) | the index (`stage_into`; the ticket hands its refs over) |
+//! | published, not admitted           | -                                   | nobody: cached, evictable     | the index (an owned ready import, O3)                 |
+//! | admitted                          | the request                         | the request (if still cached) | the request (`ResidentIndex::acquire`, O4)            |
+//! | cancelled or failed while copying | the index until drained (O5, O7)    | the index until drained       | the index until drained                               |
+//!
+//! One owner drains: the index, whichever the policy. The ledger under `reserved` keeps the ticket's slot and
+//! credits, never its pages, once the import is staged (`Ledger::hand_over_pages`).
 //!
 //! Layout: this file holds the `Engine` type, its construction and the request API (submit, cancel, resume,
 //! reset); `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator;
-//! `pages.rs` page-level work; `req.rs` a live request; `report.rs` `StepReport`, `RequestView` and the
+//! `pages.rs` page-level work; `req.rs` a live request; `lifecycle.rs` the lifecycle's edges (`move_to`); `report.rs` `StepReport`, `RequestView` and the
 //! read-only accessors; `invariants.rs` `check_invariants` and the leak count.
 
 mod admit;
