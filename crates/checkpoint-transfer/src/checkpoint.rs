@@ -188,11 +188,12 @@ impl CheckpointMeta {
                 let live_start = match *kind {
                     GroupKind::Full => 0,
                     GroupKind::SlidingWindow {
-                        window,
-                        retained_tail,
-                    } => boundary.saturating_sub(window as usize + retained_tail as usize),
-                    GroupKind::ChunkedLocal { chunk } => {
-                        let chunk = (chunk as usize).max(1);
+                        window_tokens,
+                        retained_tail_tokens,
+                    } => boundary
+                        .saturating_sub(window_tokens as usize + retained_tail_tokens as usize),
+                    GroupKind::ChunkedLocal { chunk_tokens } => {
+                        let chunk = (chunk_tokens as usize).max(1);
                         boundary / chunk * chunk
                     }
                     GroupKind::Recurrent | GroupKind::Auxiliary => return false,

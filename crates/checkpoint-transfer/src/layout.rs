@@ -11,17 +11,17 @@ use crate::error::Mismatch;
 pub enum GroupKind {
     /// Full attention: one page per `tokens_per_page` tokens.
     Full,
-    /// Sliding-window attention over `window` tokens, keeping `retained_tail` extra tokens.
+    /// Sliding-window attention over `window_tokens` tokens, keeping `retained_tail_tokens` extra tokens.
     SlidingWindow {
         /// Window in tokens.
-        window: u32,
+        window_tokens: u32,
         /// Retained tail in tokens.
-        retained_tail: u32,
+        retained_tail_tokens: u32,
     },
-    /// Chunked-local attention with chunks of `chunk` tokens.
+    /// Chunked-local attention with chunks of `chunk_tokens` tokens.
     ChunkedLocal {
         /// Chunk in tokens.
-        chunk: u32,
+        chunk_tokens: u32,
     },
     /// Recurrent state: one state page per checkpoint.
     Recurrent,
@@ -34,10 +34,10 @@ impl std::fmt::Display for GroupKind {
         match self {
             GroupKind::Full => write!(f, "full"),
             GroupKind::SlidingWindow {
-                window,
-                retained_tail,
-            } => write!(f, "sliding({window}+{retained_tail})"),
-            GroupKind::ChunkedLocal { chunk } => write!(f, "chunked({chunk})"),
+                window_tokens,
+                retained_tail_tokens,
+            } => write!(f, "sliding({window_tokens}+{retained_tail_tokens})"),
+            GroupKind::ChunkedLocal { chunk_tokens } => write!(f, "chunked({chunk_tokens})"),
             GroupKind::Recurrent => write!(f, "recurrent"),
             GroupKind::Auxiliary => write!(f, "auxiliary"),
         }

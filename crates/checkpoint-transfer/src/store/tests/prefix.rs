@@ -173,8 +173,8 @@ fn g6_a_layout_with_a_recurrent_or_auxiliary_group_never_restores_a_strict_prefi
 #[test]
 fn sliding_window_prefix_needs_the_window_pages_at_its_boundary() {
     let window = GroupKind::SlidingWindow {
-        window: 8,
-        retained_tail: 0,
+        window_tokens: 8,
+        retained_tail_tokens: 0,
     };
     // At 40 tokens the window group holds blocks 8 and 9 only: a prefix at 9 blocks needs blocks 7 and 8.
     let late = checkpoint_for_groups(
@@ -193,7 +193,10 @@ fn sliding_window_prefix_needs_the_window_pages_at_its_boundary() {
     let chunked = checkpoint_for_groups(
         "chunked",
         &tokens(40),
-        vec![GroupKind::Full, GroupKind::ChunkedLocal { chunk: 16 }],
+        vec![
+            GroupKind::Full,
+            GroupKind::ChunkedLocal { chunk_tokens: 16 },
+        ],
         &[(1, Some(8)), (1, Some(9))],
     );
     assert!(chunked.meta.restores_block_prefix(9), "chunk [32, 36)");
