@@ -4,7 +4,7 @@
 
 use kv_pool::PagePool;
 use kv_pool::RequestId;
-use reservation::{Ledger, RestoreSpec};
+use reservation::Ledger;
 
 use crate::queue::WaitingQueue;
 
@@ -28,12 +28,8 @@ pub enum Candidate {
         /// Import pages plus first-chunk pages plus free cached hits.
         need_pages: u32,
     },
-    /// A restore whose lookup is unanswered or whose copies are in flight: it schedules nothing this step.
-    RestorePending,
     /// A published import owned by this request (it holds a ticket): admit it.
     RestoreReady,
-    /// A restore with an answered lookup that needs its ticket from the ledger.
-    RestoreNeedsTicket(RestoreSpec),
 }
 
 /// An admission for the host to carry out at once.
@@ -75,8 +71,6 @@ impl Admit {
 /// Why a restore recomputes instead.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum FallbackCause {
-    /// The ledger refused its ticket for good (impossible, expired or invalid); its ledger state is released.
-    Refused(reservation::Error),
     /// A restore at once did not fit now, or the host could not start it (`Admit::RestoreAtOnce` declined).
     NotAtOnce {
         /// Pages it needed.
@@ -84,8 +78,6 @@ pub enum FallbackCause {
         /// Pages available to it.
         available_pages: u32,
     },
-    /// It needs a ticket but the host has no ledger (a policy without reservations, G1): nothing is reserved.
-    NoLedger,
 }
 
 /// What a step reads and updates, borrowed from the host for one operation at a time.

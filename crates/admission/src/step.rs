@@ -1,12 +1,13 @@
 //! One admission step: walk the waiting queue and the ready-import list together, in order, from their head,
 //! admitting cold requests that fit (free slot, free pages after credits, unticketed prefills and the
-//! watermark), ready imports, and restores at once, and reserving tickets for restores, until the head
-//! blocks; then walk only the ready-import list (Q1). Each admission is carried out by the host at once. A
+//! watermark), ready imports, and restores at once, until the head blocks; then walk only the ready-import
+//! list (Q1). Restores that still need a ticket are not in the walk: the host's restore coordinator reserves
+//! them (the engine's `coordinator.rs`), so a pending restore costs a step one poll there (Q8). Each admission is carried out by the host at once. A
 //! step examines the requests it admits, the blocked head and the ready imports: never the rest of the queue
 //! (Q8).
 
-use kv_pool::{AdmissionOrder, RequestId, Timestamp};
-use reservation::{ErrorKind, Ledger, Preflight, Ticket};
+use kv_pool::{AdmissionOrder, RequestId};
+use reservation::{Ledger, Preflight};
 
 use crate::host::{AdmissionHost, Admit, Candidate, FallbackCause, HostState};
 use crate::queue::WaitingQueue;
@@ -66,11 +67,6 @@ pub enum Decision {
         /// Pages it said it needs.
         need_pages: u32,
     },
-    /// A ticket was granted: start copying into `ticket.import_pages`. The request keeps waiting (importing).
-    Reserved {
-        /// The granted ticket.
-        ticket: Ticket,
-    },
     /// The restore was given up (ledger state cleared); the request recomputes (an `AdmitCold` follows if it
     /// fits now).
     FellBack {
@@ -109,10 +105,6 @@ pub enum BlockReason {
     },
     /// The step's token budget is spent.
     OutOfBudget,
-    /// The ledger refused the restore's ticket for pressure; it is a capacity waiter.
-    RestorePressure(reservation::Error),
-    /// A restore whose lookup is unanswered or whose copies are in flight.
-    RestorePending,
     /// The step reached `max_admissions`.
     AdmissionLimit,
 }
@@ -135,20 +127,16 @@ pub struct StepDecisions {
     pub blocked: Option<BlockedHead>,
     /// Requests examined (calls to `AdmissionHost::examine`).
     pub examined: u32,
-    /// Restore polls: examinations that answered a pending restore or one needing a ticket.
-    pub restore_polls: u32,
 }
 
 /// One admission step (R2-R5, Q1-Q3, Q8, W1, and G1's restore at once) over the host's queues. See the
 /// module doc. Errors only with the host's own errors.
 pub fn schedule_step<H: AdmissionHost>(
     ctx: &StepContext,
-    now: Timestamp,
     host: &mut H,
 ) -> Result<StepDecisions, H::Error> {
     let mut step = Step {
         ctx,
-        now,
         running: ctx.running_requests,
         admitted: 0,
         out: StepDecisions::default(),
@@ -216,7 +204,6 @@ fn next_entry(
 /// Running totals of one step.
 struct Step<'a> {
     ctx: &'a StepContext,
-    now: Timestamp,
     running: u32,
     admitted: u32,
     out: StepDecisions,
@@ -260,31 +247,6 @@ impl Step<'_> {
             Candidate::RestoreReady => {
                 self.admit(host, order, Admit::Ready { req })?;
                 Ok(None)
-            }
-            Candidate::RestorePending => {
-                self.out.restore_polls += 1;
-                Ok(Some(BlockReason::RestorePending))
-            }
-            Candidate::RestoreNeedsTicket(spec) => {
-                self.out.restore_polls += 1;
-                let preflight = self.preflight();
-                let HostState { ledger, pool, .. } = host.state();
-                let Some(ledger) = ledger else {
-                    return self.fall_back(host, order, req, FallbackCause::NoLedger);
-                };
-                match ledger.reserve(pool, req, order, &spec, &preflight, self.now) {
-                    Ok(ticket) => {
-                        self.out.decisions.push(Decision::Reserved { ticket });
-                        Ok(Some(BlockReason::RestorePending))
-                    }
-                    Err(cause) if cause.kind() == ErrorKind::Pressure => {
-                        Ok(Some(BlockReason::RestorePressure(cause)))
-                    }
-                    Err(cause) => {
-                        let _cleared = ledger.release(req, pool);
-                        self.fall_back(host, order, req, FallbackCause::Refused(cause))
-                    }
-                }
             }
         }
     }

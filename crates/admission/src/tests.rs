@@ -4,12 +4,11 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::time::Duration;
 
+use kv_pool::RequestId;
 use kv_pool::{CacheGroup, Geometry, GroupKind, PageId, PagePool};
-use kv_pool::{RequestId, Timestamp};
 use proptest::prelude::*;
-use reservation::{ErrorKind, Ledger, LedgerConfig, RestoreSpec};
+use reservation::{Ledger, LedgerConfig};
 
 use crate::{
     AdmissionHost, Admit, BlockReason, Candidate, Decision, FallbackCause, HostState, QueuePolicy,
@@ -57,12 +56,8 @@ impl Host {
             .expect("queued");
     }
 
-    fn ledger(&mut self) -> &mut Ledger {
-        self.ledger.as_mut().expect("a ledger")
-    }
-
-    fn step(&mut self, ctx: &StepContext, now: Timestamp) -> StepDecisions {
-        let Ok(step) = schedule_step(ctx, now, self);
+    fn step(&mut self, ctx: &StepContext) -> StepDecisions {
+        let Ok(step) = schedule_step(ctx, self);
         step
     }
 }
@@ -131,10 +126,6 @@ fn setup(n_usable: u32, slots: u32) -> Host {
     }
 }
 
-fn restore(boundary: u32, prompt: u32) -> Candidate {
-    Candidate::RestoreNeedsTicket(RestoreSpec::for_geometry(&geometry(), boundary, prompt, 16))
-}
-
 fn admitted(decisions: &[Decision]) -> Vec<u64> {
     decisions
         .iter()
@@ -156,12 +147,12 @@ fn q1_blocked_head_lets_only_ready_imports_pass() {
     }
     host.set(1, Candidate::Cold { need_pages: 3 }); // blocked: 2 free
     host.set(2, Candidate::Cold { need_pages: 1 }); // would fit, but FCFS stops
-    host.set(3, Candidate::RestorePending); // still copying: schedules nothing
+    host.set(3, Candidate::Cold { need_pages: 1 }); // behind the blocked head: not examined
     host.set(4, Candidate::RestoreReady);
     host.set(5, Candidate::RestoreReady);
     host.mark_ready(4);
     let ctx = StepContext::default();
-    let step = host.step(&ctx, Timestamp::ZERO);
+    let step = host.step(&ctx);
     assert_eq!(admitted(&step.decisions), vec![4]);
     let blocked = step.blocked.expect("head blocked");
     assert_eq!(blocked.req, RequestId(1));
@@ -173,23 +164,8 @@ fn q1_blocked_head_lets_only_ready_imports_pass() {
             ..
         }
     ));
-    assert_eq!((step.examined, step.restore_polls), (2, 0));
+    assert_eq!(step.examined, 2);
     assert_eq!(host.waiting.len(), 4);
-    // The head is a copying import: it blocks too, and the ready one behind passes.
-    let mut host = setup(8, 8);
-    for id in [3, 2, 5] {
-        host.push(id);
-    }
-    host.set(3, Candidate::RestorePending);
-    host.set(2, Candidate::Cold { need_pages: 1 });
-    host.set(5, Candidate::RestoreReady);
-    host.mark_ready(5);
-    let step = host.step(&ctx, Timestamp::ZERO);
-    assert_eq!(admitted(&step.decisions), vec![5]);
-    assert_eq!(
-        step.blocked.expect("blocked").reason,
-        BlockReason::RestorePending
-    );
 }
 
 #[test]
@@ -204,7 +180,7 @@ fn q1_ready_imports_ahead_of_the_head_are_admitted_in_order_and_a_spent_budget_b
     host.set(4, Candidate::RestoreReady);
     host.mark_ready(1);
     host.mark_ready(4);
-    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    let step = host.step(&StepContext::default());
     assert_eq!(admitted(&step.decisions), vec![1, 4]);
     let blocked = step.blocked.expect("head blocked");
     assert_eq!(
@@ -231,7 +207,7 @@ fn q1_ready_imports_ahead_of_the_head_are_admitted_in_order_and_a_spent_budget_b
         host.mark_ready(id);
     }
     host.lost.push(RequestId(1));
-    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    let step = host.step(&StepContext::default());
     assert_eq!(admitted(&step.decisions), vec![2]);
     assert_eq!(
         host.waiting.order_of(RequestId(1)).map(|order| order.seq),
@@ -242,10 +218,10 @@ fn q1_ready_imports_ahead_of_the_head_are_admitted_in_order_and_a_spent_budget_b
     for id in 1..=2 {
         host.push(id);
     }
-    host.set(1, Candidate::RestorePending);
-    host.set(2, Candidate::RestorePending);
+    host.set(1, Candidate::OutOfBudget);
+    host.set(2, Candidate::OutOfBudget);
     host.mark_ready(2);
-    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    let step = host.step(&StepContext::default());
     assert_eq!(
         (step.examined, host.waiting.len(), host.ready.len()),
         (2, 2, 0)
@@ -264,7 +240,7 @@ fn withdrawn_request_leaves_the_queue_and_the_walk_goes_on() {
     }
     host.set(1, Candidate::Withdrawn);
     host.set(2, Candidate::Cold { need_pages: 1 });
-    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    let step = host.step(&StepContext::default());
     assert_eq!(
         step.decisions,
         vec![
@@ -289,12 +265,11 @@ fn g1_without_a_ledger_restores_at_once_or_fall_back_to_cold_and_slots_come_from
     host.set(1, Candidate::RestoreAtOnce { need_pages: 4 }); // fits: 5 free
     host.set(2, Candidate::RestoreAtOnce { need_pages: 3 }); // 1 free: falls back, 2 cold pages do not fit
     host.set(3, Candidate::Cold { need_pages: 1 });
-    host.set(4, restore(8, 16));
     let ctx = StepContext {
         max_running_slots: 4,
         ..StepContext::default()
     };
-    let step = host.step(&ctx, Timestamp::ZERO);
+    let step = host.step(&ctx);
     assert_eq!(
         step.decisions,
         vec![
@@ -320,7 +295,7 @@ fn g1_without_a_ledger_restores_at_once_or_fall_back_to_cold_and_slots_come_from
         }
     ));
     assert_eq!(host.pool.n_free(), 1);
-    // No free slot: a restore at once waits as it is (no fallback); a restore needing a ticket falls back.
+    // No free slot: a restore at once waits as it is (no fallback).
     let mut host = setup(8, 8);
     host.ledger = None;
     host.push(1);
@@ -330,34 +305,19 @@ fn g1_without_a_ledger_restores_at_once_or_fall_back_to_cold_and_slots_come_from
         max_running_slots: 4,
         ..StepContext::default()
     };
-    let step = host.step(&full, Timestamp::ZERO);
+    let step = host.step(&full);
     assert!(step.decisions.is_empty() && host.fallbacks.is_empty());
     assert!(matches!(
         step.blocked.expect("blocked").reason,
         BlockReason::Pressure { free_slots: 0, .. }
     ));
-    host.set(1, restore(8, 16));
-    let step = host.step(&ctx, Timestamp::ZERO);
-    assert_eq!(
-        step.decisions,
-        vec![
-            Decision::FellBack {
-                req: RequestId(1),
-                cause: FallbackCause::NoLedger
-            },
-            Decision::AdmitCold {
-                req: RequestId(1),
-                need_pages: 2
-            }
-        ]
-    );
     // A restore at once the host cannot start (no copy slot) falls back too.
     let mut host = setup(8, 8);
     host.ledger = None;
     host.at_once_starts = false;
     host.push(1);
     host.set(1, Candidate::RestoreAtOnce { need_pages: 1 });
-    let step = host.step(&ctx, Timestamp::ZERO);
+    let step = host.step(&ctx);
     assert_eq!(admitted(&step.decisions), vec![1]);
     assert!(matches!(
         step.decisions[0],
@@ -368,12 +328,13 @@ fn g1_without_a_ledger_restores_at_once_or_fall_back_to_cold_and_slots_come_from
     ));
 }
 
-/// A blocked restore head on a full pool, `n_waiting` cold requests behind it and one ready import among them.
-fn q8_step_work(n_waiting: u64) -> [(u32, u32); 2] {
+/// A blocked head on a full pool, `n_waiting` cold requests behind it and one ready import among them. (Pending
+/// restores are not in the walk: the engine's coordinator polls them, pinned by its own Q8 test.)
+fn q8_step_work(n_waiting: u64) -> [u32; 2] {
     let mut host = setup(64, 1024);
     let _full = host.pool.allocate(64).expect("fill the pool");
     host.push(0);
-    host.set(0, restore(8, 16));
+    host.set(0, Candidate::Cold { need_pages: 2 });
     for id in 1..=n_waiting {
         host.push(id);
         host.set(id, Candidate::Cold { need_pages: 1 });
@@ -382,22 +343,21 @@ fn q8_step_work(n_waiting: u64) -> [(u32, u32); 2] {
     host.set(ready, Candidate::RestoreReady);
     host.mark_ready(ready);
     let ctx = StepContext::default();
-    let mut work = [(0, 0); 2];
-    for (step_idx, slot) in work.iter_mut().enumerate() {
-        let now = Timestamp(Duration::from_secs(step_idx as u64));
-        let step = host.step(&ctx, now);
+    let mut work = [0; 2];
+    for slot in &mut work {
+        let step = host.step(&ctx);
         assert!(matches!(
             step.blocked.expect("blocked").reason,
-            BlockReason::RestorePressure(_)
+            BlockReason::Pressure { .. }
         ));
-        *slot = (step.examined, step.restore_polls);
+        *slot = step.examined;
     }
     work
 }
 
 #[test]
 fn q8_step_work_does_not_grow_with_the_waiting_queue() {
-    let expected = [(2, 1), (1, 1)];
+    let expected = [2, 1];
     for n_waiting in [10, 100, 1_000, 10_000] {
         assert_eq!(q8_step_work(n_waiting), expected, "{n_waiting} waiting");
     }
@@ -414,7 +374,7 @@ fn r2_watermark_applies_only_while_other_work_is_scheduled() {
             other_work_scheduled: other_work,
             ..StepContext::default()
         };
-        let step = host.step(&ctx, Timestamp::ZERO);
+        let step = host.step(&ctx);
         assert_eq!(admitted(&step.decisions), expect, "other work {other_work}");
     }
     // Once the step admitted something, the watermark applies to the rest; unticketed prefills count too.
@@ -428,19 +388,19 @@ fn r2_watermark_applies_only_while_other_work_is_scheduled() {
         unticketed_prefill_pages: 2,
         ..StepContext::default()
     };
-    let step = host.step(&ctx, Timestamp::ZERO);
+    let step = host.step(&ctx);
     // 8 free - 2 prefill: first 2 admitted (the host takes them); then 6 - 2 - 1 = 3 >= 2; then 4 - 2 - 1 = 1 < 2.
     assert_eq!(admitted(&step.decisions), vec![1, 2]);
 }
 
 #[test]
-fn r3_impossible_cold_is_rejected_and_an_impossible_restore_recomputes_at_once() {
+fn r3_an_impossible_cold_request_is_rejected_and_takes_nothing() {
     let mut host = setup(4, 8);
     host.push(1);
     host.push(2);
     host.set(1, Candidate::Cold { need_pages: 5 });
-    host.set(2, restore(8, 40)); // 2 import + 8 credit pages > 4
-    let step = host.step(&StepContext::default(), Timestamp::ZERO);
+    host.set(2, Candidate::Cold { need_pages: 2 });
+    let step = host.step(&StepContext::default());
     assert!(matches!(
         step.decisions[0],
         Decision::Rejected {
@@ -449,53 +409,20 @@ fn r3_impossible_cold_is_rejected_and_an_impossible_restore_recomputes_at_once()
             ..
         }
     ));
-    let Decision::FellBack { req, cause } = &step.decisions[1] else {
-        panic!("expected a fallback: {:?}", step.decisions);
-    };
-    let FallbackCause::Refused(cause) = cause else {
-        panic!("expected a ledger refusal: {cause:?}");
-    };
-    assert_eq!((req.0, cause.kind()), (2, ErrorKind::Impossible));
     assert_eq!(
-        step.decisions[2],
+        step.decisions[1],
         Decision::AdmitCold {
             req: RequestId(2),
             need_pages: 2
         }
     );
-    // The impossible restore took nothing; only the cold admission's 2 pages are gone.
+    // The impossible request took nothing; only the cold admission's 2 pages are gone.
     assert_eq!(host.held.len(), 2);
-    let n_waiters = host.ledger().n_waiters();
-    assert_eq!((host.pool.n_free(), n_waiters), (4 - 2, 0));
+    assert_eq!(host.pool.n_free(), 4 - 2);
 }
 
 #[test]
-fn r4_invalid_restore_falls_back_with_the_named_error() {
-    let mut host = setup(16, 8);
-    host.push(1);
-    host.set(1, restore(20, 16)); // boundary past the prompt
-    let step = host.step(&StepContext::default(), Timestamp::ZERO);
-    assert_eq!(
-        step.decisions[0],
-        Decision::FellBack {
-            req: RequestId(1),
-            cause: FallbackCause::Refused(reservation::Error::BoundaryPastPrompt {
-                boundary_tokens: 20,
-                prompt_tokens: 16,
-            }),
-        }
-    );
-    assert_eq!(host.fallbacks, vec![RequestId(1)]);
-    // Only the cold admission that followed took pages (its 2); the ledger holds nothing.
-    let n_tickets = host.ledger().n_tickets();
-    assert_eq!(
-        (host.pool.n_free() + host.held.len() as u32, n_tickets),
-        (16, 0)
-    );
-}
-
-#[test]
-fn r5_free_slots_cap_admissions_and_tickets() {
+fn r5_free_slots_cap_admissions() {
     let mut host = setup(64, 4);
     for id in 1..=6 {
         host.push(id);
@@ -505,61 +432,12 @@ fn r5_free_slots_cap_admissions_and_tickets() {
         running_requests: 1,
         ..StepContext::default()
     };
-    let step = host.step(&ctx, Timestamp::ZERO);
+    let step = host.step(&ctx);
     assert_eq!(admitted(&step.decisions), vec![1, 2, 3]);
     assert!(matches!(
         step.blocked.expect("blocked").reason,
         BlockReason::Pressure { free_slots: 0, .. }
     ));
-    // A restore with no free slot is refused for pressure and leaves the pool untouched.
-    let n_free = host.pool.n_free();
-    assert_eq!(n_free, 64 - 3);
-    host.set(4, restore(8, 16));
-    let ctx = StepContext {
-        running_requests: 4,
-        ..StepContext::default()
-    };
-    let step = host.step(&ctx, Timestamp::ZERO);
-    let reason = step.blocked.expect("blocked").reason;
-    assert!(matches!(
-        reason,
-        BlockReason::RestorePressure(reservation::Error::Pressure { free_slots: 0, .. })
-    ));
-    assert_eq!(host.pool.n_free(), n_free);
-}
-
-#[test]
-fn w1_expired_restore_is_admitted_to_recompute_and_its_state_cleared() {
-    let mut host = setup(8, 8);
-    let hog = host.pool.allocate(6).expect("pages");
-    host.push(1);
-    host.set(1, restore(8, 16));
-    let ctx = StepContext::default();
-    let at = |secs| Timestamp(Duration::from_secs(secs));
-    let step = host.step(&ctx, at(10));
-    assert!(matches!(
-        step.blocked.expect("blocked").reason,
-        BlockReason::RestorePressure(_)
-    ));
-    assert!(host.ledger().is_waiter(RequestId(1)));
-    host.pool.free_all(&hog[..4]).expect("free");
-    let step = host.step(&ctx, at(70));
-    let Decision::FellBack {
-        cause: FallbackCause::Refused(cause),
-        ..
-    } = &step.decisions[0]
-    else {
-        panic!("expected expiry: {:?}", step.decisions);
-    };
-    assert_eq!(cause.kind(), ErrorKind::Expired);
-    assert_eq!(
-        step.decisions[1],
-        Decision::AdmitCold {
-            req: RequestId(1),
-            need_pages: 2
-        }
-    );
-    assert!(!host.ledger().holds_anything(RequestId(1)));
 }
 
 proptest! {
@@ -589,12 +467,11 @@ proptest! {
             }
         }
         let mut cold_admitted: Vec<u64> = Vec::new();
-        for (step_idx, &n_free) in frees.iter().enumerate() {
+        for &n_free in &frees {
             let n_free = (n_free as usize).min(hog.len());
             let freed: Vec<_> = hog.drain(..n_free).collect();
             host.pool.free_all(&freed).expect("free");
-            let now = Timestamp(Duration::from_secs(step_idx as u64));
-            let step = host.step(&StepContext::default(), now);
+            let step = host.step(&StepContext::default());
             for decision in &step.decisions {
                 if let Decision::AdmitCold { req, .. } = decision {
                     cold_admitted.push(req.0);

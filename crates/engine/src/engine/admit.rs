@@ -32,15 +32,13 @@ impl<E: Executor> Engine<E> {
             other_work_scheduled: preflight.other_work_scheduled || !plan.entries.is_empty(),
             max_admissions: u32::MAX,
         };
-        let now = self.now;
         let mut host = StepHost {
             engine: self,
             plan,
             report,
         };
-        let step = admission::schedule_step(&ctx, now, &mut host)?;
+        let step = admission::schedule_step(&ctx, &mut host)?;
         report.examined += step.examined;
-        report.restore_polls += step.restore_polls;
         for decision in step.decisions {
             if let Decision::Rejected {
                 req,
