@@ -10,15 +10,15 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// `push` of a request already waiting.
-    #[error("{req} is already in the waiting queue")]
+    #[error("{request} is already in the waiting queue")]
     AlreadyQueued {
         /// The request.
-        req: RequestId,
+        request: RequestId,
     },
     /// An operation on a request that is not waiting.
-    #[error("{req} is not in the waiting queue")]
+    #[error("{request} is not in the waiting queue")]
     NotQueued {
         /// The request.
-        req: RequestId,
+        request: RequestId,
     },
 }

@@ -38,7 +38,7 @@ pub enum Admit {
     /// An ordinary request: take its cached hits and allocate its pages (they fit), and run it.
     Cold {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// Pages it said it needs.
         need_pages: u32,
     },
@@ -46,12 +46,12 @@ pub enum Admit {
     /// becomes a running slot).
     Ready {
         /// The request.
-        req: RequestId,
+        request: RequestId,
     },
     /// A restore without reservations: stage its import and take its first chunk's pages (they fit).
     RestoreAtOnce {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// Pages it said it needs.
         need_pages: u32,
     },
@@ -59,11 +59,11 @@ pub enum Admit {
 
 impl Admit {
     /// The request admitted.
-    pub fn req(&self) -> RequestId {
+    pub fn request(&self) -> RequestId {
         match *self {
-            Admit::Cold { req, .. } | Admit::Ready { req } | Admit::RestoreAtOnce { req, .. } => {
-                req
-            }
+            Admit::Cold { request, .. }
+            | Admit::Ready { request }
+            | Admit::RestoreAtOnce { request, .. } => request,
         }
     }
 }
@@ -101,17 +101,17 @@ pub trait AdmissionHost {
     /// The queues, the ledger and the pool.
     fn state(&mut self) -> HostState<'_>;
 
-    /// What `req` needs now. Called once per examined request per step (a restore poll for restores).
+    /// What `request` needs now. Called once per examined request per step (a restore poll for restores).
     /// `free_slots` are the running slots free at this point of the step: with none, a host need not do work
     /// that only matters for an admission (such as asking the store again).
-    fn examine(&mut self, req: RequestId, free_slots: u32) -> Result<Candidate, Self::Error>;
+    fn examine(&mut self, request: RequestId, free_slots: u32) -> Result<Candidate, Self::Error>;
 
     /// Carries out `admit` now; the step has checked its slot and pages. Returns `false` when the host could
     /// not: a ready import that lost its pages (the host requeued it), or a restore at once that could not
     /// start (it then falls back). A cold admission that fits always succeeds.
     fn admit(&mut self, admit: Admit) -> Result<bool, Self::Error>;
 
-    /// `req`'s restore is given up (`cause`): the request drops it and recomputes. Returns the pages it needs
+    /// `request`'s restore is given up (`cause`): the request drops it and recomputes. Returns the pages it needs
     /// as a cold request; the step tries to admit it at once.
-    fn fall_back(&mut self, req: RequestId, cause: &FallbackCause) -> Result<u32, Self::Error>;
+    fn fall_back(&mut self, request: RequestId, cause: &FallbackCause) -> Result<u32, Self::Error>;
 }

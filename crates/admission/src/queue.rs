@@ -42,10 +42,10 @@ impl WaitingQueue {
         self.policy
     }
 
-    /// Appends `req` (`priority` is ignored under FCFS) and returns its place. Errors if already queued.
-    pub fn push(&mut self, req: RequestId, priority: u32) -> Result<AdmissionOrder> {
-        if self.orders.contains_key(&req) {
-            return Err(Error::AlreadyQueued { req });
+    /// Appends `request` (`priority` is ignored under FCFS) and returns its place. Errors if already queued.
+    pub fn push(&mut self, request: RequestId, priority: u32) -> Result<AdmissionOrder> {
+        if self.orders.contains_key(&request) {
+            return Err(Error::AlreadyQueued { request });
         }
         let priority = match self.policy {
             QueuePolicy::Fcfs => 0,
@@ -55,14 +55,14 @@ impl WaitingQueue {
             priority,
             seq: self.next_seq,
         };
-        let _displaced = self.insert(order, req);
+        let _displaced = self.insert(order, request);
         Ok(order)
     }
 
-    /// Puts `req` at `order` (moving it if it was queued elsewhere). Returns the other request that held
+    /// Puts `request` at `order` (moving it if it was queued elsewhere). Returns the other request that held
     /// `order`, which leaves the queue (a host bug: places are unique).
-    pub fn insert(&mut self, order: AdmissionOrder, req: RequestId) -> Option<RequestId> {
-        if let Some(previous) = self.orders.insert(req, order)
+    pub fn insert(&mut self, order: AdmissionOrder, request: RequestId) -> Option<RequestId> {
+        if let Some(previous) = self.orders.insert(request, order)
             && previous != order
         {
             self.entries.remove(&previous);
@@ -70,33 +70,40 @@ impl WaitingQueue {
         self.next_seq = self.next_seq.max(order.seq.saturating_add(1));
         let displaced = self
             .entries
-            .insert(order, req)
-            .filter(|displaced| *displaced != req);
+            .insert(order, request)
+            .filter(|displaced| *displaced != request);
         if let Some(displaced) = displaced {
             self.orders.remove(&displaced);
         }
-        debug_assert!(displaced.is_none(), "{displaced:?} and {req} share a place");
+        debug_assert!(
+            displaced.is_none(),
+            "{displaced:?} and {request} share a place"
+        );
         displaced
     }
 
     /// Removes the request at `order` (admitted, withdrawn, aborted or cancelled) and returns it.
     pub fn remove(&mut self, order: &AdmissionOrder) -> Option<RequestId> {
-        let req = self.entries.remove(order)?;
-        self.orders.remove(&req);
-        Some(req)
+        let request = self.entries.remove(order)?;
+        self.orders.remove(&request);
+        Some(request)
     }
 
-    /// Moves `req`, keeping its place, to `other` (e.g. onto the ready-import list, or back from it).
-    pub fn move_to(&mut self, req: RequestId, other: &mut WaitingQueue) -> Result<AdmissionOrder> {
-        let order = self.order_of(req).ok_or(Error::NotQueued { req })?;
+    /// Moves `request`, keeping its place, to `other` (e.g. onto the ready-import list, or back from it).
+    pub fn move_to(
+        &mut self,
+        request: RequestId,
+        other: &mut WaitingQueue,
+    ) -> Result<AdmissionOrder> {
+        let order = self.order_of(request).ok_or(Error::NotQueued { request })?;
         self.remove(&order);
-        let _displaced = other.insert(order, req);
+        let _displaced = other.insert(order, request);
         Ok(order)
     }
 
-    /// `req`'s place, if it is queued.
-    pub fn order_of(&self, req: RequestId) -> Option<AdmissionOrder> {
-        self.orders.get(&req).copied()
+    /// `request`'s place, if it is queued.
+    pub fn order_of(&self, request: RequestId) -> Option<AdmissionOrder> {
+        self.orders.get(&request).copied()
     }
 
     /// The request at `order`, if any.
@@ -119,7 +126,7 @@ impl WaitingQueue {
         self.entries
             .range(from..)
             .next()
-            .map(|(&order, &req)| (order, req))
+            .map(|(&order, &request)| (order, request))
     }
 
     /// The first queued request strictly after `after`, in order.
@@ -128,11 +135,13 @@ impl WaitingQueue {
         self.entries
             .range((Excluded(after), Unbounded))
             .next()
-            .map(|(&order, &req)| (order, req))
+            .map(|(&order, &request)| (order, request))
     }
 
     /// Queued requests in order (for tests, traces and resets; a step never calls it).
     pub fn iter(&self) -> impl Iterator<Item = (AdmissionOrder, RequestId)> + '_ {
-        self.entries.iter().map(|(&order, &req)| (order, req))
+        self.entries
+            .iter()
+            .map(|(&order, &request)| (order, request))
     }
 }

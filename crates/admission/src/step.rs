@@ -51,19 +51,19 @@ pub enum Decision {
     /// An ordinary request was admitted (`Admit::Cold`).
     AdmitCold {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// Pages it said it needs.
         need_pages: u32,
     },
     /// A ready import was admitted (`Admit::Ready`).
     AdmitReady {
         /// The request.
-        req: RequestId,
+        request: RequestId,
     },
     /// A restore without reservations was admitted with its import (`Admit::RestoreAtOnce`).
     AdmitRestoreAtOnce {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// Pages it said it needs.
         need_pages: u32,
     },
@@ -71,19 +71,19 @@ pub enum Decision {
     /// fits now).
     FellBack {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// Why.
         cause: FallbackCause,
     },
     /// The host took the request out of the queue (`Candidate::Withdrawn`).
     Withdrawn {
         /// The request.
-        req: RequestId,
+        request: RequestId,
     },
     /// A cold request that can never fit the whole usable pool: removed from the queue; abort it.
     Rejected {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// Pages it needs.
         need_pages: u32,
         /// Usable pages of the pool.
@@ -113,7 +113,7 @@ pub enum BlockReason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BlockedHead {
     /// The request.
-    pub req: RequestId,
+    pub request: RequestId,
     /// Why it blocked.
     pub reason: BlockReason,
 }
@@ -143,39 +143,39 @@ pub fn schedule_step<H: AdmissionHost>(
     };
     let mut cursor = None;
     let mut blocked_at = None;
-    while let Some((order, req, on_ready_list)) = next_entry(&host.state(), cursor) {
+    while let Some((order, request, on_ready_list)) = next_entry(&host.state(), cursor) {
         cursor = Some(order);
         if step.admitted >= ctx.max_admissions {
             step.out.blocked = Some(BlockedHead {
-                req,
+                request,
                 reason: BlockReason::AdmissionLimit,
             });
             break;
         }
-        let candidate = step.examine(host, req)?;
+        let candidate = step.examine(host, request)?;
         if on_ready_list && candidate != Candidate::RestoreReady {
             // No longer a ready import: it waits in the queue at its place like anyone else.
             let state = host.state();
-            let _moved = state.ready.move_to(req, state.waiting);
+            let _moved = state.ready.move_to(request, state.waiting);
         }
-        if let Some(reason) = step.consider(host, order, req, candidate)? {
-            step.out.blocked = Some(BlockedHead { req, reason });
+        if let Some(reason) = step.consider(host, order, request, candidate)? {
+            step.out.blocked = Some(BlockedHead { request, reason });
             blocked_at = Some(order);
             break;
         }
     }
     if let Some(mut after) = blocked_at {
         // Only ready imports that own their capacity pass the blocked head.
-        while let Some((order, req)) = host.state().ready.next_after(after) {
+        while let Some((order, request)) = host.state().ready.next_after(after) {
             after = order;
             if step.admitted >= ctx.max_admissions {
                 break;
             }
-            if step.examine(host, req)? == Candidate::RestoreReady {
-                step.admit(host, order, Admit::Ready { req })?;
+            if step.examine(host, request)? == Candidate::RestoreReady {
+                step.admit(host, order, Admit::Ready { request })?;
             } else {
                 let state = host.state();
-                let _moved = state.ready.move_to(req, state.waiting);
+                let _moved = state.ready.move_to(request, state.waiting);
             }
         }
     }
@@ -213,39 +213,39 @@ impl Step<'_> {
     fn examine<H: AdmissionHost>(
         &mut self,
         host: &mut H,
-        req: RequestId,
+        request: RequestId,
     ) -> Result<Candidate, H::Error> {
         self.out.examined += 1;
         let free_slots = self.free_slots(host.state().ledger.as_deref());
-        host.examine(req, free_slots)
+        host.examine(request, free_slots)
     }
 
-    /// Acts on `req`'s candidate; returns why it blocks the head, if it does.
+    /// Acts on `request`'s candidate; returns why it blocks the head, if it does.
     fn consider<H: AdmissionHost>(
         &mut self,
         host: &mut H,
         order: AdmissionOrder,
-        req: RequestId,
+        request: RequestId,
         candidate: Candidate,
     ) -> Result<Option<BlockReason>, H::Error> {
         match candidate {
-            Candidate::Cold { need_pages } => self.try_cold(host, order, req, need_pages),
+            Candidate::Cold { need_pages } => self.try_cold(host, order, request, need_pages),
             Candidate::OutOfBudget => Ok(Some(BlockReason::OutOfBudget)),
             Candidate::Withdrawn => {
                 let state = host.state();
                 for queue in [state.waiting, state.ready] {
-                    if queue.get(&order) == Some(req) {
+                    if queue.get(&order) == Some(request) {
                         queue.remove(&order);
                     }
                 }
-                self.out.decisions.push(Decision::Withdrawn { req });
+                self.out.decisions.push(Decision::Withdrawn { request });
                 Ok(None)
             }
             Candidate::RestoreAtOnce { need_pages } => {
-                self.try_restore_at_once(host, order, req, need_pages)
+                self.try_restore_at_once(host, order, request, need_pages)
             }
             Candidate::RestoreReady => {
-                self.admit(host, order, Admit::Ready { req })?;
+                self.admit(host, order, Admit::Ready { request })?;
                 Ok(None)
             }
         }
@@ -256,16 +256,18 @@ impl Step<'_> {
         &mut self,
         host: &mut H,
         order: AdmissionOrder,
-        req: RequestId,
+        request: RequestId,
         cause: FallbackCause,
     ) -> Result<Option<BlockReason>, H::Error> {
         let state = host.state();
-        if state.ready.get(&order) == Some(req) {
-            let _moved = state.ready.move_to(req, state.waiting);
+        if state.ready.get(&order) == Some(request) {
+            let _moved = state.ready.move_to(request, state.waiting);
         }
-        let need_pages = host.fall_back(req, &cause)?;
-        self.out.decisions.push(Decision::FellBack { req, cause });
-        self.try_cold(host, order, req, need_pages)
+        let need_pages = host.fall_back(request, &cause)?;
+        self.out
+            .decisions
+            .push(Decision::FellBack { request, cause });
+        self.try_cold(host, order, request, need_pages)
     }
 
     /// `ordinary`: the import and first chunk now, or a cold request at once. No free slot blocks it as it is.
@@ -273,7 +275,7 @@ impl Step<'_> {
         &mut self,
         host: &mut H,
         order: AdmissionOrder,
-        req: RequestId,
+        request: RequestId,
         need_pages: u32,
     ) -> Result<Option<BlockReason>, H::Error> {
         let (free_slots, available_pages) = self.gates(host);
@@ -285,7 +287,14 @@ impl Step<'_> {
             }));
         }
         if need_pages <= available_pages
-            && self.admit(host, order, Admit::RestoreAtOnce { req, need_pages })?
+            && self.admit(
+                host,
+                order,
+                Admit::RestoreAtOnce {
+                    request,
+                    need_pages,
+                },
+            )?
         {
             return Ok(None);
         }
@@ -293,7 +302,7 @@ impl Step<'_> {
             need_pages,
             available_pages,
         };
-        self.fall_back(host, order, req, cause)
+        self.fall_back(host, order, request, cause)
     }
 
     /// Admits a cold request if it fits; returns why it blocked otherwise.
@@ -301,14 +310,14 @@ impl Step<'_> {
         &mut self,
         host: &mut H,
         order: AdmissionOrder,
-        req: RequestId,
+        request: RequestId,
         need_pages: u32,
     ) -> Result<Option<BlockReason>, H::Error> {
         let usable_pages = host.state().pool.n_usable();
         if need_pages > usable_pages {
             host.state().waiting.remove(&order);
             self.out.decisions.push(Decision::Rejected {
-                req,
+                request,
                 need_pages,
                 usable_pages,
             });
@@ -323,7 +332,14 @@ impl Step<'_> {
         if free_slots == 0 || need_pages > available_pages {
             return Ok(Some(blocked));
         }
-        let admitted = self.admit(host, order, Admit::Cold { req, need_pages })?;
+        let admitted = self.admit(
+            host,
+            order,
+            Admit::Cold {
+                request,
+                need_pages,
+            },
+        )?;
         debug_assert!(admitted, "a cold admission that fits succeeds");
         Ok((!admitted).then_some(blocked))
     }
@@ -335,12 +351,12 @@ impl Step<'_> {
         order: AdmissionOrder,
         admit: Admit,
     ) -> Result<bool, H::Error> {
-        let req = admit.req();
+        let request = admit.request();
         // FCFS among requests that own no capacity: only a ready import passes a waiting request.
         debug_assert!(
             matches!(admit, Admit::Ready { .. })
-                || host.state().waiting.iter().next() == Some((order, req)),
-            "{req} was admitted without owning capacity while an earlier request waits"
+                || host.state().waiting.iter().next() == Some((order, request)),
+            "{request} was admitted without owning capacity while an earlier request waits"
         );
         if !host.admit(admit)? {
             return Ok(false);
@@ -348,18 +364,28 @@ impl Step<'_> {
         // The host may have taken it off its queue already (the engine moves it to its running list).
         let state = host.state();
         for queue in [state.waiting, state.ready] {
-            if queue.get(&order) == Some(req) {
+            if queue.get(&order) == Some(request) {
                 queue.remove(&order);
             }
         }
         self.running += 1;
         self.admitted += 1;
         self.out.decisions.push(match admit {
-            Admit::Cold { req, need_pages } => Decision::AdmitCold { req, need_pages },
-            Admit::Ready { req } => Decision::AdmitReady { req },
-            Admit::RestoreAtOnce { req, need_pages } => {
-                Decision::AdmitRestoreAtOnce { req, need_pages }
-            }
+            Admit::Cold {
+                request,
+                need_pages,
+            } => Decision::AdmitCold {
+                request,
+                need_pages,
+            },
+            Admit::Ready { request } => Decision::AdmitReady { request },
+            Admit::RestoreAtOnce {
+                request,
+                need_pages,
+            } => Decision::AdmitRestoreAtOnce {
+                request,
+                need_pages,
+            },
         });
         Ok(true)
     }

@@ -74,8 +74,8 @@ impl AdmissionHost for Host {
         }
     }
 
-    fn examine(&mut self, req: RequestId, _free_slots: u32) -> Result<Candidate, Infallible> {
-        Ok(self.candidates[&req])
+    fn examine(&mut self, request: RequestId, _free_slots: u32) -> Result<Candidate, Infallible> {
+        Ok(self.candidates[&request])
     }
 
     fn admit(&mut self, admit: Admit) -> Result<bool, Infallible> {
@@ -85,18 +85,23 @@ impl AdmissionHost for Host {
                 self.held
                     .extend(pages.expect("admission checked the pages"));
             }
-            Admit::RestoreAtOnce { req, need_pages } => {
+            Admit::RestoreAtOnce {
+                request,
+                need_pages,
+            } => {
                 if !self.at_once_starts {
                     return Ok(false);
                 }
                 let pages = self.pool.allocate(need_pages);
                 self.held
                     .extend(pages.expect("admission checked the pages"));
-                self.candidates.remove(&req);
+                self.candidates.remove(&request);
             }
-            Admit::Ready { req } => {
-                if self.lost.contains(&req) {
-                    self.ready.move_to(req, &mut self.waiting).expect("ready");
+            Admit::Ready { request } => {
+                if self.lost.contains(&request) {
+                    self.ready
+                        .move_to(request, &mut self.waiting)
+                        .expect("ready");
                     return Ok(false);
                 }
             }
@@ -104,10 +109,11 @@ impl AdmissionHost for Host {
         Ok(true)
     }
 
-    fn fall_back(&mut self, req: RequestId, _cause: &FallbackCause) -> Result<u32, Infallible> {
-        self.fallbacks.push(req);
+    fn fall_back(&mut self, request: RequestId, _cause: &FallbackCause) -> Result<u32, Infallible> {
+        self.fallbacks.push(request);
         let need_pages = 2;
-        self.candidates.insert(req, Candidate::Cold { need_pages });
+        self.candidates
+            .insert(request, Candidate::Cold { need_pages });
         Ok(need_pages)
     }
 }
@@ -130,9 +136,9 @@ fn admitted(decisions: &[Decision]) -> Vec<u64> {
     decisions
         .iter()
         .filter_map(|decision| match decision {
-            Decision::AdmitCold { req, .. }
-            | Decision::AdmitReady { req }
-            | Decision::AdmitRestoreAtOnce { req, .. } => Some(req.0),
+            Decision::AdmitCold { request, .. }
+            | Decision::AdmitReady { request }
+            | Decision::AdmitRestoreAtOnce { request, .. } => Some(request.0),
             _ => None,
         })
         .collect()
@@ -155,7 +161,7 @@ fn q1_blocked_head_lets_only_ready_imports_pass() {
     let step = host.step(&ctx);
     assert_eq!(admitted(&step.decisions), vec![4]);
     let blocked = step.blocked.expect("head blocked");
-    assert_eq!(blocked.req, RequestId(1));
+    assert_eq!(blocked.request, RequestId(1));
     assert!(matches!(
         blocked.reason,
         BlockReason::Pressure {
@@ -184,7 +190,7 @@ fn q1_ready_imports_ahead_of_the_head_are_admitted_in_order_and_a_spent_budget_b
     assert_eq!(admitted(&step.decisions), vec![1, 4]);
     let blocked = step.blocked.expect("head blocked");
     assert_eq!(
-        (blocked.req, blocked.reason),
+        (blocked.request, blocked.reason),
         (RequestId(2), BlockReason::OutOfBudget)
     );
     assert_eq!(
@@ -194,7 +200,7 @@ fn q1_ready_imports_ahead_of_the_head_are_admitted_in_order_and_a_spent_budget_b
     assert_eq!(
         host.waiting
             .iter()
-            .map(|(_, req)| req.0)
+            .map(|(_, request)| request.0)
             .collect::<Vec<_>>(),
         vec![2, 3]
     );
@@ -244,9 +250,11 @@ fn withdrawn_request_leaves_the_queue_and_the_walk_goes_on() {
     assert_eq!(
         step.decisions,
         vec![
-            Decision::Withdrawn { req: RequestId(1) },
+            Decision::Withdrawn {
+                request: RequestId(1)
+            },
             Decision::AdmitCold {
-                req: RequestId(2),
+                request: RequestId(2),
                 need_pages: 1
             }
         ]
@@ -274,11 +282,11 @@ fn g1_without_a_ledger_restores_at_once_or_fall_back_to_cold_and_slots_come_from
         step.decisions,
         vec![
             Decision::AdmitRestoreAtOnce {
-                req: RequestId(1),
+                request: RequestId(1),
                 need_pages: 4
             },
             Decision::FellBack {
-                req: RequestId(2),
+                request: RequestId(2),
                 cause: FallbackCause::NotAtOnce {
                     need_pages: 3,
                     available_pages: 1
@@ -412,7 +420,7 @@ fn r3_an_impossible_cold_request_is_rejected_and_takes_nothing() {
     assert_eq!(
         step.decisions[1],
         Decision::AdmitCold {
-            req: RequestId(2),
+            request: RequestId(2),
             need_pages: 2
         }
     );
@@ -473,12 +481,12 @@ proptest! {
             host.pool.free_all(&freed).expect("free");
             let step = host.step(&StepContext::default());
             for decision in &step.decisions {
-                if let Decision::AdmitCold { req, .. } = decision {
-                    cold_admitted.push(req.0);
+                if let Decision::AdmitCold { request, .. } = decision {
+                    cold_admitted.push(request.0);
                 }
-                if let Decision::AdmitCold { req, .. } | Decision::AdmitReady { req } = decision {
-                    prop_assert!(host.waiting.order_of(*req).is_none());
-                    prop_assert!(host.ready.order_of(*req).is_none());
+                if let Decision::AdmitCold { request, .. } | Decision::AdmitReady { request } = decision {
+                    prop_assert!(host.waiting.order_of(*request).is_none());
+                    prop_assert!(host.ready.order_of(*request).is_none());
                 }
             }
             // Pages the host took are freed later like the rest, as an engine's requests finish.

@@ -32,25 +32,25 @@ pub enum Error {
         name: String,
     },
     /// A request with this id is still live.
-    #[error("request {id} is already live: ids may be reused only after the request finished")]
+    #[error("request {request} is already live: ids may be reused only after the request finished")]
     DuplicateRequest {
-        /// The id.
-        id: RequestId,
+        /// The request.
+        request: RequestId,
     },
     /// The request's prompt is empty.
-    #[error("request {id} has an empty prompt")]
+    #[error("request {request} has an empty prompt")]
     EmptyPrompt {
-        /// The id.
-        id: RequestId,
+        /// The request.
+        request: RequestId,
     },
     /// The request can never run (K1): its prompt plus output exceeds the model length or the whole pool.
     /// It is rejected alone and counted in `RunMetrics::rejected_requests`; the engine goes on.
     #[error(
-        "request {id} rejected ({reason}): it needs {tokens} tokens, more than the limit of {limit}"
+        "request {request} rejected ({reason}): it needs {tokens} tokens, more than the limit of {limit}"
     )]
     Rejected {
-        /// The id.
-        id: RequestId,
+        /// The request.
+        request: RequestId,
         /// Why it can never run.
         reason: RejectReason,
         /// Tokens it needs.
@@ -59,16 +59,16 @@ pub enum Error {
         limit: u64,
     },
     /// No live request has this id.
-    #[error("no live request {id}")]
+    #[error("no live request {request}")]
     UnknownRequest {
-        /// The id.
-        id: RequestId,
+        /// The request.
+        request: RequestId,
     },
     /// The request is not a paused streaming session.
-    #[error("request {id} is not a paused streaming session")]
+    #[error("request {request} is not a paused streaming session")]
     NotPaused {
-        /// The id.
-        id: RequestId,
+        /// The request.
+        request: RequestId,
     },
     /// A non-forced prefix-cache reset found imports staged or owned (X2).
     #[error("prefix-cache reset refused: {n_imports} import(s) staged or owned; retry or force it")]
@@ -97,11 +97,11 @@ pub enum Error {
     },
     /// A restored page differs from what recomputing its prefix writes (E3, L5): the run stops.
     #[error(
-        "restored block {block} of {id} (page {page:?}) differs from recompute at byte {byte}: a corrupt restore"
+        "restored block {block} of {request} (page {page:?}) differs from recompute at byte {byte}: a corrupt restore"
     )]
     RestoreMismatch {
         /// The request.
-        id: RequestId,
+        request: RequestId,
         /// Block index in the request's prompt.
         block: u32,
         /// The pool page.

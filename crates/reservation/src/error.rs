@@ -55,10 +55,10 @@ pub enum Error {
 
     // --- expired ---
     /// The restore waited past `restore_max_wait`; it must recompute.
-    #[error("restore of {req} gave up after waiting {:.1} s for capacity; recompute", waited.as_secs_f64())]
+    #[error("restore of {request} gave up after waiting {:.1} s for capacity; recompute", waited.as_secs_f64())]
     Expired {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// How long it waited since its first refusal.
         waited: Duration,
     },
@@ -137,22 +137,22 @@ pub enum Error {
         pool_n_groups: u32,
     },
     /// The request already holds a ticket (its checkpoint id is in use).
-    #[error("invalid restore: {req} already holds a ticket")]
+    #[error("invalid restore: {request} already holds a ticket")]
     TicketExists {
         /// The request.
-        req: RequestId,
+        request: RequestId,
     },
     /// An operation on a request that holds no ticket.
-    #[error("{req} holds no ticket")]
+    #[error("{request} holds no ticket")]
     NoTicket {
         /// The request.
-        req: RequestId,
+        request: RequestId,
     },
     /// An operation that needs the ticket in another state.
-    #[error("{req}'s ticket is {state:?}, the operation needs {expected:?}")]
+    #[error("{request}'s ticket is {state:?}, the operation needs {expected:?}")]
     WrongTicketState {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// The ticket's state.
         state: TicketState,
         /// The state the operation needs.
@@ -165,10 +165,10 @@ pub enum Error {
         drain: DrainId,
     },
     /// The consumer frees more window pages than it holds from its ticket's credits.
-    #[error("{req} frees {n_pages} window pages but holds {held_pages} from its credits")]
+    #[error("{request} frees {n_pages} window pages but holds {held_pages} from its credits")]
     WindowFreeExceedsHeld {
         /// The request.
-        req: RequestId,
+        request: RequestId,
         /// Pages it said it freed.
         n_pages: u32,
         /// Pages it holds from its credits.

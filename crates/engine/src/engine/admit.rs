@@ -41,7 +41,7 @@ impl<E: Executor> Engine<E> {
         report.examined += step.examined;
         for decision in step.decisions {
             if let Decision::Rejected {
-                req,
+                request: req,
                 need_pages,
                 usable_pages,
             } = decision
@@ -89,13 +89,18 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
 
     fn admit(&mut self, admit: Admit) -> Result<bool> {
         match admit {
-            Admit::Cold { req, need_pages } => {
+            Admit::Cold {
+                request: req,
+                need_pages,
+            } => {
                 self.engine
                     .admit_cold(req, need_pages, self.plan, self.report)?;
                 Ok(true)
             }
-            Admit::Ready { req } => self.engine.admit_ready(req, self.plan, self.report),
-            Admit::RestoreAtOnce { req, .. } => self.engine.restore_at_once(req, self.report),
+            Admit::Ready { request } => self.engine.admit_ready(request, self.plan, self.report),
+            Admit::RestoreAtOnce { request, .. } => {
+                self.engine.restore_at_once(request, self.report)
+            }
         }
     }
 

@@ -65,8 +65,8 @@ impl<E: Executor> Engine<E> {
             ledger.check_invariants(&self.pool);
             let tpp = self.params.geometry.tokens_per_page();
             for ticket in ledger.snapshot().tickets {
-                let Some(req) = self.reqs.get(&ticket.req) else {
-                    return broken(format!("a ticket of {}, which is not live", ticket.req));
+                let Some(req) = self.reqs.get(&ticket.request) else {
+                    return broken(format!("a ticket of {}, which is not live", ticket.request));
                 };
                 // A ticket budgets every token still to compute (the prompt and, for a request preempted
                 // after it produced output, that output too), its draft lookahead, and the captures it may
@@ -81,7 +81,7 @@ impl<E: Executor> Engine<E> {
                 if i64::from(ticket.credit_pages) > remaining.max(0) + captures + draft {
                     return broken(format!(
                         "{} holds {} credits for {remaining} remaining pages",
-                        ticket.req, ticket.credit_pages
+                        ticket.request, ticket.credit_pages
                     ));
                 }
             }
@@ -164,7 +164,7 @@ impl<E: Executor> Engine<E> {
         self.index.held_pages().for_each(&mut own);
         if let Some(ledger) = &self.ledger {
             for ticket in ledger.snapshot().tickets {
-                let pages = self.index.pages(ticket.req).unwrap_or(&[]);
+                let pages = self.index.pages(ticket.request).unwrap_or(&[]);
                 pages
                     .iter()
                     .take(ticket.import_pages as usize)

@@ -202,10 +202,10 @@ impl<E: Executor> Engine<E> {
     pub fn submit(&mut self, spec: RequestSpec) -> Result<()> {
         let id = spec.id;
         if self.reqs.contains_key(&id) {
-            return Err(Error::DuplicateRequest { id });
+            return Err(Error::DuplicateRequest { request: id });
         }
         if spec.prompt.is_empty() {
-            return Err(Error::EmptyPrompt { id });
+            return Err(Error::EmptyPrompt { request: id });
         }
         if spec.max_output_tokens == 0 {
             return Err(Error::InvalidParam {
@@ -231,7 +231,7 @@ impl<E: Executor> Engine<E> {
             *self.rejected.entry(reason).or_default() += 1;
             tracing::warn!(request = %id, %reason, tokens, limit, "request rejected: it can never run");
             return Err(Error::Rejected {
-                id,
+                request: id,
                 reason,
                 tokens,
                 limit,
@@ -251,7 +251,7 @@ impl<E: Executor> Engine<E> {
     /// copying import drain first, O5), ready (ownership released, O6), running or paused.
     pub fn cancel(&mut self, id: RequestId) -> Result<()> {
         let Some(req) = self.reqs.get(&id) else {
-            return Err(Error::UnknownRequest { id });
+            return Err(Error::UnknownRequest { request: id });
         };
         let phase = req.phase;
         self.leave_container(id);
@@ -273,9 +273,12 @@ impl<E: Executor> Engine<E> {
     /// gate (Q7).
     pub fn resume(&mut self, id: RequestId, input: &[u32], max_output_tokens: u32) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
-        let req = self.reqs.get_mut(&id).ok_or(Error::UnknownRequest { id })?;
+        let req = self
+            .reqs
+            .get_mut(&id)
+            .ok_or(Error::UnknownRequest { request: id })?;
         if req.phase != Phase::Paused {
-            return Err(Error::NotPaused { id });
+            return Err(Error::NotPaused { request: id });
         }
         req.push_tokens(input, tpp);
         req.prompt_end = req.tokens.len() as u32;
@@ -288,9 +291,12 @@ impl<E: Executor> Engine<E> {
 
     /// Ends a paused streaming session: its pages are freed (cached) and it is reported finished.
     pub fn close_stream(&mut self, id: RequestId) -> Result<()> {
-        let req = self.reqs.get(&id).ok_or(Error::UnknownRequest { id })?;
+        let req = self
+            .reqs
+            .get(&id)
+            .ok_or(Error::UnknownRequest { request: id })?;
         if req.phase != Phase::Paused {
-            return Err(Error::NotPaused { id });
+            return Err(Error::NotPaused { request: id });
         }
         self.free_request_pages(id)?;
         self.retire(id, false);

@@ -221,7 +221,7 @@ impl<E: Executor> Engine<E> {
                 .position(|(a, b)| a != b)
             {
                 return Err(Error::RestoreMismatch {
-                    id,
+                    request: id,
                     block,
                     page: *page,
                     byte,

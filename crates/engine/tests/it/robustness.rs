@@ -26,7 +26,7 @@ fn k1_a_request_that_can_never_run_is_rejected_alone_and_counted_by_reason() {
         matches!(
             too_long,
             Err(Error::Rejected {
-                id: RequestId(2),
+                request: RequestId(2),
                 reason: RejectReason::LongerThanModel,
                 tokens: 2052,
                 limit: 2048,

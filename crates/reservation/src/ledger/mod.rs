@@ -51,7 +51,7 @@ pub enum TicketState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ticket {
     /// The request.
-    pub req: RequestId,
+    pub request: RequestId,
     /// The destination pages (one reference each, owned by the ticket until `admit` or `release`).
     pub import_pages: Vec<PageId>,
     /// Execution credits reserved for the continuation.
@@ -152,38 +152,38 @@ impl Ledger {
 
     /// Reserve-with-admission (R1): allocates the destination pages from `pool` and takes one running slot and
     /// the execution credits together, or nothing at all. Answers, in order of precedence:
-    /// - `Invalid` (R4): `req` already holds a ticket, or `spec` is invalid; nothing changes.
-    /// - `Impossible` (R3): import + credits exceed `pool.n_usable()`; the pool is untouched and `req` is no
+    /// - `Invalid` (R4): `request` already holds a ticket, or `spec` is invalid; nothing changes.
+    /// - `Impossible` (R3): import + credits exceed `pool.n_usable()`; the pool is untouched and `request` is no
     ///   longer a waiter.
-    /// - `Expired` (W1): `req` waited `restore_max_wait` since its first refusal; refused even when space
+    /// - `Expired` (W1): `request` waited `restore_max_wait` since its first refusal; refused even when space
     ///   exists, warned about exactly once.
     /// - `Pressure` (R2, R5, Q2): no free slot, or the need does not fit `n_free` minus other tickets' credits,
     ///   in-flight unticketed prefill needs, the watermark (only while other work is scheduled) and the space
-    ///   and slots of earlier capacity waiters. Nothing is allocated or evicted; `req` is recorded (or
+    ///   and slots of earlier capacity waiters. Nothing is allocated or evicted; `request` is recorded (or
     ///   refreshed) as a capacity waiter with its need; with a zero wait it expires at once.
     pub fn reserve(
         &mut self,
         pool: &mut PagePool,
-        req: RequestId,
+        request: RequestId,
         order: AdmissionOrder,
         spec: &RestoreSpec,
         preflight: &Preflight,
         now: Timestamp,
     ) -> Result<Ticket> {
-        if self.tickets.contains_key(&req) {
-            return Err(Error::TicketExists { req });
+        if self.tickets.contains_key(&request) {
+            return Err(Error::TicketExists { request });
         }
         let need = self.need(spec)?;
         let need_pages = need.total_pages();
         if !Geometry::fits_empty_pool(need_pages, pool.n_usable()) {
-            self.forget_waiter(req);
+            self.forget_waiter(request);
             return Err(Error::Impossible {
                 need_pages,
                 usable_pages: pool.n_usable(),
             });
         }
-        self.check_expiry(req, now)?;
-        let (held_pages, held_slots) = self.earlier_waiters_hold(order, req, now);
+        self.check_expiry(request, now)?;
+        let (held_pages, held_slots) = self.earlier_waiters_hold(order, request, now);
         let free_slots = self
             .free_slots(preflight.running_requests)
             .saturating_sub(held_slots);
@@ -191,8 +191,8 @@ impl Ledger {
             .available_pages(pool, preflight)
             .saturating_sub(held_pages);
         if free_slots == 0 || need_pages > available_pages {
-            self.record_waiter(req, order, need_pages, now);
-            self.check_expiry(req, now)?;
+            self.record_waiter(request, order, need_pages, now);
+            self.check_expiry(request, now)?;
             return Err(Error::Pressure {
                 need_pages,
                 available_pages,
@@ -200,9 +200,9 @@ impl Ledger {
             });
         }
         let import_pages = pool.allocate(need.import_pages)?;
-        self.forget_waiter(req);
+        self.forget_waiter(request);
         self.tickets.insert(
-            req,
+            request,
             TicketEntry {
                 state: TicketState::Importing,
                 import_pages: import_pages.clone(),
@@ -213,24 +213,24 @@ impl Ledger {
         self.credit_pages += need.credit_pages;
         self.slots_held += 1;
         Ok(Ticket {
-            req,
+            request,
             import_pages,
             credit_pages: need.credit_pages,
         })
     }
 
-    /// Hands the page references of `req`'s importing ticket to the caller, who from now on holds them (for
+    /// Hands the page references of `request`'s importing ticket to the caller, who from now on holds them (for
     /// example a resident index that staged an import into them: it pins the pages while copies write and
     /// drains them after a cancel, so one owner does both). The ticket keeps its slot and credits; releasing
     /// it later gives back no pages and no drain.
-    pub fn hand_over_pages(&mut self, req: RequestId) -> Result<Vec<PageId>> {
-        let entry = self.entry_in(req, TicketState::Importing)?;
+    pub fn hand_over_pages(&mut self, request: RequestId) -> Result<Vec<PageId>> {
+        let entry = self.entry_in(request, TicketState::Importing)?;
         Ok(std::mem::take(&mut entry.import_pages))
     }
 
-    /// The import was published on every rank: the ticket becomes a ready import, still owned by `req`.
-    pub fn publish(&mut self, req: RequestId) -> Result<()> {
-        let entry = self.entry_in(req, TicketState::Importing)?;
+    /// The import was published on every rank: the ticket becomes a ready import, still owned by `request`.
+    pub fn publish(&mut self, request: RequestId) -> Result<()> {
+        let entry = self.entry_in(request, TicketState::Importing)?;
         entry.state = TicketState::Ready;
         Ok(())
     }
@@ -239,8 +239,8 @@ impl Ledger {
     /// the ticket drops its page references (they stay held by the consumer) and its slot becomes the
     /// consumer's running slot (count it in `Preflight::running_requests` from now on). Credits remain until
     /// `finish_prompt`.
-    pub fn admit(&mut self, req: RequestId, pool: &mut PagePool) -> Result<()> {
-        let entry = self.entry_in(req, TicketState::Ready)?;
+    pub fn admit(&mut self, request: RequestId, pool: &mut PagePool) -> Result<()> {
+        let entry = self.entry_in(request, TicketState::Ready)?;
         pool.free_all(&entry.import_pages)?;
         entry.import_pages.clear();
         entry.state = TicketState::Admitted;
@@ -248,14 +248,14 @@ impl Ledger {
         Ok(())
     }
 
-    /// Releases everything `req` holds, idempotently (a second call returns a no-op `Released`): its capacity
+    /// Releases everything `request` holds, idempotently (a second call returns a no-op `Released`): its capacity
     /// waiter (expired or not: its hold lifts, Q2), its ticket's slot and credits at once, the page
     /// references of a ready import (they become evictable, O6), and, for an import still copying, its
     /// destination pages move to a drain set returned as `Released::drain`: they stay referenced until
     /// `pages_drained` (O5). Also the cancel path.
-    pub fn release(&mut self, req: RequestId, pool: &mut PagePool) -> Released {
-        let waiter = self.forget_waiter(req);
-        let mut released = self.release_ticket(req, pool);
+    pub fn release(&mut self, request: RequestId, pool: &mut PagePool) -> Released {
+        let waiter = self.forget_waiter(request);
+        let mut released = self.release_ticket(request, pool);
         released.waiter = waiter;
         released
     }
@@ -275,9 +275,11 @@ impl Ledger {
         self.credit_pages
     }
 
-    /// Outstanding credits of `req` (0 without a ticket).
-    pub fn credit_pages_of(&self, req: RequestId) -> u32 {
-        self.tickets.get(&req).map_or(0, TicketEntry::outstanding)
+    /// Outstanding credits of `request` (0 without a ticket).
+    pub fn credit_pages_of(&self, request: RequestId) -> u32 {
+        self.tickets
+            .get(&request)
+            .map_or(0, TicketEntry::outstanding)
     }
 
     /// Running slots held by tickets not yet admitted.
@@ -299,14 +301,14 @@ impl Ledger {
         crate::rules::pages_available_to_admit(pool.n_free(), self.credit_pages, preflight)
     }
 
-    /// The stage of `req`'s ticket, if it holds one.
-    pub fn ticket_state(&self, req: RequestId) -> Option<TicketState> {
-        self.tickets.get(&req).map(|entry| entry.state)
+    /// The stage of `request`'s ticket, if it holds one.
+    pub fn ticket_state(&self, request: RequestId) -> Option<TicketState> {
+        self.tickets.get(&request).map(|entry| entry.state)
     }
 
-    /// Whether `req` holds a ticket or is a waiter.
-    pub fn holds_anything(&self, req: RequestId) -> bool {
-        self.tickets.contains_key(&req) || self.waiter_orders.contains_key(&req)
+    /// Whether `request` holds a ticket or is a waiter.
+    pub fn holds_anything(&self, request: RequestId) -> bool {
+        self.tickets.contains_key(&request) || self.waiter_orders.contains_key(&request)
     }
 
     /// Tickets.
@@ -319,11 +321,14 @@ impl Ledger {
         self.draining.values().map(|pages| pages.len() as u32).sum()
     }
 
-    fn entry_in(&mut self, req: RequestId, expected: TicketState) -> Result<&mut TicketEntry> {
-        let entry = self.tickets.get_mut(&req).ok_or(Error::NoTicket { req })?;
+    fn entry_in(&mut self, request: RequestId, expected: TicketState) -> Result<&mut TicketEntry> {
+        let entry = self
+            .tickets
+            .get_mut(&request)
+            .ok_or(Error::NoTicket { request })?;
         if entry.state != expected {
             return Err(Error::WrongTicketState {
-                req,
+                request,
                 state: entry.state,
                 expected,
             });
@@ -331,10 +336,10 @@ impl Ledger {
         Ok(entry)
     }
 
-    /// Removes `req`'s ticket, giving back its slot and outstanding credits; the entry's pages are the
+    /// Removes `request`'s ticket, giving back its slot and outstanding credits; the entry's pages are the
     /// caller's to settle (`release` does, by the ticket's state).
-    fn remove_ticket(&mut self, req: RequestId) -> Option<(TicketEntry, Released)> {
-        let entry = self.tickets.remove(&req)?;
+    fn remove_ticket(&mut self, request: RequestId) -> Option<(TicketEntry, Released)> {
+        let entry = self.tickets.remove(&request)?;
         let released = Released {
             slot: entry.holds_slot(),
             credit_pages: entry.outstanding(),
@@ -347,10 +352,10 @@ impl Ledger {
         Some((entry, released))
     }
 
-    /// Removes `req`'s ticket and settles its pages: a ready import's references are dropped now, an
+    /// Removes `request`'s ticket and settles its pages: a ready import's references are dropped now, an
     /// importing one's pages (unless handed over) go to a drain.
-    fn release_ticket(&mut self, req: RequestId, pool: &mut PagePool) -> Released {
-        let Some((entry, mut released)) = self.remove_ticket(req) else {
+    fn release_ticket(&mut self, request: RequestId, pool: &mut PagePool) -> Released {
+        let Some((entry, mut released)) = self.remove_ticket(request) else {
             return Released::default();
         };
         match entry.state {
@@ -367,7 +372,7 @@ impl Ledger {
                 let freed = pool.free_all(&entry.import_pages);
                 debug_assert!(
                     freed.is_ok(),
-                    "ticket pages of {req} not referenced: {freed:?}"
+                    "ticket pages of {request} not referenced: {freed:?}"
                 );
                 released.freed_import_pages = entry.import_pages.len() as u32;
             }

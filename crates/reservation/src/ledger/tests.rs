@@ -31,7 +31,7 @@ fn spec(geometry: &Geometry) -> RestoreSpec {
     RestoreSpec::for_geometry(geometry, 8, 16, 16)
 }
 
-fn req(id: u64) -> RequestId {
+fn request(id: u64) -> RequestId {
     RequestId(id)
 }
 
@@ -48,7 +48,7 @@ fn reserve(
     let spec = spec(ledger.geometry());
     ledger.reserve(
         pool,
-        req(id),
+        request(id),
         AdmissionOrder::fcfs(id),
         &spec,
         &Preflight::default(),
@@ -58,11 +58,11 @@ fn reserve(
 
 /// Publish, acquire the pages as the consumer would (one reference each), admit.
 fn publish_and_admit(ledger: &mut Ledger, pool: &mut PagePool, id: u64, pages: &[PageId]) {
-    ledger.publish(req(id)).expect("importing");
+    ledger.publish(request(id)).expect("importing");
     for &page in pages {
         pool.touch(page).expect("consumer acquires");
     }
-    ledger.admit(req(id), pool).expect("ready");
+    ledger.admit(request(id), pool).expect("ready");
 }
 
 #[test]
@@ -74,7 +74,10 @@ fn r1_reserve_takes_pages_slot_and_credits_together_or_nothing() {
     assert_eq!(ticket.credit_pages, 2);
     assert_eq!(pool.n_in_use(), 2);
     assert_eq!((ledger.slots_held(), ledger.credit_pages()), (1, 2));
-    assert_eq!(ledger.ticket_state(req(1)), Some(TicketState::Importing));
+    assert_eq!(
+        ledger.ticket_state(request(1)),
+        Some(TicketState::Importing)
+    );
     ledger.check_invariants(&pool);
 
     // 4 free, 2 protected: the next restore (4 pages) gets nothing at all.
@@ -90,7 +93,7 @@ fn r1_reserve_takes_pages_slot_and_credits_together_or_nothing() {
         ),
         (1, 2, 1)
     );
-    assert_eq!(ledger.ticket_state(req(2)), None);
+    assert_eq!(ledger.ticket_state(request(2)), None);
     ledger.check_invariants(&pool);
 }
 
@@ -129,7 +132,7 @@ fn r2_preflight_counts_credits_prefills_and_watermark_only_with_other_work() {
         };
         let mut pool = pool.clone();
         let mut ledger = ledger.clone();
-        let got = ledger.reserve(&mut pool, req(1), order, &spec, &preflight, at(0));
+        let got = ledger.reserve(&mut pool, request(1), order, &spec, &preflight, at(0));
         assert_eq!(got.is_ok(), fits, "{preflight:?}: {got:?}");
         if !fits {
             assert_eq!(got.expect_err("refused").kind(), ErrorKind::Pressure);
@@ -140,7 +143,7 @@ fn r2_preflight_counts_credits_prefills_and_watermark_only_with_other_work() {
             );
             assert!(pool.take_evictions().is_empty());
             assert_eq!((ledger.credit_pages(), ledger.slots_held()), (0, 0));
-            assert!(ledger.is_waiter(req(1)));
+            assert!(ledger.is_waiter(request(1)));
         }
     }
 
@@ -148,7 +151,7 @@ fn r2_preflight_counts_credits_prefills_and_watermark_only_with_other_work() {
     let _first = ledger
         .reserve(
             &mut pool,
-            req(1),
+            request(1),
             order,
             &spec,
             &Preflight::default(),
@@ -159,7 +162,7 @@ fn r2_preflight_counts_credits_prefills_and_watermark_only_with_other_work() {
     let err = ledger
         .reserve(
             &mut pool,
-            req(2),
+            request(2),
             AdmissionOrder::fcfs(2),
             &spec,
             &Preflight::default(),
@@ -191,20 +194,20 @@ fn r3_impossible_is_distinct_and_leaves_pool_and_waiters_untouched() {
     );
     assert_eq!(err.kind(), ErrorKind::Impossible);
     assert_eq!(pool.n_free(), 3);
-    assert!(!ledger.holds_anything(req(1)));
+    assert!(!ledger.holds_anything(request(1)));
     assert_eq!(ledger.n_waiters(), 0);
 
     // A waiter that later turns out impossible (larger prompt) is dropped, not kept.
     let mut pool = PagePool::new(1 + 5).expect("pool");
     let _hog = pool.allocate(4).expect("pages");
     let _pressure = reserve(&mut ledger, &mut pool, 2, at(0)).expect_err("pressure");
-    assert!(ledger.is_waiter(req(2)));
+    assert!(ledger.is_waiter(request(2)));
     let mut bigger = spec(ledger.geometry());
     bigger.prompt_tokens = 64;
     let err = ledger
         .reserve(
             &mut pool,
-            req(2),
+            request(2),
             AdmissionOrder::fcfs(2),
             &bigger,
             &Preflight::default(),
@@ -212,7 +215,7 @@ fn r3_impossible_is_distinct_and_leaves_pool_and_waiters_untouched() {
         )
         .expect_err("impossible");
     assert_eq!(err.kind(), ErrorKind::Impossible);
-    assert!(!ledger.is_waiter(req(2)));
+    assert!(!ledger.is_waiter(request(2)));
 }
 
 #[test]
@@ -301,7 +304,7 @@ fn r4_invalid_input_names_the_problem_and_changes_nothing() {
     for (spec, expect) in cases {
         let got = ledger.reserve(
             &mut pool,
-            req(1),
+            request(1),
             AdmissionOrder::fcfs(1),
             &spec,
             &Preflight::default(),
@@ -311,29 +314,36 @@ fn r4_invalid_input_names_the_problem_and_changes_nothing() {
         assert_eq!(expect.kind(), ErrorKind::Invalid);
         assert!(!expect.to_string().is_empty());
         assert_eq!(pool.n_free(), 16);
-        assert!(!ledger.holds_anything(req(1)));
+        assert!(!ledger.holds_anything(request(1)));
     }
     // A request (checkpoint id) already holding a ticket.
     let _ticket = reserve(&mut ledger, &mut pool, 1, at(0)).expect("fits");
     let free = pool.n_free();
     let err = reserve(&mut ledger, &mut pool, 1, at(0)).expect_err("in use");
-    assert_eq!(err, Error::TicketExists { req: req(1) });
+    assert_eq!(
+        err,
+        Error::TicketExists {
+            request: request(1)
+        }
+    );
     assert_eq!(
         (pool.n_free(), ledger.n_tickets(), ledger.credit_pages()),
         (free, 1, 2)
     );
     // Operations in the wrong stage.
     assert_eq!(
-        ledger.admit(req(1), &mut pool),
+        ledger.admit(request(1), &mut pool),
         Err(Error::WrongTicketState {
-            req: req(1),
+            request: request(1),
             state: TicketState::Importing,
             expected: TicketState::Ready,
         })
     );
     assert_eq!(
-        ledger.consume(req(9), 1),
-        Err(Error::NoTicket { req: req(9) })
+        ledger.consume(request(9), 1),
+        Err(Error::NoTicket {
+            request: request(9)
+        })
     );
     ledger.check_invariants(&pool);
 }
@@ -352,7 +362,7 @@ fn r5_at_most_k_tickets_with_k_free_slots_and_earlier_ones_stay_admissible() {
         let order = AdmissionOrder::fcfs(id);
         tickets.push(
             ledger
-                .reserve(&mut pool, req(id), order, &spec, &running, at(0))
+                .reserve(&mut pool, request(id), order, &spec, &running, at(0))
                 .expect("slot free"),
         );
     }
@@ -360,7 +370,7 @@ fn r5_at_most_k_tickets_with_k_free_slots_and_earlier_ones_stay_admissible() {
     let err = ledger
         .reserve(
             &mut pool,
-            req(4),
+            request(4),
             AdmissionOrder::fcfs(4),
             &spec,
             &running,
@@ -378,7 +388,12 @@ fn r5_at_most_k_tickets_with_k_free_slots_and_earlier_ones_stay_admissible() {
     assert_eq!(pool.n_free(), free);
     assert_eq!(ledger.slots_held(), 3);
     for ticket in &tickets {
-        publish_and_admit(&mut ledger, &mut pool, ticket.req.0, &ticket.import_pages);
+        publish_and_admit(
+            &mut ledger,
+            &mut pool,
+            ticket.request.0,
+            &ticket.import_pages,
+        );
     }
     assert_eq!(ledger.slots_held(), 0);
     ledger.check_invariants(&pool);
@@ -400,7 +415,7 @@ fn q2_capacity_waiter_holds_back_only_later_restores() {
     let _hog = pool.allocate(1).expect("page");
     let err = ledger.reserve(
         &mut pool,
-        req(5),
+        request(5),
         AdmissionOrder::fcfs(5),
         &spec,
         &preflight,
@@ -411,7 +426,7 @@ fn q2_capacity_waiter_holds_back_only_later_restores() {
     // Now 4 free: a later small restore (2 pages) would take the waiter's space: held back.
     let err = ledger.reserve(
         &mut pool,
-        req(6),
+        request(6),
         AdmissionOrder::fcfs(6),
         &small,
         &preflight,
@@ -429,23 +444,23 @@ fn q2_capacity_waiter_holds_back_only_later_restores() {
     let ticket = ledger
         .reserve(
             &mut pool,
-            req(3),
+            request(3),
             AdmissionOrder::fcfs(3),
             &small,
             &preflight,
             at(1),
         )
         .expect("ahead of the waiter");
-    let _released = ledger.release(ticket.req, &mut pool);
+    let _released = ledger.release(ticket.request, &mut pool);
     let _drained = ledger
         .pages_drained(_released.drain.expect("importing"), &mut pool)
         .expect("drain");
     // Cancelling the waiter lifts its hold.
-    assert!(ledger.release(req(5), &mut pool).waiter);
+    assert!(ledger.release(request(5), &mut pool).waiter);
     let _ticket = ledger
         .reserve(
             &mut pool,
-            req(6),
+            request(6),
             AdmissionOrder::fcfs(6),
             &small,
             &preflight,
@@ -465,19 +480,19 @@ fn q3_requests_ahead_of_a_capacity_waiter_are_never_blocked_by_it() {
     let preflight = Preflight::default();
     let _refused = ledger.reserve(
         &mut pool,
-        req(10),
+        request(10),
         AdmissionOrder::fcfs(10),
         &spec,
         &preflight,
         at(0),
     );
-    assert!(ledger.is_waiter(req(10)));
+    assert!(ledger.is_waiter(request(10)));
     pool.free_all(&hog).expect("free");
     // 8 free; the waiter (4) and a request ahead of it (4) both fit; several ahead are admitted in turn.
     for id in [1, 2] {
         let got = ledger.reserve(
             &mut pool,
-            req(id),
+            request(id),
             AdmissionOrder::fcfs(id),
             &spec,
             &preflight,
@@ -488,7 +503,7 @@ fn q3_requests_ahead_of_a_capacity_waiter_are_never_blocked_by_it() {
     // The waiter itself is now refused for pressure: those ahead took the space first, as FCFS says.
     let err = ledger.reserve(
         &mut pool,
-        req(10),
+        request(10),
         AdmissionOrder::fcfs(10),
         &spec,
         &preflight,
@@ -539,24 +554,24 @@ fn w1_bounded_wait_expires_once_refuses_even_with_space_and_clears_on_release() 
         // ...and not once it is over, even before the waiter is polled again.
         let ticket =
             reserve(&mut ledger, &mut pool, 2, at(160)).expect("expired waiter holds nobody back");
-        let _released = ledger.release(ticket.req, &mut pool);
+        let _released = ledger.release(ticket.request, &mut pool);
         pool.free_all(&hog[2..]).expect("free");
         // Space exists now, but the expired restore is refused: it must recompute. One warning only.
         let err = reserve(&mut ledger, &mut pool, 1, at(160)).expect_err("expired");
         assert_eq!(
             err,
             Error::Expired {
-                req: req(1),
+                request: request(1),
                 waited: Duration::from_secs(60),
             }
         );
         let _again = reserve(&mut ledger, &mut pool, 1, at(170)).expect_err("expired");
         assert_eq!(ledger.expire_due(at(200)), Vec::new());
         assert_eq!(warnings.load(Ordering::SeqCst), 1);
-        assert!(ledger.is_expired(req(1)));
+        assert!(ledger.is_expired(request(1)));
         // Admission (to recompute) or release clears the expired state: a new restore starts afresh.
-        assert!(ledger.release(req(1), &mut pool).waiter);
-        assert!(!ledger.is_expired(req(1)));
+        assert!(ledger.release(request(1), &mut pool).waiter);
+        assert!(!ledger.is_expired(request(1)));
         let _ticket = reserve(&mut ledger, &mut pool, 1, at(300)).expect("fresh");
 
         // Zero wait: recompute at once, still one warning.
@@ -580,16 +595,16 @@ fn release_is_idempotent_and_cancel_while_copying_drains_pages() {
     let mut pool = PagePool::new(1 + 8).expect("pool");
     let mut ledger = ledger(4);
     let ticket = reserve(&mut ledger, &mut pool, 1, at(0)).expect("fits");
-    let released = ledger.release(req(1), &mut pool);
+    let released = ledger.release(request(1), &mut pool);
     assert!(released.slot && released.credit_pages == 2);
     let drain = released.drain.expect("pages still copying");
     // Slot and credits are back at once; the pages stay pinned until the copies drain.
     assert_eq!((ledger.slots_held(), ledger.credit_pages()), (0, 0));
     assert_eq!(pool.n_in_use(), 2);
-    assert!(ledger.release(req(1), &mut pool).is_noop());
+    assert!(ledger.release(request(1), &mut pool).is_noop());
     // A new request with the same id does not inherit the drain.
     let _again = reserve(&mut ledger, &mut pool, 1, at(1)).expect("fits");
-    assert!(ledger.release(req(1), &mut pool).drain.is_some());
+    assert!(ledger.release(request(1), &mut pool).drain.is_some());
     assert_eq!(
         ledger.pages_drained(drain, &mut pool),
         Ok(ticket.import_pages.len() as u32)
@@ -603,8 +618,8 @@ fn release_is_idempotent_and_cancel_while_copying_drains_pages() {
     let mut ledger = self::ledger(4);
     let mut pool = PagePool::new(1 + 8).expect("pool");
     let _ticket = reserve(&mut ledger, &mut pool, 7, at(0)).expect("fits");
-    ledger.publish(req(7)).expect("importing");
-    let released = ledger.release(req(7), &mut pool);
+    ledger.publish(request(7)).expect("importing");
+    let released = ledger.release(request(7), &mut pool);
     assert_eq!((released.freed_import_pages, released.drain), (2, None));
     assert_eq!(pool.n_free(), 8);
     let snapshot = ledger.snapshot();

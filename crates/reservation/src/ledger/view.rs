@@ -10,7 +10,7 @@ use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TicketView {
     /// The request.
-    pub req: RequestId,
+    pub request: RequestId,
     /// Its stage.
     pub state: TicketState,
     /// Whether it still holds its own running slot (until admitted).
@@ -29,7 +29,7 @@ pub struct TicketView {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WaiterView {
     /// The request.
-    pub req: RequestId,
+    pub request: RequestId,
     /// Its place in the admission order.
     pub order: AdmissionOrder,
     /// Pages it needs (import + credits).
@@ -62,8 +62,8 @@ impl Ledger {
             tickets: self
                 .tickets
                 .iter()
-                .map(|(&req, entry)| TicketView {
-                    req,
+                .map(|(&request, entry)| TicketView {
+                    request,
                     state: entry.state,
                     holds_slot: entry.holds_slot(),
                     import_pages: entry.import_pages.len() as u32,
@@ -75,8 +75,8 @@ impl Ledger {
             waiters: self
                 .waiters
                 .iter()
-                .map(|(&(order, req), waiter)| WaiterView {
-                    req,
+                .map(|(&(order, request), waiter)| WaiterView {
+                    request,
                     order,
                     need_pages: waiter.need_pages,
                     since: waiter.since,
@@ -117,15 +117,15 @@ impl Ledger {
                 "ledger holds {page:?} but the pool has it free"
             );
         }
-        for (&req, entry) in &self.tickets {
+        for (&request, entry) in &self.tickets {
             assert!(
-                !self.waiter_orders.contains_key(&req),
-                "{req} is both a ticket and a waiter"
+                !self.waiter_orders.contains_key(&request),
+                "{request} is both a ticket and a waiter"
             );
             if entry.state == TicketState::Admitted {
                 assert!(
                     entry.import_pages.is_empty(),
-                    "admitted {req} still holds import pages"
+                    "admitted {request} still holds import pages"
                 );
             }
         }
@@ -134,10 +134,10 @@ impl Ledger {
             self.waiter_orders.len(),
             "waiter indexes disagree"
         );
-        for (&req, &order) in &self.waiter_orders {
+        for (&request, &order) in &self.waiter_orders {
             assert!(
-                self.waiters.contains_key(&(order, req)),
-                "waiter {req} missing at {order:?}"
+                self.waiters.contains_key(&(order, request)),
+                "waiter {request} missing at {order:?}"
             );
         }
     }

@@ -16,25 +16,25 @@ impl Ledger {
             .filter(|(_, waiter)| {
                 !waiter.expired && now.since(waiter.since) >= self.config.restore_max_wait
             })
-            .map(|(&(_, req), _)| req)
+            .map(|(&(_, request), _)| request)
             .collect();
-        for &req in &due {
+        for &request in &due {
             // Marks and warns; the error value is the answer for a polled request, not needed here.
-            let _expired = self.check_expiry(req, now);
+            let _expired = self.check_expiry(request, now);
         }
         due
     }
 
-    /// Whether `req` is a capacity waiter (expired or not).
-    pub fn is_waiter(&self, req: RequestId) -> bool {
-        self.waiter_orders.contains_key(&req)
+    /// Whether `request` is a capacity waiter (expired or not).
+    pub fn is_waiter(&self, request: RequestId) -> bool {
+        self.waiter_orders.contains_key(&request)
     }
 
-    /// Whether `req`'s bounded wait is over (it must recompute; admission or release clears this).
-    pub fn is_expired(&self, req: RequestId) -> bool {
+    /// Whether `request`'s bounded wait is over (it must recompute; admission or release clears this).
+    pub fn is_expired(&self, request: RequestId) -> bool {
         self.waiter_orders
-            .get(&req)
-            .is_some_and(|&order| self.waiters[&(order, req)].expired)
+            .get(&request)
+            .is_some_and(|&order| self.waiters[&(order, request)].expired)
     }
 
     /// Capacity waiters, expired ones included.
@@ -42,16 +42,16 @@ impl Ledger {
         self.waiters.len()
     }
 
-    /// Pages and slots held, for `req` at `order`, by earlier waiters whose wait is not over.
+    /// Pages and slots held, for `request` at `order`, by earlier waiters whose wait is not over.
     pub(super) fn earlier_waiters_hold(
         &self,
         order: AdmissionOrder,
-        req: RequestId,
+        request: RequestId,
         now: Timestamp,
     ) -> (u32, u32) {
         let max_wait = self.config.restore_max_wait;
         self.waiters
-            .range(..(order, req))
+            .range(..(order, request))
             .filter(|(_, waiter)| !waiter.expired && now.since(waiter.since) < max_wait)
             .fold((0u32, 0u32), |(pages, slots), (_, waiter)| {
                 (pages.saturating_add(waiter.need_pages), slots + 1)
@@ -60,7 +60,7 @@ impl Ledger {
 
     pub(super) fn record_waiter(
         &mut self,
-        req: RequestId,
+        request: RequestId,
         order: AdmissionOrder,
         need_pages: u32,
         now: Timestamp,
@@ -70,26 +70,26 @@ impl Ledger {
             since: now,
             expired: false,
         };
-        if let Some(old_order) = self.waiter_orders.insert(req, order) {
-            let old = self.waiters.remove(&(old_order, req));
-            debug_assert!(old.is_some(), "waiter index of {req} dangling");
+        if let Some(old_order) = self.waiter_orders.insert(request, order) {
+            let old = self.waiters.remove(&(old_order, request));
+            debug_assert!(old.is_some(), "waiter index of {request} dangling");
             if let Some(old) = old {
                 waiter.since = old.since;
                 waiter.expired = old.expired;
             }
         }
-        self.waiters.insert((order, req), waiter);
+        self.waiters.insert((order, request), waiter);
     }
 
-    /// Whether `req` (a waiter) is out of time: marks it expired with exactly one warning on the transition.
-    pub(super) fn check_expiry(&mut self, req: RequestId, now: Timestamp) -> Result<()> {
-        let Some(&order) = self.waiter_orders.get(&req) else {
+    /// Whether `request` (a waiter) is out of time: marks it expired with exactly one warning on the transition.
+    pub(super) fn check_expiry(&mut self, request: RequestId, now: Timestamp) -> Result<()> {
+        let Some(&order) = self.waiter_orders.get(&request) else {
             return Ok(());
         };
         let max_wait = self.config.restore_max_wait;
         let waiter = self
             .waiters
-            .get_mut(&(order, req))
+            .get_mut(&(order, request))
             .expect("waiter indexes agree");
         let waited = now.since(waiter.since);
         if !waiter.expired && waited < max_wait {
@@ -98,20 +98,20 @@ impl Ledger {
         if !waiter.expired {
             waiter.expired = true;
             tracing::warn!(
-                %req,
+                %request,
                 waited_s = waited.as_secs_f64(),
                 max_wait_s = max_wait.as_secs_f64(),
                 "restore gave up waiting for capacity after {:.1} s; recomputing its prompt",
                 waited.as_secs_f64()
             );
         }
-        Err(Error::Expired { req, waited })
+        Err(Error::Expired { request, waited })
     }
 
-    pub(super) fn forget_waiter(&mut self, req: RequestId) -> bool {
-        match self.waiter_orders.remove(&req) {
+    pub(super) fn forget_waiter(&mut self, request: RequestId) -> bool {
+        match self.waiter_orders.remove(&request) {
             Some(order) => {
-                self.waiters.remove(&(order, req));
+                self.waiters.remove(&(order, request));
                 true
             }
             None => false,

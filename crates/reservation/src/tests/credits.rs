@@ -78,7 +78,7 @@ struct Outcome {
 
 /// Runs one restore's consumer on a pool `extra_pages` larger than its need, with a greedy competitor.
 fn run_consumer(geometry: &Geometry, spec: &RestoreSpec, extra_pages: u32) -> Outcome {
-    let req = RequestId(1);
+    let request = RequestId(1);
     let need = spec.need(geometry).expect("valid spec");
     let n_usable = need.total_pages() + extra_pages;
     let mut pool = PagePool::new(1 + n_usable).expect("pool");
@@ -86,18 +86,18 @@ fn run_consumer(geometry: &Geometry, spec: &RestoreSpec, extra_pages: u32) -> Ou
     let ticket = ledger
         .reserve(
             &mut pool,
-            req,
+            request,
             AdmissionOrder::fcfs(1),
             spec,
             &Preflight::default(),
             Timestamp::ZERO,
         )
         .expect("fits an empty pool");
-    ledger.publish(req).expect("importing");
+    ledger.publish(request).expect("importing");
     for &page in &ticket.import_pages {
         pool.touch(page).expect("consumer acquires");
     }
-    ledger.admit(req, &mut pool).expect("ready");
+    ledger.admit(request, &mut pool).expect("ready");
 
     let mut held: VecDeque<PageId> = VecDeque::new();
     let mut competitor: Vec<PageId> = Vec::new();
@@ -108,7 +108,7 @@ fn run_consumer(geometry: &Geometry, spec: &RestoreSpec, extra_pages: u32) -> Ou
         let target = held_pages(geometry, spec, start, end, false);
         let missing = target.saturating_sub(held.len() as u32);
         let pages = ledger
-            .allocate(&mut pool, req, missing)
+            .allocate(&mut pool, request, missing)
             .unwrap_or_else(|err| {
                 panic!("consumer preempted at [{start}, {end}) of {spec:?}: {err}");
             });
@@ -127,7 +127,9 @@ fn run_consumer(geometry: &Geometry, spec: &RestoreSpec, extra_pages: u32) -> Ou
         for _ in 0..drop {
             pool.free(held.pop_front().expect("held")).expect("free");
         }
-        ledger.release_window_pages(req, drop).expect("admitted");
+        ledger
+            .release_window_pages(request, drop)
+            .expect("admitted");
         ledger.check_invariants(&pool);
         outcome.steps += 1;
         start = end;
@@ -135,9 +137,9 @@ fn run_consumer(geometry: &Geometry, spec: &RestoreSpec, extra_pages: u32) -> Ou
             break;
         }
     }
-    ledger.finish_prompt(req).expect("admitted");
+    ledger.finish_prompt(request).expect("admitted");
     assert_eq!(ledger.credit_pages(), 0, "credits left after the prompt");
-    assert!(!ledger.holds_anything(req));
+    assert!(!ledger.holds_anything(request));
     outcome.competitor_pages = competitor.len() as u32;
     let held: Vec<PageId> = held.into_iter().collect();
     pool.free_all(&held).expect("free");
