@@ -1,7 +1,7 @@
 //! `InlineCopyEngine`: deterministic copies on the injected clock. A job completes at submit time plus
 //! latency plus bytes / bandwidth; its bytes are written (or read) at completion, so a cancelled or failed
 //! job never touches page storage. Fault injection: fail a job or a rank's next job, delay one, evict a
-//! destination page mid-copy.
+//! destination page mid-copy, or corrupt a byte of the next restore silently.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,6 +45,14 @@ pub enum Fault {
         /// Extra time.
         by: Duration,
     },
+    /// The next restore job submitted on `rank` completes as done, but writes the first page's byte
+    /// `byte` inverted: silent corruption, for the engine's byte-for-byte verification to catch (E3, L5).
+    CorruptNext {
+        /// The rank.
+        rank: u32,
+        /// Offset of the corrupted byte in the job's first page.
+        byte: usize,
+    },
     /// An in-flight job fails at its completion time.
     FailJob(CopyJobId),
     /// An in-flight job completes `by` later.
@@ -60,6 +68,8 @@ struct InlineJob {
     complete_at: Timestamp,
     cancelled: bool,
     failure: Option<String>,
+    /// A byte of the first page to write inverted (an injected silent corruption).
+    corrupt_byte: Option<usize>,
     invalidated: Vec<PageId>,
 }
 
@@ -107,7 +117,9 @@ impl InlineCopyEngine {
     /// Injects a fault (see `Fault`).
     pub fn inject(&mut self, fault: Fault) {
         match fault {
-            Fault::FailNext { .. } | Fault::DelayNext { .. } => self.next_on_rank.push(fault),
+            Fault::FailNext { .. } | Fault::DelayNext { .. } | Fault::CorruptNext { .. } => {
+                self.next_on_rank.push(fault);
+            }
             Fault::FailJob(id) => {
                 if let Some(job) = self.in_flight.get_mut(&id) {
                     job.failure = Some(format!("injected failure of job {}", id.0));
@@ -151,7 +163,7 @@ impl InlineCopyEngine {
         } else if let Some(reason) = job.failure {
             CopyOutcome::Failed { reason }
         } else {
-            self.execute(&job.job)
+            self.execute(&job.job, job.corrupt_byte)
         };
         CopyCompletion {
             job: id,
@@ -161,11 +173,19 @@ impl InlineCopyEngine {
         }
     }
 
-    fn execute(&self, job: &CopyJob) -> CopyOutcome {
+    fn execute(&self, job: &CopyJob, corrupt_byte: Option<usize>) -> CopyOutcome {
         let rank = job.rank;
         match (&job.work, &self.storage) {
             (CopyWork::Restore { pages }, Some(storage)) => {
-                for (bytes, page) in pages {
+                for (idx, (bytes, page)) in pages.iter().enumerate() {
+                    let corrupted: Option<Vec<u8>> = corrupt_byte
+                        .filter(|&byte| idx == 0 && byte < bytes.len())
+                        .map(|byte| {
+                            let mut copy = bytes.to_vec();
+                            copy[byte] = !copy[byte];
+                            copy
+                        });
+                    let bytes: &[u8] = corrupted.as_deref().unwrap_or(bytes);
                     if let Err(e) = storage.write(rank, *page, bytes) {
                         return CopyOutcome::Failed {
                             reason: e.to_string(),
@@ -205,6 +225,8 @@ impl CopyEngine for InlineCopyEngine {
         let n_bytes = job.n_pages() as u64 * self.bytes_per_page;
         let mut complete_at = now.after(self.model.duration(n_bytes));
         let mut failure = None;
+        let mut corrupt_byte = None;
+        let is_restore = matches!(job.work, CopyWork::Restore { .. });
         let rank = job.rank;
         let mut remaining = Vec::with_capacity(self.next_on_rank.len());
         for fault in self.next_on_rank.drain(..) {
@@ -214,6 +236,11 @@ impl CopyEngine for InlineCopyEngine {
                 }
                 Fault::DelayNext { rank: r, by } if r == rank => {
                     complete_at = complete_at.after(by);
+                }
+                Fault::CorruptNext { rank: r, byte }
+                    if r == rank && is_restore && corrupt_byte.is_none() =>
+                {
+                    corrupt_byte = Some(byte);
                 }
                 other => remaining.push(other),
             }
@@ -226,6 +253,7 @@ impl CopyEngine for InlineCopyEngine {
                 complete_at,
                 cancelled: false,
                 failure,
+                corrupt_byte,
                 invalidated: Vec::new(),
             },
         );

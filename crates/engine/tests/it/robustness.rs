@@ -297,3 +297,40 @@ fn apply(engine: &mut Engine, call: &Call) {
         Call::Forget => engine.forget_checkpoints(),
     }
 }
+
+#[test]
+fn l5_a_corrupted_copy_is_caught_naming_the_request_the_page_and_the_byte() {
+    let mut engine = Engine::new(EngineParams {
+        verify_restores: true,
+        ..params(Policy::Reserved, 64)
+    })
+    .unwrap();
+    let history = tokens(4, 0, 0, 6 * TPP);
+    seed_checkpoint(&mut engine, 1, &history, 1);
+    // The copy completes as done, with one byte of its first page inverted.
+    engine.inject_copy_fault(Fault::CorruptNext { rank: 0, byte: 5 });
+    let mut prompt = history;
+    prompt.extend(tokens(4, 0, 1, 8));
+    engine.submit(spec(9, prompt, 4, engine.now())).unwrap();
+    let error = loop {
+        match engine.step() {
+            Ok(report) => assert!(!report.idle, "the restore never completed"),
+            Err(error) => break error,
+        }
+    };
+    let Error::RestoreMismatch {
+        request,
+        block,
+        byte,
+        ..
+    } = &error
+    else {
+        panic!("{error}");
+    };
+    assert_eq!((*request, *block, *byte), (RequestId(9), 0, 5), "{error}");
+    let message = error.to_string();
+    assert!(
+        message.contains("req-9") && message.contains("byte 5") && message.contains("page"),
+        "{message}"
+    );
+}
