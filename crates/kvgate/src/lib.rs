@@ -16,7 +16,7 @@ pub use builder::EngineBuilder;
 pub use config::EngineConfig;
 pub use error::{Error, Result};
 
-pub use checkpoint_transfer::{CheckpointStore, DiskStore, Fault, HostStore};
+pub use checkpoint_transfer::{CheckpointStore, DiskStore, Fault, HostStore, RedisStore};
 pub use engine::{
     CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, Policy, RequestMetrics,
     RequestSpec, RequestView, RunMetrics, STOP_TOKEN, StepReport, output_token,
