@@ -14,6 +14,14 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// A chart could not be written.
+    #[error("cannot write chart {path}: {reason}; check that the directory is writable")]
+    Plot {
+        /// The chart file (or its directory).
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
     /// A config file is not valid TOML for `EngineConfig`.
     #[error("{path}: {message}")]
     ConfigSyntax {

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use engine::{Engine, Policy, RequestSpec, RunMetrics};
+use engine::{Engine, Policy, RequestSpec, RunMetrics, StepReport};
 use reservation::{RequestId, Timestamp};
 
 use crate::config::EngineConfig;
@@ -16,12 +16,39 @@ use crate::workload::mooncake::{TRACE_BLOCK_TOKENS, TraceRequest};
 /// Called now and then with (requests finished, requests in the workload).
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
+/// Watches a run: sees the engine after every step and once at the end (charts, metrics exporters).
+pub trait Observer {
+    /// After each `Engine::step`, with its report.
+    fn step(&mut self, engine: &Engine, report: &StepReport);
+    /// Once the run has finished.
+    fn finish(&mut self, _engine: &Engine) {}
+}
+
+/// An observer that does nothing.
+#[derive(Debug, Default)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn step(&mut self, _engine: &Engine, _report: &StepReport) {}
+}
+
 /// Runs the agents workload under `policy` until every turn of every session has finished.
 pub fn run_agents(
     config: &EngineConfig,
     spec: &AgentsSpec,
     policy: Policy,
     progress: Progress<'_>,
+) -> Result<RunMetrics> {
+    run_agents_observed(config, spec, policy, progress, &mut NoObserver)
+}
+
+/// `run_agents`, with `observer` shown every step.
+pub fn run_agents_observed(
+    config: &EngineConfig,
+    spec: &AgentsSpec,
+    policy: Policy,
+    progress: Progress<'_>,
+    observer: &mut dyn Observer,
 ) -> Result<RunMetrics> {
     spec.validate()?;
     let mut engine = Engine::new(config.engine_params(policy)?)?;
@@ -33,7 +60,8 @@ pub fn run_agents(
     }
     let mut finished = 0u64;
     while !engine.is_idle() {
-        engine.step()?;
+        let report = engine.step()?;
+        observer.step(&engine, &report);
         for done in engine.take_finished() {
             finished += 1;
             progress(finished, total);
@@ -50,6 +78,7 @@ pub fn run_agents(
             }
         }
     }
+    observer.finish(&engine);
     Ok(engine.metrics())
 }
 
@@ -64,6 +93,27 @@ pub fn run_replay(
     time_scale: f64,
     policy: Policy,
     progress: Progress<'_>,
+) -> Result<RunMetrics> {
+    run_replay_observed(
+        config,
+        trace,
+        later_turn,
+        time_scale,
+        policy,
+        progress,
+        &mut NoObserver,
+    )
+}
+
+/// `run_replay`, with `observer` shown every step.
+pub fn run_replay_observed(
+    config: &EngineConfig,
+    trace: &[TraceRequest],
+    later_turn: &[bool],
+    time_scale: f64,
+    policy: Policy,
+    progress: Progress<'_>,
+    observer: &mut dyn Observer,
 ) -> Result<RunMetrics> {
     check_time_scale(time_scale)?;
     if trace.len() != later_turn.len() {
@@ -103,7 +153,8 @@ pub fn run_replay(
         if engine.is_idle() && next == trace.len() {
             break;
         }
-        engine.step()?;
+        let report = engine.step()?;
+        observer.step(&engine, &report);
         for _ in engine.take_finished() {
             finished += 1;
             if finished.is_multiple_of(64) || started.elapsed() > Duration::from_secs(1) {
@@ -112,6 +163,7 @@ pub fn run_replay(
         }
     }
     progress(total, total);
+    observer.finish(&engine);
     Ok(engine.metrics())
 }
 
@@ -189,7 +241,8 @@ fn submit_or_reject(engine: &mut Engine, request: RequestSpec) -> Result<()> {
     }
 }
 
-fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {
+/// The (session, turn) an agents request id stands for.
+pub fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {
     (
         (id.0 / u64::from(spec.turns)) as u32,
         (id.0 % u64::from(spec.turns)) as u32,
