@@ -22,6 +22,7 @@ impl RedisServer {
     /// Starts a server on a free loopback port (no persistence), waiting until it answers PING. `None`, with
     /// a message saying the test `test` skipped, when `redis-server` is not installed and
     /// `KVGATE_REQUIRE_REDIS` is not `1`.
+    #[allow(clippy::print_stderr, reason = "a skipped test says so")]
     pub(crate) fn start(test: &str) -> Option<Self> {
         let installed = Command::new("redis-server")
             .arg("--version")

@@ -28,6 +28,11 @@ pub const DEFAULT_KEY_PREFIX: &str = "kvgate:";
 /// Longest key prefix accepted, in bytes.
 pub const KEY_PREFIX_BYTES_MAX: usize = 256;
 
+/// A manifest value as read, absent when the server does not hold it.
+type ManifestValue = Option<Vec<u8>>;
+/// A payload value as read, absent when the server does not hold it.
+type PayloadValue = Option<Vec<u8>>;
+
 /// Rejected values named one by one (later ones are counted, not kept).
 const REJECTED_KEPT_MAX: usize = 64;
 
@@ -403,7 +408,7 @@ impl CheckpointStore for RedisStore {
             .ok_or_else(|| Error::NotFound { id: id.clone() })?;
         let (manifest_key, payload_key) =
             (self.manifest_key(id), self.payload_key(id, meta.generation));
-        let read: Result<(Option<Vec<u8>>, Option<Vec<u8>>)> =
+        let read: Result<(ManifestValue, PayloadValue)> =
             self.call(|c| redis::pipe().get(&manifest_key).get(&payload_key).query(c));
         let checked = read.and_then(|(manifest_bytes, payload)| {
             let (Some(manifest_bytes), Some(payload)) = (manifest_bytes, payload) else {

@@ -51,6 +51,9 @@ pub(super) fn draw(
     root.present().map_err(|e| e.to_string())
 }
 
+/// One line of a pool panel: its label, colour and value per sample.
+type Layer = (&'static str, RGBColor, fn(&super::Sample) -> f64);
+
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
 type Chart2d<'a, 'b> =
@@ -210,7 +213,7 @@ fn pool_pages(area: &Area<'_>, timeline: &Timeline) -> DrawResult {
     let used = RGBColor(0x44, 0x44, 0x44);
     let credit = RGBColor(0x94, 0x67, 0xbd);
     let free = RGBColor(0x17, 0xbe, 0xcf);
-    let layers: [(&str, RGBColor, fn(&super::Sample) -> f64); 3] = [
+    let layers: [Layer; 3] = [
         ("used", used, |s| f64::from(s.used_pages)),
         ("free, credit-protected", credit, |s| {
             f64::from(s.credit_pages)
