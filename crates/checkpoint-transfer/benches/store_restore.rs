@@ -3,7 +3,7 @@
 //! `HostStorage` by `ThreadedCopyEngine`, from a `RedisStore` on a `redis-server` this bench starts on a free
 //! loopback port (`restore_redis_gib_s`) against the same from a `HostStore` (`restore_host_store_gib_s`) in
 //! the same run. Without `redis-server` it prints that the Redis figure was skipped. Progress on stderr, one
-//! JSON object on stdout.
+//! JSON object on stdout. Without `--bench` (as `cargo test` runs it) it runs the `--quick` sizes.
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
@@ -30,7 +30,9 @@ const BYTES_PER_PAGE: usize = 2 << 20;
 const TOKENS_PER_PAGE: u32 = 16;
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    // `cargo test` runs this binary without `--bench`: a quick smoke run there.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let quick = args.iter().any(|a| a == "--quick") || !args.iter().any(|a| a == "--bench");
     let (total_bytes, reps) = if quick { (64 << 20, 3) } else { (256 << 20, 7) };
     let n_pages = total_bytes / BYTES_PER_PAGE;
     eprintln!(

@@ -22,6 +22,14 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The metrics endpoint cannot listen.
+    #[error("cannot serve metrics on {addr}: {reason}; give a free address such as 127.0.0.1:9464")]
+    Metrics {
+        /// The address asked for.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
     /// A config file is not valid TOML for `EngineConfig`.
     #[error("{path}: {message}")]
     ConfigSyntax {

@@ -7,6 +7,7 @@ mod builder;
 pub mod config;
 mod error;
 pub mod limits;
+pub mod metrics;
 pub mod plot;
 pub mod report;
 pub mod run;

@@ -15,7 +15,7 @@ use engine::{Policy, RunMetrics};
 use kvgate::plot::{self, Timeline};
 use kvgate::workload::agents::AgentsSpec;
 use kvgate::workload::mooncake;
-use kvgate::{EngineConfig, report, run};
+use kvgate::{EngineConfig, metrics, report, run};
 
 /// kvgate: restore-admission for LLM serving, on a simulated engine.
 #[derive(Debug, Parser)]
@@ -82,6 +82,10 @@ struct AgentsArgs {
     /// Think time between turns, in seconds.
     #[arg(long, default_value_t = AgentsSpec::default().think_s)]
     think_s: f64,
+    /// Serve Prometheus metrics of the running engines at http://ADDR/metrics while the run lasts (for
+    /// example 127.0.0.1:9464; port 0 picks a free one, named on stderr).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -180,18 +184,34 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     spec.validate()?;
     let policies = policies(&args.run.policy)?;
     let plot = args.run.plot.is_some();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let families = metrics::MetricFamilies::register(&mut registry);
+    let _server = match &args.metrics_addr {
+        Some(addr) => {
+            let server = metrics::serve(addr, std::sync::Arc::new(registry))?;
+            eprintln!(
+                "kvgate: serving metrics at http://{}/metrics",
+                server.local_addr()
+            );
+            Some(server)
+        }
+        None => None,
+    };
     let runs = run_policies(&policies, |policy, progress| {
         let config = config_of(&config, policy, policies.len());
         let spec_of_turn = spec.clone();
         let mut timeline = Timeline::new(policy.name(), move |id| {
             run::agent_turn(&spec_of_turn, id).1
         });
-        let observer: &mut dyn run::Observer = if plot {
-            &mut timeline
-        } else {
-            &mut run::NoObserver
-        };
-        let metrics = run::run_agents_observed(&config, &spec, policy, progress, observer)?;
+        let mut engine_metrics = families.engine(policy.name());
+        let mut observers: Vec<&mut dyn run::Observer> = Vec::new();
+        if plot {
+            observers.push(&mut timeline);
+        }
+        if args.metrics_addr.is_some() {
+            observers.push(&mut engine_metrics);
+        }
+        let metrics = run::run_agents_observed(&config, &spec, policy, progress, &mut observers)?;
         Ok((metrics, timeline))
     })?;
     let runs = write_plot(

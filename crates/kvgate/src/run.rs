@@ -32,6 +32,21 @@ impl Observer for NoObserver {
     fn step(&mut self, _engine: &Engine, _report: &StepReport) {}
 }
 
+/// Every observer of the list, in order.
+impl Observer for Vec<&mut dyn Observer> {
+    fn step(&mut self, engine: &Engine, report: &StepReport) {
+        for observer in self.iter_mut() {
+            observer.step(engine, report);
+        }
+    }
+
+    fn finish(&mut self, engine: &Engine) {
+        for observer in self.iter_mut() {
+            observer.finish(engine);
+        }
+    }
+}
+
 /// Runs the agents workload under `policy` until every turn of every session has finished.
 pub fn run_agents(
     config: &EngineConfig,
