@@ -112,19 +112,8 @@ fn a_full_redis_server_fails_the_puts_and_the_engine_goes_on() {
     let Some(server) = RedisServer::start("a_full_redis_server_fails_the_puts") else {
         return;
     };
-    assert_eq!(
-        server
-            .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
-            .unwrap(),
-        "+OK"
-    );
     // Below what the server already uses: every write is refused.
-    assert_eq!(
-        server
-            .command(&["CONFIG", "SET", "maxmemory", "1"])
-            .unwrap(),
-        "+OK"
-    );
+    server.set_maxmemory("1");
     let mut engine = EngineBuilder::new(config(&server)).build().unwrap();
     let output = run_one(
         &mut engine,

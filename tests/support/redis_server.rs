@@ -92,6 +92,18 @@ impl RedisServer {
         Ok(line.trim_end().to_string())
     }
 
+    /// Sets the server's memory limit to `limit` (for example `4mb`) with writes refused beyond it.
+    pub(crate) fn set_maxmemory(&self, limit: &str) {
+        for (key, value) in [("maxmemory-policy", "noeviction"), ("maxmemory", limit)] {
+            let reply = self.command(&["CONFIG", "SET", key, value]);
+            assert_eq!(
+                reply.as_deref().ok(),
+                Some("+OK"),
+                "CONFIG SET {key} {value}"
+            );
+        }
+    }
+
     /// Kills the server (its data is gone: no persistence) and waits for it to exit.
     pub(crate) fn stop(&mut self) {
         let _ignored = self.child.kill();

@@ -264,5 +264,22 @@ pub fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {
     )
 }
 
+/// A small agents run that outgrows its pool (4 sessions x 4 turns on 256 pages), for tests.
+#[cfg(test)]
+pub(crate) fn small_agents() -> (EngineConfig, AgentsSpec) {
+    let mut config = EngineConfig::default();
+    config.pool.pages = 256;
+    let spec = AgentsSpec {
+        n_agents: 4,
+        turns: 4,
+        first_prompt_tokens: 1024,
+        turn_input_tokens: 512,
+        response_tokens: 32,
+        think_s: 1.0,
+        seed: 7,
+    };
+    (config, spec)
+}
+
 #[cfg(test)]
 mod tests;

@@ -10,9 +10,7 @@ use engine::Policy;
 use prometheus_client::registry::Registry;
 
 use super::{MetricFamilies, serve};
-use crate::config::EngineConfig;
 use crate::run;
-use crate::workload::agents::AgentsSpec;
 
 /// `GET path` on `addr`: (status line, body).
 fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
@@ -41,17 +39,7 @@ fn parse(text: &str) -> HashMap<String, f64> {
 
 #[test]
 fn metrics_are_served_over_http_in_the_text_format() {
-    let mut config = EngineConfig::default();
-    config.pool.pages = 256;
-    let spec = AgentsSpec {
-        n_agents: 4,
-        turns: 4,
-        first_prompt_tokens: 1024,
-        turn_input_tokens: 512,
-        response_tokens: 32,
-        think_s: 1.0,
-        seed: 7,
-    };
+    let (config, spec) = run::small_agents();
     let mut registry = Registry::default();
     let families = MetricFamilies::register(&mut registry);
     let server = serve("127.0.0.1:0", Arc::new(registry)).unwrap();

@@ -70,6 +70,49 @@ fn legend<'a>(chart: &mut Chart2d<'a, 'a>, position: SeriesLabelPosition) -> Dra
     Ok(())
 }
 
+/// One panel with a line per policy, in the policy's colour.
+struct PolicyPanel<'a> {
+    caption: &'a str,
+    x_desc: &'a str,
+    y_desc: &'a str,
+    x_range: std::ops::Range<f64>,
+    y_range: std::ops::Range<f64>,
+    legend_at: SeriesLabelPosition,
+}
+
+impl PolicyPanel<'_> {
+    fn draw(
+        self,
+        area: &Area<'_>,
+        timelines: &[Timeline],
+        series: Vec<Vec<(f64, f64)>>,
+    ) -> DrawResult {
+        let mut chart = ChartBuilder::on(area)
+            .caption(self.caption, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(45)
+            .y_label_area_size(60)
+            .build_cartesian_2d(self.x_range, self.y_range)?;
+        chart
+            .configure_mesh()
+            .x_desc(self.x_desc)
+            .y_desc(self.y_desc)
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 16))
+            .draw()?;
+        for (timeline, points) in timelines.iter().zip(series) {
+            let colour = policy_colour(timeline.policy());
+            chart
+                .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
+                .label(timeline.policy())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3))
+                });
+        }
+        legend(&mut chart, self.legend_at)
+    }
+}
+
 fn cache_share(area: &Area<'_>, turn_label: &str, timelines: &[Timeline]) -> DrawResult {
     let series: Vec<Vec<(f64, f64)>> = timelines
         .iter()
@@ -81,97 +124,56 @@ fn cache_share(area: &Area<'_>, turn_label: &str, timelines: &[Timeline]) -> Dra
         })
         .collect();
     let x_max = series.iter().flatten().map(|p| p.0).fold(1.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption("Prompt tokens from cache, per turn", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.5..x_max + 0.5, 0.0..105.0)?;
-    chart
-        .configure_mesh()
-        .x_desc(turn_label)
-        .y_desc("from cache (%)")
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 16))
-        .draw()?;
-    for (timeline, points) in timelines.iter().zip(series) {
-        let colour = policy_colour(timeline.policy());
-        chart
-            .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
-            .label(timeline.policy())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3)));
+    PolicyPanel {
+        caption: "Prompt tokens from cache, per turn",
+        x_desc: turn_label,
+        y_desc: "from cache (%)",
+        x_range: 0.5..x_max + 0.5,
+        y_range: 0.0..105.0,
+        legend_at: SeriesLabelPosition::LowerRight,
     }
-    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
-    Ok(())
+    .draw(area, timelines, series)
 }
 
 fn turn_time_cdf(area: &Area<'_>, timelines: &[Timeline]) -> DrawResult {
     let series: Vec<Vec<(f64, f64)>> = timelines.iter().map(Timeline::turn_time_cdf).collect();
     let x_max = series.iter().flatten().map(|p| p.0).fold(1e-3, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption("Turn time CDF (arrival to last token)", ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..x_max * 1.02, 0.0..1.02)?;
-    chart
-        .configure_mesh()
-        .x_desc("turn time (s)")
-        .y_desc("fraction of turns")
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 16))
-        .draw()?;
-    for (timeline, points) in timelines.iter().zip(series) {
-        let colour = policy_colour(timeline.policy());
-        chart
-            .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
-            .label(timeline.policy())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3)));
+    PolicyPanel {
+        caption: "Turn time CDF (arrival to last token)",
+        x_desc: "turn time (s)",
+        y_desc: "fraction of turns",
+        x_range: 0.0..x_max * 1.02,
+        y_range: 0.0..1.02,
+        legend_at: SeriesLabelPosition::LowerRight,
     }
-    legend(&mut chart, SeriesLabelPosition::LowerRight)?;
-    Ok(())
+    .draw(area, timelines, series)
 }
 
 fn capacity_waiters(area: &Area<'_>, timelines: &[Timeline]) -> DrawResult {
+    let series: Vec<Vec<(f64, f64)>> = timelines
+        .iter()
+        .map(|t| {
+            t.binned_samples()
+                .into_iter()
+                .map(|s| (s.t_s, f64::from(s.capacity_waiters)))
+                .collect()
+        })
+        .collect();
     let t_max = timelines
         .iter()
         .filter_map(|t| t.samples.last())
         .map(|s| s.t_s)
         .fold(1e-3, f64::max);
-    let y_max = timelines
-        .iter()
-        .flat_map(|t| &t.samples)
-        .map(|s| f64::from(s.capacity_waiters))
-        .fold(1.0, f64::max);
-    let mut chart = ChartBuilder::on(area)
-        .caption(
-            "Capacity waiters (restores waiting for room)",
-            ("sans-serif", 20),
-        )
-        .margin(12)
-        .x_label_area_size(45)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..t_max, 0.0..y_max * 1.1)?;
-    chart
-        .configure_mesh()
-        .x_desc("engine time (s)")
-        .y_desc("waiters")
-        .label_style(("sans-serif", 15))
-        .axis_desc_style(("sans-serif", 16))
-        .draw()?;
-    for timeline in timelines {
-        let colour = policy_colour(timeline.policy());
-        let points = timeline
-            .binned_samples()
-            .into_iter()
-            .map(|s| (s.t_s, f64::from(s.capacity_waiters)));
-        chart
-            .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
-            .label(timeline.policy())
-            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3)));
+    let y_max = series.iter().flatten().map(|p| p.1).fold(1.0, f64::max);
+    PolicyPanel {
+        caption: "Capacity waiters (restores waiting for room; mean over 1/400 of the run)",
+        x_desc: "engine time (s)",
+        y_desc: "waiters",
+        x_range: 0.0..t_max,
+        y_range: 0.0..y_max * 1.1,
+        legend_at: SeriesLabelPosition::UpperRight,
     }
-    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
-    Ok(())
+    .draw(area, timelines, series)
 }
 
 fn pool_pages(area: &Area<'_>, timeline: &Timeline) -> DrawResult {

@@ -4,23 +4,11 @@
 use engine::Policy;
 
 use super::{Timeline, chart::policy_colour, write_svg};
-use crate::config::EngineConfig;
 use crate::run::{self, agent_turn};
-use crate::workload::agents::AgentsSpec;
 
 #[test]
 fn the_agents_chart_has_a_series_for_every_policy() {
-    let mut config = EngineConfig::default();
-    config.pool.pages = 256;
-    let spec = AgentsSpec {
-        n_agents: 4,
-        turns: 4,
-        first_prompt_tokens: 1024,
-        turn_input_tokens: 512,
-        response_tokens: 32,
-        think_s: 1.0,
-        seed: 7,
-    };
+    let (config, spec) = run::small_agents();
     let timelines: Vec<Timeline> = Policy::ALL
         .iter()
         .map(|&policy| {

@@ -193,18 +193,7 @@ fn redis_maxmemory_reached_fails_the_put_counts_it_and_the_store_goes_on() {
         return;
     };
     let mut store = open(&server);
-    assert_eq!(
-        server
-            .command(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
-            .unwrap(),
-        "+OK"
-    );
-    assert_eq!(
-        server
-            .command(&["CONFIG", "SET", "maxmemory", "4mb"])
-            .unwrap(),
-        "+OK"
-    );
+    server.set_maxmemory("4mb");
     // 2 ranks x 64 bytes per 4 tokens: 8 MiB of payload.
     let big = checkpoint("big", 1, &tokens(256 * 1024));
     let put = store.put(big);
