@@ -61,10 +61,10 @@ pub fn serve(addr: &str, registry: Arc<Registry>) -> Result<MetricsServer> {
                 if stop_flag.load(Ordering::Acquire) {
                     break;
                 }
-                if let Ok(stream) = stream {
-                    if let Err(error) = answer(stream, &registry) {
-                        tracing::debug!(%error, "metrics request not answered");
-                    }
+                if let Ok(stream) = stream
+                    && let Err(error) = answer(stream, &registry)
+                {
+                    tracing::debug!(%error, "metrics request not answered");
                 }
             }
         })
