@@ -130,7 +130,7 @@ fn cache_share(area: &Area<'_>, turn_label: &str, timelines: &[Timeline]) -> Dra
         y_desc: "from cache (%)",
         x_range: 0.5..x_max + 0.5,
         y_range: 0.0..105.0,
-        legend_at: SeriesLabelPosition::LowerRight,
+        legend_at: SeriesLabelPosition::MiddleRight,
     }
     .draw(area, timelines, series)
 }
@@ -202,13 +202,14 @@ fn pool_pages(area: &Area<'_>, timeline: &Timeline) -> DrawResult {
         )
         .margin(10)
         .x_label_area_size(40)
-        .y_label_area_size(55)
+        .y_label_area_size(75)
         .build_cartesian_2d(0.0..t_max, 0.0..y_max)?;
     chart
         .configure_mesh()
         .x_desc("engine time (s)")
         .y_desc("pages")
         .x_labels(4)
+        .y_label_formatter(&|pages| format!("{pages:.0}"))
         .label_style(("sans-serif", 13))
         .axis_desc_style(("sans-serif", 14))
         .draw()?;
