@@ -8,6 +8,7 @@
 mod agents;
 mod bad_inputs;
 mod cli;
+mod redis;
 mod scenarios;
 
 use serde_json::Value;

@@ -46,7 +46,8 @@ fn restore_job(sources: &[Arc<[u8]>]) -> CopyJob {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let quick = args.iter().any(|a| a == "--quick");
+    // `cargo bench` passes `--bench`; without it (`cargo test --all-targets`) run the quick sizes.
+    let quick = args.iter().any(|a| a == "--quick") || !args.iter().any(|a| a == "--bench");
     let gpu = args.iter().any(|a| a == "--gpu");
     let (total_bytes, reps) = if quick { (64 << 20, 3) } else { (256 << 20, 7) };
     let n_pages = total_bytes / BYTES_PER_PAGE;

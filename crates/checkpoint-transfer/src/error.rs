@@ -34,6 +34,24 @@ pub enum Error {
         /// Why it was rejected.
         reason: String,
     },
+    /// A value on the Redis store is not a kvgate checkpoint, is damaged or changed under the engine; it is
+    /// never restored (G6).
+    #[error("checkpoint value {key} on the redis store is unusable: {reason}; it is not restored")]
+    CorruptValue {
+        /// The key.
+        key: String,
+        /// Why it was rejected.
+        reason: String,
+    },
+    /// The Redis store did not do an operation: the server is unreachable, slow (the timeout) or refused it
+    /// (maxmemory reached). Nothing was restored or stored by it.
+    #[error("redis checkpoint store {url}: {reason}")]
+    Remote {
+        /// The server's URL, its password hidden.
+        url: String,
+        /// What failed and what to do.
+        reason: String,
+    },
     /// The store holds no checkpoint with this id.
     #[error("no checkpoint {id} in the store")]
     NotFound {

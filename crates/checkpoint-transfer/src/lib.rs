@@ -23,4 +23,7 @@ pub use index::{
     RESTORE_LOOKUPS_MAX, ResidentIndex, StageRequest,
 };
 pub use layout::{GroupKind, LayoutDescriptor};
-pub use store::{CheckpointStore, DiskStore, HostStore, PutOutcome, RejectedFile, StoreStats};
+pub use store::{
+    CheckpointStore, DiskStore, HostStore, PutOutcome, RedisStore, RejectedFile, RejectedKey,
+    StoreStats, check_redis_url,
+};

@@ -99,11 +99,20 @@ fn median_step_ns(n_waiting: u64, iterations: u32, repetitions: usize) -> f64 {
 }
 
 fn main() {
-    let quick = std::env::args().any(|arg| arg == "--quick");
-    // At most 15 000 steps per queue length: the decode's 16 000 tokens outlast them.
-    let (iterations, repetitions) = if quick { (500, 3) } else { (3_000, 5) };
+    let args: Vec<String> = std::env::args().collect();
+    // `cargo bench` passes `--bench`; without it (`cargo test --all-targets`) the bench is a quick smoke run.
+    let smoke = !args.iter().any(|arg| arg == "--bench");
+    let quick = args.iter().any(|arg| arg == "--quick");
+    let (iterations, repetitions, sizes): (u32, usize, &[u64]) = if smoke {
+        (50, 1, &[10, 500])
+    } else if quick {
+        // At most 15 000 steps per queue length: the decode's 16 000 tokens outlast them.
+        (500, 3, &[10, 500, 100_000])
+    } else {
+        (3_000, 5, &[10, 500, 100_000])
+    };
     let mut figures = Vec::new();
-    for n_waiting in [10u64, 500, 100_000] {
+    for &n_waiting in sizes {
         let ns = median_step_ns(n_waiting, iterations, repetitions);
         figures.push(format!("\"step_ns_waiting_{n_waiting}\": {ns:.1}"));
     }

@@ -42,6 +42,12 @@ pub struct EngineParams {
     /// Directory of a disk checkpoint store (`DiskStore`: checkpoints survive an engine restart), or `None`
     /// for the host-memory store. Default `None`.
     pub store_dir: Option<std::path::PathBuf>,
+    /// URL of a Redis checkpoint store shared with other engines (`RedisStore`, `redis://HOST:PORT/DB`), or
+    /// `None`. Every server call times out after `lookup_timeout` (wall time). Default `None`; not together
+    /// with `store_dir`.
+    pub store_url: Option<String>,
+    /// Prefix of every key of the Redis store. Default `kvgate:`.
+    pub store_key_prefix: String,
     /// Bytes each simulated page really holds (the fingerprint the executor writes and restores copy; the cost
     /// model uses the model's real KV bytes). Default 32.
     pub sim_bytes_per_page: u32,
@@ -86,6 +92,8 @@ impl Default for EngineParams {
             watermark_pages: 0,
             store_capacity_pages: 1 << 20,
             store_dir: None,
+            store_url: None,
+            store_key_prefix: checkpoint_transfer::store::DEFAULT_KEY_PREFIX.to_string(),
             sim_bytes_per_page: 32,
             cost,
             verify_restores: cfg!(debug_assertions),

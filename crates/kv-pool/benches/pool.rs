@@ -19,7 +19,9 @@ const CHAIN_BLOCKS: usize = 1024;
 const TOKENS_PER_BLOCK: usize = 16;
 
 fn main() {
-    let quick = std::env::args().any(|arg| arg == "--quick");
+    // `cargo bench` passes `--bench`; without it (`cargo test --all-targets`) run the quick sizes.
+    let quick = std::env::args().any(|arg| arg == "--quick")
+        || !std::env::args().any(|arg| arg == "--bench");
     let (repetitions, ops_per_rep, lookups_per_rep) = if quick {
         (5, 200_000, 20)
     } else {

@@ -4,6 +4,7 @@ use engine::{Engine, Policy};
 
 use crate::config::EngineConfig;
 use crate::error::Result;
+use crate::metrics::{EngineMetrics, MetricFamilies};
 
 /// Builds an [`Engine`] from a validated [`EngineConfig`] and a policy (default `reserved`).
 ///
@@ -48,5 +49,18 @@ impl EngineBuilder {
     /// Validates the configuration and builds the engine; errors name the field at fault.
     pub fn build(self) -> Result<Engine> {
         Ok(Engine::new(self.config.engine_params(self.policy)?)?)
+    }
+
+    /// `build`, with the engine's Prometheus metrics registered in `registry` (labelled with the policy):
+    /// show the returned `EngineMetrics` every `StepReport` (`Observer::step`) and serve the registry, for
+    /// example with `metrics::serve`.
+    pub fn build_with_metrics(
+        self,
+        registry: &mut prometheus_client::registry::Registry,
+    ) -> Result<(Engine, EngineMetrics)> {
+        let policy = self.policy;
+        let engine = self.build()?;
+        let metrics = MetricFamilies::register(registry).engine(policy.name());
+        Ok((engine, metrics))
     }
 }

@@ -150,6 +150,14 @@ pub struct StoreConfig {
     /// `<dir>/<policy>` (`EngineConfig::for_one_of_several`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dir: Option<std::path::PathBuf>,
+    /// URL of a Redis store shared by every engine using it (`redis://HOST:PORT/DB`); absent (the default)
+    /// for no Redis store. Not together with `dir`. Every server call times out after
+    /// `restore.lookup_timeout_s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Prefix of every key the Redis store writes. Default `kvgate:`; at most 256 bytes, no control
+    /// characters. When several policies run at once, each uses `<key_prefix><policy>:`.
+    pub key_prefix: String,
 }
 
 impl Default for ModelConfig {
@@ -204,6 +212,8 @@ impl Default for StoreConfig {
         StoreConfig {
             capacity_pages: 1 << 20,
             dir: None,
+            url: None,
+            key_prefix: checkpoint_transfer::store::DEFAULT_KEY_PREFIX.to_string(),
         }
     }
 }
@@ -354,7 +364,39 @@ impl EngineConfig {
                 "a directory path; leave the field out for the host-memory store",
             );
         }
+        self.check_store_url()?;
         check_storage(&self.params(Policy::Reserved)?)
+    }
+
+    /// `store.url` parses as a Redis URL and is not given together with `store.dir`; `store.key_prefix` fits.
+    fn check_store_url(&self) -> Result<()> {
+        let prefix = &self.store.key_prefix;
+        if prefix.len() > checkpoint_transfer::store::KEY_PREFIX_BYTES_MAX
+            || prefix.chars().any(char::is_control)
+        {
+            return invalid(
+                "store.key_prefix",
+                &format!("{prefix:?}"),
+                "at most 256 bytes without control characters",
+            );
+        }
+        let Some(url) = &self.store.url else {
+            return Ok(());
+        };
+        if self.store.dir.is_some() {
+            return invalid(
+                "store.url",
+                &format!("{url:?}"),
+                "a Redis store or a disk store (store.dir), not both; leave one out",
+            );
+        }
+        checkpoint_transfer::check_redis_url(url).or_else(|reason| {
+            invalid(
+                "store.url",
+                &format!("{url:?}"),
+                &format!("redis://HOST:PORT/DB ({reason})"),
+            )
+        })
     }
 
     /// The cache geometry this config describes.
@@ -420,11 +462,15 @@ impl EngineConfig {
     }
 
     /// This config for the engine of `policy` when several engines run at once: its disk store, if any, in
-    /// the subdirectory `<store.dir>/<policy>`, so no two engines share a directory.
+    /// the subdirectory `<store.dir>/<policy>`, so no two engines share a directory, and its Redis keys under
+    /// `<store.key_prefix><policy>:`, so no engine restores another policy's checkpoints.
     pub fn for_one_of_several(&self, policy: Policy) -> EngineConfig {
         let mut config = self.clone();
         if let Some(dir) = &mut config.store.dir {
             dir.push(policy.name());
+        }
+        if config.store.url.is_some() {
+            config.store.key_prefix = format!("{}{}:", config.store.key_prefix, policy.name());
         }
         config
     }
@@ -470,6 +516,8 @@ impl EngineConfig {
             watermark_pages: self.scheduler.watermark_pages,
             store_capacity_pages: self.store.capacity_pages,
             store_dir: self.store.dir.clone(),
+            store_url: self.store.url.clone(),
+            store_key_prefix: self.store.key_prefix.clone(),
             sim_bytes_per_page: self.pool.sim_bytes_per_page,
             cost: self.cost()?,
             verify_restores: cfg!(debug_assertions),

@@ -14,6 +14,22 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// A chart could not be written.
+    #[error("cannot write chart {path}: {reason}; check that the directory is writable")]
+    Plot {
+        /// The chart file (or its directory).
+        path: std::path::PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// The metrics endpoint cannot listen.
+    #[error("cannot serve metrics on {addr}: {reason}; give a free address such as 127.0.0.1:9464")]
+    Metrics {
+        /// The address asked for.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
     /// A config file is not valid TOML for `EngineConfig`.
     #[error("{path}: {message}")]
     ConfigSyntax {

@@ -7,6 +7,8 @@ mod builder;
 pub mod config;
 mod error;
 pub mod limits;
+pub mod metrics;
+pub mod plot;
 pub mod report;
 pub mod run;
 pub mod scenario;
@@ -16,7 +18,7 @@ pub use builder::EngineBuilder;
 pub use config::EngineConfig;
 pub use error::{Error, Result};
 
-pub use checkpoint_transfer::{CheckpointStore, DiskStore, Fault, HostStore};
+pub use checkpoint_transfer::{CheckpointStore, DiskStore, Fault, HostStore, RedisStore};
 pub use engine::{
     CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, Policy, RejectReason,
     RequestMetrics, RequestPhase, RequestSpec, RequestView, RunMetrics, STOP_TOKEN, StepReport,

@@ -13,9 +13,10 @@ use std::time::Instant;
 
 use clap::{Args, Parser, Subcommand};
 use engine::{Policy, RunMetrics};
+use kvgate::plot::{self, Timeline};
 use kvgate::workload::agents::AgentsSpec;
 use kvgate::workload::mooncake;
-use kvgate::{EngineConfig, report, run};
+use kvgate::{EngineConfig, metrics, report, run};
 
 /// kvgate: restore-admission for LLM serving, on a simulated engine.
 #[derive(Debug, Parser)]
@@ -62,6 +63,11 @@ struct RunArgs {
     /// Print JSON on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    /// Write an SVG chart of the runs, policies side by side, into this directory (`agents.svg` or
+    /// `replay.svg`): prompt tokens from cache per turn, the turn-time CDF, capacity waiters and pool pages
+    /// over time.
+    #[arg(long, value_name = "DIR")]
+    plot: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -77,6 +83,10 @@ struct AgentsArgs {
     /// Think time between turns, in seconds.
     #[arg(long, default_value_t = AgentsSpec::default().think_s)]
     think_s: f64,
+    /// Serve Prometheus metrics of the running engines at http://ADDR/metrics while the run lasts (for
+    /// example 127.0.0.1:9464; port 0 picks a free one, named on stderr).
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -174,10 +184,47 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     };
     spec.validate()?;
     let policies = policies(&args.run.policy)?;
+    let plot = args.run.plot.is_some();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let families = metrics::MetricFamilies::register(&mut registry);
+    let _server = match &args.metrics_addr {
+        Some(addr) => {
+            let server = metrics::serve(addr, std::sync::Arc::new(registry))?;
+            eprintln!(
+                "kvgate: serving metrics at http://{}/metrics",
+                server.local_addr()
+            );
+            Some(server)
+        }
+        None => None,
+    };
     let runs = run_policies(&policies, |policy, progress| {
         let config = config_of(&config, policy, policies.len());
-        run::run_agents(&config, &spec, policy, progress)
+        let spec_of_turn = spec.clone();
+        let mut timeline = Timeline::new(policy.name(), move |id| {
+            run::agent_turn(&spec_of_turn, id).1
+        });
+        let mut engine_metrics = families.engine(policy.name());
+        let mut observers: Vec<&mut dyn run::Observer> = Vec::new();
+        if plot {
+            observers.push(&mut timeline);
+        }
+        if args.metrics_addr.is_some() {
+            observers.push(&mut engine_metrics);
+        }
+        let metrics = run::run_agents_observed(&config, &spec, policy, progress, &mut observers)?;
+        Ok((metrics, timeline))
     })?;
+    let runs = write_plot(
+        args.run.plot.as_deref(),
+        "agents",
+        &format!(
+            "kvgate agents: {} sessions x {} turns, pool {} pages of {} tokens",
+            spec.n_agents, spec.turns, config.pool.pages, config.model.tokens_per_page
+        ),
+        "turn",
+        runs,
+    )?;
     if args.run.json {
         println!("{}", report::runs_json(&runs, &[]));
     } else {
@@ -209,10 +256,40 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let max_hit_pct = mooncake::theoretical_max_hit_pct(&trace);
     let later = run::later_turns(&trace);
     let policies = policies(&args.run.policy)?;
+    let plot = args.run.plot.is_some();
+    // The cache-share chart's x axis: the trace in arrival order, in 40 buckets.
+    let bucket = (trace.len() as u64).div_ceil(REPLAY_BUCKETS).max(1);
     let runs = run_policies(&policies, |policy, progress| {
         let config = config_of(&config, policy, policies.len());
-        run::run_replay(&config, &trace, &later, args.time_scale, policy, progress)
+        let mut timeline = Timeline::new(policy.name(), move |id| (id.0 / bucket) as u32);
+        let observer: &mut dyn run::Observer = if plot {
+            &mut timeline
+        } else {
+            &mut run::NoObserver
+        };
+        let metrics = run::run_replay_observed(
+            &config,
+            &trace,
+            &later,
+            args.time_scale,
+            policy,
+            progress,
+            observer,
+        )?;
+        Ok((metrics, timeline))
     })?;
+    let runs = write_plot(
+        args.run.plot.as_deref(),
+        "replay",
+        &format!(
+            "kvgate replay: {} requests, arrivals stretched {}x, pool {} pages",
+            trace.len(),
+            args.time_scale,
+            config.pool.pages
+        ),
+        &format!("trace bucket ({bucket} requests each, arrival order)"),
+        runs,
+    )?;
     for run in &runs {
         // No engine can serve more from cache than the trace allows; more would be a counting bug. The
         // maximum counts every request of the trace, so it bounds a run only when none was rejected (K1).
@@ -247,6 +324,25 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
         print!("{}", report::table(&runs));
     }
     Ok(())
+}
+
+/// Buckets of a replay's requests on the cache-share chart's x axis.
+const REPLAY_BUCKETS: u64 = 40;
+
+/// Writes the chart of `runs` into `dir` when one is asked for (saying where on stderr); their metrics.
+fn write_plot(
+    dir: Option<&std::path::Path>,
+    name: &str,
+    title: &str,
+    turn_label: &str,
+    runs: Vec<(RunMetrics, Timeline)>,
+) -> kvgate::Result<Vec<RunMetrics>> {
+    let (metrics, timelines): (Vec<RunMetrics>, Vec<Timeline>) = runs.into_iter().unzip();
+    if let Some(dir) = dir {
+        let path = plot::write_svg(dir, name, title, turn_label, &timelines)?;
+        eprintln!("kvgate: chart written to {}", path.display());
+    }
+    Ok(metrics)
 }
 
 fn load_config(args: &RunArgs) -> kvgate::Result<EngineConfig> {
@@ -292,13 +388,13 @@ fn policies(names: &[String]) -> kvgate::Result<Vec<Policy>> {
 
 /// Runs each policy on its own thread (runs are independent engines) and shows progress on stderr when the
 /// runs take longer than a second and stderr is a terminal.
-fn run_policies(
+fn run_policies<T: Send>(
     policies: &[Policy],
-    run: impl Fn(Policy, run::Progress<'_>) -> kvgate::Result<RunMetrics> + Sync,
-) -> kvgate::Result<Vec<RunMetrics>> {
+    run: impl Fn(Policy, run::Progress<'_>) -> kvgate::Result<T> + Sync,
+) -> kvgate::Result<Vec<T>> {
     let started = Instant::now();
     let show = std::io::stderr().is_terminal();
-    let results: Vec<kvgate::Result<RunMetrics>> = std::thread::scope(|scope| {
+    let results: Vec<kvgate::Result<T>> = std::thread::scope(|scope| {
         let handles: Vec<_> = policies
             .iter()
             .map(|&policy| {

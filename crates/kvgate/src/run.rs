@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use engine::{Engine, Policy, RequestSpec, RunMetrics};
+use engine::{Engine, Policy, RequestSpec, RunMetrics, StepReport};
 use kv_pool::{RequestId, Timestamp};
 
 use crate::config::EngineConfig;
@@ -16,12 +16,54 @@ use crate::workload::mooncake::{TRACE_BLOCK_TOKENS, TraceRequest};
 /// Called now and then with (requests finished, requests in the workload).
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
+/// Watches a run: sees the engine after every step and once at the end (charts, metrics exporters).
+pub trait Observer {
+    /// After each `Engine::step`, with its report.
+    fn step(&mut self, engine: &Engine, report: &StepReport);
+    /// Once the run has finished.
+    fn finish(&mut self, _engine: &Engine) {}
+}
+
+/// An observer that does nothing.
+#[derive(Debug, Default)]
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn step(&mut self, _engine: &Engine, _report: &StepReport) {}
+}
+
+/// Every observer of the list, in order.
+impl Observer for Vec<&mut dyn Observer> {
+    fn step(&mut self, engine: &Engine, report: &StepReport) {
+        for observer in self.iter_mut() {
+            observer.step(engine, report);
+        }
+    }
+
+    fn finish(&mut self, engine: &Engine) {
+        for observer in self.iter_mut() {
+            observer.finish(engine);
+        }
+    }
+}
+
 /// Runs the agents workload under `policy` until every turn of every session has finished.
 pub fn run_agents(
     config: &EngineConfig,
     spec: &AgentsSpec,
     policy: Policy,
     progress: Progress<'_>,
+) -> Result<RunMetrics> {
+    run_agents_observed(config, spec, policy, progress, &mut NoObserver)
+}
+
+/// `run_agents`, with `observer` shown every step.
+pub fn run_agents_observed(
+    config: &EngineConfig,
+    spec: &AgentsSpec,
+    policy: Policy,
+    progress: Progress<'_>,
+    observer: &mut dyn Observer,
 ) -> Result<RunMetrics> {
     spec.validate()?;
     let mut engine = Engine::new(config.engine_params(policy)?)?;
@@ -33,7 +75,8 @@ pub fn run_agents(
     }
     let mut finished = 0u64;
     while !engine.is_idle() {
-        engine.step()?;
+        let report = engine.step()?;
+        observer.step(&engine, &report);
         for done in engine.take_finished() {
             finished += 1;
             progress(finished, total);
@@ -50,6 +93,7 @@ pub fn run_agents(
             }
         }
     }
+    observer.finish(&engine);
     Ok(engine.metrics())
 }
 
@@ -64,6 +108,27 @@ pub fn run_replay(
     time_scale: f64,
     policy: Policy,
     progress: Progress<'_>,
+) -> Result<RunMetrics> {
+    run_replay_observed(
+        config,
+        trace,
+        later_turn,
+        time_scale,
+        policy,
+        progress,
+        &mut NoObserver,
+    )
+}
+
+/// `run_replay`, with `observer` shown every step.
+pub fn run_replay_observed(
+    config: &EngineConfig,
+    trace: &[TraceRequest],
+    later_turn: &[bool],
+    time_scale: f64,
+    policy: Policy,
+    progress: Progress<'_>,
+    observer: &mut dyn Observer,
 ) -> Result<RunMetrics> {
     check_time_scale(time_scale)?;
     if trace.len() != later_turn.len() {
@@ -107,7 +172,8 @@ pub fn run_replay(
         if engine.is_idle() && next == trace.len() {
             break;
         }
-        engine.step()?;
+        let report = engine.step()?;
+        observer.step(&engine, &report);
         for _ in engine.take_finished() {
             finished += 1;
             if finished.is_multiple_of(64) || started.elapsed() > Duration::from_secs(1) {
@@ -116,6 +182,7 @@ pub fn run_replay(
         }
     }
     progress(total, total);
+    observer.finish(&engine);
     Ok(engine.metrics())
 }
 
@@ -193,11 +260,29 @@ fn submit_or_reject(engine: &mut Engine, request: RequestSpec) -> Result<()> {
     }
 }
 
-fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {
+/// The (session, turn) an agents request id stands for.
+pub fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {
     (
         (id.0 / u64::from(spec.turns)) as u32,
         (id.0 % u64::from(spec.turns)) as u32,
     )
+}
+
+/// A small agents run that outgrows its pool (4 sessions x 4 turns on 256 pages), for tests.
+#[cfg(test)]
+pub(crate) fn small_agents() -> (EngineConfig, AgentsSpec) {
+    let mut config = EngineConfig::default();
+    config.pool.pages = 256;
+    let spec = AgentsSpec {
+        n_agents: 4,
+        turns: 4,
+        first_prompt_tokens: 1024,
+        turn_input_tokens: 512,
+        response_tokens: 32,
+        think_s: 1.0,
+        seed: 7,
+    };
+    (config, spec)
 }
 
 #[cfg(test)]

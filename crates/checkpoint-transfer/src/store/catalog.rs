@@ -81,6 +81,13 @@ impl Catalog {
         self.entries.get(id).map(|entry| Arc::clone(&entry.meta))
     }
 
+    /// Every stored id with its generation, in no order.
+    pub(crate) fn ids(&self) -> impl Iterator<Item = (&CheckpointId, u64)> {
+        self.entries
+            .iter()
+            .map(|(id, entry)| (id, entry.meta.generation))
+    }
+
     /// Marks `id` most recently used.
     pub(crate) fn touch(&mut self, id: &CheckpointId) {
         self.tick += 1;

@@ -10,7 +10,6 @@
 //! recently written first, with a warning. File names are hex-encoded ids: no id escapes the directory.
 
 mod files;
-mod manifest;
 
 use std::collections::HashSet;
 use std::fs;
@@ -19,17 +18,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
-pub use manifest::{MANIFEST_BYTES_MAX, MANIFEST_FORMAT_VERSION};
-
 use self::files::{DirLock, ReadError};
-use self::manifest::ManifestBody;
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload, PrefixQuery};
 use crate::error::{Error, Result};
 use crate::store::catalog::Catalog;
+use crate::store::manifest::{self, MANIFEST_BYTES_MAX, ManifestBody, id_stem as file_stem};
 use crate::store::{CheckpointStore, PutOutcome, StoreStats};
-
-#[cfg(test)]
-pub(crate) use manifest::seal as seal_manifest;
 
 const MANIFEST_SUFFIX: &str = ".manifest";
 const PAYLOAD_SUFFIX: &str = ".payload";
@@ -283,28 +277,22 @@ impl DiskStore {
     fn write_checkpoint(&self, checkpoint: &Checkpoint) -> Result<()> {
         let meta = &checkpoint.meta;
         let payload_path = self.payload_path(&meta.id, meta.generation);
-        let mut page_checksums = Vec::new();
         files::write_atomically(&payload_path, |file| {
-            for pages in &checkpoint.payload.ranks {
-                for page in pages {
-                    page_checksums.push(*blake3::hash(page).as_bytes());
-                    file.write_all(page)?;
-                }
-            }
-            Ok(())
+            checkpoint
+                .payload
+                .ranks
+                .iter()
+                .flatten()
+                .try_for_each(|page| file.write_all(page))
         })?;
         // The payload's rename is durable before a manifest names it.
         files::sync_dir(&self.dir).map_err(|source| write_error(&self.dir, source))?;
         let manifest_path = self.manifest_path(&meta.id);
-        let body = ManifestBody {
-            meta: meta.clone(),
-            payload_bytes: checkpoint.payload.n_bytes(),
-            page_checksums,
-        };
-        let bytes = manifest::encode(&body).map_err(|reason| Error::Corrupt {
-            path: manifest_path.clone(),
-            reason,
-        })?;
+        let bytes =
+            manifest::encode(&ManifestBody::of(checkpoint)).map_err(|reason| Error::Corrupt {
+                path: manifest_path.clone(),
+                reason,
+            })?;
         files::write_atomically(&manifest_path, |file| file.write_all(&bytes))?;
         files::sync_dir(&self.dir).map_err(|source| write_error(&self.dir, source))
     }
@@ -351,32 +339,7 @@ impl DiskStore {
         // `decode` checked the sizes: payload bytes = pages x ranks x page width, one checksum per page.
         let bytes =
             files::read_regular(&path, manifest.payload_bytes).map_err(|e| read_error(&path, e))?;
-        if bytes.len() as u64 != manifest.payload_bytes {
-            return Err(corrupt(format!(
-                "payload is {} bytes, the manifest says {}",
-                bytes.len(),
-                manifest.payload_bytes
-            )));
-        }
-        let bytes_per_page = meta.layout.bytes_per_page as usize;
-        let n_pages = meta.pages.len();
-        let mut ranks = Vec::with_capacity(meta.layout.n_ranks as usize);
-        let mut chunks = bytes.chunks_exact(bytes_per_page.max(1));
-        for rank in 0..meta.layout.n_ranks as usize {
-            let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_pages);
-            for page_idx in 0..n_pages {
-                let flat_idx = rank * n_pages + page_idx;
-                let page = chunks.next().unwrap_or_default();
-                if Some(blake3::hash(page).as_bytes()) != manifest.page_checksums.get(flat_idx) {
-                    return Err(corrupt(format!(
-                        "page {page_idx} of rank {rank} fails its checksum"
-                    )));
-                }
-                pages.push(Arc::from(page));
-            }
-            ranks.push(pages);
-        }
-        Ok(CheckpointPayload { ranks })
+        manifest.verify_payload(&bytes).map_err(corrupt)
     }
 }
 
@@ -446,16 +409,6 @@ impl CheckpointStore for DiskStore {
             ..self.catalog.stats()
         }
     }
-}
-
-/// Hex of the id's bytes: only `[0-9a-f]`, so a file name can never leave the directory.
-fn file_stem(id: &CheckpointId) -> String {
-    let mut stem = String::with_capacity(id.as_str().len() * 2 + 5);
-    stem.push_str("ckpt-");
-    for byte in id.as_str().bytes() {
-        stem.push_str(&format!("{byte:02x}"));
-    }
-    stem
 }
 
 fn io_error(path: &Path, source: std::io::Error) -> Error {

@@ -1,15 +1,22 @@
 //! The external checkpoint store behind the `CheckpointStore` trait, with its tiers: `HostStore` (host
 //! memory, the embedded default) and `DiskStore` (a directory of checksummed manifests and payload files that
-//! survives restarts). Both are capacity-bounded and evict the least recently used checkpoint.
+//! survives restarts) and `RedisStore` (a Redis server several engines share). All are capacity-bounded and
+//! evict the least recently used checkpoint.
 
 mod catalog;
 mod disk;
 mod host;
+mod manifest;
+mod redis;
 
 use std::sync::Arc;
 
-pub use disk::{DiskStore, MANIFEST_BYTES_MAX, MANIFEST_FORMAT_VERSION, RejectedFile};
+pub use self::redis::{
+    DEFAULT_KEY_PREFIX, KEY_PREFIX_BYTES_MAX, RedisStore, RejectedKey, check_redis_url,
+};
+pub use disk::{DiskStore, RejectedFile};
 pub use host::HostStore;
+pub use manifest::{MANIFEST_BYTES_MAX, MANIFEST_FORMAT_VERSION};
 
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, PrefixQuery};
 use crate::error::Result;

@@ -1,7 +1,7 @@
 //! Store tiers: prefix lookup, recency, capacity, generations; the disk store's crash safety and G6
 //! rejection of truncated, corrupted and foreign files. Block-prefix lookup in `prefix`; the disk store's
 //! ownership, shrinking, hostile files, manifest checksum and write failures in `durability`; kill -9 at
-//! random points in `crash`.
+//! random points in `crash`; the Redis store against a real server in `redis`.
 
 use std::sync::Arc;
 
@@ -12,12 +12,13 @@ use crate::checkpoint::{
 };
 use crate::error::{Error, Mismatch};
 use crate::layout::{GroupKind, LayoutDescriptor};
-use crate::store::disk::seal_manifest;
+use crate::store::manifest::seal as seal_manifest;
 use crate::store::{CheckpointStore, DiskStore, HostStore, MANIFEST_FORMAT_VERSION};
 
 mod crash;
 mod durability;
 mod prefix;
+mod redis;
 
 const BYTES_PER_PAGE: u64 = 64;
 const TOKENS_PER_PAGE: u32 = 4;

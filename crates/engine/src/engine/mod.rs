@@ -37,7 +37,7 @@ use std::time::Duration;
 use admission::WaitingQueue;
 use checkpoint_transfer::{
     CheckpointStore, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine, LayoutDescriptor,
-    ResidentIndex,
+    RedisStore, ResidentIndex,
 };
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{HostStorage, PageId, PagePool};
@@ -438,12 +438,24 @@ fn store_capacity_bytes(params: &EngineParams) -> u64 {
         .saturating_mul(u64::from(params.sim_bytes_per_page))
 }
 
-/// The checkpoint store `params` asks for: a `DiskStore` in `store_dir` (reopened with what it holds), else
-/// a `HostStore`.
+/// The checkpoint store `params` asks for: a `RedisStore` at `store_url` (sharing what the server holds), a
+/// `DiskStore` in `store_dir` (reopened with what it holds), else a `HostStore`.
 fn open_store(params: &EngineParams) -> Result<Box<dyn CheckpointStore>> {
     let capacity = store_capacity_bytes(params);
-    Ok(match &params.store_dir {
-        Some(dir) => Box::new(DiskStore::open(dir, capacity)?),
-        None => Box::new(HostStore::new(capacity)),
+    Ok(match (&params.store_url, &params.store_dir) {
+        (Some(url), None) => Box::new(RedisStore::open(
+            url,
+            &params.store_key_prefix,
+            capacity,
+            params.lookup_timeout,
+        )?),
+        (Some(_), Some(_)) => {
+            return Err(Error::InvalidParam {
+                name: "store_url",
+                reason: "store_dir is set too; give one checkpoint store".to_string(),
+            });
+        }
+        (None, Some(dir)) => Box::new(DiskStore::open(dir, capacity)?),
+        (None, None) => Box::new(HostStore::new(capacity)),
     })
 }

@@ -235,3 +235,29 @@ fn engines_running_at_once_each_get_their_own_store_directory() {
         EngineConfig::default()
     );
 }
+
+#[test]
+fn a_store_url_selects_the_redis_store_and_each_policy_gets_its_own_prefix() {
+    let config = EngineConfig::from_toml("[store]\nurl = \"redis://127.0.0.1:6379/0\"").unwrap();
+    let params = config.engine_params(Policy::Reserved).unwrap();
+    assert_eq!(
+        params.store_url.as_deref(),
+        Some("redis://127.0.0.1:6379/0")
+    );
+    assert_eq!(params.store_key_prefix, "kvgate:");
+    let several = config.for_one_of_several(Policy::PagesOnly);
+    assert_eq!(several.store.key_prefix, "kvgate:pages-only:");
+}
+
+#[test]
+fn a_bad_store_url_or_a_url_with_a_directory_names_store_url() {
+    let message = err("[store]\nurl = \"http://127.0.0.1:6379\"");
+    assert!(
+        message.starts_with("config: `store.url` = \"http://"),
+        "{message}"
+    );
+    assert!(message.contains("redis://HOST:PORT/DB"), "{message}");
+    let message = err("[store]\nurl = \"redis://127.0.0.1:6379/0\"\ndir = \"ckpt\"");
+    assert!(message.starts_with("config: `store.url` = "), "{message}");
+    assert!(message.contains("not both"), "{message}");
+}

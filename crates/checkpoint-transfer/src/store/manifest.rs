@@ -1,11 +1,13 @@
-//! The manifest file format. A bincode header (magic, format version, body length), the bincode body
+//! The manifest format both persistent tiers write (`DiskStore` files, `RedisStore` values). A bincode header (magic, format version, body length), the bincode body
 //! (`ManifestBody`: the checkpoint's metadata, payload size, BLAKE3 of every page) and the BLAKE3 of the
 //! header and body together, so damaged metadata is noticed before anything is decoded from it. Decoding is
 //! size-limited, never trusts a length it has not checked, and says why a file is unusable.
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::CheckpointMeta;
+use std::sync::Arc;
+
+use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload};
 
 /// Manifest format this build writes and reads (2: the manifest carries a checksum of its own bytes).
 pub const MANIFEST_FORMAT_VERSION: u32 = 2;
@@ -121,4 +123,62 @@ pub(crate) fn decode(bytes: &[u8]) -> Result<ManifestBody, String> {
     }
     manifest.check_shape()?;
     Ok(manifest)
+}
+
+impl ManifestBody {
+    /// The manifest of `checkpoint`, with the BLAKE3 of every page (rank-major).
+    pub(crate) fn of(checkpoint: &Checkpoint) -> Self {
+        let page_checksums = checkpoint
+            .payload
+            .ranks
+            .iter()
+            .flatten()
+            .map(|page| *blake3::hash(page).as_bytes())
+            .collect();
+        Self {
+            meta: checkpoint.meta.clone(),
+            payload_bytes: checkpoint.payload.n_bytes(),
+            page_checksums,
+        }
+    }
+
+    /// Splits a payload read back into its ranks' pages, verifying its size and every page's checksum
+    /// against this manifest (G6); the reason it is unusable otherwise.
+    pub(crate) fn verify_payload(&self, bytes: &[u8]) -> Result<CheckpointPayload, String> {
+        if bytes.len() as u64 != self.payload_bytes {
+            return Err(format!(
+                "payload is {} bytes, the manifest says {}",
+                bytes.len(),
+                self.payload_bytes
+            ));
+        }
+        let layout = &self.meta.layout;
+        let n_pages = self.meta.pages.len();
+        let mut ranks = Vec::with_capacity(layout.n_ranks as usize);
+        let mut chunks = bytes.chunks_exact((layout.bytes_per_page as usize).max(1));
+        for rank in 0..layout.n_ranks as usize {
+            let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_pages);
+            for page_idx in 0..n_pages {
+                let flat_idx = rank * n_pages + page_idx;
+                let page = chunks.next().unwrap_or_default();
+                if Some(blake3::hash(page).as_bytes()) != self.page_checksums.get(flat_idx) {
+                    return Err(format!("page {page_idx} of rank {rank} fails its checksum"));
+                }
+                pages.push(Arc::from(page));
+            }
+            ranks.push(pages);
+        }
+        Ok(CheckpointPayload { ranks })
+    }
+}
+
+/// Hex of the id's bytes after `ckpt-`: only `[0-9a-f]`, so a file name can never leave its directory and a
+/// key never holds a separator.
+pub(crate) fn id_stem(id: &CheckpointId) -> String {
+    let mut stem = String::with_capacity(id.as_str().len() * 2 + 5);
+    stem.push_str("ckpt-");
+    for byte in id.as_str().bytes() {
+        stem.push_str(&format!("{byte:02x}"));
+    }
+    stem
 }

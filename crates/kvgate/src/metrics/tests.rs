@@ -1,0 +1,110 @@
+//! The `/metrics` endpoint of a small agents run, scraped over HTTP and parsed as the text format: every
+//! family is there, and the prompt tokens by source add up to the run's own metrics.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+
+use engine::Policy;
+use prometheus_client::registry::Registry;
+
+use super::{MetricFamilies, serve};
+use crate::run;
+
+/// `GET path` on `addr`: (status line, body).
+fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// Parses the text exposition format: series (name and labels as written) to value.
+fn parse(text: &str) -> HashMap<String, f64> {
+    let mut series = HashMap::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name, value) = line.rsplit_once(' ').unwrap();
+        let value: f64 = value.parse().unwrap_or_else(|e| panic!("{line}: {e}"));
+        series.insert(name.to_string(), value);
+    }
+    assert!(text.ends_with("# EOF\n"), "no EOF marker");
+    series
+}
+
+#[test]
+fn metrics_are_served_over_http_in_the_text_format() {
+    let (config, spec) = run::small_agents();
+    let mut registry = Registry::default();
+    let families = MetricFamilies::register(&mut registry);
+    let server = serve("127.0.0.1:0", Arc::new(registry)).unwrap();
+    let mut runs = Vec::new();
+    for policy in [Policy::Ordinary, Policy::Reserved] {
+        let mut metrics = families.engine(policy.name());
+        runs.push(
+            run::run_agents_observed(&config, &spec, policy, &mut |_, _| {}, &mut metrics).unwrap(),
+        );
+    }
+    let (status, body) = get(server.local_addr(), "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let series = parse(&body);
+    for family in [
+        "kvgate_capacity_waits_started_total",
+        "kvgate_capacity_waits_active",
+        "kvgate_capacity_wait_longest_seconds",
+        "kvgate_restore_fallbacks_total",
+        "kvgate_prompt_tokens_total",
+        "kvgate_preemptions_total",
+        "kvgate_pool_pages",
+        "kvgate_copies_in_flight",
+        "kvgate_restore_latency_seconds_count",
+    ] {
+        assert!(
+            series
+                .keys()
+                .any(|name| name.starts_with(&format!("{family}{{"))),
+            "no {family} series in\n{body}"
+        );
+    }
+    for run in &runs {
+        let policy = &run.policy;
+        let tokens = |source: &str| {
+            series
+                [&format!("kvgate_prompt_tokens_total{{policy=\"{policy}\",source=\"{source}\"}}")]
+        };
+        assert_eq!(
+            tokens("local_hit"),
+            run.prompt_tokens_local_hit as f64,
+            "{policy}"
+        );
+        assert_eq!(
+            tokens("restored"),
+            run.prompt_tokens_restored as f64,
+            "{policy}"
+        );
+        assert_eq!(
+            tokens("recomputed"),
+            run.prompt_tokens_recomputed as f64,
+            "{policy}"
+        );
+        let preemptions = series[&format!("kvgate_preemptions_total{{policy=\"{policy}\"}}")];
+        assert_eq!(preemptions, run.preemptions as f64, "{policy}");
+        let waits = series[&format!("kvgate_capacity_waits_started_total{{policy=\"{policy}\"}}")];
+        assert!(
+            waits >= f64::from(run.capacity_waits),
+            "{policy}: {waits} waits, the run counted {}",
+            run.capacity_waits
+        );
+    }
+    let restores = series["kvgate_restore_latency_seconds_count{policy=\"reserved\"}"];
+    assert!(restores > 0.0, "no restore latency observed");
+    assert_eq!(
+        get(server.local_addr(), "/other").0,
+        "HTTP/1.1 404 Not Found"
+    );
+}
