@@ -136,6 +136,9 @@ pub struct RestoreConfig {
     pub lookup_latency_s: f64,
     /// Copy tasks in flight at most. Default 32; at least 1.
     pub copy_task_limit: u32,
+    /// Check every restored page byte for byte against what recompute writes, stopping the run with the
+    /// request, page and byte on a mismatch (E3, L5). Default false; debug builds always check.
+    pub verify: bool,
 }
 
 /// The external checkpoint store.
@@ -203,6 +206,7 @@ impl Default for RestoreConfig {
             lookup_timeout_s: 60.0,
             lookup_latency_s: 0.0,
             copy_task_limit: 32,
+            verify: false,
         }
     }
 }
@@ -520,7 +524,7 @@ impl EngineConfig {
             store_key_prefix: self.store.key_prefix.clone(),
             sim_bytes_per_page: self.pool.sim_bytes_per_page,
             cost: self.cost()?,
-            verify_restores: cfg!(debug_assertions),
+            verify_restores: self.restore.verify || cfg!(debug_assertions),
             seed: self.seed,
             stall_timeout: seconds(
                 "scheduler.stall_timeout_s",

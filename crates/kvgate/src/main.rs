@@ -63,6 +63,10 @@ struct RunArgs {
     /// Print JSON on stdout instead of the table.
     #[arg(long)]
     json: bool,
+    /// Check every restored page byte for byte against recompute ([restore] verify; always on in debug
+    /// builds); a mismatch stops the run naming the request, the page and the byte.
+    #[arg(long)]
+    verify: bool,
     /// Write an SVG chart of the runs, policies side by side, into this directory (`agents.svg` or
     /// `replay.svg`): prompt tokens from cache per turn, the turn-time CDF, capacity waiters and pool pages
     /// over time.
@@ -358,6 +362,9 @@ fn load_config(args: &RunArgs) -> kvgate::Result<EngineConfig> {
     }
     if let Some(preset) = &args.preset {
         config.model.preset.clone_from(preset);
+    }
+    if args.verify {
+        config.restore.verify = true;
     }
     if let Some(seed) = args.seed {
         config.seed = seed;

@@ -36,8 +36,8 @@ use std::time::Duration;
 
 use admission::WaitingQueue;
 use checkpoint_transfer::{
-    CheckpointStore, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine, LayoutDescriptor,
-    RedisStore, ResidentIndex,
+    CheckpointStore, CopyEngine, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine,
+    LayoutDescriptor, RedisStore, ResidentIndex,
 };
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{HostStorage, PageId, PagePool};
@@ -51,7 +51,7 @@ use crate::request::{FinishedRequest, RequestSpec};
 
 use self::req::{Phase, Req, Restore};
 
-pub use self::report::{RequestPhase, RequestView, StepReport};
+pub use self::report::{RequestPhase, RequestView, ShutdownReport, StepReport};
 
 /// The engine: step loop, restore coordinator, executor, policies and metrics.
 pub struct Engine<E: Executor = SimExecutor> {
@@ -391,6 +391,43 @@ impl<E: Executor> Engine<E> {
     /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
     pub fn is_idle(&self) -> bool {
         self.reqs.values().all(|req| req.phase == Phase::Paused) && self.index.n_staged() == 0
+    }
+
+    /// Shuts the engine down (L6): cancels every live request (restores release their tickets and cancel
+    /// their copies, paused streams drop their pages), waits for every copy in flight to drain, and checks
+    /// that every page is free again. Reports what it cancelled and how many copies it waited for; the
+    /// cancelled requests are also in `take_finished` and the metrics. The engine stays usable.
+    pub fn shutdown(&mut self) -> Result<ShutdownReport> {
+        let mut live: Vec<(AdmissionOrder, RequestId)> =
+            self.reqs.iter().map(|(id, req)| (req.order, *id)).collect();
+        live.sort();
+        let mut report = ShutdownReport::default();
+        for (_, id) in live {
+            self.cancel(id)?;
+            report.cancelled.push(id);
+        }
+        report.copies_drained = self.copies.n_in_flight();
+        for event in self.index.drain_all(&mut self.pool, &mut self.copies) {
+            // Every import was cancelled with its request: only drains are left.
+            if !matches!(event, checkpoint_transfer::ImportEvent::Drained { .. }) {
+                return Err(Error::internal(format!(
+                    "shutdown: an import event after every request was cancelled: {event:?}"
+                )));
+            }
+        }
+        let _evictions = self.pool.take_evictions();
+        if self.pool.n_in_use() > 0 || self.index.n_pages_held() > 0 {
+            return Err(Error::internal(format!(
+                "shutdown: {} pages still in use after every request was cancelled and every copy drained",
+                self.pool.n_in_use()
+            )));
+        }
+        tracing::info!(
+            cancelled = report.cancelled.len(),
+            copies_drained = report.copies_drained,
+            "engine shut down"
+        );
+        Ok(report)
     }
 
     /// Takes the requests finished or cancelled since the last call.

@@ -60,6 +60,15 @@ impl StepReport {
     }
 }
 
+/// What `Engine::shutdown` did (L6).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// The requests it cancelled, in admission order.
+    pub cancelled: Vec<RequestId>,
+    /// Copies that were in flight and were waited for.
+    pub copies_drained: usize,
+}
+
 /// Where a live request is in its lifecycle (the engine's `lifecycle.rs` draws the edges).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RequestPhase {

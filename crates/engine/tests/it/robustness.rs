@@ -334,3 +334,52 @@ fn l5_a_corrupted_copy_is_caught_naming_the_request_the_page_and_the_byte() {
         "{message}"
     );
 }
+
+#[test]
+fn l6_shutdown_drains_copies_releases_everything_and_reports_what_it_cancelled() {
+    let mut engine = Engine::new(params(Policy::Reserved, 96)).unwrap();
+    let history = tokens(5, 0, 0, 10 * TPP);
+    seed_checkpoint(&mut engine, 1, &history, 1);
+    // A paused stream, a running decode, a restore whose copy is in flight, and a request waiting.
+    let mut stream = spec(2, tokens(5, 2, 0, 3 * TPP), 1, engine.now());
+    stream.streaming = true;
+    engine.submit(stream).unwrap();
+    engine
+        .submit(spec(3, tokens(5, 3, 0, 20 * TPP), 1000, engine.now()))
+        .unwrap();
+    engine.inject_copy_fault(Fault::DelayNext {
+        rank: 0,
+        by: Duration::from_secs(600),
+    });
+    let mut restore = history;
+    restore.extend(tokens(5, 0, 1, 8));
+    engine.submit(spec(4, restore, 4, engine.now())).unwrap();
+    for _ in 0..20 {
+        engine.step().unwrap();
+    }
+    engine
+        .submit(spec(5, tokens(5, 5, 0, 80 * TPP), 4, engine.now()))
+        .unwrap();
+    engine.step().unwrap();
+    assert!(engine.pool().n_in_use() > 0);
+    let report = engine.shutdown().unwrap();
+    let mut cancelled = report.cancelled.clone();
+    cancelled.sort();
+    assert_eq!(cancelled, [2, 3, 4, 5].map(RequestId), "{report:?}");
+    assert_eq!(
+        report.copies_drained, 1,
+        "the restore's copy was waited for"
+    );
+    assert_eq!(engine.pool().n_in_use(), 0, "every page is free");
+    assert_eq!(engine.metrics().leaked_pages, 0);
+    assert!(engine.is_idle());
+    engine.check_invariants().unwrap();
+    let finished = engine.take_finished();
+    assert!(finished.iter().filter(|f| f.id.0 > 1).all(|f| f.cancelled));
+    // The engine goes on after a shutdown.
+    engine
+        .submit(spec(6, tokens(5, 6, 0, 2 * TPP), 2, engine.now()))
+        .unwrap();
+    let _steps = engine.run_until_idle(1000).unwrap();
+    assert_eq!(engine.pool().n_in_use(), 0);
+}
