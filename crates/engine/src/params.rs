@@ -223,18 +223,42 @@ impl EngineParams {
         if self.draft_tokens >= self.max_batched_tokens {
             return invalid("draft_tokens", "smaller than max_batched_tokens");
         }
-        let groups = self.geometry.groups();
-        if groups.len() != 1
-            || groups[0].kind != GroupKind::Full
-            || self.geometry.context_parallel() != 1
-        {
-            return Err(Error::UnsupportedGeometry {
-                reason: format!(
-                    "the simulated step loop models one full-attention group without context parallelism; got {} groups, context_parallel {}",
-                    groups.len(),
-                    self.geometry.context_parallel()
+        self.check_geometry_runs()?;
+        Ok(())
+    }
+}
+
+impl EngineParams {
+    /// H1's refusal, until the step loop runs every group kind and rank count (issue 10): names the first
+    /// group it cannot run, or the rank count, and why.
+    fn check_geometry_runs(&self) -> Result<()> {
+        let unsupported = |reason: String| Err(Error::UnsupportedGeometry { reason });
+        for (idx, group) in self.geometry.groups().iter().enumerate() {
+            let kind = match group.kind {
+                GroupKind::Full if idx == 0 => continue,
+                GroupKind::Full => "a second full-attention group".to_owned(),
+                GroupKind::SlidingWindow {
+                    window_tokens,
+                    retained_tail_tokens,
+                } => format!(
+                    "a sliding window of {window_tokens} tokens (+{retained_tail_tokens} retained)"
                 ),
-            });
+                GroupKind::ChunkedLocal { chunk_tokens } => {
+                    format!("chunked-local attention over {chunk_tokens} tokens")
+                }
+                GroupKind::Recurrent => "recurrent state".to_owned(),
+                GroupKind::Auxiliary { pages } => format!("{pages} auxiliary page(s)"),
+            };
+            return unsupported(format!(
+                "cache group {idx} is {kind}: the step loop runs one full-attention group for now; \
+                 the ledger's credits cover every kind, the engine does not yet (use one full-attention group)"
+            ));
+        }
+        if self.geometry.context_parallel() != 1 {
+            return unsupported(format!(
+                "context_parallel {}: the step loop runs on one rank for now (use context_parallel 1)",
+                self.geometry.context_parallel()
+            ));
         }
         Ok(())
     }

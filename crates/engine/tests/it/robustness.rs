@@ -383,3 +383,33 @@ fn l6_shutdown_drains_copies_releases_everything_and_reports_what_it_cancelled()
     let _steps = engine.run_until_idle(1000).unwrap();
     assert_eq!(engine.pool().n_in_use(), 0);
 }
+
+#[test]
+fn a_geometry_the_step_loop_cannot_run_is_refused_naming_the_group_and_why() {
+    use kv_pool::{CacheGroup, Geometry, GroupKind};
+    let full = CacheGroup {
+        kind: GroupKind::Full,
+        bytes_per_page: 1024,
+    };
+    let window = CacheGroup {
+        kind: GroupKind::SlidingWindow {
+            window_tokens: 4096,
+            retained_tail_tokens: 0,
+        },
+        bytes_per_page: 1024,
+    };
+    let refusal = |groups: Vec<CacheGroup>, ranks: u32| {
+        let params = EngineParams {
+            geometry: Geometry::new(groups, TPP, ranks, 8192).unwrap(),
+            ..EngineParams::default()
+        };
+        Engine::new(params).unwrap_err().to_string()
+    };
+    let message = refusal(vec![full, window], 1);
+    assert!(
+        message.contains("cache group 1 is a sliding window of 4096 tokens"),
+        "{message}"
+    );
+    let message = refusal(vec![full], 2);
+    assert!(message.contains("context_parallel 2"), "{message}");
+}
