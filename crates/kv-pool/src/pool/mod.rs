@@ -12,6 +12,8 @@
 mod free_list;
 mod prefix;
 #[cfg(test)]
+mod model_tests;
+#[cfg(test)]
 mod tests;
 
 use crate::error::{Error, Result};
@@ -442,7 +444,8 @@ impl PagePool {
     /// Free pages in the order allocations will take them: the uncached ones from the top of the stack
     /// down (most recently freed first), then the cached ones from the LRU end to the MRU end. O(n); for
     /// tests and diagnostics.
-    pub fn free_pages_in_reuse_order(&self) -> Vec<PageId> {
+    #[cfg(test)]
+    pub(crate) fn free_pages_in_reuse_order(&self) -> Vec<PageId> {
         self.free_list
             .iter_uncached()
             .chain(self.free_list.iter_cached_lru())
@@ -452,7 +455,8 @@ impl PagePool {
 
     /// Cached free pages (holding a key) from the LRU end (next to be evicted) to the MRU end. O(n); for
     /// tests and diagnostics.
-    pub fn cached_free_pages_lru(&self) -> Vec<PageId> {
+    #[cfg(test)]
+    pub(crate) fn cached_free_pages_lru(&self) -> Vec<PageId> {
         self.free_list.iter_cached_lru().map(PageId).collect()
     }
 

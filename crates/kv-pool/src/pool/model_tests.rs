@@ -3,10 +3,11 @@
 //! simple reference model: a `Vec` for the stack of uncached free pages (reused first, LIFO), a `VecDeque`
 //! for the LRU list of cached free pages (evicted only when the stack is empty), plain vectors for ref
 //! counts and keys.
+#![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
 use std::collections::{HashMap, VecDeque};
 
-use kv_pool::{BlockKey, Error, Eviction, PageId, PagePool};
+use crate::{BlockKey, Error, Eviction, PageId, PagePool};
 use proptest::prelude::*;
 
 const TOKENS_PER_BLOCK: usize = 4;
