@@ -70,8 +70,8 @@ impl<E: Executor> Engine<E> {
     ///
     /// Errors: `Error::Stalled` when no request made progress for `EngineParams::stall_timeout` (K3), naming
     /// the stuck requests; `Error::Internal` when the engine found its own state inconsistent (a bug, K2).
-    /// Either leaves the engine as it was at the error: a server drops it (or cancels the named requests)
-    /// and keeps serving.
+    /// After `Stalled` the engine is consistent: a server may cancel the named requests and go on. After
+    /// `Internal` or `RestoreMismatch` it must be dropped; the server keeps serving with a new one.
     pub fn step(&mut self) -> Result<StepReport> {
         #[allow(
             clippy::disallowed_methods,
