@@ -266,3 +266,19 @@ fn k1_replay_rejects_requests_that_can_never_run_alone_and_counts_them() {
     assert_eq!(run["rejected_requests"]["longer_than_model"], 2, "{run}");
     assert_eq!(run["prompt_tokens"], 2000, "the two others ran: {run}");
 }
+
+#[test]
+fn a_closed_output_pipe_ends_the_run_quietly() {
+    // `kvgate agents | head -1`: the reader goes away before the table is written.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["agents", "--agents", "2", "--turns", "2"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    drop(child.stdout.take());
+    let output = child.wait_with_output().expect("it ends");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(output.status.success(), "{:?}: {stderr}", output.status);
+}

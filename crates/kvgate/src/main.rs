@@ -6,6 +6,27 @@
     reason = "a command-line tool prints its results, reads its environment and times its runs"
 )]
 
+/// `println!` to stdout, except that a closed pipe (`kvgate ... | head`) ends the program quietly instead of
+/// panicking: the reader has all it wanted.
+macro_rules! outln {
+    ($($arg:tt)*) => { emit_stdout(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `print!` to stdout, as `outln!` without the newline.
+macro_rules! out {
+    ($($arg:tt)*) => { emit_stdout(format_args!($($arg)*)) };
+}
+
+/// `eprintln!` to stderr, ignoring a closed stderr (progress and errors have nowhere else to go).
+macro_rules! errln {
+    ($($arg:tt)*) => { emit_stderr(format_args!("{}\n", format_args!($($arg)*))) };
+}
+
+/// `eprint!` to stderr, as `errln!` without the newline.
+macro_rules! err {
+    ($($arg:tt)*) => { emit_stderr(format_args!($($arg)*)) };
+}
+
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -119,13 +140,13 @@ fn main() -> ExitCode {
         Command::Agents(args) => agents(&args),
         Command::Replay(args) => replay(&args),
         Command::Scenario { file } => {
-            kvgate::scenario::run_file(&file).map(|trace| println!("{trace}"))
+            kvgate::scenario::run_file(&file).map(|trace| outln!("{trace}"))
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("kvgate: {}", clipped(&error.to_string()));
+            errln!("kvgate: {}", clipped(&error.to_string()));
             ExitCode::FAILURE
         }
     }
@@ -194,7 +215,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     let _server = match &args.metrics_addr {
         Some(addr) => {
             let server = metrics::serve(addr, std::sync::Arc::new(registry))?;
-            eprintln!(
+            errln!(
                 "kvgate: serving metrics at http://{}/metrics",
                 server.local_addr()
             );
@@ -230,9 +251,9 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         runs,
     )?;
     if args.run.json {
-        println!("{}", report::runs_json(&runs, &[]));
+        outln!("{}", report::runs_json(&runs, &[]));
     } else {
-        println!(
+        outln!(
             "{} agents x {} turns ({} first-prompt tokens, about {} new tokens and {} response tokens a turn), \
              pool {} pages of {} tokens, preset {}; the workload allows at most {:.1}% from cache\n",
             spec.n_agents,
@@ -245,7 +266,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             config.model.preset,
             spec.max_from_cache_pct()
         );
-        print!("{}", report::table(&runs));
+        out!("{}", report::table(&runs));
     }
     Ok(())
 }
@@ -299,7 +320,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
         // maximum counts every request of the trace, so it bounds a run only when none was rejected (K1).
         let rejected: u32 = run.rejected_requests.values().sum();
         if rejected > 0 {
-            eprintln!(
+            errln!(
                 "kvgate: {}: {rejected} request(s) rejected as never runnable; the trace's maximum counts them",
                 run.policy
             );
@@ -315,9 +336,9 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             "theoretical_max_hit_pct",
             serde_json::json!((max_hit_pct * 1000.0).round() / 1000.0),
         )];
-        println!("{}", report::runs_json(&runs, &extra));
+        outln!("{}", report::runs_json(&runs, &extra));
     } else {
-        println!(
+        outln!(
             "{} requests, arrivals stretched {}x, pool {} pages of {} tokens; theoretical maximum prompt cache hit \
              {max_hit_pct:.1}%\n",
             trace.len(),
@@ -325,7 +346,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             config.pool.pages,
             config.model.tokens_per_page
         );
-        print!("{}", report::table(&runs));
+        out!("{}", report::table(&runs));
     }
     Ok(())
 }
@@ -344,7 +365,7 @@ fn write_plot(
     let (metrics, timelines): (Vec<RunMetrics>, Vec<Timeline>) = runs.into_iter().unzip();
     if let Some(dir) = dir {
         let path = plot::write_svg(dir, name, title, turn_label, &timelines)?;
-        eprintln!("kvgate: chart written to {}", path.display());
+        errln!("kvgate: chart written to {}", path.display());
     }
     Ok(metrics)
 }
@@ -409,7 +430,7 @@ fn run_policies<T: Send>(
                 scope.spawn(move || {
                     let mut progress = |done: u64, total: u64| {
                         if show && started.elapsed().as_secs_f64() > 1.0 {
-                            eprint!("\r{policy:>10}: {done}/{total} requests finished   ");
+                            err!("\r{policy:>10}: {done}/{total} requests finished   ");
                         }
                     };
                     run(policy, &mut progress)
@@ -422,11 +443,29 @@ fn run_policies<T: Send>(
             .collect()
     });
     if show && started.elapsed().as_secs_f64() > 1.0 {
-        eprintln!(
+        errln!(
             "\r{:60}\rdone in {:.1} s",
             "",
             started.elapsed().as_secs_f64()
         );
     }
     results.into_iter().collect()
+}
+
+fn emit_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout.write_fmt(args).and_then(|()| stdout.flush());
+    if let Err(error) = written {
+        if error.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        let _ignored = writeln!(std::io::stderr(), "kvgate: cannot write to stdout: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn emit_stderr(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ignored = std::io::stderr().lock().write_fmt(args);
 }

@@ -10,9 +10,9 @@
 //! and the hot path (one page allocated and freed again) keeps reusing the same, cache-warm page.
 
 mod free_list;
-mod prefix;
 #[cfg(test)]
 mod model_tests;
+mod prefix;
 #[cfg(test)]
 mod tests;
 
