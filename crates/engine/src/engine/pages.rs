@@ -148,15 +148,14 @@ impl<E: Executor> Engine<E> {
         let checkpoint_id =
             CheckpointId::new(format!("{hex}-{n_tokens}")).expect("hex ids are valid");
         self.generation += 1;
-        let mut meta = CheckpointMeta::full_attention(
+        let meta = CheckpointMeta::full_attention_keyed(
             checkpoint_id,
             self.generation,
             kind,
             &req.tokens[..n_tokens],
-            &req.spec.salt,
+            req.keys[..n_blocks].to_vec(),
             self.layout.clone(),
         );
-        meta.block_keys = req.keys[..n_blocks].to_vec();
         let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_blocks);
         for &page in &req.pages[..n_blocks] {
             self.storage.read(0, page, &mut self.page_buf)?;
