@@ -51,7 +51,10 @@ impl BlockKey {
             heap.resize(n_bytes, 0);
             &mut heap[..]
         };
-        let mut writer = MessageWriter { out: message, at: 0 };
+        let mut writer = MessageWriter {
+            out: message,
+            at: 0,
+        };
         writer.put(&(salt.len() as u64).to_le_bytes());
         writer.put(salt);
         match parent {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use checkpoint_transfer::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
 };
-use kv_pool::RequestId;
 use kv_pool::PageStorage;
+use kv_pool::RequestId;
 
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};

@@ -32,7 +32,8 @@ impl Holders {
                 *len += 1;
             }
             Holders::Inline { len, serials } => {
-                let mut deque: VecDeque<u64> = serials[..usize::from(*len)].iter().copied().collect();
+                let mut deque: VecDeque<u64> =
+                    serials[..usize::from(*len)].iter().copied().collect();
                 deque.push_back(serial);
                 *self = Holders::Spilled(deque);
             }
