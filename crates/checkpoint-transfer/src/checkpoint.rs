@@ -133,8 +133,26 @@ impl CheckpointMeta {
         salt: &[u8],
         layout: LayoutDescriptor,
     ) -> Self {
+        let block_keys = BlockKey::chain_all(tokens, layout.tokens_per_page as usize, salt);
+        Self::full_attention_keyed(id, generation, kind, tokens, block_keys, layout)
+    }
+
+    /// As [`CheckpointMeta::full_attention`], with the block keys of `tokens`' full blocks already computed
+    /// (an engine keeps them per request; hashing them again dominated a capture's cost).
+    pub fn full_attention_keyed(
+        id: CheckpointId,
+        generation: u64,
+        kind: CheckpointKind,
+        tokens: &[u32],
+        block_keys: Vec<BlockKey>,
+        layout: LayoutDescriptor,
+    ) -> Self {
         let tokens_per_page = layout.tokens_per_page as usize;
-        let block_keys = BlockKey::chain_all(tokens, tokens_per_page, salt);
+        debug_assert_eq!(
+            block_keys.len(),
+            tokens.len() / tokens_per_page,
+            "one key per full block"
+        );
         let tail_tokens = tokens[block_keys.len() * tokens_per_page..].to_vec();
         Self {
             id,

@@ -8,12 +8,15 @@
 //! that key by bisection over the query's keys and verifies the candidate's keys, never scanning the stored
 //! checkpoints. Every insert and remove (put, supersede, eviction, a rejected disk
 //! checkpoint) goes through `insert` / `remove`, which keep it in step. Memory: 8 bytes (one `u64` serial)
-//! per full block of every stored checkpoint, plus per distinct block key one hash-map slot (32-byte key and a
-//! 32-byte `VecDeque` header, about 64 bytes with the table's overhead), plus one serial-to-id entry per
-//! checkpoint. Checkpoints of one conversation share their leading keys, so a store of 10,000 checkpoints of
-//! 256 blocks on average costs about 20 MiB of serials plus 64 bytes per distinct block.
+//! per full block of every stored checkpoint beyond the first two holders of its key, plus per distinct block
+//! key one hash-map slot (32-byte key and a 40-byte `Holders` with two serials inline, about 80 bytes with
+//! the table's overhead), plus one serial-to-id entry per checkpoint. Checkpoints of one conversation share their leading keys, so a store of 10,000 checkpoints of
+//! 256 blocks on average costs at most about 20 MiB of serials plus 80 bytes per distinct block.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+mod holders;
+
+use std::collections::hash_map::Entry as MapEntry;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, Hasher, RandomState};
 use std::sync::Arc;
 
@@ -22,6 +25,7 @@ use kv_pool::BlockKey;
 use crate::checkpoint::{CheckpointId, CheckpointMeta, PrefixQuery};
 use crate::error::{Error, Result};
 use crate::store::{PutOutcome, StoreStats};
+use holders::Holders;
 
 #[derive(Debug)]
 struct Entry {
@@ -40,8 +44,8 @@ pub(crate) struct Catalog {
     by_last_key: HashMap<Option<BlockKey>, Vec<CheckpointId>>,
     /// Per block key, the serials of the entries holding it, ascending (serials only grow, so an insert
     /// appends and the newest holder is last; an eviction removes the least recently used, usually among the
-    /// oldest, near the front, where a `VecDeque` removes without moving the rest).
-    by_block_key: HashMap<BlockKey, VecDeque<u64>, KeyHashBuilder>,
+    /// oldest, near the front, where a spilled `Holders` removes without moving the rest).
+    by_block_key: HashMap<BlockKey, Holders, KeyHashBuilder>,
     by_serial: HashMap<u64, CheckpointId>,
     next_serial: u64,
     recency: BTreeMap<u64, CheckpointId>,
@@ -212,7 +216,7 @@ impl Catalog {
         let serial = self.next_serial;
         self.next_serial += 1;
         for key in &meta.block_keys {
-            self.by_block_key.entry(*key).or_default().push_back(serial);
+            add_holder(&mut self.by_block_key, *key, serial);
         }
         self.by_serial.insert(serial, id.clone());
         self.recency.insert(self.tick, id.clone());
@@ -242,12 +246,10 @@ impl Catalog {
         }
         self.by_serial.remove(&entry.serial);
         for key in &entry.meta.block_keys {
-            if let Some(serials) = self.by_block_key.get_mut(key) {
-                if let Ok(pos) = serials.binary_search(&entry.serial) {
-                    let _removed = serials.remove(pos);
-                }
-                if serials.is_empty() {
-                    self.by_block_key.remove(key);
+            if let MapEntry::Occupied(mut holders) = self.by_block_key.entry(*key) {
+                holders.get_mut().remove(entry.serial);
+                if holders.get().is_empty() {
+                    holders.remove();
                 }
             }
         }
@@ -257,7 +259,7 @@ impl Catalog {
     /// Asserts that the block-key index holds exactly the block keys of the stored entries.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {
-        let mut expected: HashMap<BlockKey, VecDeque<u64>> = HashMap::new();
+        let mut expected: HashMap<BlockKey, Holders> = HashMap::new();
         let mut by_serial: Vec<(u64, &Entry)> = self
             .entries
             .values()
@@ -267,7 +269,7 @@ impl Catalog {
         for (serial, entry) in by_serial {
             assert_eq!(self.by_serial.get(&serial), Some(&entry.meta.id));
             for key in &entry.meta.block_keys {
-                expected.entry(*key).or_default().push_back(serial);
+                add_holder(&mut expected, *key, serial);
             }
         }
         assert_eq!(self.by_serial.len(), self.entries.len(), "stale serials");
@@ -286,6 +288,16 @@ impl Catalog {
         assert_eq!(self.recency.len(), self.entries.len());
         let bytes: u64 = self.entries.values().map(|entry| entry.n_bytes).sum();
         assert_eq!(self.n_bytes, bytes);
+    }
+}
+
+/// Records that the entry `serial` (newer than every holder so far) holds `key`.
+fn add_holder<S: BuildHasher>(map: &mut HashMap<BlockKey, Holders, S>, key: BlockKey, serial: u64) {
+    match map.entry(key) {
+        MapEntry::Occupied(mut holders) => holders.get_mut().push(serial),
+        MapEntry::Vacant(slot) => {
+            slot.insert(Holders::one(serial));
+        }
     }
 }
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use checkpoint_transfer::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
 };
+use kv_pool::PageStorage;
 use kv_pool::RequestId;
-use kv_pool::{BlockKey, PageStorage};
 
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};
@@ -83,30 +83,21 @@ impl<E: Executor> Engine<E> {
         Ok(true)
     }
 
-    /// Writes the bytes of every page touched by tokens `[start, end)` of `id` (now computed) and registers
-    /// its newly full blocks in the prefix index.
+    /// Writes the bytes of every page that tokens `[start, end)` of `id` (now computed) fill, and registers its
+    /// newly full blocks in the prefix index. A page still partial after `end` is written once it fills: its
+    /// bytes are read by nothing until then (captures, imports and E3 verification cover full blocks only,
+    /// and only full blocks are cached and shared), and a decode would otherwise rewrite the last page at
+    /// every token.
     pub(crate) fn write_computed(&mut self, id: RequestId, start: u32, end: u32) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
         let req = &self.reqs[&id];
         if end > start {
-            for page_idx in start / tpp..=(end - 1) / tpp {
-                let first_pos = page_idx * tpp;
-                let filled_end = (first_pos + tpp).min(end);
-                let prefix_key = if filled_end == first_pos + tpp {
-                    req.keys[page_idx as usize]
-                } else {
-                    let parent = page_idx.checked_sub(1).map(|idx| &req.keys[idx as usize]);
-                    BlockKey::chain(
-                        parent,
-                        &req.tokens[first_pos as usize..filled_end as usize],
-                        &req.spec.salt,
-                    )
-                };
+            for page_idx in start / tpp..end / tpp {
                 let write = PageWrite {
                     group: 0,
                     page: req.pages[page_idx as usize],
-                    first_pos,
-                    prefix_key,
+                    first_pos: page_idx * tpp,
+                    prefix_key: req.keys[page_idx as usize],
                 };
                 self.executor.fill_page(&write, &mut self.page_buf);
                 self.storage.write(0, write.page, &self.page_buf)?;
@@ -148,15 +139,14 @@ impl<E: Executor> Engine<E> {
         let checkpoint_id =
             CheckpointId::new(format!("{hex}-{n_tokens}")).expect("hex ids are valid");
         self.generation += 1;
-        let mut meta = CheckpointMeta::full_attention(
+        let meta = CheckpointMeta::full_attention_keyed(
             checkpoint_id,
             self.generation,
             kind,
             &req.tokens[..n_tokens],
-            &req.spec.salt,
+            req.keys[..n_blocks].to_vec(),
             self.layout.clone(),
         );
-        meta.block_keys = req.keys[..n_blocks].to_vec();
         let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_blocks);
         for &page in &req.pages[..n_blocks] {
             self.storage.read(0, page, &mut self.page_buf)?;

@@ -95,9 +95,13 @@ pub(crate) struct Loading {
 /// A live request.
 #[derive(Debug)]
 pub(crate) struct Req {
+    /// The request as submitted, but for its prompt, which moved into `tokens` (a prompt is a request's largest
+    /// allocation: it is held once).
     pub(crate) spec: RequestSpec,
     /// Prompt, then output tokens (and streamed inputs appended on resume).
     pub(crate) tokens: Vec<u32>,
+    /// Length of the prompt as submitted: `tokens[..submitted_prompt_len]` is `RequestSpec::prompt`.
+    pub(crate) submitted_prompt_len: u32,
     /// End of the current prompt (grows when a streaming session resumes).
     pub(crate) prompt_end: u32,
     /// Keys of every full block of `tokens`.
@@ -143,22 +147,24 @@ pub(crate) struct Req {
 impl Req {
     /// A new request from its spec.
     pub(crate) fn new(
-        spec: RequestSpec,
+        mut spec: RequestSpec,
         seq: u64,
         arrival: Timestamp,
         tokens_per_page: u32,
     ) -> Req {
-        let keys = BlockKey::chain_all(&spec.prompt, tokens_per_page as usize, &spec.salt);
+        let tokens = std::mem::take(&mut spec.prompt);
+        let keys = BlockKey::chain_all(&tokens, tokens_per_page as usize, &spec.salt);
         let metrics = RequestMetrics {
             id: Some(spec.id),
-            prompt_tokens: spec.prompt.len() as u32,
+            prompt_tokens: tokens.len() as u32,
             is_later_turn: spec.is_later_turn,
             arrival: spec.arrival,
             ..RequestMetrics::default()
         };
         Req {
-            tokens: spec.prompt.clone(),
-            prompt_end: spec.prompt.len() as u32,
+            submitted_prompt_len: tokens.len() as u32,
+            prompt_end: tokens.len() as u32,
+            tokens,
             keys,
             pages: Vec::new(),
             n_computed: 0,

@@ -461,7 +461,8 @@ impl<E: Executor> Engine<E> {
         let token = if stop {
             STOP_TOKEN
         } else {
-            output_token(&req.spec.salt, &req.spec.prompt, index)
+            let prompt = &req.tokens[..req.submitted_prompt_len as usize];
+            output_token(&req.spec.salt, prompt, index)
         };
         req.output.push(token);
         req.push_tokens(&[token], tpp);

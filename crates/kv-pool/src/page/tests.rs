@@ -70,3 +70,43 @@ fn block_key_debug_is_short_hex() {
     let key = BlockKey([0xab; 32]);
     assert_eq!(format!("{key:?}"), "BlockKey(abababababab..)");
 }
+
+/// The key of the field-by-field definition, fed to BLAKE3 one field (one token) at a time.
+fn chain_by_fields(parent: Option<&BlockKey>, tokens: &[u32], salt: &[u8]) -> BlockKey {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&(salt.len() as u64).to_le_bytes());
+    hasher.update(salt);
+    match parent {
+        Some(parent) => {
+            hasher.update(&[1]);
+            hasher.update(&parent.0);
+        }
+        None => {
+            hasher.update(&[0]);
+        }
+    }
+    hasher.update(&(tokens.len() as u64).to_le_bytes());
+    for token in tokens {
+        hasher.update(&token.to_le_bytes());
+    }
+    BlockKey(*hasher.finalize().as_bytes())
+}
+
+#[test]
+fn chain_hashes_the_same_message_on_the_stack_and_on_the_heap() {
+    let parent = BlockKey([7; 32]);
+    let long_salt = vec![3u8; 300];
+    let tokens: Vec<u32> = (0..100u32).map(|t| t.wrapping_mul(2_654_435_761)).collect();
+    for (parent, tokens, salt) in [
+        (None, &tokens[..16], &b"salt"[..]),
+        (Some(&parent), &tokens[..16], &b""[..]),
+        (Some(&parent), &tokens[..], &b"salt"[..]),
+        (Some(&parent), &tokens[..16], &long_salt[..]),
+        (None, &tokens[..0], &b""[..]),
+    ] {
+        assert_eq!(
+            BlockKey::chain(parent, tokens, salt),
+            chain_by_fields(parent, tokens, salt)
+        );
+    }
+}

@@ -1,0 +1,178 @@
+//! Replay benchmark: wall time and peak RSS of `kvgate replay` (the release binary, run as a child process)
+//! on the shared Mooncake conversation trace with one policy (`ordinary`, 65,536 pages of 16 tokens,
+//! arrivals not stretched), and linear growth: a synthetic trace of 12,000 requests against one of 200,000
+//! requests (16.7x as many), generated here, with the ratio of their wall times. The shared trace lives
+//! outside the repository (`../shared/workloads/mooncake/conversation_trace.jsonl`); without it the bench says
+//! so and reports `null` for those figures. Peak RSS is the child's maximum resident set as `/usr/bin/time`
+//! reports it (`null` without that tool). Prints progress on stderr and one JSON object on stdout. Flags:
+//! `--quick` (3,000 against 50,000 synthetic requests); `--gpu` and anything else are ignored.
+#![allow(clippy::disallowed_methods, reason = "a bench times itself")]
+#![allow(
+    clippy::print_stdout,
+    clippy::print_stderr,
+    reason = "a benchmark binary reports its figures"
+)]
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const POOL_PAGES: u32 = 65_536;
+const POLICY: &str = "ordinary";
+/// Milliseconds between two arrivals of the synthetic traces.
+const SYNTHETIC_GAP_MS: u64 = 20;
+
+fn main() {
+    let quick = std::env::args().any(|arg| arg == "--quick");
+    // `cargo bench` passes `--bench`; without it (`cargo test --all-targets`) this is a smoke run of the
+    // synthetic traces only, at small sizes.
+    let smoke = !std::env::args().any(|arg| arg == "--bench");
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_kvgate"));
+    let conversation = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../../shared/workloads/mooncake/conversation_trace.jsonl");
+    let (conv_wall_s, conv_rss_mb) = if smoke {
+        (None, None)
+    } else if conversation.is_file() {
+        eprintln!(
+            "kvgate bench: replay of {} under {POLICY}, {POOL_PAGES} pages",
+            conversation.display()
+        );
+        let run = replay(&binary, &conversation);
+        eprintln!(
+            "kvgate bench: {:.2} s, peak RSS {}",
+            run.wall_s,
+            run.peak_rss_mb
+                .map_or("unknown".to_string(), |mb| format!("{mb:.0} MB"))
+        );
+        (Some(run.wall_s), run.peak_rss_mb)
+    } else {
+        eprintln!(
+            "kvgate bench: the conversation trace is absent ({}): replay_conv_wall_s and \
+             replay_conv_peak_rss_mb are not measured",
+            conversation.display()
+        );
+        (None, None)
+    };
+
+    let (small, large) = if smoke {
+        (300, 1_000)
+    } else if quick {
+        (3_000, 50_000)
+    } else {
+        (12_000, 200_000)
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory for the synthetic traces");
+    let mut walls = Vec::new();
+    for n_requests in [small, large] {
+        let path = dir.path().join(format!("synthetic-{n_requests}.jsonl"));
+        std::fs::write(&path, synthetic_trace(n_requests)).expect("writing a synthetic trace");
+        eprintln!("kvgate bench: synthetic trace of {n_requests} requests");
+        let run = replay(&binary, &path);
+        eprintln!("kvgate bench: {:.2} s", run.wall_s);
+        walls.push(run.wall_s);
+    }
+    let growth = walls[1] / walls[0];
+    eprintln!(
+        "kvgate bench: {large} requests take {growth:.1}x the time of {small} ({:.1}x as many)",
+        large as f64 / small as f64
+    );
+    println!(
+        "{{\"replay_conv_wall_s\": {}, \"replay_conv_peak_rss_mb\": {}, \
+         \"replay_synthetic_small_requests\": {small}, \"replay_synthetic_small_wall_s\": {:.3}, \
+         \"replay_synthetic_large_requests\": {large}, \"replay_synthetic_large_wall_s\": {:.3}, \
+         \"replay_synthetic_growth_ratio\": {growth:.2}}}",
+        json_number(conv_wall_s),
+        json_number(conv_rss_mb),
+        walls[0],
+        walls[1],
+    );
+}
+
+/// What one replay cost.
+struct Run {
+    wall_s: f64,
+    peak_rss_mb: Option<f64>,
+}
+
+/// Runs `kvgate replay TRACE` under the bench's policy and pool; panics (the bench fails) if it fails.
+fn replay(binary: &Path, trace: &Path) -> Run {
+    let time_tool = Path::new("/usr/bin/time");
+    let rss_file = tempfile::NamedTempFile::new().expect("a temporary file for the peak RSS");
+    let mut command = if time_tool.is_file() {
+        let mut command = Command::new(time_tool);
+        command
+            .args(["-f", "%M", "-o"])
+            .arg(rss_file.path())
+            .arg(binary);
+        command
+    } else {
+        Command::new(binary)
+    };
+    command
+        .arg("replay")
+        .arg(trace)
+        .args([
+            "--pool-pages",
+            &POOL_PAGES.to_string(),
+            "--policy",
+            POLICY,
+            "--json",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let started = Instant::now();
+    let status = command.status().expect("running kvgate replay");
+    let wall_s = started.elapsed().as_secs_f64();
+    assert!(status.success(), "kvgate replay failed: {status}");
+    let peak_rss_mb = std::fs::read_to_string(rss_file.path())
+        .ok()
+        .and_then(|text| text.trim().lines().last()?.trim().parse::<f64>().ok())
+        .map(|kib| kib * 1024.0 / 1e6);
+    Run {
+        wall_s,
+        peak_rss_mb,
+    }
+}
+
+/// A Mooncake-format trace of `n_requests` short requests arriving every [`SYNTHETIC_GAP_MS`]: one to three
+/// 512-token blocks drawn from a few hundred shared prefixes, so prefix hits, evictions and captures all
+/// happen, and each request costs about the same whatever the trace's length.
+fn synthetic_trace(n_requests: u64) -> String {
+    let mut trace = String::new();
+    let mut state = 0x9E37_79B9_7F4A_7C15_u64;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for i in 0..n_requests {
+        let n_blocks = 1 + next() % 3;
+        let prefix = next() % 300;
+        let hash_ids: Vec<String> = (0..n_blocks)
+            .map(|block| {
+                if block == 0 {
+                    prefix.to_string()
+                } else {
+                    (1_000 + prefix * 10 + block * 1_000_000 + next() % 4).to_string()
+                }
+            })
+            .collect();
+        let input_length = (n_blocks - 1) * 512 + 1 + next() % 512;
+        let output_length = 1 + next() % 32;
+        let _ = writeln!(
+            trace,
+            "{{\"timestamp\": {}, \"input_length\": {input_length}, \"output_length\": {output_length}, \
+             \"hash_ids\": [{}]}}",
+            i * SYNTHETIC_GAP_MS,
+            hash_ids.join(", ")
+        );
+    }
+    trace
+}
+
+/// `value` as a JSON number, `null` when absent.
+fn json_number(value: Option<f64>) -> String {
+    value.map_or("null".to_string(), |value| format!("{value:.3}"))
+}
