@@ -9,7 +9,7 @@ mod params;
 mod policy;
 mod request;
 
-pub use engine::{Engine, RequestPhase, RequestView, ShutdownReport, StepReport};
+pub use engine::{Engine, RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
 pub use error::{Error, Result};
 pub use executor::{CostModel, Executor, SimExecutor};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};

@@ -3,8 +3,8 @@
 //! (every series labelled with the engine's `policy`); an `EngineMetrics` per engine is an `Observer` that
 //! updates them after every step; `serve` answers `GET /metrics` in the text exposition format over plain
 //! `std::net` (one thread, no async runtime). Copies in flight, owned imports, capacity waiters and the restore
-//! latency are read from the engine's ledger, so policies without one (`ordinary`, `pages-only`) report 0
-//! there.
+//! latency (from a copy's start to its end, on the engine clock) come from `Engine::restore_gauges`, under every
+//! policy.
 
 mod http;
 
@@ -18,7 +18,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use reservation::TicketState;
 
 pub use self::http::{MetricsServer, serve};
 use crate::run::Observer;
@@ -150,7 +149,7 @@ impl MetricFamilies {
             waiters: HashSet::new(),
             importing_since: HashMap::new(),
             longest_wait_s: 0.0,
-            waits_seen_in_ledger: 0,
+            waits_seen_starting: 0,
             waits_of_finished: 0,
             waits_counted: 0,
         }
@@ -169,9 +168,9 @@ pub struct EngineMetrics {
     /// Tickets still importing, with the time they were first seen.
     importing_since: HashMap<RequestId, Timestamp>,
     longest_wait_s: f64,
-    /// Capacity waits seen starting in the ledger, and counted by finished requests (policies without a
-    /// ledger count theirs there only); the counter follows the larger.
-    waits_seen_in_ledger: u64,
+    /// Capacity waits seen starting in the gauges, and counted by finished requests (a wait that starts and
+    /// ends between two steps is seen by the latter only); the counter follows the larger.
+    waits_seen_starting: u64,
     waits_of_finished: u64,
     waits_counted: u64,
 }
@@ -216,7 +215,7 @@ impl EngineMetrics {
             self.waits_of_finished += u64::from(request.capacity_waits);
         }
         self.n_requests_seen = done.len();
-        let waits = self.waits_seen_in_ledger.max(self.waits_of_finished);
+        let waits = self.waits_seen_starting.max(self.waits_of_finished);
         self.families
             .capacity_waits_started
             .get_or_create(&self.labels())
@@ -224,38 +223,28 @@ impl EngineMetrics {
         self.waits_counted = waits;
     }
 
-    /// Waiters, imports in flight and owned, and restore latencies, from the ledger.
-    fn read_ledger(&mut self, engine: &Engine, now: Timestamp) {
-        let (waiter_views, tickets) = engine
-            .ledger_snapshot()
-            .map(|snapshot| (snapshot.waiters, snapshot.tickets))
-            .unwrap_or_default();
-        let waiters: HashSet<RequestId> = waiter_views.iter().map(|w| w.request).collect();
-        self.waits_seen_in_ledger += waiters.difference(&self.waiters).count() as u64;
-        for waiter in &waiter_views {
+    /// Waiters, copies in flight, restores copying (their latency) and pages owned by ready imports, from the
+    /// engine's restore gauges (every policy).
+    fn read_gauges(&mut self, engine: &Engine, now: Timestamp) {
+        let gauges = engine.restore_gauges();
+        let waiters: HashSet<RequestId> = gauges.waiters.iter().map(|(id, _)| *id).collect();
+        self.waits_seen_starting += waiters.difference(&self.waiters).count() as u64;
+        for (_, since) in &gauges.waiters {
             self.longest_wait_s = self
                 .longest_wait_s
-                .max(now.as_secs_f64() - waiter.since.as_secs_f64());
+                .max(now.as_secs_f64() - since.as_secs_f64());
         }
         self.waiters = waiters;
-        let mut importing = HashSet::new();
-        let mut owned_pages = 0u32;
-        for ticket in &tickets {
-            match ticket.state {
-                TicketState::Importing => {
-                    importing.insert(ticket.request);
-                    self.importing_since.entry(ticket.request).or_insert(now);
-                }
-                TicketState::Ready => owned_pages += ticket.import_pages,
-                TicketState::Admitted => {}
-            }
+        let importing: HashSet<RequestId> = gauges.importing.iter().copied().collect();
+        for id in &importing {
+            self.importing_since.entry(*id).or_insert(now);
         }
         let histogram = self
             .families
             .restore_latency_seconds
             .get_or_create(&self.labels());
-        self.importing_since.retain(|req, since| {
-            let still = importing.contains(req);
+        self.importing_since.retain(|id, since| {
+            let still = importing.contains(id);
             if !still {
                 histogram.observe(now.as_secs_f64() - since.as_secs_f64());
             }
@@ -264,7 +253,7 @@ impl EngineMetrics {
         self.families
             .copies_in_flight
             .get_or_create(&self.labels())
-            .set(importing.len() as i64);
+            .set(gauges.copies_in_flight as i64);
         self.families
             .capacity_waits_active
             .get_or_create(&self.labels())
@@ -272,7 +261,7 @@ impl EngineMetrics {
         self.families
             .pool_pages
             .get_or_create(&self.state("owned_imports"))
-            .set(i64::from(owned_pages));
+            .set(i64::from(gauges.owned_import_pages));
     }
 }
 
@@ -301,7 +290,7 @@ impl Observer for EngineMetrics {
             .pool_pages
             .get_or_create(&self.state("credits"))
             .set(i64::from(report.credit_pages));
-        self.read_ledger(engine, report.now);
+        self.read_gauges(engine, report.now);
         self.count_finished(engine);
         self.families
             .capacity_wait_longest_seconds

@@ -51,7 +51,7 @@ use crate::request::{FinishedRequest, RequestSpec};
 
 use self::req::{Phase, Req, Restore};
 
-pub use self::report::{RequestPhase, RequestView, ShutdownReport, StepReport};
+pub use self::report::{RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
 
 /// The engine: step loop, restore coordinator, executor, policies and metrics.
 pub struct Engine<E: Executor = SimExecutor> {

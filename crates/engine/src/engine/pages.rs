@@ -158,11 +158,13 @@ impl<E: Executor> Engine<E> {
         };
         match self.store.put(checkpoint) {
             Ok(_outcome) => {}
-            // The store could not write (disk full, read-only file system, permission): the engine goes on
-            // without this checkpoint; `store_write_failures` counts it, the log says so rate-limited.
+            // The store could not write (disk full, read-only file system, permission; a Redis server
+            // unreachable, slow or full): the engine goes on without this checkpoint; `store_write_failures`
+            // counts it, the log says so rate-limited.
             Err(
                 error @ (checkpoint_transfer::Error::Write { .. }
-                | checkpoint_transfer::Error::Io { .. }),
+                | checkpoint_transfer::Error::Io { .. }
+                | checkpoint_transfer::Error::Remote { .. }),
             ) => {
                 let n_failures = self.store.stats().n_write_failures;
                 if n_failures <= 1 || n_failures.is_multiple_of(STORE_WRITE_FAILURES_PER_WARNING) {

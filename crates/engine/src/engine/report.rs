@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use checkpoint_transfer::StoreStats;
+use checkpoint_transfer::{CopyEngine, StoreStats};
 use kv_pool::PagePool;
 use kv_pool::{RequestId, Timestamp};
 use reservation::{Ledger, LedgerSnapshot};
@@ -58,6 +58,19 @@ impl StepReport {
     pub fn scheduled_any(&self) -> bool {
         !self.prefills.is_empty() || !self.decodes.is_empty() || !self.logits_only.is_empty()
     }
+}
+
+/// Restore gauges at one moment, for monitoring (the facade's Prometheus metrics), under every policy.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RestoreGauges {
+    /// Copies in flight (restores and drains of cancelled imports).
+    pub copies_in_flight: usize,
+    /// Requests whose restore is copying, in admission order.
+    pub importing: Vec<RequestId>,
+    /// Capacity waiters with the time their wait started, in admission order.
+    pub waiters: Vec<(RequestId, Timestamp)>,
+    /// Pages of published imports still owned by their waiting consumer (`reserved`: ready imports).
+    pub owned_import_pages: u32,
 }
 
 /// What `Engine::shutdown` did (L6).
@@ -180,6 +193,34 @@ impl<E: Executor> Engine<E> {
             n_output: req.output.len() as u32,
             lookups: req.lookups,
         })
+    }
+
+    /// Restore gauges now: copies in flight, restores copying, capacity waiters, pages owned by ready
+    /// imports.
+    pub fn restore_gauges(&self) -> RestoreGauges {
+        let mut gauges = RestoreGauges {
+            copies_in_flight: self.copies.n_in_flight(),
+            ..RestoreGauges::default()
+        };
+        for id in self.restoring.values() {
+            let req = &self.reqs[id];
+            if matches!(req.restore, super::req::Restore::Importing { .. }) {
+                gauges.importing.push(*id);
+            }
+            if let Some(since) = req.wait_started {
+                gauges.waiters.push((*id, since));
+            }
+        }
+        let ready = self
+            .ready
+            .iter()
+            .map(|(_, id)| id)
+            .chain(self.ready_logits.values().copied());
+        gauges.owned_import_pages = ready
+            .filter_map(|id| self.index.pages(id))
+            .map(|pages| pages.len() as u32)
+            .sum();
+        gauges
     }
 
     /// The page pool (read only).

@@ -413,3 +413,24 @@ fn a_geometry_the_step_loop_cannot_run_is_refused_naming_the_group_and_why() {
     let message = refusal(vec![full], 2);
     assert!(message.contains("context_parallel 2"), "{message}");
 }
+
+#[test]
+fn restore_gauges_see_copies_waiters_and_owned_imports_under_every_policy() {
+    for policy in [Policy::PagesOnly, Policy::Reserved] {
+        let mut engine = Engine::new(params(policy, 96)).unwrap();
+        let history = tokens(6, 0, 0, 10 * TPP);
+        seed_checkpoint(&mut engine, 1, &history, 1);
+        engine.inject_copy_fault(Fault::DelayNext {
+            rank: 0,
+            by: Duration::from_secs(10),
+        });
+        let mut restore = history;
+        restore.extend(tokens(6, 0, 1, 8));
+        engine.submit(spec(2, restore, 4, engine.now())).unwrap();
+        engine.step().unwrap();
+        let gauges = engine.restore_gauges();
+        assert_eq!(gauges.importing, [RequestId(2)], "{policy}: {gauges:?}");
+        assert_eq!(gauges.copies_in_flight, 1, "{policy}");
+        assert!(gauges.waiters.is_empty(), "{policy}");
+    }
+}
