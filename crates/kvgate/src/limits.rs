@@ -15,8 +15,9 @@ pub const SECONDS_MAX: f64 = 1e9;
 pub const MODEL_LEN_MAX: u32 = 1 << 24;
 
 /// Sessions of an agents run at most. Every session's whole context is held in memory by the driver and by
-/// the engine of each policy, which run side by side.
-pub const AGENTS_MAX: u32 = 10_000;
+/// the engine of each policy, which run side by side: 100 000 one-turn sessions under the four policies took
+/// 50 s and 5.8 GB on a 2-core machine.
+pub const AGENTS_MAX: u32 = 100_000;
 
 /// Turns of an agents run at most, all sessions together (`n_agents * turns`).
 pub const AGENT_TURNS_TOTAL_MAX: u64 = 100_000;

@@ -128,15 +128,15 @@ fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limi
             n_agents: u32::MAX,
             ..spec.clone()
         }),
-        "agents: `n_agents` = 4294967295 is above the limit of 10000; run fewer sessions"
+        "agents: `n_agents` = 4294967295 is above the limit of 100000; run fewer sessions"
     );
     assert_eq!(
         error(AgentsSpec {
-            n_agents: 100_000,
+            n_agents: 100_001,
             turns: 1,
             ..spec.clone()
         }),
-        "agents: `n_agents` = 100000 is above the limit of 10000; run fewer sessions"
+        "agents: `n_agents` = 100001 is above the limit of 100000; run fewer sessions"
     );
     assert_eq!(
         error(AgentsSpec {
@@ -167,7 +167,7 @@ fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limi
     }
     AgentsSpec {
         n_agents: crate::limits::AGENTS_MAX,
-        turns: 10,
+        turns: 1,
         think_s: THINK_S_MAX,
         ..spec
     }
