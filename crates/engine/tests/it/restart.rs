@@ -102,3 +102,89 @@ fn captures_the_store_cannot_write_are_counted_and_the_engine_goes_on() {
     assert_eq!(engine.store_stats().n_checkpoints, 0);
     assert_eq!(engine.leaked_pages(), 0);
 }
+
+/// Runs `body` with this thread's logs captured (every level, no colour); returns what they printed.
+fn captured_logs(body: impl FnOnce()) -> String {
+    #[derive(Clone, Default)]
+    struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buffer {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .expect("not poisoned")
+                .extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buffer = Buffer::default();
+    let writer = buffer.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::TRACE)
+        .finish();
+    tracing::subscriber::with_default(subscriber, body);
+    let bytes = buffer.0.lock().expect("not poisoned").clone();
+    String::from_utf8(bytes).expect("logs are text")
+}
+
+#[test]
+fn failed_store_writes_are_warned_with_their_cause_and_rate_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let store_dir = dir.path().join("store");
+    let mut engine = Engine::new(disk_params(Policy::Reserved, &store_dir)).unwrap();
+    std::fs::remove_dir_all(&store_dir).unwrap();
+    std::fs::write(&store_dir, b"not a directory").unwrap();
+    let logs = captured_logs(|| {
+        // 130 requests, two captures each: 260 failed writes.
+        for id in 0..130 {
+            let prompt = tokens(6, id, 0, 2 * TPP);
+            engine
+                .submit(spec(u64::from(id), prompt, 2, engine.now()))
+                .unwrap();
+            let _steps = engine.run_until_idle(10_000).unwrap();
+        }
+    });
+    let failures = engine.store_stats().n_write_failures;
+    assert!(failures >= 250, "{failures} failures");
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|line| line.contains("WARN") && line.contains("the store cannot write"))
+        .collect();
+    // The first failure, then every 100th: 1, 100, 200.
+    assert_eq!(warnings.len(), 3, "{logs}");
+    assert!(
+        warnings[0].contains("Not a directory") || warnings[0].contains("not a directory"),
+        "the cause is named: {}",
+        warnings[0]
+    );
+}
+
+#[test]
+fn a_store_reopened_with_a_lower_capacity_warns_what_it_evicted() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut engine = Engine::new(disk_params(Policy::Reserved, dir.path())).unwrap();
+        for id in 0..6 {
+            seed_checkpoint(&mut engine, id, &tokens(7, id as u32, 0, 4 * TPP), 1);
+        }
+        assert!(engine.store_stats().n_checkpoints >= 6);
+    }
+    let logs = captured_logs(|| {
+        let smaller = EngineParams {
+            store_capacity_pages: 5,
+            ..disk_params(Policy::Reserved, dir.path())
+        };
+        let engine = Engine::new(smaller).unwrap();
+        assert!(engine.store_stats().n_checkpoints <= 1);
+    });
+    assert!(
+        logs.lines().any(|line| line.contains("WARN")
+            && line.contains("evicted whole checkpoints")
+            && line.contains("n_evicted=")),
+        "{logs}"
+    );
+}
