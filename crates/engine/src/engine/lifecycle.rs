@@ -25,7 +25,7 @@
 //!
 //! Glossary, the four state machines side by side:
 //!
-//! | `Phase` (engine)   | `Restore` (engine)         | `TicketState` (ledger, `reserved`) | `ImportState` (index)   |
+//! | `Phase` (`RequestPhase`) | `Restore` (engine)         | `TicketState` (ledger, `reserved`) | `ImportState` (index)   |
 //! |--------------------|----------------------------|------------------------------------|-------------------------|
 //! | Arriving           | Idle                       | none                               | none                    |
 //! | Restoring          | Lookup / Answered          | none, or a capacity waiter         | none                    |

@@ -9,7 +9,6 @@ use kv_pool::{RequestId, Timestamp};
 use reservation::{Ledger, LedgerSnapshot};
 
 use super::Engine;
-use super::req::Phase;
 use crate::executor::Executor;
 use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
 
@@ -170,15 +169,7 @@ impl<E: Executor> Engine<E> {
     pub fn request(&self, id: RequestId) -> Option<RequestView> {
         let req = self.reqs.get(&id)?;
         Some(RequestView {
-            phase: match req.phase {
-                Phase::Arriving => RequestPhase::Arriving,
-                Phase::Waiting => RequestPhase::Waiting,
-                Phase::Restoring => RequestPhase::Restoring,
-                Phase::Ready => RequestPhase::Ready,
-                Phase::Running => RequestPhase::Running,
-                Phase::Paused => RequestPhase::Paused,
-                Phase::Resuming => RequestPhase::Resuming,
-            },
+            phase: req.phase,
             n_computed: req.n_computed,
             n_pages: req.pages.len() as u32,
             has_ticket: self

@@ -18,25 +18,9 @@ pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
     }
 }
 
-/// Where a request is in its lifecycle; each phase names the one container that holds it (`lifecycle.rs` draws
-/// the edges and maps this enum onto the ledger's and the index's states).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Phase {
-    /// Submitted with a future arrival time.
-    Arriving,
-    /// In the ordinary waiting queue (FCFS or priority).
-    Waiting,
-    /// With the restore coordinator: lookup pending, capacity wait, copy in flight.
-    Restoring,
-    /// A published import owned by this request (reserved): may pass a blocked head.
-    Ready,
-    /// Holds a running slot; computes every step it is scheduled.
-    Running,
-    /// A streaming session between inputs: keeps its pages, no slot.
-    Paused,
-    /// A paused streaming session that received input: bypasses the admission gate (Q7).
-    Resuming,
-}
+/// Where a request is in its lifecycle: the public `RequestPhase`; each phase names the one container that
+/// holds it (`lifecycle.rs` draws the edges and maps it onto the ledger's and the index's states).
+pub(crate) use super::report::RequestPhase as Phase;
 
 /// What the coordinator knows about a request's restore.
 #[derive(Clone, Debug, Default)]
