@@ -265,6 +265,7 @@ impl<E: Executor> Engine<E> {
             },
         ));
         plan.budget -= chunk;
+        self.register_blocks_upto(id, start + chunk)?;
         Ok(())
     }
 
@@ -404,6 +405,7 @@ impl<E: Executor> Engine<E> {
                 },
             ));
             plan.budget -= chunk;
+            self.register_blocks_upto(id, first_pos + chunk)?;
         }
         Ok(true)
     }

@@ -108,9 +108,18 @@ impl<E: Executor> Engine<E> {
 
     /// Registers `id`'s computed full blocks in the prefix index.
     pub(crate) fn register_blocks(&mut self, id: RequestId) -> Result<()> {
+        let n_computed = self.reqs[&id].n_computed;
+        self.register_blocks_upto(id, n_computed)
+    }
+
+    /// Registers `id`'s full blocks below `upto_tokens` in the prefix index. The step registers a prefill
+    /// chunk's blocks when it schedules the chunk (same-pass visibility, as vLLM and the peer simulator do):
+    /// a request considered later in the same step hits them, and the step computes them before anything
+    /// reads them (preemptions come before the step's admissions, cancellations between steps).
+    pub(crate) fn register_blocks_upto(&mut self, id: RequestId, upto_tokens: u32) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
         let req = self.reqs.get_mut(&id).expect("live");
-        let full = (req.n_computed / tpp).min(req.pages.len() as u32);
+        let full = (upto_tokens / tpp).min(req.pages.len() as u32);
         for block in req.n_registered..full {
             // `false`: another page already caches this block; ours stays private.
             let _registered = self

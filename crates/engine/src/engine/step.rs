@@ -331,6 +331,9 @@ impl<E: Executor> Engine<E> {
             }
             let scheduled = tokens > 0 && self.grow_pages(id, upto, kind)?;
             if scheduled {
+                if kind == AllocKind::Prefill {
+                    self.register_blocks_upto(id, upto)?;
+                }
                 plan.entries.push((id, work));
                 plan.budget -= tokens;
                 idx += 1;
