@@ -13,7 +13,7 @@ pub use engine::{Engine, RequestPhase, RequestView, RestoreGauges, ShutdownRepor
 pub use error::{Error, Result};
 pub use executor::{CostModel, Executor, SimExecutor};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
-pub use params::EngineParams;
+pub use params::{CopyEngineKind, EngineParams};
 pub use policy::Policy;
 pub use request::{FinishedRequest, RequestSpec, STOP_TOKEN, output_token};
 

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use engine::{CostModel, EngineParams, Policy};
+use engine::{CopyEngineKind, CostModel, EngineParams, Policy};
 use kv_pool::{CacheGroup, Geometry, GroupKind};
 use serde::{Deserialize, Serialize};
 
@@ -136,6 +136,12 @@ pub struct RestoreConfig {
     pub lookup_latency_s: f64,
     /// Copy tasks in flight at most. Default 32; at least 1.
     pub copy_task_limit: u32,
+    /// The copy engine: `inline` (modeled time, deterministic; the default), `threaded` (worker threads doing
+    /// real memcpy while steps go on; on the simulated clock a copy lasts as many steps as it takes in real
+    /// time, so figures depend on the machine) or `cuda` (refused until the engine uses CUDA page storage).
+    pub copy_engine: String,
+    /// Worker threads of the `threaded` copy engine. Default 2; 1..=64.
+    pub copy_workers: u32,
     /// Check every restored page byte for byte against what recompute writes, stopping the run with the
     /// request, page and byte on a mismatch (E3, L5). Default false; debug builds always check.
     pub verify: bool,
@@ -206,6 +212,8 @@ impl Default for RestoreConfig {
             lookup_timeout_s: 60.0,
             lookup_latency_s: 0.0,
             copy_task_limit: 32,
+            copy_engine: "inline".to_string(),
+            copy_workers: 2,
             verify: false,
         }
     }
@@ -479,6 +487,22 @@ impl EngineConfig {
         config
     }
 
+    /// The copy engine `[restore] copy_engine` and `copy_workers` name.
+    fn copy_engine_kind(&self) -> Result<CopyEngineKind> {
+        check_range("restore.copy_workers", self.restore.copy_workers, 1, 64)?;
+        match self.restore.copy_engine.as_str() {
+            "inline" => Ok(CopyEngineKind::Inline),
+            "threaded" => Ok(CopyEngineKind::Threaded {
+                workers: self.restore.copy_workers,
+            }),
+            "cuda" => Ok(CopyEngineKind::Cuda),
+            other => {
+                invalid("restore.copy_engine", other, "inline, threaded or cuda")?;
+                Ok(CopyEngineKind::Inline)
+            }
+        }
+    }
+
     /// The engine parameters for a run of `policy`. Errors: any field out of range, and page storage above its
     /// limit under `policy` (the `oracle` policy's pool is larger).
     pub fn engine_params(&self, policy: Policy) -> Result<EngineParams> {
@@ -525,6 +549,7 @@ impl EngineConfig {
             sim_bytes_per_page: self.pool.sim_bytes_per_page,
             cost: self.cost()?,
             verify_restores: self.restore.verify || cfg!(debug_assertions),
+            copy_engine: self.copy_engine_kind()?,
             seed: self.seed,
             stall_timeout: seconds(
                 "scheduler.stall_timeout_s",

@@ -308,8 +308,7 @@ fn apply(
                     },
                 ),
             };
-            engine.inject_copy_fault(fault);
-            json!({ name: "ok" })
+            outcome(&name, engine.inject_copy_fault(fault))
         }
         Action::AdvanceS(by_s) => {
             engine.advance_clock(engine.now().after(seconds("advance_s", *by_s)?));

@@ -28,6 +28,8 @@ const STAGING_PAGES: usize = 4;
 struct CudaJob {
     id: CopyJobId,
     rank: u32,
+    /// The job's pool pages.
+    pages: Vec<PageId>,
     /// Recorded after the job's last transfer; `None` when nothing was enqueued.
     event: Option<CudaEvent>,
     cancelled: bool,
@@ -202,6 +204,13 @@ impl CudaCopyEngine {
 }
 
 impl CopyEngine for CudaCopyEngine {
+    fn in_flight_pages(&self) -> Vec<PageId> {
+        self.in_flight
+            .iter()
+            .flat_map(|job| job.pages.iter().copied())
+            .collect()
+    }
+
     fn submit(&mut self, job: CopyJob, _now: Timestamp) -> Result<CopyJobId> {
         let id = CopyJobId(self.next_job);
         self.next_job += 1;
@@ -219,6 +228,7 @@ impl CopyEngine for CudaCopyEngine {
         self.in_flight.push_back(CudaJob {
             id,
             rank: job.rank,
+            pages: job.pool_pages(),
             event,
             cancelled: false,
             failure,
@@ -271,9 +281,11 @@ impl CudaCopyEngine {
         failure: Option<String>,
         captured: Vec<Arc<[u8]>>,
     ) -> Result<CopyJobId> {
+        // The stream was synchronized: nothing of this job can still touch a page.
         self.in_flight.push_back(CudaJob {
             id,
             rank,
+            pages: Vec::new(),
             event: None,
             cancelled: false,
             failure,

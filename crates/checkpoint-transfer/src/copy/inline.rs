@@ -147,15 +147,6 @@ impl InlineCopyEngine {
         self.in_flight.keys().copied().collect()
     }
 
-    /// Pool pages some in-flight job may still read or write (cancelled jobs included): none of them may be
-    /// free.
-    pub fn in_flight_pages(&self) -> Vec<PageId> {
-        self.in_flight
-            .values()
-            .flat_map(|job| job.job.pool_pages())
-            .collect()
-    }
-
     fn finish(&self, id: CopyJobId, job: InlineJob) -> CopyCompletion {
         let rank = job.job.rank;
         let outcome = if job.cancelled {
@@ -297,5 +288,17 @@ impl CopyEngine for InlineCopyEngine {
 
     fn next_completion_at(&self) -> Option<Timestamp> {
         self.in_flight.values().map(|job| job.complete_at).min()
+    }
+
+    fn in_flight_pages(&self) -> Vec<PageId> {
+        self.in_flight
+            .values()
+            .flat_map(|job| job.job.pool_pages())
+            .collect()
+    }
+
+    fn inject_fault(&mut self, fault: Fault) -> Result<()> {
+        self.inject(fault);
+        Ok(())
     }
 }

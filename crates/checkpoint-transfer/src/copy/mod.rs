@@ -17,7 +17,7 @@ pub use cuda::CudaCopyEngine;
 pub use inline::{CopyModel, Fault, InlineCopyEngine};
 pub use threaded::ThreadedCopyEngine;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Identifies one submitted copy job within its engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -118,6 +118,18 @@ pub trait CopyEngine: Send + std::fmt::Debug {
     /// engine); `None` otherwise.
     fn next_completion_at(&self) -> Option<Timestamp> {
         None
+    }
+
+    /// Pool pages some in-flight job may still read or write (cancelled jobs included): none of them may be
+    /// free while it is listed here.
+    fn in_flight_pages(&self) -> Vec<PageId>;
+
+    /// Injects a fault (fault injection for tests and scenarios). Only the inline engine models faults;
+    /// the others refuse with `Error::Unavailable`.
+    fn inject_fault(&mut self, fault: Fault) -> Result<()> {
+        Err(Error::Unavailable(format!(
+            "cannot inject {fault:?}: fault injection needs the inline copy engine"
+        )))
     }
 }
 

@@ -23,6 +23,8 @@ pub struct ThreadedCopyEngine {
     done_rx: Receiver<CopyCompletion>,
     workers: Vec<JoinHandle<()>>,
     in_flight: HashSet<CopyJobId>,
+    /// Pool pages of each job in flight (they must stay allocated until its completion is observed).
+    pages_in_flight: std::collections::HashMap<CopyJobId, Vec<PageId>>,
     cancel_flags: std::collections::HashMap<CopyJobId, Arc<JobShared>>,
     next_job: u64,
 }
@@ -78,6 +80,7 @@ impl ThreadedCopyEngine {
             done_rx,
             workers,
             in_flight: HashSet::new(),
+            pages_in_flight: std::collections::HashMap::new(),
             cancel_flags: std::collections::HashMap::new(),
             next_job: 0,
         })
@@ -91,10 +94,15 @@ impl ThreadedCopyEngine {
     fn observed(&mut self, completion: &CopyCompletion) {
         self.in_flight.remove(&completion.job);
         self.cancel_flags.remove(&completion.job);
+        self.pages_in_flight.remove(&completion.job);
     }
 }
 
 impl CopyEngine for ThreadedCopyEngine {
+    fn in_flight_pages(&self) -> Vec<PageId> {
+        self.pages_in_flight.values().flatten().copied().collect()
+    }
+
     fn submit(&mut self, job: CopyJob, _now: Timestamp) -> Result<CopyJobId> {
         let id = CopyJobId(self.next_job);
         self.next_job += 1;
@@ -113,6 +121,7 @@ impl CopyEngine for ThreadedCopyEngine {
             done_tx: self.done_tx.clone(),
         });
         self.in_flight.insert(id);
+        self.pages_in_flight.insert(id, job.pool_pages());
         self.cancel_flags.insert(id, Arc::clone(&shared));
         if n_pages == 0 {
             let _sent = self.done_tx.send(completion_of(&shared));

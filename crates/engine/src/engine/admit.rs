@@ -301,7 +301,7 @@ impl<E: Executor> Engine<E> {
         let part = self.checkpoint_part(&stored, first_block, blocks);
         let import = self.index.stage(
             &mut self.pool,
-            &mut self.copies,
+            &mut *self.copies,
             self.now,
             checkpoint_transfer::StageRequest {
                 request: id,

@@ -299,7 +299,7 @@ impl<E: Executor> Engine<E> {
             Some(pages) => {
                 let import = self.index.stage_into(
                     &mut self.pool,
-                    &mut self.copies,
+                    &mut *self.copies,
                     self.now,
                     stage,
                     pages,
@@ -317,7 +317,7 @@ impl<E: Executor> Engine<E> {
             }
             None => self
                 .index
-                .stage(&mut self.pool, &mut self.copies, self.now, stage)?,
+                .stage(&mut self.pool, &mut *self.copies, self.now, stage)?,
         };
         self.reqs.get_mut(&id).expect("live").restore = Restore::Importing { blocks, import };
         Ok(())
@@ -444,7 +444,17 @@ impl<E: Executor> Engine<E> {
 
     /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2).
     pub(crate) fn poll_imports(&mut self, report: &mut StepReport) -> Result<()> {
-        let events = self.index.poll(&mut self.pool, &mut self.copies, self.now);
+        let events = self.index.poll(&mut self.pool, &mut *self.copies, self.now);
+        for event in events {
+            self.apply_import_event(&event, report)?;
+        }
+        Ok(())
+    }
+
+    /// Waits for every copy in flight and applies its completion: what a step with nothing else to run does
+    /// when the copy engine cannot say when its copies end (threaded copies on the simulated clock).
+    pub(crate) fn wait_for_copies(&mut self, report: &mut StepReport) -> Result<()> {
+        let events = self.index.drain_all(&mut self.pool, &mut *self.copies);
         for event in events {
             self.apply_import_event(&event, report)?;
         }
@@ -476,7 +486,7 @@ impl<E: Executor> Engine<E> {
                 if loading.is_some() {
                     // ordinary: the admitted request already holds the pages; the index lets go of them.
                     self.reqs.get_mut(&id).expect("live").loading = None;
-                    let _released = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
+                    let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
                 } else if let Some(ledger) = self.ledger.as_mut() {
                     ledger.publish(id).map_err(|error| {
                         Error::internal(format!(
@@ -495,7 +505,7 @@ impl<E: Executor> Engine<E> {
                         })?
                         .to_vec();
                     req.restore = Restore::Idle;
-                    let _released = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
+                    let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
                     self.enqueue_waiting(id, None)?;
                 }
             }

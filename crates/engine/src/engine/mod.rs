@@ -37,7 +37,7 @@ use std::time::Duration;
 use admission::WaitingQueue;
 use checkpoint_transfer::{
     CheckpointStore, CopyEngine, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine,
-    LayoutDescriptor, RedisStore, ResidentIndex,
+    LayoutDescriptor, RedisStore, ResidentIndex, ThreadedCopyEngine,
 };
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{HostStorage, PageId, PagePool};
@@ -46,7 +46,7 @@ use reservation::{Ledger, LedgerConfig};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
 use crate::metrics::{FallbackReason, RejectReason, RequestMetrics};
-use crate::params::EngineParams;
+use crate::params::{CopyEngineKind, EngineParams};
 use crate::request::{FinishedRequest, RequestSpec};
 
 use self::req::{Phase, Req, Restore};
@@ -59,7 +59,7 @@ pub struct Engine<E: Executor = SimExecutor> {
     executor: E,
     pool: PagePool,
     storage: Arc<HostStorage>,
-    copies: InlineCopyEngine,
+    copies: Box<dyn CopyEngine>,
     store: Box<dyn CheckpointStore>,
     layout: LayoutDescriptor,
     /// The reservation ledger; `None` under policies without the contract (G1: never called).
@@ -141,10 +141,7 @@ impl<E: Executor> Engine<E> {
             bandwidth_bytes_per_s: f64::from(params.sim_bytes_per_page) / per_page,
             latency,
         };
-        let copies = InlineCopyEngine::with_storage(
-            model,
-            Arc::clone(&storage) as Arc<dyn kv_pool::PageStorage>,
-        );
+        let copies = open_copy_engine(&params, model, &storage)?;
         let store = open_store(&params)?;
         let layout = LayoutDescriptor::single_full(u64::from(params.sim_bytes_per_page), tpp, 1);
         let ledger = params.policy.uses_reservations().then(|| {
@@ -306,7 +303,7 @@ impl<E: Executor> Engine<E> {
     /// Resets the prefix cache (X2): refused, changing nothing, while any import is staged or owned or any page
     /// is in use; `force_reset_prefix_cache` preempts and releases first.
     pub fn reset_prefix_cache(&mut self) -> Result<()> {
-        if let Err(refused) = self.index.clear(&mut self.pool, &mut self.copies, false) {
+        if let Err(refused) = self.index.clear(&mut self.pool, &mut *self.copies, false) {
             let checkpoint_transfer::Error::ResetRefused { n_staged, n_owned } = refused else {
                 return Err(refused.into());
             };
@@ -360,7 +357,7 @@ impl<E: Executor> Engine<E> {
             self.free_request_pages(id)?;
         }
         // Every import was cancelled with its request above; only drains are left.
-        let lost = self.index.clear(&mut self.pool, &mut self.copies, true)?;
+        let lost = self.index.clear(&mut self.pool, &mut *self.copies, true)?;
         debug_assert!(lost.is_empty(), "imports of no live request: {lost:?}");
         if self.pool.n_in_use() == 0 {
             self.pool.reset_prefix_cache()?;
@@ -407,7 +404,7 @@ impl<E: Executor> Engine<E> {
             report.cancelled.push(id);
         }
         report.copies_drained = self.copies.n_in_flight();
-        for event in self.index.drain_all(&mut self.pool, &mut self.copies) {
+        for event in self.index.drain_all(&mut self.pool, &mut *self.copies) {
             // Every import was cancelled with its request: only drains are left.
             if !matches!(event, checkpoint_transfer::ImportEvent::Drained { .. }) {
                 return Err(Error::internal(format!(
@@ -441,9 +438,10 @@ impl<E: Executor> Engine<E> {
         self.store = Box::new(HostStore::new(store_capacity_bytes(&self.params)));
     }
 
-    /// Injects a copy fault (fail, delay, evict a destination page) into the simulated copy engine.
-    pub fn inject_copy_fault(&mut self, fault: Fault) {
-        self.copies.inject(fault);
+    /// Injects a copy fault (fail, delay, corrupt, evict a destination page) into the copy engine. Only the
+    /// inline engine models faults; the others refuse with an error.
+    pub fn inject_copy_fault(&mut self, fault: Fault) -> Result<()> {
+        Ok(self.copies.inject_fault(fault)?)
     }
 
     /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it
@@ -494,5 +492,34 @@ fn open_store(params: &EngineParams) -> Result<Box<dyn CheckpointStore>> {
         }
         (None, Some(dir)) => Box::new(DiskStore::open(dir, capacity)?),
         (None, None) => Box::new(HostStore::new(capacity)),
+    })
+}
+
+/// The copy engine `params` asks for (L1), moving bytes into `storage`.
+fn open_copy_engine(
+    params: &EngineParams,
+    model: CopyModel,
+    storage: &Arc<HostStorage>,
+) -> Result<Box<dyn CopyEngine>> {
+    let storage = Arc::clone(storage) as Arc<dyn kv_pool::PageStorage>;
+    Ok(match params.copy_engine {
+        CopyEngineKind::Inline => Box::new(InlineCopyEngine::with_storage(model, storage)),
+        CopyEngineKind::Threaded { workers } => {
+            Box::new(ThreadedCopyEngine::new(storage, workers as usize)?)
+        }
+        CopyEngineKind::Cuda => {
+            let reason = match kv_pool::cuda_available() {
+                Err(reason) => format!("cuda copies need an NVIDIA driver: {reason}"),
+                Ok(()) => {
+                    "cuda copies write into CUDA page storage, which the engine does not use yet \
+                           (issue 11)"
+                        .to_owned()
+                }
+            };
+            return Err(Error::InvalidParam {
+                name: "copy_engine",
+                reason: format!("{reason}; use inline or threaded"),
+            });
+        }
     })
 }

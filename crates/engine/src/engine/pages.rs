@@ -279,7 +279,7 @@ impl<E: Executor> Engine<E> {
         let req = self.reqs.get_mut(&id).expect("live");
         if req.loading.take().is_some() {
             req.n_computed = req.n_registered * tpp;
-            let _draining = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
+            let _draining = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
         }
         Ok(())
     }
@@ -323,7 +323,7 @@ impl<E: Executor> Engine<E> {
         let restore = std::mem::take(&mut req.restore);
         self.release_ticket(id);
         if matches!(restore, Restore::Importing { .. }) && self.index.state(id).is_some() {
-            let _outcome = self.index.cancel(&mut self.pool, &mut self.copies, id)?;
+            let _outcome = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
         }
         Ok(())
     }

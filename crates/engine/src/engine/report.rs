@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use checkpoint_transfer::{CopyEngine, StoreStats};
+use checkpoint_transfer::StoreStats;
 use kv_pool::PagePool;
 use kv_pool::{RequestId, Timestamp};
 use reservation::{Ledger, LedgerSnapshot};

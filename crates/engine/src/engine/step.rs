@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use checkpoint_transfer::{CheckpointKind, CopyEngine};
+use checkpoint_transfer::CheckpointKind;
 use kv_pool::{RequestId, Timestamp};
 use reservation::TicketState;
 
@@ -201,6 +201,8 @@ impl<E: Executor> Engine<E> {
             match self.next_event_at() {
                 Some(at) if at > self.now => self.now = at,
                 Some(_) => {}
+                // Copies whose end the clock cannot know (threaded): nothing else can run, so wait for them.
+                None if self.copies.n_in_flight() > 0 => self.wait_for_copies(report)?,
                 None => report.idle = true,
             }
             return Ok(());

@@ -70,10 +70,12 @@ fn q1_a_copying_import_schedules_nothing_and_blocks_nobody() {
     let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
     let history = tokens(8, 1, 0, 10 * TPP);
     seed_checkpoint(&mut engine, 100, &history, 1);
-    engine.inject_copy_fault(Fault::DelayNext {
-        rank: 0,
-        by: Duration::from_secs(5),
-    });
+    engine
+        .inject_copy_fault(Fault::DelayNext {
+            rank: 0,
+            by: Duration::from_secs(5),
+        })
+        .expect("inline copies take faults");
     let mut restore = history;
     restore.extend(tokens(8, 1, 1, 8));
     engine.submit(spec(1, restore, 4, engine.now())).unwrap();

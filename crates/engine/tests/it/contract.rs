@@ -233,10 +233,12 @@ fn q5_isolated_steps_never_run_twice_in_a_row_while_requests_decode() {
         let mut restore = spec(4 + i as u64, prompt, 4, engine.now());
         restore.saved_logits = true;
         engine.submit(restore).unwrap();
-        engine.inject_copy_fault(Fault::DelayNext {
-            rank: 0,
-            by: Duration::from_millis(1 + 5 * i as u64),
-        });
+        engine
+            .inject_copy_fault(Fault::DelayNext {
+                rank: 0,
+                by: Duration::from_millis(1 + 5 * i as u64),
+            })
+            .expect("inline copies take faults");
     }
     let reports = step_until(&mut engine, 200, |engine, _| {
         engine.request(RequestId(4)).is_none() && engine.request(RequestId(5)).is_none()
@@ -344,10 +346,12 @@ fn x1_forced_reset_preempts_releases_imports_and_frees_every_page() {
     let prompt = tokens(1, 0, 0, 8 * TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
     start_hog(&mut engine, 2, 20);
-    engine.inject_copy_fault(Fault::DelayNext {
-        rank: 0,
-        by: Duration::from_secs(5),
-    });
+    engine
+        .inject_copy_fault(Fault::DelayNext {
+            rank: 0,
+            by: Duration::from_secs(5),
+        })
+        .expect("inline copies take faults");
     engine
         .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
         .unwrap();
@@ -395,10 +399,12 @@ fn x2_non_forced_reset_fails_while_an_import_is_staged_and_changes_nothing() {
     let mut engine = Engine::new(params(Policy::Reserved, 129)).unwrap();
     let prompt = tokens(1, 0, 0, 8 * TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
-    engine.inject_copy_fault(Fault::DelayNext {
-        rank: 0,
-        by: Duration::from_secs(5),
-    });
+    engine
+        .inject_copy_fault(Fault::DelayNext {
+            rank: 0,
+            by: Duration::from_secs(5),
+        })
+        .expect("inline copies take faults");
     engine
         .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
         .unwrap();
@@ -519,10 +525,12 @@ fn g2_copy_tasks_at_their_limit_wait_for_a_copy_slot() {
     let (a, b) = (tokens(1, 0, 0, 8 * TPP), tokens(2, 0, 0, 8 * TPP));
     seed_checkpoint(&mut engine, 1, &a, 1);
     seed_checkpoint(&mut engine, 2, &b, 1);
-    engine.inject_copy_fault(Fault::DelayNext {
-        rank: 0,
-        by: Duration::from_secs(5),
-    });
+    engine
+        .inject_copy_fault(Fault::DelayNext {
+            rank: 0,
+            by: Duration::from_secs(5),
+        })
+        .expect("inline copies take faults");
     engine
         .submit(spec(3, [a, vec![7; 8]].concat(), 4, engine.now()))
         .unwrap();
@@ -796,7 +804,9 @@ fn o7_failed_copy_whose_retry_finds_nothing_falls_back_as_copy_failed() {
     // One block: no shorter prefix of it is left to retry (see `prefix` for the retry of a shorter one).
     let prompt = tokens(1, 0, 0, TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
-    engine.inject_copy_fault(Fault::FailNext { rank: 0 });
+    engine
+        .inject_copy_fault(Fault::FailNext { rank: 0 })
+        .expect("inline copies take faults");
     let mut turn = spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now());
     turn.is_later_turn = true;
     engine.submit(turn).unwrap();

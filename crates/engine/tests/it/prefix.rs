@@ -58,7 +58,9 @@ fn o7_failed_copy_retries_a_shorter_prefix_of_the_checkpoint() {
     let mut engine = Engine::new(params).unwrap();
     let prompt = tokens(1, 0, 0, 8 * TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
-    engine.inject_copy_fault(Fault::FailNext { rank: 0 });
+    engine
+        .inject_copy_fault(Fault::FailNext { rank: 0 })
+        .expect("inline copies take faults");
     let mut turn = spec(2, [prompt, vec![7; 8]].concat(), 4, engine.now());
     turn.is_later_turn = true;
     engine.submit(turn).unwrap();
@@ -79,7 +81,9 @@ fn o7_failed_copies_stop_after_the_lookup_budget_and_recompute() {
     let prompt = tokens(1, 0, 0, 8 * TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
     for _ in 0..RESTORE_LOOKUPS_MAX {
-        engine.inject_copy_fault(Fault::FailNext { rank: 0 });
+        engine
+            .inject_copy_fault(Fault::FailNext { rank: 0 })
+            .expect("inline copies take faults");
     }
     let mut turn = spec(2, [prompt, vec![7; 8]].concat(), 4, engine.now());
     turn.is_later_turn = true;

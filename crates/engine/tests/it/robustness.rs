@@ -133,10 +133,12 @@ fn k3_a_run_that_stops_progressing_fails_naming_the_stuck_requests() {
     let prompt = tokens(1, 0, 0, 8 * TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
     // A copy that takes a day: nothing else runs, so nothing progresses.
-    engine.inject_copy_fault(Fault::DelayNext {
-        rank: 0,
-        by: Duration::from_secs(86_400),
-    });
+    engine
+        .inject_copy_fault(Fault::DelayNext {
+            rank: 0,
+            by: Duration::from_secs(86_400),
+        })
+        .expect("inline copies take faults");
     engine.submit(spec(7, prompt, 4, engine.now())).unwrap();
     let error = loop {
         match engine.step() {
@@ -286,14 +288,16 @@ fn apply(engine: &mut Engine, call: &Call) {
             let to = engine.now().after(Duration::from_millis(ms));
             engine.advance_clock(to);
         }
-        Call::Fault { kind, page } => engine.inject_copy_fault(match kind {
-            0 => Fault::FailNext { rank: 0 },
-            1 => Fault::DelayNext {
-                rank: 0,
-                by: Duration::from_millis(u64::from(page) * 10),
-            },
-            _ => Fault::EvictDestination(kv_pool::PageId(page)),
-        }),
+        Call::Fault { kind, page } => engine
+            .inject_copy_fault(match kind {
+                0 => Fault::FailNext { rank: 0 },
+                1 => Fault::DelayNext {
+                    rank: 0,
+                    by: Duration::from_millis(u64::from(page) * 10),
+                },
+                _ => Fault::EvictDestination(kv_pool::PageId(page)),
+            })
+            .expect("inline copies take faults"),
         Call::Forget => engine.forget_checkpoints(),
     }
 }
@@ -308,7 +312,9 @@ fn l5_a_corrupted_copy_is_caught_naming_the_request_the_page_and_the_byte() {
     let history = tokens(4, 0, 0, 6 * TPP);
     seed_checkpoint(&mut engine, 1, &history, 1);
     // The copy completes as done, with one byte of its first page inverted.
-    engine.inject_copy_fault(Fault::CorruptNext { rank: 0, byte: 5 });
+    engine
+        .inject_copy_fault(Fault::CorruptNext { rank: 0, byte: 5 })
+        .expect("inline copies take faults");
     let mut prompt = history;
     prompt.extend(tokens(4, 0, 1, 8));
     engine.submit(spec(9, prompt, 4, engine.now())).unwrap();
@@ -347,10 +353,12 @@ fn l6_shutdown_drains_copies_releases_everything_and_reports_what_it_cancelled()
     engine
         .submit(spec(3, tokens(5, 3, 0, 20 * TPP), 1000, engine.now()))
         .unwrap();
-    engine.inject_copy_fault(Fault::DelayNext {
-        rank: 0,
-        by: Duration::from_secs(600),
-    });
+    engine
+        .inject_copy_fault(Fault::DelayNext {
+            rank: 0,
+            by: Duration::from_secs(600),
+        })
+        .expect("inline copies take faults");
     let mut restore = history;
     restore.extend(tokens(5, 0, 1, 8));
     engine.submit(spec(4, restore, 4, engine.now())).unwrap();
@@ -420,10 +428,12 @@ fn restore_gauges_see_copies_waiters_and_owned_imports_under_every_policy() {
         let mut engine = Engine::new(params(policy, 96)).unwrap();
         let history = tokens(6, 0, 0, 10 * TPP);
         seed_checkpoint(&mut engine, 1, &history, 1);
-        engine.inject_copy_fault(Fault::DelayNext {
-            rank: 0,
-            by: Duration::from_secs(10),
-        });
+        engine
+            .inject_copy_fault(Fault::DelayNext {
+                rank: 0,
+                by: Duration::from_secs(10),
+            })
+            .expect("inline copies take faults");
         let mut restore = history;
         restore.extend(tokens(6, 0, 1, 8));
         engine.submit(spec(2, restore, 4, engine.now())).unwrap();
@@ -433,4 +443,68 @@ fn restore_gauges_see_copies_waiters_and_owned_imports_under_every_policy() {
         assert_eq!(gauges.copies_in_flight, 1, "{policy}");
         assert!(gauges.waiters.is_empty(), "{policy}");
     }
+}
+
+#[test]
+fn threaded_copies_move_real_bytes_while_steps_run_under_every_policy() {
+    for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+        let agents = crate::agents::Agents {
+            n_agents: 4,
+            turns: 4,
+            first_prompt_tokens: 512,
+            turn_input_tokens: 32,
+            response_tokens: 64,
+            think_s: 1.0,
+            seed: 3,
+        };
+        let params = EngineParams {
+            copy_engine: engine::CopyEngineKind::Threaded { workers: 2 },
+            verify_restores: true,
+            ..params(policy, 129)
+        };
+        let run = crate::agents::run_agents(params, agents, 1);
+        assert_eq!(run.metrics.requests_finished, 16, "{policy}");
+        assert_eq!(run.metrics.leaked_pages, 0, "{policy}");
+        if policy == Policy::Reserved {
+            assert!(
+                run.metrics.later_turns_restored > 0,
+                "{policy}: {:?}",
+                run.metrics
+            );
+            assert!(
+                run.pages_verified > 0,
+                "restored pages written by the worker threads equal recompute (E3)"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unavailable_copy_engine_is_refused_when_the_engine_is_built() {
+    let cuda = EngineParams {
+        copy_engine: engine::CopyEngineKind::Cuda,
+        ..params(Policy::Reserved, 64)
+    };
+    let message = Engine::new(cuda).unwrap_err().to_string();
+    assert!(
+        message.contains("copy_engine") && message.contains("use inline or threaded"),
+        "{message}"
+    );
+    let threaded = EngineParams {
+        copy_engine: engine::CopyEngineKind::Threaded { workers: 0 },
+        ..params(Policy::Reserved, 64)
+    };
+    let message = Engine::new(threaded).unwrap_err().to_string();
+    assert!(message.contains("1 to 64 workers"), "{message}");
+    // Faults are the inline engine's: the threaded one refuses them with an error, not a panic.
+    let mut engine = Engine::new(EngineParams {
+        copy_engine: engine::CopyEngineKind::Threaded { workers: 1 },
+        ..params(Policy::Reserved, 64)
+    })
+    .unwrap();
+    let refused = engine.inject_copy_fault(Fault::FailNext { rank: 0 });
+    assert!(
+        refused.is_err_and(|error| error.to_string().contains("inline copy engine")),
+        "threaded copies take no fault"
+    );
 }

@@ -118,7 +118,9 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
                     },
                     _ => Fault::EvictDestination(kv_pool::PageId(1 + rng.below(60) as u32)),
                 };
-                engine.inject_copy_fault(fault);
+                engine
+                    .inject_copy_fault(fault)
+                    .expect("inline copies take faults");
             }
             50..=51 => {
                 let to = engine.now().after(Duration::from_millis(rng.below(5000)));
