@@ -24,6 +24,17 @@ pub(crate) fn policy_colour(policy: &str) -> RGBColor {
     }
 }
 
+/// How `policy`'s line is drawn: the unbounded-pool `oracle` as a wide translucent band, so that a policy
+/// reaching the same figures (`reserved`) stays visible inside it instead of hidden under it.
+fn policy_style(policy: &str) -> ShapeStyle {
+    let colour = policy_colour(policy);
+    if policy == "oracle" {
+        colour.mix(0.35).stroke_width(8)
+    } else {
+        colour.stroke_width(2)
+    }
+}
+
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
 /// Writes the chart of `timelines` to `path`; the reason otherwise.
@@ -101,13 +112,11 @@ impl PolicyPanel<'_> {
             .axis_desc_style(("sans-serif", 16))
             .draw()?;
         for (timeline, points) in timelines.iter().zip(series) {
-            let colour = policy_colour(timeline.policy());
+            let style = policy_style(timeline.policy());
             chart
-                .draw_series(LineSeries::new(points, colour.stroke_width(2)))?
+                .draw_series(LineSeries::new(points, style))?
                 .label(timeline.policy())
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(3))
-                });
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
         }
         legend(&mut chart, self.legend_at)
     }
@@ -221,7 +230,10 @@ fn pool_pages(area: &Area<'_>, timeline: &Timeline) -> DrawResult {
         ("free, credit-protected", credit, |s| {
             f64::from(s.credit_pages)
         }),
-        ("free", free, |s| f64::from(s.free_pages - s.credit_pages)),
+        // Running decodes may dip into credit-protected pages (C5): free can be below the credits.
+        ("free", free, |s| {
+            f64::from(s.free_pages.saturating_sub(s.credit_pages))
+        }),
     ];
     for (label, colour, value) in layers {
         let points = samples.iter().map(|s| (s.t_s, value(s).min(y_max)));
