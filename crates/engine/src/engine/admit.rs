@@ -110,7 +110,7 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
             matches!(cause, FallbackCause::NotAtOnce { .. }),
             "{id}: {cause:?}"
         );
-        let req = self.engine.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.engine.reqs, id)?;
         req.fall_back(FallbackReason::NoPagesAtOnce);
         req.restore = Restore::Idle;
         self.report
@@ -155,7 +155,7 @@ impl<E: Executor> Engine<E> {
             && req.published_unowned.is_empty()
             && (cold.hits.len() as u32) < req.expected_local_blocks
         {
-            self.reqs.get_mut(&id).expect("live").expected_local_blocks = 0;
+            super::req::live(&mut self.reqs, id)?.expected_local_blocks = 0;
             self.on_arrival(id)?;
             if self.reqs[&id].phase != Phase::Waiting {
                 return Ok(Candidate::Withdrawn);
@@ -178,7 +178,7 @@ impl<E: Executor> Engine<E> {
                     need_pages: import_pages + chunk_pages + self.cached_free(&cold.hits),
                 });
             }
-            self.reqs.get_mut(&id).expect("live").restore = Restore::Idle;
+            super::req::live(&mut self.reqs, id)?.restore = Restore::Idle;
         }
         Ok(Candidate::Cold {
             need_pages: cold.need_pages,
@@ -238,7 +238,7 @@ impl<E: Executor> Engine<E> {
             self.pool.touch(page)?;
         }
         let pages = self.pool.allocate(new_pages)?;
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         let restored = hits
             .iter()
             .filter(|page| req.published_unowned.contains(page))
@@ -319,7 +319,7 @@ impl<E: Executor> Engine<E> {
             self.pool.touch(page)?;
         }
         let import_pages = blocks - first_block;
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         req.record_served(first_block * tpp, import_pages * tpp);
         req.pages = hits;
         req.pages.extend(dest_pages);
@@ -377,7 +377,7 @@ impl<E: Executor> Engine<E> {
             })?;
         }
         let restored_pages = hits.iter().filter(|page| dest.contains(page)).count() as u32;
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         req.restore = Restore::Idle;
         req.record_served((blocks - restored_pages) * tpp, restored_pages * tpp);
         req.pages = hits;

@@ -40,7 +40,7 @@ impl<E: Executor> Engine<E> {
             .longest_prefix(&req.keys[..restorable as usize])
             .len() as u32;
         if local >= restorable || restorable == 0 {
-            let req = self.reqs.get_mut(&id).expect("live");
+            let req = super::req::live(&mut self.reqs, id)?;
             req.expected_local_blocks = local;
             req.metrics.complete_local_hit |= !req.admitted_once && restorable > 0;
             return self.enqueue_waiting(id, None);
@@ -70,7 +70,7 @@ impl<E: Executor> Engine<E> {
     /// (nothing changed) when it is spent. Every path that asks the store goes through here.
     fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
         let (now, latency) = (self.now, self.params.lookup_latency);
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         if req.lookups >= RESTORE_LOOKUPS_MAX {
             return Ok(false);
         }
@@ -159,7 +159,7 @@ impl<E: Executor> Engine<E> {
                                 } else {
                                     checkpoint
                                 };
-                                self.reqs.get_mut(&id).expect("live").restore = Restore::Answered {
+                                super::req::live(&mut self.reqs, id)?.restore = Restore::Answered {
                                     checkpoint,
                                     blocks,
                                     answered: self.now,
@@ -202,13 +202,13 @@ impl<E: Executor> Engine<E> {
         if blocks <= local {
             // A complete local hit: admitted without the store (G2). The lookup is over: should the local
             // pages be evicted before admission, the request asks the store again (`examine`).
-            let req = self.reqs.get_mut(&id).expect("live");
+            let req = super::req::live(&mut self.reqs, id)?;
             req.restore = Restore::Idle;
             req.metrics.complete_local_hit |= !req.admitted_once;
             req.expected_local_blocks = local;
             return self.enqueue_waiting(id, None);
         }
-        self.reqs.get_mut(&id).expect("live").restore = Restore::Answered {
+        super::req::live(&mut self.reqs, id)?.restore = Restore::Answered {
             checkpoint,
             blocks,
             answered: self.now,
@@ -251,7 +251,9 @@ impl<E: Executor> Engine<E> {
             spec.draft_lookahead_tokens = self.params.draft_tokens;
             spec.captures = CAPTURES_PER_RESTORE;
             let preflight = self.restore_preflight();
-            let ledger = self.ledger.as_mut().expect("checked above");
+            let Some(ledger) = self.ledger.as_mut() else {
+                return Err(Error::internal(format!("{id}: reserving without a ledger")));
+            };
             let req = &self.reqs[&id];
             match ledger.reserve(&mut self.pool, id, req.order, &spec, &preflight, self.now) {
                 Ok(ticket) => Some(ticket.import_pages),
@@ -319,7 +321,7 @@ impl<E: Executor> Engine<E> {
                 .index
                 .stage(&mut self.pool, &mut *self.copies, self.now, stage)?,
         };
-        self.reqs.get_mut(&id).expect("live").restore = Restore::Importing { blocks, import };
+        super::req::live(&mut self.reqs, id)?.restore = Restore::Importing { blocks, import };
         Ok(())
     }
 
@@ -379,7 +381,7 @@ impl<E: Executor> Engine<E> {
         match kind {
             ErrorKind::Pressure => {
                 let max_wait = self.params.restore_max_wait;
-                let req = self.reqs.get_mut(&id).expect("live");
+                let req = super::req::live(&mut self.reqs, id)?;
                 match req.wait_started {
                     None => {
                         req.wait_started = Some(now);
@@ -485,7 +487,7 @@ impl<E: Executor> Engine<E> {
                 self.verify_import(id, loading.map_or(0, |loading| loading.first_block))?;
                 if loading.is_some() {
                     // ordinary: the admitted request already holds the pages; the index lets go of them.
-                    self.reqs.get_mut(&id).expect("live").loading = None;
+                    super::req::live(&mut self.reqs, id)?.loading = None;
                     let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
                 } else if let Some(ledger) = self.ledger.as_mut() {
                     ledger.publish(id).map_err(|error| {
@@ -496,7 +498,7 @@ impl<E: Executor> Engine<E> {
                     self.move_to(id, Phase::Ready)?;
                 } else {
                     // pages-only: no ownership once published; the pages are evictable cached pages.
-                    let req = self.reqs.get_mut(&id).expect("live");
+                    let req = super::req::live(&mut self.reqs, id)?;
                     req.published_unowned = self
                         .index
                         .pages(id)
@@ -513,14 +515,11 @@ impl<E: Executor> Engine<E> {
             | &ImportEvent::Invalidated { request: id, .. } => {
                 // The index discarded the import once its copies drained.
                 let reason = FallbackReason::CopyFailed;
-                let req = self
-                    .reqs
-                    .get_mut(&id)
-                    .expect("a live import has a live request");
+                let req = super::req::live(&mut self.reqs, id)?;
                 req.copy_failed = true;
-                if req.loading.take().is_some() {
-                    // ordinary: recompute what the copy should have brought.
-                    let hits = (req.metrics.prompt_tokens_local_hit / tpp) as usize;
+                if let Some(loading) = req.loading.take() {
+                    // ordinary: recompute what the copy should have brought; the local hits before it stay.
+                    let hits = loading.first_block as usize;
                     let garbage = req.pages.split_off(hits);
                     req.n_computed = hits as u32 * tpp;
                     req.metrics.prompt_tokens_restored = 0;

@@ -79,7 +79,7 @@ impl<E: Executor> Engine<E> {
             }
             self.pool.allocate(need)?
         };
-        self.reqs.get_mut(&id).expect("live").pages.extend(pages);
+        super::req::live(&mut self.reqs, id)?.pages.extend(pages);
         Ok(true)
     }
 
@@ -118,7 +118,7 @@ impl<E: Executor> Engine<E> {
     /// reads them (preemptions come before the step's admissions, cancellations between steps).
     pub(crate) fn register_blocks_upto(&mut self, id: RequestId, upto_tokens: u32) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         let full = (upto_tokens / tpp).min(req.pages.len() as u32);
         for block in req.n_registered..full {
             // `false`: another page already caches this block; ours stays private.
@@ -236,7 +236,7 @@ impl<E: Executor> Engine<E> {
     /// Frees `id`'s pages (cached blocks stay findable until evicted) and resets its progress.
     pub(crate) fn free_request_pages(&mut self, id: RequestId) -> Result<()> {
         self.register_blocks(id)?;
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         let pages = std::mem::take(&mut req.pages);
         req.n_computed = 0;
         req.n_registered = 0;
@@ -266,7 +266,7 @@ impl<E: Executor> Engine<E> {
         self.cancel_loading(id)?;
         self.release_ticket(id);
         self.free_request_pages(id)?;
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         req.metrics.preemptions += 1;
         req.restore = Restore::Idle;
         Ok(())
@@ -276,7 +276,7 @@ impl<E: Executor> Engine<E> {
     /// are never registered as cached blocks; the index keeps them pinned until the copy drains (O5).
     pub(crate) fn cancel_loading(&mut self, id: RequestId) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         if req.loading.take().is_some() {
             req.n_computed = req.n_registered * tpp;
             let _draining = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
@@ -308,7 +308,7 @@ impl<E: Executor> Engine<E> {
         id: RequestId,
         fallback: Option<FallbackReason>,
     ) -> Result<()> {
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         if let Some(reason) = fallback {
             req.fall_back(reason);
             req.restore = Restore::Idle;
@@ -319,7 +319,7 @@ impl<E: Executor> Engine<E> {
     /// Drops whatever restore `id` has in progress: its ticket or waiter (slot and credits at once), its
     /// import (drained before its pages are released, O5; released at once when ready, O6).
     pub(crate) fn drop_restore(&mut self, id: RequestId) -> Result<()> {
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         let restore = std::mem::take(&mut req.restore);
         self.release_ticket(id);
         if matches!(restore, Restore::Importing { .. }) && self.index.state(id).is_some() {

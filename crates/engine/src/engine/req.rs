@@ -1,12 +1,14 @@
 //! A live request inside the engine: its tokens and block keys, its page table, where it is in the request
 //! state machine, and its metrics.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use checkpoint_transfer::{CheckpointMeta, ImportId};
-use kv_pool::{AdmissionOrder, Timestamp};
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{BlockKey, PageId};
 
+use crate::error::{Error, Result};
 use crate::metrics::{FallbackReason, RequestMetrics};
 use crate::request::RequestSpec;
 
@@ -53,6 +55,12 @@ pub(crate) enum Restore {
         /// The import in the resident index.
         import: ImportId,
     },
+}
+
+/// `id`'s live request, or `Error::Internal` when the engine's own state names an id with no live request.
+pub(crate) fn live(reqs: &mut HashMap<RequestId, Req>, id: RequestId) -> Result<&mut Req> {
+    reqs.get_mut(&id)
+        .ok_or_else(|| Error::internal(format!("{id} is named by the engine's state but not live")))
 }
 
 impl Restore {

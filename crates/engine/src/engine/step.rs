@@ -404,7 +404,7 @@ impl<E: Executor> Engine<E> {
             match work {
                 Work::Prefill { first_pos, n } => {
                     report.prefills.push((id, n));
-                    let req = self.reqs.get_mut(&id).expect("live");
+                    let req = super::req::live(&mut self.reqs, id)?;
                     req.n_computed = first_pos + n;
                     req.metrics.prompt_tokens_recomputed += n;
                     self.write_computed(id, first_pos, first_pos + n)?;
@@ -419,7 +419,7 @@ impl<E: Executor> Engine<E> {
                 }
                 Work::Decode { context } => {
                     report.decodes.push(id);
-                    self.reqs.get_mut(&id).expect("live").n_computed = context + 1;
+                    super::req::live(&mut self.reqs, id)?.n_computed = context + 1;
                     self.write_computed(id, context, context + 1)?;
                     self.sample(id, report)?;
                 }
@@ -449,7 +449,7 @@ impl<E: Executor> Engine<E> {
         if req.n_computed < req.prompt_end || req.prompt_captured {
             return Ok(());
         }
-        self.reqs.get_mut(&id).expect("live").prompt_captured = true;
+        super::req::live(&mut self.reqs, id)?.prompt_captured = true;
         self.capture(id, CheckpointKind::Prompt)
     }
 
@@ -457,7 +457,7 @@ impl<E: Executor> Engine<E> {
     fn sample(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
         let tpp = self.params.geometry.tokens_per_page();
         let now = self.now;
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         let index = req.output.len() as u32;
         let stop = req
             .spec
@@ -473,7 +473,7 @@ impl<E: Executor> Engine<E> {
         req.push_tokens(&[token], tpp);
         self.last_progress = now;
         self.steps_without_progress = 0;
-        let req = self.reqs.get_mut(&id).expect("live");
+        let req = super::req::live(&mut self.reqs, id)?;
         req.answer_tokens += 1;
         req.stopped = stop;
         req.metrics.decode_tokens += 1;
