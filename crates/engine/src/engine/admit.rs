@@ -21,13 +21,12 @@ use crate::policy::Policy;
 impl<E: Executor> Engine<E> {
     /// Admits waiting requests for this step.
     pub(crate) fn admit(&mut self, plan: &mut Plan, report: &mut StepReport) -> Result<()> {
-        // The restore preflight, except that cold admissions count the pages free now, as vLLM's scheduler
-        // does (an in-flight prefill takes its pages chunk by chunk), and that work planned this step counts.
-        let preflight = self.restore_preflight();
+        // Work planned this step counts as other work too.
+        let preflight = self.admission_preflight();
         let ctx = StepContext {
             running_requests: preflight.running_requests,
             max_running_slots: self.params.max_running,
-            unticketed_prefill_pages: 0,
+            unticketed_prefill_pages: preflight.unticketed_prefill_pages,
             watermark_pages: preflight.watermark_pages,
             other_work_scheduled: preflight.other_work_scheduled || !plan.entries.is_empty(),
             max_admissions: u32::MAX,

@@ -265,10 +265,7 @@ impl<E: Executor> Engine<E> {
         } else {
             // pages-only: the imported pages alone, taken if free now; no slot, no credits, no hold on others.
             // The naive fix does not count other prefills' needs either (no R2 beyond the watermark).
-            let preflight = Preflight {
-                unticketed_prefill_pages: 0,
-                ..self.restore_preflight()
-            };
+            let preflight = self.admission_preflight();
             let available =
                 reservation::pages_available_to_admit(self.pool.n_free(), 0, &preflight);
             if self.params.restore_max_wait.is_zero() {
@@ -328,9 +325,27 @@ impl<E: Executor> Engine<E> {
     /// The preflight of a restore's reservation (R2): what else competes this step, the remaining needs of
     /// running prefills that hold no ticket included (they take their pages chunk by chunk).
     pub(crate) fn restore_preflight(&self) -> Preflight {
+        Preflight {
+            unticketed_prefill_pages: self.unticketed_prefill_pages(),
+            ..self.admission_preflight()
+        }
+    }
+
+    /// What competes with any admission this step: the running requests and the watermark (applied while
+    /// they run). Cold admissions use it as it is: they count the pages free now, as vLLM's scheduler does.
+    pub(crate) fn admission_preflight(&self) -> Preflight {
+        Preflight {
+            running_requests: self.running.len() as u32,
+            unticketed_prefill_pages: 0,
+            watermark_pages: self.params.watermark_pages,
+            other_work_scheduled: !self.running.is_empty(),
+        }
+    }
+
+    /// Remaining page needs of running prefills that hold no ticket (they take their pages chunk by chunk).
+    fn unticketed_prefill_pages(&self) -> u32 {
         let tpp = self.params.geometry.tokens_per_page();
-        let unticketed_prefill_pages = self
-            .running
+        self.running
             .iter()
             .map(|running| &self.reqs[running])
             .filter(|running| running.in_prefill() && !self.holds_admitted_ticket(running.spec.id))
@@ -340,13 +355,7 @@ impl<E: Executor> Engine<E> {
                     .div_ceil(tpp)
                     .saturating_sub(running.pages.len() as u32)
             })
-            .sum();
-        Preflight {
-            running_requests: self.running.len() as u32,
-            unticketed_prefill_pages,
-            watermark_pages: self.params.watermark_pages,
-            other_work_scheduled: !self.running.is_empty(),
-        }
+            .sum()
     }
 
     /// Whether `id`'s capacity wait is over (W1): its ledger waiter expired (with the ledger's one warning),

@@ -110,10 +110,14 @@ impl<E: Executor> Engine<E> {
     /// The liveness watchdog (K3): fails when requests are active (not arriving later, not paused) and none
     /// produced a token or ended for `stall_timeout` on the engine clock or for `stall_steps_max` steps.
     fn watch_progress(&mut self) -> Result<()> {
-        let active = self
-            .reqs
-            .values()
-            .any(|req| !matches!(req.phase, Phase::Arriving | Phase::Paused));
+        // Active: in any container but the arriving queue (paused streams are in none). O(1), from the
+        // containers the lifecycle keeps in step with the phases.
+        let active = !(self.waiting.is_empty()
+            && self.restoring.is_empty()
+            && self.ready.is_empty()
+            && self.ready_logits.is_empty()
+            && self.running.is_empty()
+            && self.resuming.is_empty());
         if !active {
             self.note_progress();
             return Ok(());
