@@ -68,6 +68,12 @@ impl LayoutDescriptor {
         }
     }
 
+    /// Tokens of one block, the unit of block keys and prefix matches: `tokens_per_page` on each of `n_ranks`
+    /// ranks (token `i` lives on rank `i % n_ranks`, so block `b` is page `b` of every rank). At least 1.
+    pub fn block_tokens(&self) -> u32 {
+        self.tokens_per_page.saturating_mul(self.n_ranks).max(1)
+    }
+
     /// Whether every group keeps per-token attention state in pages (full, sliding window, chunked local):
     /// then the first `k` full blocks of a longer checkpoint are a checkpoint at `k * tokens_per_page` of their
     /// own (`CheckpointMeta::restores_block_prefix`), as LMCache matches chunks. A recurrent group's state and

@@ -97,13 +97,15 @@ pub enum Error {
     },
     /// A restored page differs from what recomputing its prefix writes (E3, L5): the run stops.
     #[error(
-        "restored block {block} of {request} (page {page:?}) differs from recompute at byte {byte}: a corrupt restore"
+        "restored block {block} of {request} (page {page:?} on rank {rank}) differs from recompute at byte {byte}: a corrupt restore"
     )]
     RestoreMismatch {
         /// The request.
         request: RequestId,
         /// Block index in the request's prompt.
         block: u32,
+        /// The context-parallel rank whose copy of the page differs.
+        rank: u32,
         /// The pool page.
         page: kv_pool::PageId,
         /// Offset of the first differing byte in the page.

@@ -141,8 +141,8 @@ impl EngineParams {
     pub fn pool_pages(&self) -> u32 {
         match self.policy {
             Policy::Oracle => {
-                let tpp = self.geometry.tokens_per_page().max(1);
-                let per_request = self.geometry.max_model_len().div_ceil(tpp) + 1;
+                let block_tokens = self.geometry.block_tokens().max(1);
+                let per_request = self.geometry.max_model_len().div_ceil(block_tokens) + 1;
                 self.n_pages
                     .max(
                         per_request
@@ -257,8 +257,8 @@ impl EngineParams {
 }
 
 impl EngineParams {
-    /// H1's refusal, until the step loop runs every group kind and rank count (issue 10): names the first
-    /// group it cannot run, or the rank count, and why.
+    /// H1's refusal, until the step loop runs every group kind (issue 10): names the first group it cannot
+    /// run and why. Any number of context-parallel ranks runs.
     fn check_geometry_runs(&self) -> Result<()> {
         let unsupported = |reason: String| Err(Error::UnsupportedGeometry { reason });
         for (idx, group) in self.geometry.groups().iter().enumerate() {
@@ -280,12 +280,6 @@ impl EngineParams {
             return unsupported(format!(
                 "cache group {idx} is {kind}: the step loop runs one full-attention group for now; \
                  the ledger's credits cover every kind, the engine does not yet (use one full-attention group)"
-            ));
-        }
-        if self.geometry.context_parallel() != 1 {
-            return unsupported(format!(
-                "context_parallel {}: the step loop runs on one rank for now (use context_parallel 1)",
-                self.geometry.context_parallel()
             ));
         }
         Ok(())

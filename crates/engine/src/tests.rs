@@ -64,16 +64,16 @@ fn sim_executor_is_deterministic_and_empty_steps_take_no_time() {
 }
 
 #[test]
-fn page_content_depends_on_group_position_and_prefix() {
+fn page_content_depends_on_group_rank_position_and_prefix() {
     let key = BlockKey::chain(None, &[1, 2, 3], b"salt");
     let other = BlockKey::chain(None, &[1, 2, 4], b"salt");
     let mut a = [0u8; 32];
     let mut b = [0u8; 32];
-    page_content(0, 0, &key, &mut a);
-    page_content(0, 0, &key, &mut b);
+    page_content(0, 0, 0, &key, &mut a);
+    page_content(0, 0, 0, &key, &mut b);
     assert_eq!(a, b);
-    for (group, pos, key) in [(1, 0, key), (0, 16, key), (0, 0, other)] {
-        page_content(group, pos, &key, &mut b);
+    for (group, rank, pos, key) in [(1, 0, 0, key), (0, 1, 0, key), (0, 0, 16, key), (0, 0, 0, other)] {
+        page_content(group, rank, pos, &key, &mut b);
         assert_ne!(a, b);
     }
 }

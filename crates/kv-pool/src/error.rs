@@ -94,6 +94,18 @@ pub enum Error {
     /// A geometry with `context_parallel == 0`.
     #[error("context_parallel is 0: the context needs at least one rank")]
     ZeroContextParallel,
+    /// A block (`tokens_per_page * context_parallel` tokens) that does not fit in a `u32`.
+    #[error(
+        "a block of {tokens_per_page} tokens per page on {context_parallel} ranks is more than {max} tokens"
+    )]
+    BlockTooLarge {
+        /// Tokens per page.
+        tokens_per_page: u32,
+        /// Ranks.
+        context_parallel: u32,
+        /// The largest block.
+        max: u32,
+    },
     /// A geometry with `max_model_len == 0`.
     #[error("max_model_len is 0: the model must accept at least one token")]
     ZeroMaxModelLen,

@@ -124,6 +124,13 @@ impl Geometry {
         if groups.is_empty() {
             return Err(Error::NoCacheGroups);
         }
+        if tokens_per_page.checked_mul(context_parallel).is_none() {
+            return Err(Error::BlockTooLarge {
+                tokens_per_page,
+                context_parallel,
+                max: u32::MAX,
+            });
+        }
         for (group_idx, group) in groups.iter().enumerate() {
             if group.bytes_per_page == 0 {
                 return Err(Error::ZeroBytesPerPage { group_idx });
@@ -180,6 +187,15 @@ impl Geometry {
     /// Ranks the context is sharded over.
     pub fn context_parallel(&self) -> u32 {
         self.context_parallel
+    }
+
+    /// Tokens of one block: `tokens_per_page * context_parallel`. Token `i` lives on rank
+    /// `i % context_parallel`, so block `b` (tokens `[b * block_tokens, (b + 1) * block_tokens)`) is page `b` of
+    /// every rank: a page id allocated once names that page on every rank, and a context of `n` tokens holds
+    /// `n.div_ceil(block_tokens)` pages per rank (what `span_pages(0, n)` counts).
+    pub fn block_tokens(&self) -> u32 {
+        // `new` checked the product fits.
+        self.tokens_per_page * self.context_parallel
     }
 
     /// The model's maximum length in tokens.

@@ -255,7 +255,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     } else {
         outln!(
             "{} agents x {} turns ({} first-prompt tokens, about {} new tokens and {} response tokens a turn), \
-             pool {} pages of {} tokens, preset {}; the workload allows at most {:.1}% from cache\n",
+             pool {} pages of {} tokens{}, preset {}; the workload allows at most {:.1}% from cache\n",
             spec.n_agents,
             spec.turns,
             spec.first_prompt_tokens,
@@ -263,6 +263,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             spec.response_tokens,
             config.pool.pages,
             config.model.tokens_per_page,
+            ranks_suffix(config.model.context_parallel),
             config.model.preset,
             spec.max_from_cache_pct()
         );
@@ -339,12 +340,13 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
         outln!("{}", report::runs_json(&runs, &extra));
     } else {
         outln!(
-            "{} requests, arrivals stretched {}x, pool {} pages of {} tokens; theoretical maximum prompt cache hit \
-             {max_hit_pct:.1}%\n",
+            "{} requests, arrivals stretched {}x, pool {} pages of {} tokens{}; theoretical maximum prompt cache \
+             hit {max_hit_pct:.1}%\n",
             trace.len(),
             args.time_scale,
             config.pool.pages,
-            config.model.tokens_per_page
+            config.model.tokens_per_page,
+            ranks_suffix(config.model.context_parallel)
         );
         out!("{}", report::table(&runs));
     }
@@ -468,4 +470,13 @@ fn emit_stdout(args: std::fmt::Arguments<'_>) {
 fn emit_stderr(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let _ignored = std::io::stderr().lock().write_fmt(args);
+}
+
+/// How a report names the ranks of a context-parallel pool: nothing for one rank, else " on each of N ranks".
+fn ranks_suffix(context_parallel: u32) -> String {
+    if context_parallel > 1 {
+        format!(" on each of {context_parallel} ranks")
+    } else {
+        String::new()
+    }
 }

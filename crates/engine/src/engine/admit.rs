@@ -143,7 +143,7 @@ impl<E: Executor> Engine<E> {
         if plan.budget == 0 {
             return Ok(Candidate::OutOfBudget);
         }
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let cold = self.cold_start(id, plan.budget);
         let req = &self.reqs[&id];
         if free_slots > 0
@@ -169,10 +169,10 @@ impl<E: Executor> Engine<E> {
         {
             let n_hits = cold.hits.len() as u32;
             if blocks > n_hits {
-                let start = blocks * tpp;
+                let start = blocks * block_tokens;
                 let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
                 let import_pages = blocks - n_hits;
-                let chunk_pages = (start + chunk).div_ceil(tpp) - blocks;
+                let chunk_pages = (start + chunk).div_ceil(block_tokens) - blocks;
                 return Ok(Candidate::RestoreAtOnce {
                     need_pages: import_pages + chunk_pages + self.cached_free(&cold.hits),
                 });
@@ -186,15 +186,15 @@ impl<E: Executor> Engine<E> {
 
     /// Where `id` starts as a cold request with `budget` tokens left in the step.
     fn cold_start(&self, id: RequestId, budget: u32) -> ColdStart {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
-        let max_blocks = ((req.tokens.len() as u32 - 1) / tpp) as usize;
+        let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
         let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
-        let start = hits.len() as u32 * tpp;
+        let start = hits.len() as u32 * block_tokens;
         let chunk = (req.tokens.len() as u32 - start)
             .min(self.params.chunk_tokens)
             .min(budget);
-        let new_pages = (start + chunk).div_ceil(tpp) - hits.len() as u32;
+        let new_pages = (start + chunk).div_ceil(block_tokens) - hits.len() as u32;
         let need_pages = new_pages + self.cached_free(&hits);
         ColdStart {
             hits,
@@ -221,7 +221,7 @@ impl<E: Executor> Engine<E> {
         plan: &mut Plan,
         report: &mut StepReport,
     ) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let ColdStart {
             hits,
             start,
@@ -242,7 +242,7 @@ impl<E: Executor> Engine<E> {
             .iter()
             .filter(|page| req.published_unowned.contains(page))
             .count() as u32;
-        req.record_served((hits.len() as u32 - restored) * tpp, restored * tpp);
+        req.record_served((hits.len() as u32 - restored) * block_tokens, restored * block_tokens);
         if restored == 0 && !req.published_unowned.is_empty() {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report
@@ -253,7 +253,7 @@ impl<E: Executor> Engine<E> {
         req.pages = hits;
         req.pages.extend(pages);
         req.n_computed = start;
-        req.n_registered = start / tpp;
+        req.n_registered = start / block_tokens;
         self.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         plan.entries.push((
@@ -272,7 +272,7 @@ impl<E: Executor> Engine<E> {
     /// request is admitted with its slot and computes once the copy lands. `false` (nothing changed) when no
     /// copy slot is free or the checkpoint is gone from the store.
     fn restore_at_once(&mut self, id: RequestId, report: &mut StepReport) -> Result<bool> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let Restore::Answered {
             checkpoint, blocks, ..
         } = self.reqs[&id].restore.clone()
@@ -288,7 +288,7 @@ impl<E: Executor> Engine<E> {
             return Ok(false);
         };
         let req = &self.reqs[&id];
-        let max_blocks = ((req.tokens.len() as u32 - 1) / tpp) as usize;
+        let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
         let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
         debug_assert!(blocks as usize > hits.len());
         for &page in &hits {
@@ -319,10 +319,10 @@ impl<E: Executor> Engine<E> {
         }
         let import_pages = blocks - first_block;
         let req = super::req::live(&mut self.reqs, id)?;
-        req.record_served(first_block * tpp, import_pages * tpp);
+        req.record_served(first_block * block_tokens, import_pages * block_tokens);
         req.pages = hits;
         req.pages.extend(dest_pages);
-        req.n_computed = blocks * tpp;
+        req.n_computed = blocks * block_tokens;
         req.n_registered = first_block;
         req.loading = Some(Loading {
             import,
@@ -343,7 +343,7 @@ impl<E: Executor> Engine<E> {
         plan: &mut Plan,
         report: &mut StepReport,
     ) -> Result<bool> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let Restore::Importing { blocks, .. } = self.reqs[&id].restore.clone() else {
             return Err(Error::internal(format!(
                 "{id} is ready without a published import"
@@ -378,9 +378,9 @@ impl<E: Executor> Engine<E> {
         let restored_pages = hits.iter().filter(|page| dest.contains(page)).count() as u32;
         let req = super::req::live(&mut self.reqs, id)?;
         req.restore = Restore::Idle;
-        req.record_served((blocks - restored_pages) * tpp, restored_pages * tpp);
+        req.record_served((blocks - restored_pages) * block_tokens, restored_pages * block_tokens);
         req.pages = hits;
-        req.n_computed = blocks * tpp;
+        req.n_computed = blocks * block_tokens;
         req.n_registered = blocks;
         let full_prompt = req.n_computed == req.tokens.len() as u32;
         self.move_to(id, Phase::Running)?;

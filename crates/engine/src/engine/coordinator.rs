@@ -32,7 +32,7 @@ const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(30);
 impl<E: Executor> Engine<E> {
     /// A request arrives: it asks the store unless its local prefix already covers every restorable block.
     pub(crate) fn on_arrival(&mut self, id: RequestId) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let restorable = self.restorable_blocks(id);
         let local = self
@@ -45,7 +45,7 @@ impl<E: Executor> Engine<E> {
             req.metrics.complete_local_hit |= !req.admitted_once && restorable > 0;
             return self.enqueue_waiting(id, None);
         }
-        let limit_tokens = restorable * tpp + 1;
+        let limit_tokens = restorable * block_tokens + 1;
         if !self.send_lookup(id, limit_tokens)? {
             // K3: every path that asks the store (here: a preemption or an eviction before admission) counts
             // against the one lookup budget; once it is spent the request recomputes.
@@ -56,13 +56,13 @@ impl<E: Executor> Engine<E> {
     /// Blocks of `id`'s prompt a restore may cover: all but the last token's, or the whole prompt when it ends
     /// on a page boundary and the request has saved logits (Q4).
     fn restorable_blocks(&self, id: RequestId) -> u32 {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let len = req.tokens.len() as u32;
-        if req.spec.saved_logits && len.is_multiple_of(tpp) {
-            len / tpp
+        if req.spec.saved_logits && len.is_multiple_of(block_tokens) {
+            len / block_tokens
         } else {
-            (len - 1) / tpp
+            (len - 1) / block_tokens
         }
     }
 
@@ -94,13 +94,13 @@ impl<E: Executor> Engine<E> {
         id: RequestId,
         limit_tokens: u32,
     ) -> Option<(Arc<CheckpointMeta>, u32)> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let limit_blocks =
-            (limit_tokens.saturating_sub(1) / tpp).min(self.restorable_blocks(id)) as usize;
+            (limit_tokens.saturating_sub(1) / block_tokens).min(self.restorable_blocks(id)) as usize;
         let query = PrefixQuery {
             block_keys: &req.keys[..limit_blocks],
-            tokens: &req.tokens[..limit_blocks * tpp as usize],
+            tokens: &req.tokens[..limit_blocks * block_tokens as usize],
         };
         let (meta, blocks, checked) = if self.layout.is_attention_only() {
             let (meta, blocks) = self.store.find_longest_prefix(&query)?;
@@ -146,7 +146,7 @@ impl<E: Executor> Engine<E> {
                         // G4: a non-blocking refresh keeps the checkpoint recent in the store.
                         match self.find_checkpoint(
                             id,
-                            blocks * self.params.geometry.tokens_per_page() + 1,
+                            blocks * self.params.geometry.block_tokens() + 1,
                         ) {
                             None => {
                                 self.fall_back(id, FallbackReason::NotInStore, report)?;
@@ -238,13 +238,13 @@ impl<E: Executor> Engine<E> {
                 "{id}: reserving without an answered lookup"
             )));
         };
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         // The ticket's destination pages (`reserved`), or `None` (`pages-only`: the index allocates them).
         let ticket_pages = if self.ledger.is_some() {
             let req = &self.reqs[&id];
             let mut spec = RestoreSpec::for_geometry(
                 &self.params.geometry,
-                blocks * tpp,
+                blocks * block_tokens,
                 req.tokens.len() as u32,
                 self.params.chunk_tokens,
             );
@@ -284,7 +284,7 @@ impl<E: Executor> Engine<E> {
         let Ok(stored) = self.store.get(&checkpoint.id) else {
             // G3: the selected checkpoint was lost: release what was reserved and look up again.
             self.release_ticket(id);
-            self.retry_lookup(id, blocks * tpp + 1, FallbackReason::NotInStore, report)?;
+            self.retry_lookup(id, blocks * block_tokens + 1, FallbackReason::NotInStore, report)?;
             return Ok(());
         };
         let part = self.checkpoint_part(&stored, 0, blocks);
@@ -344,7 +344,7 @@ impl<E: Executor> Engine<E> {
 
     /// Remaining page needs of running prefills that hold no ticket (they take their pages chunk by chunk).
     fn unticketed_prefill_pages(&self) -> u32 {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         self.running
             .iter()
             .map(|running| &self.reqs[running])
@@ -352,7 +352,7 @@ impl<E: Executor> Engine<E> {
             .map(|running| {
                 running
                     .prompt_end
-                    .div_ceil(tpp)
+                    .div_ceil(block_tokens)
                     .saturating_sub(running.pages.len() as u32)
             })
             .sum()
@@ -473,7 +473,7 @@ impl<E: Executor> Engine<E> {
     }
 
     fn apply_import_event(&mut self, event: &ImportEvent, report: &mut StepReport) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         match event {
             // A drained import's pages are free: the ledger's references went when it was cancelled.
             ImportEvent::Acknowledged { .. } | ImportEvent::Drained { .. } => {}
@@ -530,7 +530,7 @@ impl<E: Executor> Engine<E> {
                     // ordinary: recompute what the copy should have brought; the local hits before it stay.
                     let hits = loading.first_block as usize;
                     let garbage = req.pages.split_off(hits);
-                    req.n_computed = hits as u32 * tpp;
+                    req.n_computed = hits as u32 * block_tokens;
                     req.metrics.prompt_tokens_restored = 0;
                     req.metrics.restored = false;
                     req.fall_back(reason);
@@ -544,7 +544,7 @@ impl<E: Executor> Engine<E> {
                     )));
                 };
                 self.release_ticket(id);
-                self.retry_lookup(id, blocks * tpp, reason, report)?;
+                self.retry_lookup(id, blocks * block_tokens, reason, report)?;
             }
             ImportEvent::Captured { .. } | ImportEvent::CaptureFailed { .. } => {
                 debug_assert!(false, "the engine captures without the index");

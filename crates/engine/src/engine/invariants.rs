@@ -63,7 +63,7 @@ impl<E: Executor> Engine<E> {
         }
         if let Some(ledger) = &self.ledger {
             ledger.check_invariants(&self.pool);
-            let tpp = self.params.geometry.tokens_per_page();
+            let block_tokens = self.params.geometry.block_tokens();
             for ticket in ledger.snapshot().tickets {
                 let Some(req) = self.reqs.get(&ticket.request) else {
                     return broken(format!("a ticket of {}, which is not live", ticket.request));
@@ -73,11 +73,11 @@ impl<E: Executor> Engine<E> {
                 // publish (C2). The engine copies a capture out of the request's own pages, so capture credits
                 // are never drawn: they end with the ticket (C6).
                 let remaining =
-                    (req.tokens.len() as u32).div_ceil(tpp) as i64 - req.pages.len() as i64;
+                    (req.tokens.len() as u32).div_ceil(block_tokens) as i64 - req.pages.len() as i64;
                 let captures = i64::from(
                     self.params.geometry.capture_pages() * super::coordinator::CAPTURES_PER_RESTORE,
                 );
-                let draft = i64::from(self.params.draft_tokens.div_ceil(tpp));
+                let draft = i64::from(self.params.draft_tokens.div_ceil(block_tokens));
                 if i64::from(ticket.credit_pages) > remaining.max(0) + captures + draft {
                     return broken(format!(
                         "{} holds {} credits for {remaining} remaining pages",

@@ -123,17 +123,19 @@ impl<E: Executor> Engine<E> {
     /// An engine driving `executor`.
     pub fn with_executor(params: EngineParams, executor: E) -> Result<Self> {
         params.validate()?;
-        let tpp = params.geometry.tokens_per_page();
+        let tokens_per_page = params.geometry.tokens_per_page();
+        let n_ranks = params.geometry.context_parallel();
         let n_pages = params.pool_pages();
         let pool = PagePool::new(n_pages)?;
+        // One shard per rank: a page id names that page on every rank (`Geometry::block_tokens`).
         let storage = Arc::new(HostStorage::new(
-            1,
+            n_ranks,
             n_pages,
             params.sim_bytes_per_page as usize,
         )?);
         let latency = executor.copy_time(0);
         let per_page = executor
-            .copy_time(tpp)
+            .copy_time(tokens_per_page)
             .saturating_sub(latency)
             .as_secs_f64()
             .max(1e-12);
@@ -143,7 +145,11 @@ impl<E: Executor> Engine<E> {
         };
         let copies = open_copy_engine(&params, model, &storage)?;
         let store = open_store(&params)?;
-        let layout = LayoutDescriptor::single_full(u64::from(params.sim_bytes_per_page), tpp, 1);
+        let layout = LayoutDescriptor::single_full(
+            u64::from(params.sim_bytes_per_page),
+            tokens_per_page,
+            n_ranks,
+        );
         let ledger = params.policy.uses_reservations().then(|| {
             Ledger::new(
                 params.geometry.clone(),
@@ -215,7 +221,7 @@ impl<E: Executor> Engine<E> {
             + u64::from(self.params.draft_tokens);
         let model_limit = u64::from(self.params.geometry.max_model_len());
         let pool_limit =
-            u64::from(self.pool.n_usable()) * u64::from(self.params.geometry.tokens_per_page());
+            u64::from(self.pool.n_usable()) * u64::from(self.params.geometry.block_tokens());
         let rejected = if tokens > model_limit {
             Some((RejectReason::LongerThanModel, model_limit))
         } else if tokens > pool_limit {
@@ -237,7 +243,7 @@ impl<E: Executor> Engine<E> {
         let seq = self.seq;
         self.seq += 1;
         let arrival = spec.arrival.max(self.now);
-        let req = Req::new(spec, seq, arrival, self.params.geometry.tokens_per_page());
+        let req = Req::new(spec, seq, arrival, self.params.geometry.block_tokens());
         // Creation: the one place a request enters a container without an edge.
         self.arriving.insert(req.arrival_key, id);
         self.reqs.insert(id, req);
@@ -269,7 +275,7 @@ impl<E: Executor> Engine<E> {
     /// Gives a paused streaming session more input and a new output cap; it resumes ahead of the admission
     /// gate (Q7).
     pub fn resume(&mut self, id: RequestId, input: &[u32], max_output_tokens: u32) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = self
             .reqs
             .get_mut(&id)
@@ -277,7 +283,7 @@ impl<E: Executor> Engine<E> {
         if req.phase != Phase::Paused {
             return Err(Error::NotPaused { request: id });
         }
-        req.push_tokens(input, tpp);
+        req.push_tokens(input, block_tokens);
         req.prompt_end = req.tokens.len() as u32;
         req.prompt_captured = false;
         req.answer_tokens = 0;

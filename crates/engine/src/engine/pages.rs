@@ -46,10 +46,10 @@ impl<E: Executor> Engine<E> {
         upto_tokens: u32,
         kind: AllocKind,
     ) -> Result<bool> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let need = upto_tokens
-            .div_ceil(tpp)
+            .div_ceil(block_tokens)
             .saturating_sub(req.pages.len() as u32);
         if need == 0 {
             return Ok(true);
@@ -89,18 +89,21 @@ impl<E: Executor> Engine<E> {
     /// and only full blocks are cached and shared), and a decode would otherwise rewrite the last page at
     /// every token.
     pub(crate) fn write_computed(&mut self, id: RequestId, start: u32, end: u32) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         if end > start {
-            for page_idx in start / tpp..end / tpp {
-                let write = PageWrite {
-                    group: 0,
-                    page: req.pages[page_idx as usize],
-                    first_pos: page_idx * tpp,
-                    prefix_key: req.keys[page_idx as usize],
-                };
-                self.executor.fill_page(&write, &mut self.page_buf);
-                self.storage.write(0, write.page, &self.page_buf)?;
+            for page_idx in start / block_tokens..end / block_tokens {
+                for rank in 0..self.storage.n_ranks() {
+                    let write = PageWrite {
+                        group: 0,
+                        rank,
+                        page: req.pages[page_idx as usize],
+                        first_pos: page_idx * block_tokens,
+                        prefix_key: req.keys[page_idx as usize],
+                    };
+                    self.executor.fill_page(&write, &mut self.page_buf);
+                    self.storage.write(rank, write.page, &self.page_buf)?;
+                }
             }
         }
         self.register_blocks(id)
@@ -117,9 +120,9 @@ impl<E: Executor> Engine<E> {
     /// a request considered later in the same step hits them, and the step computes them before anything
     /// reads them (preemptions come before the step's admissions, cancellations between steps).
     pub(crate) fn register_blocks_upto(&mut self, id: RequestId, upto_tokens: u32) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = super::req::live(&mut self.reqs, id)?;
-        let full = (upto_tokens / tpp).min(req.pages.len() as u32);
+        let full = (upto_tokens / block_tokens).min(req.pages.len() as u32);
         for block in req.n_registered..full {
             // `false`: another page already caches this block; ours stays private.
             let _registered = self
@@ -133,13 +136,13 @@ impl<E: Executor> Engine<E> {
     /// Captures `id`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
     /// always, whatever ended the response.
     pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
-        let n_blocks = (req.n_computed / tpp).min(req.pages.len() as u32) as usize;
+        let n_blocks = (req.n_computed / block_tokens).min(req.pages.len() as u32) as usize;
         if n_blocks == 0 {
             return Ok(());
         }
-        let n_tokens = n_blocks * tpp as usize;
+        let n_tokens = n_blocks * block_tokens as usize;
         let last_key = req.keys[n_blocks - 1];
         let hex: String = last_key.0[..12]
             .iter()
@@ -156,14 +159,18 @@ impl<E: Executor> Engine<E> {
             req.keys[..n_blocks].to_vec(),
             self.layout.clone(),
         );
-        let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_blocks);
-        for &page in &req.pages[..n_blocks] {
-            self.storage.read(0, page, &mut self.page_buf)?;
-            pages.push(Arc::from(self.page_buf.as_slice()));
+        let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
+        for rank in 0..self.storage.n_ranks() {
+            let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_blocks);
+            for &page in &req.pages[..n_blocks] {
+                self.storage.read(rank, page, &mut self.page_buf)?;
+                pages.push(Arc::from(self.page_buf.as_slice()));
+            }
+            ranks.push(pages);
         }
         let checkpoint = Checkpoint {
             meta,
-            payload: CheckpointPayload { ranks: vec![pages] },
+            payload: CheckpointPayload { ranks },
         };
         match self.store.put(checkpoint) {
             Ok(_outcome) => {}
@@ -198,7 +205,7 @@ impl<E: Executor> Engine<E> {
         if !self.params.verify_restores {
             return Ok(());
         }
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let dest = self
             .index
             .pages(id)
@@ -207,28 +214,32 @@ impl<E: Executor> Engine<E> {
         let keys = &self.reqs[&id].keys[first_block as usize..];
         let mut expected = vec![0u8; self.page_buf.len()];
         for ((block, page), key) in (first_block..).zip(&dest).zip(keys) {
-            let write = PageWrite {
-                group: 0,
-                page: *page,
-                first_pos: block * tpp,
-                prefix_key: *key,
-            };
-            self.executor.fill_page(&write, &mut expected);
-            self.storage.read(0, *page, &mut self.page_buf)?;
-            if let Some(byte) = self
-                .page_buf
-                .iter()
-                .zip(&expected)
-                .position(|(a, b)| a != b)
-            {
-                return Err(Error::RestoreMismatch {
-                    request: id,
-                    block,
+            for rank in 0..self.storage.n_ranks() {
+                let write = PageWrite {
+                    group: 0,
+                    rank,
                     page: *page,
-                    byte,
-                });
+                    first_pos: block * block_tokens,
+                    prefix_key: *key,
+                };
+                self.executor.fill_page(&write, &mut expected);
+                self.storage.read(rank, *page, &mut self.page_buf)?;
+                if let Some(byte) = self
+                    .page_buf
+                    .iter()
+                    .zip(&expected)
+                    .position(|(a, b)| a != b)
+                {
+                    return Err(Error::RestoreMismatch {
+                        request: id,
+                        block,
+                        rank,
+                        page: *page,
+                        byte,
+                    });
+                }
+                self.pages_verified += 1;
             }
-            self.pages_verified += 1;
         }
         Ok(())
     }
@@ -275,10 +286,10 @@ impl<E: Executor> Engine<E> {
     /// Cancels an `ordinary` restore still copying into `id`'s pages: they hold nothing valid yet, so they
     /// are never registered as cached blocks; the index keeps them pinned until the copy drains (O5).
     pub(crate) fn cancel_loading(&mut self, id: RequestId) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = super::req::live(&mut self.reqs, id)?;
         if req.loading.take().is_some() {
-            req.n_computed = req.n_registered * tpp;
+            req.n_computed = req.n_registered * block_tokens;
             let _draining = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
         }
         Ok(())
@@ -337,12 +348,12 @@ impl<E: Executor> Engine<E> {
         first_block: u32,
         end_block: u32,
     ) -> Checkpoint {
-        let tpp = self.params.geometry.tokens_per_page() as usize;
+        let block_tokens = self.params.geometry.block_tokens() as usize;
         let blocks = first_block as usize..end_block as usize;
         debug_assert!(blocks.end <= stored.meta.block_keys.len());
         let meta = CheckpointMeta {
-            n_tokens: blocks.end * tpp,
-            draft_prefix_len: stored.meta.draft_prefix_len.min(blocks.end * tpp),
+            n_tokens: blocks.end * block_tokens,
+            draft_prefix_len: stored.meta.draft_prefix_len.min(blocks.end * block_tokens),
             block_keys: stored.meta.block_keys[blocks.clone()].to_vec(),
             tail_tokens: Vec::new(),
             pages: (0..blocks.len() as u32)

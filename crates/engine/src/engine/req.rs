@@ -96,9 +96,10 @@ pub(crate) struct Req {
     pub(crate) submitted_prompt_len: u32,
     /// End of the current prompt (grows when a streaming session resumes).
     pub(crate) prompt_end: u32,
-    /// Keys of every full block of `tokens`.
+    /// Keys of every full block of `tokens` (`Geometry::block_tokens` tokens each: one page on every rank).
     pub(crate) keys: Vec<BlockKey>,
-    /// Page table: page `i` holds tokens `[i * tpp, (i + 1) * tpp)`.
+    /// Page table: page `i` holds tokens `[i * block_tokens, (i + 1) * block_tokens)`, on every rank the
+    /// tokens of that block the rank holds.
     pub(crate) pages: Vec<PageId>,
     /// Tokens whose KV is written.
     pub(crate) n_computed: u32,
@@ -142,10 +143,10 @@ impl Req {
         mut spec: RequestSpec,
         seq: u64,
         arrival: Timestamp,
-        tokens_per_page: u32,
+        block_tokens: u32,
     ) -> Req {
         let tokens = std::mem::take(&mut spec.prompt);
-        let keys = BlockKey::chain_all(&tokens, tokens_per_page as usize, &spec.salt);
+        let keys = BlockKey::chain_all(&tokens, block_tokens as usize, &spec.salt);
         let metrics = RequestMetrics {
             id: Some(spec.id),
             prompt_tokens: tokens.len() as u32,
@@ -184,14 +185,14 @@ impl Req {
     }
 
     /// Appends tokens, extending the block keys.
-    pub(crate) fn push_tokens(&mut self, new_tokens: &[u32], tokens_per_page: u32) {
+    pub(crate) fn push_tokens(&mut self, new_tokens: &[u32], block_tokens: u32) {
         self.tokens.extend_from_slice(new_tokens);
-        let tpp = tokens_per_page as usize;
-        while (self.keys.len() + 1) * tpp <= self.tokens.len() {
-            let start = self.keys.len() * tpp;
+        let block_tokens = block_tokens as usize;
+        while (self.keys.len() + 1) * block_tokens <= self.tokens.len() {
+            let start = self.keys.len() * block_tokens;
             let key = BlockKey::chain(
                 self.keys.last(),
-                &self.tokens[start..start + tpp],
+                &self.tokens[start..start + block_tokens],
                 &self.spec.salt,
             );
             self.keys.push(key);

@@ -378,17 +378,17 @@ impl<E: Executor> Engine<E> {
         if self.holds_admitted_ticket(id) {
             return None;
         }
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let held = req.pages.len() as u32;
         let need = (req.n_computed + n_tokens)
-            .div_ceil(tpp)
+            .div_ceil(block_tokens)
             .saturating_sub(held);
         let unprotected = self.unprotected_free();
         if need <= unprotected || need > self.pool.n_free() {
             return None;
         }
-        let may_hold_tokens = (held + unprotected).saturating_mul(tpp);
+        let may_hold_tokens = (held + unprotected).saturating_mul(block_tokens);
         Some(n_tokens.min(may_hold_tokens.saturating_sub(req.n_computed)))
     }
 
@@ -459,7 +459,7 @@ impl<E: Executor> Engine<E> {
 
     /// Samples `id`'s next output token; finishes or pauses the answer at its cap or stop token.
     fn sample(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
-        let tpp = self.params.geometry.tokens_per_page();
+        let block_tokens = self.params.geometry.block_tokens();
         let now = self.now;
         let req = super::req::live(&mut self.reqs, id)?;
         let index = req.output.len() as u32;
@@ -474,7 +474,7 @@ impl<E: Executor> Engine<E> {
             output_token(&req.spec.salt, prompt, index)
         };
         req.output.push(token);
-        req.push_tokens(&[token], tpp);
+        req.push_tokens(&[token], block_tokens);
         self.last_progress = now;
         self.steps_without_progress = 0;
         let req = super::req::live(&mut self.reqs, id)?;

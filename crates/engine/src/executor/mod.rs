@@ -35,12 +35,14 @@ pub struct DecodeWork {
     pub n_tokens: u32,
 }
 
-/// A page the step fills: the page of cache group `group` whose first token is `first_pos` and whose filled
-/// tokens end the prefix with key `prefix_key`.
+/// A page the step fills: on `rank`, the page of cache group `group` whose first token is `first_pos` and
+/// whose filled tokens end the prefix with key `prefix_key`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageWrite {
     /// Cache group index.
     pub group: u32,
+    /// Context-parallel rank whose shard of the page is written.
+    pub rank: u32,
     /// Destination page.
     pub page: PageId,
     /// Position of the page's first token.

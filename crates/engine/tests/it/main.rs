@@ -10,6 +10,7 @@ mod admission;
 mod agents;
 mod contract;
 mod credits;
+mod hybrid;
 mod prefix;
 mod restart;
 mod robustness;

@@ -1,5 +1,5 @@
-//! The deterministic simulation: random requests (shared session prefixes, streams, early stops), cancellations,
-//! forced and non-forced resets, copy failures and delays, and clock jumps under every policy, with every
+//! The deterministic simulation: on one to three context-parallel ranks, random requests (shared session prefixes, streams, early stops), cancellations,
+//! forced and non-forced resets, copy failures and delays on any rank, and clock jumps under every policy, with every
 //! invariant checked after every step (no leaked page, no page freed under a live copy, credits consistent
 //! with the pool, slots within the limit, FCFS among requests that own no capacity) and every request
 //! finished or cancelled at the end. The seed is printed on failure.
@@ -31,7 +31,19 @@ impl Rng {
 
 fn simulate(policy: Policy, seed: u64, n_ops: u32) {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    // One to three context-parallel ranks (H4): a block is 16 tokens on each rank.
+    let n_ranks = 1 + rng.below(3) as u32;
+    let defaults = EngineParams::default();
+    let geometry = kv_pool::Geometry::new(
+        defaults.geometry.groups().to_vec(),
+        16,
+        n_ranks,
+        defaults.geometry.max_model_len(),
+    )
+    .expect("a valid geometry");
+    let block_tokens = geometry.block_tokens() as usize;
     let params = EngineParams {
+        geometry,
         policy,
         n_pages: 64 + rng.below(96) as u32,
         max_running: 1 + rng.below(6) as u32,
@@ -41,7 +53,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         watermark_pages: rng.below(4) as u32,
         copy_task_limit: 1 + rng.below(4) as u32,
         seed,
-        ..EngineParams::default()
+        ..defaults
     };
     let mut engine = Engine::new(params).expect("valid params");
     let mut sessions: Vec<Vec<u32>> = (0..4)
@@ -67,9 +79,9 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
                     prompt = tokens(seed, session as u32, next_id as u32 + 7, 50);
                     sessions[session] = prompt.clone();
                 }
-                if rng.below(4) == 0 && prompt.len() > 16 {
+                if rng.below(4) == 0 && prompt.len() > block_tokens {
                     // Page-aligned prompts: with saved logits, a whole-prompt restore (Q4).
-                    prompt.truncate(prompt.len() / 16 * 16);
+                    prompt.truncate(prompt.len() / block_tokens * block_tokens);
                 }
                 let arrival = engine.now().after(Duration::from_millis(rng.below(200)));
                 let mut spec = RequestSpec::new(next_id, prompt, 1 + rng.below(40) as u32, arrival);
@@ -110,10 +122,11 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
                     .ok()
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(3);
+                let rank = rng.below(u64::from(n_ranks)) as u32;
                 let fault = match rng.below(kinds) {
-                    0 => Fault::FailNext { rank: 0 },
+                    0 => Fault::FailNext { rank },
                     1 => Fault::DelayNext {
-                        rank: 0,
+                        rank,
                         by: Duration::from_millis(rng.below(500)),
                     },
                     _ => Fault::EvictDestination(kv_pool::PageId(1 + rng.below(60) as u32)),

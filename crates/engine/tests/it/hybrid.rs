@@ -1,0 +1,233 @@
+//! Geometries beyond one full-attention group on one rank (H1-H8): context parallelism for now.
+
+use std::time::Duration;
+
+use checkpoint_transfer::Fault;
+use engine::{Engine, EngineParams, Error, FallbackReason, Policy};
+use kv_pool::{CacheGroup, Geometry, GroupKind, Timestamp};
+
+use crate::agents::tokens;
+use crate::contract::{metrics_of, seed_checkpoint, spec};
+
+/// Tokens per page on each rank.
+const TPP: u32 = 16;
+
+/// `policy` on `n_ranks` context-parallel ranks of a `n_pages` pool, verifying every restored page (E3).
+fn cp_params(policy: Policy, n_pages: u32, n_ranks: u32) -> EngineParams {
+    let defaults = EngineParams::default();
+    EngineParams {
+        geometry: Geometry::new(
+            defaults.geometry.groups().to_vec(),
+            TPP,
+            n_ranks,
+            defaults.geometry.max_model_len(),
+        )
+        .expect("a valid geometry"),
+        policy,
+        n_pages,
+        max_running: 4,
+        verify_restores: true,
+        ..defaults
+    }
+}
+
+/// What one step of a two-rank restore showed.
+#[derive(Debug)]
+struct Observed {
+    /// The clock when the step started: it polled the copies then.
+    polled_at: Timestamp,
+    /// The clock after the step (moved to the next event when nothing ran).
+    now: Timestamp,
+    phase: &'static str,
+    in_use: u32,
+    copies: usize,
+}
+
+/// Seeds a 4-block checkpoint on 2 ranks, injects `faults`, submits its next turn (request 2) and steps to the
+/// end, checking the invariants after every step. Returns what every step showed and the engine.
+fn two_rank_restore(policy: Policy, faults: &[Fault]) -> (Vec<Observed>, Engine) {
+    let mut engine = Engine::new(cp_params(policy, 129, 2)).expect("two ranks run");
+    let block_tokens = engine.params().geometry.block_tokens();
+    assert_eq!(block_tokens, 2 * TPP);
+    let prompt = tokens(4, 0, 0, 4 * block_tokens);
+    let _output = seed_checkpoint(&mut engine, 1, &prompt, 1);
+    for &fault in faults {
+        engine.inject_copy_fault(fault).expect("inline copies take faults");
+    }
+    let mut turn = spec(2, [prompt, vec![7; 8]].concat(), 2, engine.now());
+    turn.is_later_turn = true;
+    engine.submit(turn).expect("submit");
+    let mut observed = Vec::new();
+    for _ in 0..10_000 {
+        if engine.is_idle() {
+            break;
+        }
+        let polled_at = engine.now();
+        engine.step().expect("step");
+        engine.check_invariants().expect("invariants");
+        observed.push(Observed {
+            polled_at,
+            now: engine.now(),
+            phase: engine
+                .request(kv_pool::RequestId(2))
+                .map_or("gone", |view| view.phase.name()),
+            in_use: engine.pool().n_in_use(),
+            copies: engine.restore_gauges().copies_in_flight,
+        });
+    }
+    assert!(engine.is_idle(), "the turn ends: {observed:?}");
+    assert_eq!(engine.leaked_pages(), 0);
+    assert_eq!(engine.pool().n_in_use(), 0);
+    (observed, engine)
+}
+
+#[test]
+fn h4_publication_waits_for_the_last_rank_in_either_order() {
+    let late_by = Duration::from_secs(5);
+    for late in [0, 1] {
+        for policy in [Policy::Reserved, Policy::PagesOnly, Policy::Ordinary] {
+            let (observed, engine) =
+                two_rank_restore(policy, &[Fault::DelayNext { rank: late, by: late_by }]);
+            let staged = observed
+                .iter()
+                .find(|step| step.copies > 0)
+                .unwrap_or_else(|| panic!("{policy:?}: a copy ran: {observed:?}"));
+            // The prompt is computed only once every rank's pages landed.
+            let computing = observed
+                .iter()
+                .find(|step| step.copies == 0 && step.now > staged.now)
+                .expect("the copies end");
+            assert!(
+                computing.now >= staged.now.after(late_by - Duration::from_millis(1)),
+                "{policy:?}, rank {late} late: published before the late rank acknowledged: {observed:?}"
+            );
+            let turn = metrics_of(&engine, 2);
+            assert!(turn.restored, "{policy:?}, rank {late} late: {turn:?}");
+            assert_eq!(turn.prompt_tokens_restored, 4 * 2 * TPP, "{turn:?}");
+            // Both ranks' pages were checked byte for byte against recompute (E3).
+            assert_eq!(engine.pages_verified(), 4 * 2, "{policy:?}");
+        }
+    }
+}
+
+#[test]
+fn h4_a_failed_rank_publishes_nothing_and_releases_no_page_before_every_rank_drains() {
+    let late_by = Duration::from_secs(5);
+    // The failing rank fails early while the other is still copying, in both rank orders.
+    for (failing, late) in [(0, 1), (1, 0)] {
+        for policy in [Policy::Reserved, Policy::PagesOnly, Policy::Ordinary] {
+            let faults = [
+                Fault::FailNext { rank: failing },
+                Fault::DelayNext { rank: late, by: late_by },
+            ];
+            let (observed, engine) = two_rank_restore(policy, &faults);
+            let staged = observed
+                .iter()
+                .position(|step| step.copies > 0)
+                .unwrap_or_else(|| panic!("{policy:?}: a copy ran: {observed:?}"));
+            let drained_at = observed[staged].polled_at.after(late_by);
+            let window: Vec<&Observed> = observed[staged..]
+                .iter()
+                .take_while(|step| step.polled_at < drained_at)
+                .collect();
+            assert!(
+                window.iter().any(|step| step.copies == 1),
+                "{policy:?}: a step saw the failure while rank {late} still copied: {observed:?}"
+            );
+            for step in window {
+                // The failed import's 4 pages stay held on every rank until the late rank drained.
+                assert!(
+                    step.in_use >= 4,
+                    "{policy:?}, rank {failing} failed: pages released before rank {late} drained: {observed:?}"
+                );
+                assert!(
+                    matches!(step.phase, "restoring" | "waiting" | "running"),
+                    "{policy:?}: {observed:?}"
+                );
+            }
+            let turn = metrics_of(&engine, 2);
+            // Nothing of the failed import was published: what the turn restored (a shorter retry, O7) was
+            // verified byte for byte on both ranks, and it restored less than the failed import's 4 blocks.
+            assert!(
+                turn.prompt_tokens_restored < 4 * 2 * TPP,
+                "{policy:?}, rank {failing} failed: {turn:?}"
+            );
+            assert_eq!(
+                u64::from(turn.prompt_tokens_restored / (2 * TPP)) * 2,
+                engine.pages_verified(),
+                "{policy:?}: every restored page verified on both ranks"
+            );
+            if !turn.restored {
+                assert_eq!(turn.fallback, Some(FallbackReason::CopyFailed), "{turn:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn h4_a_corrupt_copy_on_the_second_rank_stops_the_run_naming_the_rank() {
+    let mut engine = Engine::new(cp_params(Policy::Reserved, 129, 2)).expect("two ranks run");
+    let block_tokens = engine.params().geometry.block_tokens();
+    let prompt = tokens(5, 0, 0, 3 * block_tokens);
+    let _output = seed_checkpoint(&mut engine, 1, &prompt, 1);
+    engine
+        .inject_copy_fault(Fault::CorruptNext { rank: 1, byte: 3 })
+        .expect("inline copies take faults");
+    let mut turn = spec(2, [prompt, vec![7; 8]].concat(), 2, engine.now());
+    turn.is_later_turn = true;
+    engine.submit(turn).expect("submit");
+    let error = engine.run_until_idle(10_000).expect_err("the corrupt page is caught");
+    assert!(
+        matches!(error, Error::RestoreMismatch { rank: 1, byte: 3, .. }),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn h1_a_group_the_step_loop_cannot_run_is_refused_naming_it() {
+    let defaults = EngineParams::default();
+    let groups = vec![
+        defaults.geometry.groups()[0],
+        CacheGroup {
+            kind: GroupKind::Recurrent,
+            bytes_per_page: 4096,
+        },
+    ];
+    let params = EngineParams {
+        geometry: Geometry::new(groups, TPP, 2, 4096).expect("a valid geometry"),
+        ..defaults
+    };
+    let error = Engine::new(params).expect_err("refused");
+    let Error::UnsupportedGeometry { reason } = &error else {
+        panic!("{error:?}");
+    };
+    assert!(reason.contains("cache group 1 is recurrent state"), "{reason}");
+}
+
+#[test]
+fn h1_context_parallel_ranks_run_the_agents_workload_with_every_page_verified() {
+    for n_ranks in [2, 3] {
+        let mut engine = Engine::new(cp_params(Policy::Reserved, 257, n_ranks)).expect("runs");
+        let block_tokens = engine.params().geometry.block_tokens();
+        let mut context = tokens(9, 0, 0, 3 * block_tokens + 5);
+        for turn in 0..4u64 {
+            let mut request = spec(turn + 1, context.clone(), 8, engine.now());
+            request.is_later_turn = turn > 0;
+            engine.submit(request).expect("submit");
+            let _steps = engine.run_until_idle(100_000).expect("run");
+            engine.check_invariants().expect("invariants");
+            let finished = engine.take_finished();
+            context.extend(&finished[0].output);
+            context.extend(tokens(9, 0, turn as u32 + 1, block_tokens + 3));
+            // Drop the local copy so the next turn must restore from the store.
+            engine.reset_prefix_cache().expect("nothing is in use between turns");
+        }
+        for turn in 2..=4 {
+            let metrics = metrics_of(&engine, turn);
+            assert!(metrics.restored, "{n_ranks} ranks, turn {turn}: {metrics:?}");
+        }
+        assert!(engine.pages_verified() > 0);
+        assert_eq!(engine.pages_verified() % u64::from(n_ranks), 0, "every rank verified");
+        assert_eq!(engine.leaked_pages(), 0);
+    }
+}
