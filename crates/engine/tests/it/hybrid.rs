@@ -184,7 +184,7 @@ fn h4_a_corrupt_copy_on_the_second_rank_stops_the_run_naming_the_rank() {
 }
 
 #[test]
-fn h1_a_group_the_step_loop_cannot_run_is_refused_naming_it() {
+fn a_group_the_step_loop_cannot_run_yet_is_refused_naming_it() {
     let defaults = EngineParams::default();
     let groups = vec![
         defaults.geometry.groups()[0],
@@ -205,7 +205,7 @@ fn h1_a_group_the_step_loop_cannot_run_is_refused_naming_it() {
 }
 
 #[test]
-fn h1_context_parallel_ranks_run_the_agents_workload_with_every_page_verified() {
+fn context_parallel_ranks_run_multi_turn_sessions_with_every_page_verified() {
     for n_ranks in [2, 3] {
         let mut engine = Engine::new(cp_params(Policy::Reserved, 257, n_ranks)).expect("runs");
         let block_tokens = engine.params().geometry.block_tokens();
