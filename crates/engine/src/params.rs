@@ -257,31 +257,8 @@ impl EngineParams {
 }
 
 impl EngineParams {
-    /// H1's refusal, until the step loop runs every group kind (issue 10): names the first group it cannot
-    /// run and why. Any number of context-parallel ranks runs.
+    /// H1's refusal: names the first cache group the step loop cannot run and why.
     fn check_geometry_runs(&self) -> Result<()> {
-        let unsupported = |reason: String| Err(Error::UnsupportedGeometry { reason });
-        for (idx, group) in self.geometry.groups().iter().enumerate() {
-            let kind = match group.kind {
-                GroupKind::Full if idx == 0 => continue,
-                GroupKind::Full => "a second full-attention group".to_owned(),
-                GroupKind::SlidingWindow {
-                    window_tokens,
-                    retained_tail_tokens,
-                } => format!(
-                    "a sliding window of {window_tokens} tokens (+{retained_tail_tokens} retained)"
-                ),
-                GroupKind::ChunkedLocal { chunk_tokens } => {
-                    format!("chunked-local attention over {chunk_tokens} tokens")
-                }
-                GroupKind::Recurrent => "recurrent state".to_owned(),
-                GroupKind::Auxiliary { pages } => format!("{pages} auxiliary page(s)"),
-            };
-            return unsupported(format!(
-                "cache group {idx} is {kind}: the step loop runs one full-attention group for now; \
-                 the ledger's credits cover every kind, the engine does not yet (use one full-attention group)"
-            ));
-        }
-        Ok(())
+        crate::engine::check_geometry(&self.geometry)
     }
 }

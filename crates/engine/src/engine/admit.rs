@@ -165,14 +165,26 @@ impl<E: Executor> Engine<E> {
             });
         }
         if self.params.policy == Policy::Ordinary
-            && let Restore::Answered { blocks, .. } = req.restore
+            && let Restore::Answered {
+                ref checkpoint,
+                tokens,
+                ..
+            } = req.restore
         {
             let n_hits = cold.hits.len() as u32;
-            if blocks > n_hits {
-                let start = blocks * block_tokens;
+            if tokens > n_hits * block_tokens {
+                let start = tokens;
                 let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
-                let import_pages = blocks - n_hits;
-                let chunk_pages = (start + chunk).div_ceil(block_tokens) - blocks;
+                let held = start.div_ceil(block_tokens);
+                let chunk_pages = (start + chunk).div_ceil(block_tokens) - held;
+                let import_pages = if self.groups.is_hybrid() {
+                    // The whole checkpoint, then the copies on write of its partial page and state.
+                    checkpoint.pages.len() as u32
+                        + u32::from(!start.is_multiple_of(block_tokens))
+                        + self.groups.n_fixed()
+                } else {
+                    held - n_hits
+                };
                 return Ok(Candidate::RestoreAtOnce {
                     need_pages: import_pages + chunk_pages + self.cached_free(&cold.hits),
                 });
@@ -186,6 +198,9 @@ impl<E: Executor> Engine<E> {
 
     /// Where `id` starts as a cold request with `budget` tokens left in the step.
     fn cold_start(&self, id: RequestId, budget: u32) -> ColdStart {
+        if self.groups.is_hybrid() {
+            return self.hybrid_cold_start(id, budget);
+        }
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
@@ -203,6 +218,53 @@ impl<E: Executor> Engine<E> {
             new_pages,
             need_pages,
         }
+    }
+
+    /// Where hybrid `id` starts: at 0, or at the exact boundary of the pages-only import published for it when
+    /// every one of its pages is still cached (`hits` then holds its block table, then its fixed pages). Its
+    /// first allocation takes the first chunk's pages, its fixed pages, and the copies on write of an
+    /// imported partial page and state (`grow_need`).
+    fn hybrid_cold_start(&self, id: RequestId, budget: u32) -> ColdStart {
+        let block_tokens = self.params.geometry.block_tokens();
+        let req = &self.reqs[&id];
+        let hits = self.published_hits(id).unwrap_or_default();
+        let start = if hits.is_empty() {
+            0
+        } else {
+            req.published_tokens
+        };
+        let chunk = (req.tokens.len() as u32 - start)
+            .min(self.params.chunk_tokens)
+            .min(budget);
+        let held = start.div_ceil(block_tokens);
+        let copies_on_write = if hits.is_empty() {
+            0
+        } else {
+            u32::from(!start.is_multiple_of(block_tokens))
+        };
+        let new_pages =
+            (start + chunk).div_ceil(block_tokens) - held + self.groups.n_fixed() + copies_on_write;
+        let need_pages = new_pages + self.cached_free(&hits);
+        ColdStart {
+            hits,
+            start,
+            chunk,
+            new_pages,
+            need_pages,
+        }
+    }
+
+    /// The pages of the pages-only import published for hybrid `id`, found again under their keys, when every
+    /// one is still cached; `None` when one was evicted (or nothing was published).
+    fn published_hits(&self, id: RequestId) -> Option<Vec<PageId>> {
+        let req = &self.reqs[&id];
+        if req.published_unowned.is_empty() {
+            return None;
+        }
+        self.published_slot_keys(id)
+            .iter()
+            .map(|key| self.pool.lookup(key))
+            .collect()
     }
 
     /// Pages in `hits` that are free now (cached): touching them takes them out of the free count.
@@ -236,6 +298,9 @@ impl<E: Executor> Engine<E> {
         for &page in &hits {
             self.pool.touch(page)?;
         }
+        if self.groups.is_hybrid() {
+            return self.admit_hybrid_cold(id, hits, start, chunk, plan, report);
+        }
         let pages = self.pool.allocate(new_pages)?;
         let req = super::req::live(&mut self.reqs, id)?;
         let restored = hits
@@ -268,13 +333,59 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
+    /// The rest of `admit_cold` for a hybrid request whose `hits` (a published import found again, or none)
+    /// are touched: its tables, then its first allocation (`grow_pages`: the chunk, the fixed pages and the
+    /// copies on write that `hybrid_cold_start` counted).
+    fn admit_hybrid_cold(
+        &mut self,
+        id: RequestId,
+        mut hits: Vec<PageId>,
+        start: u32,
+        chunk: u32,
+        plan: &mut Plan,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let req = super::req::live(&mut self.reqs, id)?;
+        if hits.is_empty() && !req.published_unowned.is_empty() {
+            req.fall_back(FallbackReason::EvictedBeforeAdmission);
+            report
+                .fallbacks
+                .push((id, FallbackReason::EvictedBeforeAdmission));
+        }
+        req.record_served(0, start);
+        req.published_unowned.clear();
+        req.fixed = hits.split_off(start.div_ceil(block_tokens) as usize);
+        req.copy_on_write = !hits.is_empty();
+        req.pages = hits;
+        req.n_computed = start;
+        req.n_registered = start / block_tokens;
+        if !self.grow_pages(id, start + chunk, super::pages::AllocKind::Prefill)? {
+            return Err(Error::internal(format!(
+                "{id}: admitted, but its first chunk's pages were not there"
+            )));
+        }
+        self.move_to(id, Phase::Running)?;
+        report.admitted.push(id);
+        plan.entries.push((
+            id,
+            Work::Prefill {
+                first_pos: start,
+                n: chunk,
+            },
+        ));
+        plan.budget -= chunk;
+        self.register_blocks_upto(id, start + chunk)?;
+        Ok(())
+    }
+
     /// `ordinary`: restores the checkpoint's missing blocks with the first chunk's pages (they fit); the
     /// request is admitted with its slot and computes once the copy lands. `false` (nothing changed) when no
     /// copy slot is free or the checkpoint is gone from the store.
     fn restore_at_once(&mut self, id: RequestId, report: &mut StepReport) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
         let Restore::Answered {
-            checkpoint, blocks, ..
+            checkpoint, tokens, ..
         } = self.reqs[&id].restore.clone()
         else {
             return Err(Error::internal(format!(
@@ -289,15 +400,20 @@ impl<E: Executor> Engine<E> {
         };
         let req = &self.reqs[&id];
         let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
-        let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
-        debug_assert!(blocks as usize > hits.len());
+        // A hybrid request has no local prefix hit (H2): its restore brings the whole checkpoint.
+        let hits = if self.groups.is_hybrid() {
+            Vec::new()
+        } else {
+            self.pool.longest_prefix(&req.keys[..max_blocks])
+        };
+        debug_assert!(tokens > hits.len() as u32 * block_tokens);
         for &page in &hits {
             self.pool.touch(page)?;
         }
         // The index allocates the destination pages and holds them until publication; the request takes its
         // own reference on them.
         let first_block = hits.len() as u32;
-        let part = self.checkpoint_part(&stored, first_block, blocks);
+        let part = self.checkpoint_part(&stored, first_block, tokens)?;
         let import = self.index.stage(
             &mut self.pool,
             &mut *self.copies,
@@ -317,16 +433,21 @@ impl<E: Executor> Engine<E> {
         for &page in &dest_pages {
             self.pool.touch(page)?;
         }
-        let import_pages = blocks - first_block;
+        let local_tokens = first_block * block_tokens;
         let req = super::req::live(&mut self.reqs, id)?;
-        req.record_served(first_block * block_tokens, import_pages * block_tokens);
+        req.record_served(local_tokens, tokens - local_tokens);
         req.pages = hits;
         req.pages.extend(dest_pages);
-        req.n_computed = blocks * block_tokens;
+        // A hybrid import's fixed pages come after its block table; its partial page and state are copied
+        // on write by the first allocation.
+        req.fixed = req.pages.split_off(tokens.div_ceil(block_tokens) as usize);
+        req.copy_on_write = self.groups.is_hybrid();
+        req.n_computed = tokens;
         req.n_registered = first_block;
         req.loading = Some(Loading {
             import,
             first_block,
+            tokens,
         });
         req.restore = Restore::Idle;
         self.move_to(id, Phase::Running)?;
@@ -344,11 +465,12 @@ impl<E: Executor> Engine<E> {
         report: &mut StepReport,
     ) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
-        let Restore::Importing { blocks, .. } = self.reqs[&id].restore.clone() else {
+        let Restore::Importing { tokens, .. } = self.reqs[&id].restore.clone() else {
             return Err(Error::internal(format!(
                 "{id} is ready without a published import"
             )));
         };
+        let blocks = tokens.div_ceil(block_tokens);
         let dest = self
             .index
             .pages(id)
@@ -367,7 +489,7 @@ impl<E: Executor> Engine<E> {
             }
             Err(error) => return Err(error.into()),
         };
-        debug_assert_eq!(hits.len(), blocks as usize);
+        debug_assert_eq!(hits.len(), (blocks + self.groups.n_fixed()) as usize);
         if let Some(ledger) = self.ledger.as_mut() {
             ledger.admit(id, &mut self.pool).map_err(|error| {
                 Error::internal(format!(
@@ -375,13 +497,22 @@ impl<E: Executor> Engine<E> {
                 ))
             })?;
         }
-        let restored_pages = hits.iter().filter(|page| dest.contains(page)).count() as u32;
+        let hybrid = self.groups.is_hybrid();
+        // Attention-only: a block another page already cached was a local hit. Hybrid: the import brought
+        // the whole boundary (no local hit without state, H2).
+        let restored_tokens = if hybrid {
+            tokens
+        } else {
+            hits.iter().filter(|page| dest.contains(page)).count() as u32 * block_tokens
+        };
         let req = super::req::live(&mut self.reqs, id)?;
         req.restore = Restore::Idle;
-        req.record_served((blocks - restored_pages) * block_tokens, restored_pages * block_tokens);
+        req.record_served(tokens - restored_tokens, restored_tokens);
         req.pages = hits;
-        req.n_computed = blocks * block_tokens;
-        req.n_registered = blocks;
+        req.fixed = req.pages.split_off(blocks as usize);
+        req.copy_on_write = hybrid;
+        req.n_computed = tokens;
+        req.n_registered = tokens / block_tokens;
         let full_prompt = req.n_computed == req.tokens.len() as u32;
         self.move_to(id, Phase::Running)?;
         report.admitted.push(id);

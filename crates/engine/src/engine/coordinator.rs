@@ -34,18 +34,22 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn on_arrival(&mut self, id: RequestId) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
-        let restorable = self.restorable_blocks(id);
-        let local = self
-            .pool
-            .longest_prefix(&req.keys[..restorable as usize])
-            .len() as u32;
-        if local >= restorable || restorable == 0 {
+        let restorable = self.restorable_tokens(id);
+        // A hybrid request has no local prefix hit: the prefix cache keeps no recurrent state (H2).
+        let local = if self.groups.is_hybrid() {
+            0
+        } else {
+            self.pool
+                .longest_prefix(&req.keys[..(restorable / block_tokens) as usize])
+                .len() as u32
+        };
+        if local * block_tokens >= restorable || restorable == 0 {
             let req = super::req::live(&mut self.reqs, id)?;
             req.expected_local_blocks = local;
             req.metrics.complete_local_hit |= !req.admitted_once && restorable > 0;
             return self.enqueue_waiting(id, None);
         }
-        let limit_tokens = restorable * block_tokens + 1;
+        let limit_tokens = restorable + 1;
         if !self.send_lookup(id, limit_tokens)? {
             // K3: every path that asks the store (here: a preemption or an eviction before admission) counts
             // against the one lookup budget; once it is spent the request recomputes.
@@ -53,16 +57,20 @@ impl<E: Executor> Engine<E> {
         }
         Ok(())
     }
-    /// Blocks of `id`'s prompt a restore may cover: all but the last token's, or the whole prompt when it ends
-    /// on a page boundary and the request has saved logits (Q4).
-    fn restorable_blocks(&self, id: RequestId) -> u32 {
+    /// Tokens of `id`'s prompt a restore may cover. Attention-only: the full blocks of all but the last
+    /// token, or the whole prompt when it ends on a block boundary and the request has saved logits (Q4).
+    /// Hybrid (exact boundaries, H6): all but the last token, or the whole prompt with saved logits.
+    pub(crate) fn restorable_tokens(&self, id: RequestId) -> u32 {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let len = req.tokens.len() as u32;
+        if self.groups.is_hybrid() {
+            return if req.spec.saved_logits { len } else { len - 1 };
+        }
         if req.spec.saved_logits && len.is_multiple_of(block_tokens) {
-            len / block_tokens
+            len
         } else {
-            (len - 1) / block_tokens
+            (len - 1) / block_tokens * block_tokens
         }
     }
 
@@ -84,11 +92,11 @@ impl<E: Executor> Engine<E> {
         Ok(true)
     }
 
-    /// The store's answer: a checkpoint and how many of its leading blocks restore `id` (fewer than
-    /// `limit_tokens` tokens). With an attention-only layout the checkpoint sharing the most leading blocks
-    /// with `id`, even when it is longer than the match (its first blocks are a checkpoint of their own);
-    /// otherwise (a recurrent or auxiliary group is valid only at its exact boundary) the longest whole
-    /// checkpoint that is a prefix of `id`.
+    /// The store's answer: a checkpoint and how many of its leading tokens restore `id` (fewer than
+    /// `limit_tokens`). With an attention-only layout the checkpoint sharing the most leading blocks with
+    /// `id`, even when it is longer than the match (its first blocks are a checkpoint of their own), in whole
+    /// blocks; otherwise (a recurrent or auxiliary group is valid only at its exact boundary, H2) the longest
+    /// whole checkpoint that is a prefix of `id`, at its exact boundary (H6).
     fn find_checkpoint(
         &mut self,
         id: RequestId,
@@ -96,28 +104,33 @@ impl<E: Executor> Engine<E> {
     ) -> Option<(Arc<CheckpointMeta>, u32)> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
-        let limit_blocks =
-            (limit_tokens.saturating_sub(1) / block_tokens).min(self.restorable_blocks(id)) as usize;
+        let limit = limit_tokens
+            .saturating_sub(1)
+            .min(self.restorable_tokens(id));
         let query = PrefixQuery {
-            block_keys: &req.keys[..limit_blocks],
-            tokens: &req.tokens[..limit_blocks * block_tokens as usize],
+            block_keys: &req.keys[..(limit / block_tokens) as usize],
+            tokens: &req.tokens[..limit as usize],
         };
-        let (meta, blocks, checked) = if self.layout.is_attention_only() {
+        let (meta, tokens, checked) = if self.layout.is_attention_only() {
+            let query = PrefixQuery {
+                tokens: &query.tokens[..query.block_keys.len() * block_tokens as usize],
+                ..query
+            };
             let (meta, blocks) = self.store.find_longest_prefix(&query)?;
             let checked = meta.check_block_prefix_restorable(&self.layout, &query, blocks as usize);
-            (meta, blocks, checked)
+            (meta, blocks * block_tokens, checked)
         } else {
             let meta = self.store.find_longest(&query)?;
             let checked = meta.check_restorable(&self.layout, &query);
-            let blocks = meta.block_keys.len() as u32;
-            (meta, blocks, checked)
+            let tokens = meta.n_tokens as u32;
+            (meta, tokens, checked)
         };
         if let Err(mismatch) = checked {
             // G6: never restored; the request recomputes and the log says why.
             tracing::warn!(request = %id, checkpoint = %meta.id, %mismatch, "checkpoint does not match: recomputing");
             return None;
         }
-        Some((meta, blocks))
+        Some((meta, tokens))
     }
 
     /// Polls every pending restore once (Q8).
@@ -139,29 +152,29 @@ impl<E: Executor> Engine<E> {
                 }
                 Restore::Answered {
                     checkpoint,
-                    blocks,
+                    tokens,
                     answered,
                 } => {
                     if self.now.since(answered) >= self.params.lookup_timeout / 2 {
                         // G4: a non-blocking refresh keeps the checkpoint recent in the store.
-                        match self.find_checkpoint(
-                            id,
-                            blocks * self.params.geometry.block_tokens() + 1,
-                        ) {
+                        match self.find_checkpoint(id, tokens + 1) {
                             None => {
                                 self.fall_back(id, FallbackReason::NotInStore, report)?;
                                 continue;
                             }
-                            Some((fresh, fresh_blocks)) => {
-                                let blocks = blocks.min(fresh_blocks);
-                                let checkpoint = if fresh.generation > checkpoint.generation {
-                                    fresh
+                            Some((fresh, fresh_tokens)) => {
+                                // A hybrid checkpoint restores at its own boundary only: a different
+                                // one found now replaces it whole.
+                                let (checkpoint, tokens) = if self.groups.is_hybrid() {
+                                    (fresh, fresh_tokens)
+                                } else if fresh.generation > checkpoint.generation {
+                                    (fresh, tokens.min(fresh_tokens))
                                 } else {
-                                    checkpoint
+                                    (checkpoint, tokens.min(fresh_tokens))
                                 };
                                 super::req::live(&mut self.reqs, id)?.restore = Restore::Answered {
                                     checkpoint,
-                                    blocks,
+                                    tokens,
                                     answered: self.now,
                                 };
                             }
@@ -186,7 +199,7 @@ impl<E: Executor> Engine<E> {
         limit_tokens: u32,
         report: &mut StepReport,
     ) -> Result<()> {
-        let Some((checkpoint, matched_blocks)) = self.find_checkpoint(id, limit_tokens) else {
+        let Some((checkpoint, matched_tokens)) = self.find_checkpoint(id, limit_tokens) else {
             // After a failed copy the retry found nothing shorter: the copy failure is why it recomputes.
             let reason = if self.reqs[&id].copy_failed {
                 FallbackReason::CopyFailed
@@ -196,10 +209,17 @@ impl<E: Executor> Engine<E> {
             self.fall_back(id, reason, report)?;
             return Ok(());
         };
-        let blocks = matched_blocks.min(self.restorable_blocks(id));
+        let tokens = matched_tokens.min(self.restorable_tokens(id));
+        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
-        let local = self.pool.longest_prefix(&req.keys[..blocks as usize]).len() as u32;
-        if blocks <= local {
+        let local = if self.groups.is_hybrid() {
+            0
+        } else {
+            self.pool
+                .longest_prefix(&req.keys[..(tokens / block_tokens) as usize])
+                .len() as u32
+        };
+        if tokens <= local * block_tokens {
             // A complete local hit: admitted without the store (G2). The lookup is over: should the local
             // pages be evicted before admission, the request asks the store again (`examine`).
             let req = super::req::live(&mut self.reqs, id)?;
@@ -210,7 +230,7 @@ impl<E: Executor> Engine<E> {
         }
         super::req::live(&mut self.reqs, id)?.restore = Restore::Answered {
             checkpoint,
-            blocks,
+            tokens,
             answered: self.now,
         };
         if self.params.policy == Policy::Ordinary {
@@ -231,20 +251,19 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         let Restore::Answered {
-            checkpoint, blocks, ..
+            checkpoint, tokens, ..
         } = self.reqs[&id].restore.clone()
         else {
             return Err(Error::internal(format!(
                 "{id}: reserving without an answered lookup"
             )));
         };
-        let block_tokens = self.params.geometry.block_tokens();
         // The ticket's destination pages (`reserved`), or `None` (`pages-only`: the index allocates them).
         let ticket_pages = if self.ledger.is_some() {
             let req = &self.reqs[&id];
             let mut spec = RestoreSpec::for_geometry(
                 &self.params.geometry,
-                blocks * block_tokens,
+                tokens,
                 req.tokens.len() as u32,
                 self.params.chunk_tokens,
             );
@@ -268,13 +287,18 @@ impl<E: Executor> Engine<E> {
             let preflight = self.admission_preflight();
             let available =
                 reservation::pages_available_to_admit(self.pool.n_free(), 0, &preflight);
+            let import_pages = if self.groups.is_hybrid() {
+                checkpoint.pages.len() as u32
+            } else {
+                tokens / self.params.geometry.block_tokens()
+            };
             if self.params.restore_max_wait.is_zero() {
-                if blocks > available {
+                if import_pages > available {
                     self.fall_back(id, FallbackReason::WaitExpired, report)?;
                     return Ok(());
                 }
-            } else if blocks > available {
-                let message = format!("need {blocks} pages, {available} free");
+            } else if import_pages > available {
+                let message = format!("need {import_pages} pages, {available} free");
                 return self.refused(id, ErrorKind::Pressure, &message, report);
             }
             // The index allocates the pages when it stages the import.
@@ -284,10 +308,10 @@ impl<E: Executor> Engine<E> {
         let Ok(stored) = self.store.get(&checkpoint.id) else {
             // G3: the selected checkpoint was lost: release what was reserved and look up again.
             self.release_ticket(id);
-            self.retry_lookup(id, blocks * block_tokens + 1, FallbackReason::NotInStore, report)?;
+            self.retry_lookup(id, tokens + 1, FallbackReason::NotInStore, report)?;
             return Ok(());
         };
-        let part = self.checkpoint_part(&stored, 0, blocks);
+        let part = self.checkpoint_part(&stored, 0, tokens)?;
         let stage = StageRequest {
             request: id,
             request_tokens: self.reqs[&id].tokens.len(),
@@ -318,7 +342,7 @@ impl<E: Executor> Engine<E> {
                 .index
                 .stage(&mut self.pool, &mut *self.copies, self.now, stage)?,
         };
-        super::req::live(&mut self.reqs, id)?.restore = Restore::Importing { blocks, import };
+        super::req::live(&mut self.reqs, id)?.restore = Restore::Importing { tokens, import };
         Ok(())
     }
 
@@ -354,6 +378,7 @@ impl<E: Executor> Engine<E> {
                     .prompt_end
                     .div_ceil(block_tokens)
                     .saturating_sub(running.pages.len() as u32)
+                    + self.groups.n_fixed().saturating_sub(running.fixed.len() as u32)
             })
             .sum()
     }
@@ -483,17 +508,21 @@ impl<E: Executor> Engine<E> {
                 ..
             } => {
                 let loading = self.reqs[&id].loading;
-                let expected = match (&loading, &self.reqs[&id].restore) {
-                    (Some(loading), _) => Some(loading.import),
-                    (None, Restore::Importing { import, .. }) => Some(*import),
-                    (None, _) => None,
+                let (expected, first_block, tokens) = match (&loading, &self.reqs[&id].restore) {
+                    (Some(loading), _) => (loading.import, loading.first_block, loading.tokens),
+                    (None, &Restore::Importing { import, tokens }) => (import, 0, tokens),
+                    (None, restore) => {
+                        return Err(Error::internal(format!(
+                            "{id} published an import while its restore is {}",
+                            restore.name()
+                        )));
+                    }
                 };
                 debug_assert_eq!(
-                    expected,
-                    Some(import),
+                    expected, import,
                     "{id} published an import it does not wait for"
                 );
-                self.verify_import(id, loading.map_or(0, |loading| loading.first_block))?;
+                self.verify_import(id, first_block, tokens)?;
                 if loading.is_some() {
                     // ordinary: the admitted request already holds the pages; the index lets go of them.
                     super::req::live(&mut self.reqs, id)?.loading = None;
@@ -507,14 +536,21 @@ impl<E: Executor> Engine<E> {
                     self.move_to(id, Phase::Ready)?;
                 } else {
                     // pages-only: no ownership once published; the pages are evictable cached pages.
-                    let req = super::req::live(&mut self.reqs, id)?;
-                    req.published_unowned = self
+                    let published = self
                         .index
                         .pages(id)
                         .ok_or_else(|| {
                             Error::internal(format!("{id}: published import has no pages"))
                         })?
                         .to_vec();
+                    if self.groups.is_hybrid() {
+                        // Its unkeyed pages (partial last page, state) stay findable under their slot's
+                        // key, as evictable as its blocks, until the request is admitted.
+                        self.key_unkeyed_slots(id, &published, tokens)?;
+                    }
+                    let req = super::req::live(&mut self.reqs, id)?;
+                    req.published_unowned = published;
+                    req.published_tokens = tokens;
                     req.restore = Restore::Idle;
                     let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
                     self.enqueue_waiting(id, None)?;
@@ -529,7 +565,9 @@ impl<E: Executor> Engine<E> {
                 if let Some(loading) = req.loading.take() {
                     // ordinary: recompute what the copy should have brought; the local hits before it stay.
                     let hits = loading.first_block as usize;
-                    let garbage = req.pages.split_off(hits);
+                    let mut garbage = req.pages.split_off(hits);
+                    garbage.append(&mut req.fixed);
+                    req.copy_on_write = false;
                     req.n_computed = hits as u32 * block_tokens;
                     req.metrics.prompt_tokens_restored = 0;
                     req.metrics.restored = false;
@@ -538,13 +576,13 @@ impl<E: Executor> Engine<E> {
                     self.pool.free_all(&garbage)?;
                     return Ok(());
                 }
-                let Restore::Importing { blocks, .. } = req.restore.clone() else {
+                let Restore::Importing { tokens, .. } = req.restore.clone() else {
                     return Err(Error::internal(format!(
                         "{id}: a failed import of no importing restore"
                     )));
                 };
                 self.release_ticket(id);
-                self.retry_lookup(id, blocks * block_tokens, reason, report)?;
+                self.retry_lookup(id, tokens, reason, report)?;
             }
             ImportEvent::Captured { .. } | ImportEvent::CaptureFailed { .. } => {
                 debug_assert!(false, "the engine captures without the index");

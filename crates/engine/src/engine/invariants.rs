@@ -72,8 +72,14 @@ impl<E: Executor> Engine<E> {
                 // after it produced output, that output too), its draft lookahead, and the captures it may
                 // publish (C2). The engine copies a capture out of the request's own pages, so capture credits
                 // are never drawn: they end with the ticket (C6).
-                let remaining =
-                    (req.tokens.len() as u32).div_ceil(block_tokens) as i64 - req.pages.len() as i64;
+                let remaining = (req.tokens.len() as u32).div_ceil(block_tokens) as i64
+                    - req.pages.len() as i64
+                    + i64::from(
+                        self.groups
+                            .n_fixed()
+                            .saturating_sub(req.fixed.len() as u32),
+                    )
+                    + i64::from(self.copy_on_write_pages(req.spec.id));
                 let captures = i64::from(
                     self.params.geometry.capture_pages() * super::coordinator::CAPTURES_PER_RESTORE,
                 );
@@ -159,7 +165,7 @@ impl<E: Executor> Engine<E> {
         let mut owned: HashMap<PageId, u32> = HashMap::new();
         let mut own = |page: PageId| *owned.entry(page).or_default() += 1;
         for req in self.reqs.values() {
-            req.pages.iter().copied().for_each(&mut own);
+            req.pages.iter().chain(&req.fixed).copied().for_each(&mut own);
         }
         self.index.held_pages().for_each(&mut own);
         if let Some(ledger) = &self.ledger {

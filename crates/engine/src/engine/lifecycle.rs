@@ -116,11 +116,10 @@ impl<E: Executor> Engine<E> {
 
     /// Whether `id`'s ready import restores its whole prompt and the request has saved logits (Q4).
     fn whole_prompt_with_logits(&self, id: RequestId) -> bool {
-        let block_tokens = u64::from(self.params.geometry.block_tokens());
         let req = &self.reqs[&id];
         req.spec.saved_logits
-            && matches!(req.restore, Restore::Importing { blocks, .. }
-                if u64::from(blocks) * block_tokens == req.tokens.len() as u64)
+            && matches!(req.restore, Restore::Importing { tokens, .. }
+                if tokens as usize == req.tokens.len())
     }
 }
 

@@ -23,6 +23,7 @@
 
 mod admit;
 mod coordinator;
+mod groups;
 mod invariants;
 mod lifecycle;
 mod pages;
@@ -49,6 +50,7 @@ use crate::metrics::{FallbackReason, RejectReason, RequestMetrics};
 use crate::params::{CopyEngineKind, EngineParams};
 use crate::request::{FinishedRequest, RequestSpec};
 
+use self::groups::GroupPlan;
 use self::req::{Phase, Req, Restore};
 
 pub use self::report::{RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
@@ -62,6 +64,8 @@ pub struct Engine<E: Executor = SimExecutor> {
     copies: Box<dyn CopyEngine>,
     store: Box<dyn CheckpointStore>,
     layout: LayoutDescriptor,
+    /// How requests' pages spread over the cache groups.
+    groups: GroupPlan,
     /// The reservation ledger; `None` under policies without the contract (G1: never called).
     ledger: Option<Ledger>,
     /// Every import: staged (copying), published and owned, or draining after a cancel.
@@ -145,11 +149,8 @@ impl<E: Executor> Engine<E> {
         };
         let copies = open_copy_engine(&params, model, &storage)?;
         let store = open_store(&params)?;
-        let layout = LayoutDescriptor::single_full(
-            u64::from(params.sim_bytes_per_page),
-            tokens_per_page,
-            n_ranks,
-        );
+        let groups = GroupPlan::new(&params.geometry)?;
+        let layout = GroupPlan::layout(&params.geometry, u64::from(params.sim_bytes_per_page));
         let ledger = params.policy.uses_reservations().then(|| {
             Ledger::new(
                 params.geometry.clone(),
@@ -170,6 +171,7 @@ impl<E: Executor> Engine<E> {
             ledger,
             index: ResidentIndex::new(layout.clone()),
             layout,
+            groups,
             reqs: HashMap::new(),
             arriving: BTreeMap::new(),
             waiting: WaitingQueue::default(),
@@ -220,8 +222,8 @@ impl<E: Executor> Engine<E> {
             + u64::from(spec.max_output_tokens)
             + u64::from(self.params.draft_tokens);
         let model_limit = u64::from(self.params.geometry.max_model_len());
-        let pool_limit =
-            u64::from(self.pool.n_usable()) * u64::from(self.params.geometry.block_tokens());
+        let pool_limit = u64::from(self.pool.n_usable().saturating_sub(self.groups.n_fixed()))
+            * u64::from(self.params.geometry.block_tokens());
         let rejected = if tokens > model_limit {
             Some((RejectReason::LongerThanModel, model_limit))
         } else if tokens > pool_limit {
@@ -470,6 +472,11 @@ impl<E: Executor> Engine<E> {
             metrics: req.metrics,
         });
     }
+}
+
+/// H1: `Ok` when the step loop runs `geometry`, else `UnsupportedGeometry` naming the group and why.
+pub(crate) fn check_geometry(geometry: &kv_pool::Geometry) -> Result<()> {
+    GroupPlan::new(geometry).map(|_plan| ())
 }
 
 /// The store's capacity in payload bytes: `store_capacity_pages` simulated pages.

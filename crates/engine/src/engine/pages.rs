@@ -7,8 +7,8 @@ use std::sync::Arc;
 use checkpoint_transfer::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
 };
-use kv_pool::PageStorage;
 use kv_pool::RequestId;
+use kv_pool::{BlockKey, PageId, PageStorage};
 
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};
@@ -46,11 +46,7 @@ impl<E: Executor> Engine<E> {
         upto_tokens: u32,
         kind: AllocKind,
     ) -> Result<bool> {
-        let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
-        let need = upto_tokens
-            .div_ceil(block_tokens)
-            .saturating_sub(req.pages.len() as u32);
+        let need = self.grow_need(id, upto_tokens);
         if need == 0 {
             return Ok(true);
         }
@@ -79,8 +75,69 @@ impl<E: Executor> Engine<E> {
             }
             self.pool.allocate(need)?
         };
-        super::req::live(&mut self.reqs, id)?.pages.extend(pages);
+        self.take_new_pages(id, pages)?;
         Ok(true)
+    }
+
+    /// Pages `id` still needs to hold tokens up to `upto_tokens`: its block table's new pages, plus (hybrid)
+    /// its fixed pages when it has none yet, or the copies on write of an imported partial last page and
+    /// imported fixed pages (C3, H6).
+    pub(crate) fn grow_need(&self, id: RequestId, upto_tokens: u32) -> u32 {
+        let block_tokens = self.params.geometry.block_tokens();
+        let req = &self.reqs[&id];
+        let blocks = upto_tokens
+            .div_ceil(block_tokens)
+            .saturating_sub(req.pages.len() as u32);
+        let fixed = if req.fixed.is_empty() {
+            self.groups.n_fixed()
+        } else {
+            0
+        };
+        blocks + fixed + self.copy_on_write_pages(id)
+    }
+
+    /// Pages the copies on write of `id`'s imported partial last page and fixed pages take (0 once done).
+    pub(crate) fn copy_on_write_pages(&self, id: RequestId) -> u32 {
+        let req = &self.reqs[&id];
+        if !req.copy_on_write {
+            return 0;
+        }
+        let block_tokens = self.params.geometry.block_tokens();
+        u32::from(!req.n_computed.is_multiple_of(block_tokens)) + req.fixed.len() as u32
+    }
+
+    /// Gives `id` the pages `grow_pages` allocated (`grow_need` of them): first the copies on write of its
+    /// imported partial last page and fixed pages (each rank's bytes copied, the imported page released),
+    /// then fixed pages it lacks, then new pages of its block table.
+    fn take_new_pages(&mut self, id: RequestId, pages: Vec<PageId>) -> Result<()> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let n_fixed = self.groups.n_fixed() as usize;
+        let mut pages = pages.into_iter();
+        let mut released = Vec::new();
+        let req = super::req::live(&mut self.reqs, id)?;
+        if std::mem::take(&mut req.copy_on_write) {
+            let tail = (!req.n_computed.is_multiple_of(block_tokens))
+                .then(|| (req.n_computed / block_tokens) as usize);
+            let tail_page = match tail {
+                Some(idx) => req.pages.get_mut(idx),
+                None => None,
+            };
+            for target in tail_page.into_iter().chain(req.fixed.iter_mut()) {
+                let fresh = pages
+                    .next()
+                    .ok_or_else(|| Error::internal(format!("{id}: too few pages to copy on write")))?;
+                for rank in 0..self.storage.n_ranks() {
+                    self.storage.copy(rank, *target, fresh)?;
+                }
+                released.push(std::mem::replace(target, fresh));
+            }
+        }
+        if req.fixed.is_empty() && n_fixed > 0 {
+            req.fixed.extend(pages.by_ref().take(n_fixed));
+        }
+        req.pages.extend(pages);
+        self.pool.free_all(&released)?;
+        Ok(())
     }
 
     /// Writes the bytes of every page that tokens `[start, end)` of `id` (now computed) fill, and registers its
@@ -95,7 +152,7 @@ impl<E: Executor> Engine<E> {
             for page_idx in start / block_tokens..end / block_tokens {
                 for rank in 0..self.storage.n_ranks() {
                     let write = PageWrite {
-                        group: 0,
+                        group: self.groups.full(),
                         rank,
                         page: req.pages[page_idx as usize],
                         first_pos: page_idx * block_tokens,
@@ -136,6 +193,9 @@ impl<E: Executor> Engine<E> {
     /// Captures `id`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
     /// always, whatever ended the response.
     pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<()> {
+        if self.groups.is_hybrid() {
+            return self.capture_hybrid(id, kind);
+        }
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let n_blocks = (req.n_computed / block_tokens).min(req.pages.len() as u32) as usize;
@@ -168,10 +228,84 @@ impl<E: Executor> Engine<E> {
             }
             ranks.push(pages);
         }
-        let checkpoint = Checkpoint {
-            meta,
-            payload: CheckpointPayload { ranks },
+        self.put_checkpoint(
+            id,
+            Checkpoint {
+                meta,
+                payload: CheckpointPayload { ranks },
+            },
+        );
+        Ok(())
+    }
+
+    /// Captures hybrid `id` at exactly its computed tokens `n` (H2, H6): its block table's pages, the partial
+    /// last one included, and its fixed pages (state, auxiliary). The partial page and the fixed pages are
+    /// written first with what recompute writes at `n` (see `groups.rs`).
+    fn capture_hybrid(&mut self, id: RequestId, kind: CheckpointKind) -> Result<()> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let req = &self.reqs[&id];
+        let n_tokens = req.n_computed;
+        let n_pages = n_tokens.div_ceil(block_tokens) as usize;
+        if n_tokens == 0 || req.pages.len() < n_pages || req.fixed.len() != self.groups.n_fixed() as usize
+        {
+            return Ok(());
+        }
+        let n_full = (n_tokens / block_tokens) as usize;
+        let boundary =
+            self.groups
+                .boundary(&req.tokens, &req.keys, &req.spec.salt, n_tokens, block_tokens);
+        let exact = boundary.exact;
+        let pages: Vec<PageId> = req.pages[..n_pages]
+            .iter()
+            .chain(&req.fixed)
+            .copied()
+            .collect();
+        let hex: String = exact.0[..12]
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        let checkpoint_id = CheckpointId::new(format!("{hex}-{n_tokens}"))
+            .map_err(|error| Error::internal(format!("checkpoint id: {error}")))?;
+        let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
+        for rank in 0..self.storage.n_ranks() {
+            let mut payload: Vec<Arc<[u8]>> = Vec::with_capacity(pages.len());
+            for (slot_idx, &page) in pages.iter().enumerate() {
+                if slot_idx >= n_full {
+                    // The partial page and the fixed pages hold what recompute writes at exactly `n`.
+                    let write = boundary.write(slot_idx, rank, page);
+                    self.executor.fill_page(&write, &mut self.page_buf);
+                    self.storage.write(rank, page, &self.page_buf)?;
+                }
+                self.storage.read(rank, page, &mut self.page_buf)?;
+                payload.push(Arc::from(self.page_buf.as_slice()));
+            }
+            ranks.push(payload);
+        }
+        self.generation += 1;
+        let meta = CheckpointMeta {
+            id: checkpoint_id,
+            generation: self.generation,
+            kind,
+            n_tokens: n_tokens as usize,
+            draft_prefix_len: 0,
+            block_keys: req.keys[..n_full].to_vec(),
+            tail_tokens: req.tokens[n_full * block_tokens as usize..n_tokens as usize].to_vec(),
+            layout: self.layout.clone(),
+            pages: boundary.slots,
         };
+        self.put_checkpoint(
+            id,
+            Checkpoint {
+                meta,
+                payload: CheckpointPayload { ranks },
+            },
+        );
+        Ok(())
+    }
+
+    /// Puts a captured checkpoint into the store; a store that cannot take it is counted and logged, never
+    /// an error of the step.
+    fn put_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) {
         match self.store.put(checkpoint) {
             Ok(_outcome) => {}
             // The store could not write (disk full, read-only file system, permission; a Redis server
@@ -196,14 +330,16 @@ impl<E: Executor> Engine<E> {
             // A capture too large for the store, or an older generation: nothing to restore later.
             Err(error) => tracing::debug!(request = %id, %error, "checkpoint not stored"),
         }
-        Ok(())
     }
 
-    /// E3: checks that every page of `id`'s published import (its blocks from `first_block` on) holds what
-    /// recomputing its prefix writes.
-    pub(crate) fn verify_import(&mut self, id: RequestId, first_block: u32) -> Result<()> {
+    /// E3: checks that every page of `id`'s published import of `tokens` tokens (its blocks from `first_block`
+    /// on) holds what recomputing its prefix writes.
+    pub(crate) fn verify_import(&mut self, id: RequestId, first_block: u32, tokens: u32) -> Result<()> {
         if !self.params.verify_restores {
             return Ok(());
+        }
+        if self.groups.is_hybrid() {
+            return self.verify_hybrid_import(id, tokens);
         }
         let block_tokens = self.params.geometry.block_tokens();
         let dest = self
@@ -244,11 +380,106 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
+    /// E3 for a hybrid import at exact boundary `tokens`: every page, the partial one and the fixed ones
+    /// included, on every rank.
+    fn verify_hybrid_import(&mut self, id: RequestId, tokens: u32) -> Result<()> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let dest = self
+            .index
+            .pages(id)
+            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))?
+            .to_vec();
+        let req = &self.reqs[&id];
+        let boundary = self
+            .groups
+            .boundary(&req.tokens, &req.keys, &req.spec.salt, tokens, block_tokens);
+        if boundary.slots.len() != dest.len() {
+            return Err(Error::internal(format!(
+                "{id}: an import of {} pages for a boundary of {} pages",
+                dest.len(),
+                boundary.slots.len()
+            )));
+        }
+        let mut expected = vec![0u8; self.page_buf.len()];
+        for (slot_idx, &page) in dest.iter().enumerate() {
+            for rank in 0..self.storage.n_ranks() {
+                let write = boundary.write(slot_idx, rank, page);
+                self.executor.fill_page(&write, &mut expected);
+                self.storage.read(rank, page, &mut self.page_buf)?;
+                if let Some(byte) = self
+                    .page_buf
+                    .iter()
+                    .zip(&expected)
+                    .position(|(a, b)| a != b)
+                {
+                    return Err(Error::RestoreMismatch {
+                        request: id,
+                        block: slot_idx as u32,
+                        rank,
+                        page,
+                        byte,
+                    });
+                }
+                self.pages_verified += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// The keys a pages-only import published for hybrid `id` is found again under, slot by slot: a full
+    /// block's own key, the slot key of every other page (`key_unkeyed_slots`).
+    pub(crate) fn published_slot_keys(&self, id: RequestId) -> Vec<BlockKey> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let req = &self.reqs[&id];
+        let boundary = self.groups.boundary(
+            &req.tokens,
+            &req.keys,
+            &req.spec.salt,
+            req.published_tokens,
+            block_tokens,
+        );
+        let exact = boundary.exact;
+        boundary
+            .slots
+            .iter()
+            .enumerate()
+            .map(|(slot_idx, slot)| match slot.key_idx {
+                Some(key_idx) => req.keys[key_idx as usize],
+                None => super::groups::slot_key(exact, slot_idx),
+            })
+            .collect()
+    }
+
+    /// Registers the unkeyed pages (partial last page, state) of the pages-only import `published` of hybrid
+    /// `id` at boundary `tokens` under their slot keys, so that once the index lets go of them they are cached
+    /// pages like its blocks: found again at admission unless evicted first.
+    pub(crate) fn key_unkeyed_slots(
+        &mut self,
+        id: RequestId,
+        published: &[PageId],
+        tokens: u32,
+    ) -> Result<()> {
+        super::req::live(&mut self.reqs, id)?.published_tokens = tokens;
+        let keys = self.published_slot_keys(id);
+        let slots = self
+            .groups
+            .slots(tokens, self.params.geometry.block_tokens());
+        for ((slot, key), &page) in slots.iter().zip(keys).zip(published) {
+            if slot.key_idx.is_none() {
+                // `false`: a page of an earlier publication of the same boundary holds the key; ours is freed.
+                let _registered = self.pool.cache_block(page, key)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Frees `id`'s pages (cached blocks stay findable until evicted) and resets its progress.
     pub(crate) fn free_request_pages(&mut self, id: RequestId) -> Result<()> {
         self.register_blocks(id)?;
         let req = super::req::live(&mut self.reqs, id)?;
-        let pages = std::mem::take(&mut req.pages);
+        let mut pages = std::mem::take(&mut req.pages);
+        pages.append(&mut req.fixed);
+        req.copy_on_write = false;
         req.n_computed = 0;
         req.n_registered = 0;
         self.pool.free_all(&pages)?;
@@ -289,6 +520,8 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = super::req::live(&mut self.reqs, id)?;
         if req.loading.take().is_some() {
+            // Nothing the copy brought is valid: no copy on write of it either.
+            req.copy_on_write = false;
             req.n_computed = req.n_registered * block_tokens;
             let _draining = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
         }
@@ -339,17 +572,28 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// The part of `stored` covering blocks `[first_block, end_block)`: what an import of those blocks copies
-    /// into the pool and publishes (one keyed page per block; the engine's checkpoints have one
-    /// full-attention group and their keyed pages first).
+    /// The part of `stored` an import of its first `tokens` tokens from block `first_block` on copies into
+    /// the pool and publishes. Attention-only: blocks `[first_block, tokens / block_tokens)` (one keyed page
+    /// per block; the engine's checkpoints have one full-attention group and their keyed pages first).
+    /// Hybrid: the whole checkpoint, which must end at exactly `tokens` (from block 0).
     pub(crate) fn checkpoint_part(
         &self,
         stored: &Checkpoint,
         first_block: u32,
-        end_block: u32,
-    ) -> Checkpoint {
+        tokens: u32,
+    ) -> Result<Checkpoint> {
         let block_tokens = self.params.geometry.block_tokens() as usize;
-        let blocks = first_block as usize..end_block as usize;
+        if self.groups.is_hybrid() {
+            if first_block != 0 || stored.meta.n_tokens != tokens as usize {
+                return Err(Error::internal(format!(
+                    "a hybrid checkpoint of {} tokens restored as {tokens} tokens from block {first_block}",
+                    stored.meta.n_tokens
+                )));
+            }
+            return Ok(stored.clone());
+        }
+        let end_block = tokens as usize / block_tokens;
+        let blocks = first_block as usize..end_block;
         debug_assert!(blocks.end <= stored.meta.block_keys.len());
         let meta = CheckpointMeta {
             n_tokens: blocks.end * block_tokens,
@@ -370,10 +614,10 @@ impl<E: Executor> Engine<E> {
             .iter()
             .map(|pages| pages[blocks.clone()].to_vec())
             .collect();
-        Checkpoint {
+        Ok(Checkpoint {
             meta,
             payload: CheckpointPayload { ranks },
-        }
+        })
     }
 
     /// Ends `id`'s capacity wait, if any, recording its length.

@@ -39,19 +39,20 @@ pub(crate) enum Restore {
         /// Only checkpoints shorter than this many tokens qualify (a retry after a failed copy, O7).
         limit_tokens: u32,
     },
-    /// Answered: restore the first `blocks` blocks of `checkpoint`.
+    /// Answered: restore the first `tokens` tokens of `checkpoint` (whole blocks of an attention-only
+    /// checkpoint, or a hybrid checkpoint's exact boundary).
     Answered {
         /// The checkpoint selected.
         checkpoint: Arc<CheckpointMeta>,
-        /// Blocks to restore in all (local ones included).
-        blocks: u32,
+        /// Tokens to restore in all (local ones included).
+        tokens: u32,
         /// When the answer came (for the G4 refresh).
         answered: Timestamp,
     },
-    /// An import of the first `blocks` blocks is copying or published.
+    /// An import of the first `tokens` tokens is copying or published.
     Importing {
-        /// Blocks restored in all.
-        blocks: u32,
+        /// Tokens restored in all.
+        tokens: u32,
         /// The import in the resident index.
         import: ImportId,
     },
@@ -82,6 +83,8 @@ pub(crate) struct Loading {
     pub(crate) import: ImportId,
     /// Block index of the import's first page (the local prefix hits come before it).
     pub(crate) first_block: u32,
+    /// Tokens restored in all (local hits included).
+    pub(crate) tokens: u32,
 }
 
 /// A live request.
@@ -98,6 +101,14 @@ pub(crate) struct Req {
     pub(crate) prompt_end: u32,
     /// Keys of every full block of `tokens` (`Geometry::block_tokens` tokens each: one page on every rank).
     pub(crate) keys: Vec<BlockKey>,
+    /// Pages of the recurrent and auxiliary groups (`GroupPlan::fixed_groups` order): empty until the request
+    /// first computes or is restored.
+    pub(crate) fixed: Vec<PageId>,
+    /// Whether the partial last page and the fixed pages came from a checkpoint (an import or a published
+    /// pages-only import): the first allocation copies them on write into pages of its own (C3, H6).
+    pub(crate) copy_on_write: bool,
+    /// Tokens of the pages-only import published for it (with `published_unowned`).
+    pub(crate) published_tokens: u32,
     /// Page table: page `i` holds tokens `[i * block_tokens, (i + 1) * block_tokens)`, on every rank the
     /// tokens of that block the rank holds.
     pub(crate) pages: Vec<PageId>,
@@ -160,6 +171,9 @@ impl Req {
             tokens,
             keys,
             pages: Vec::new(),
+            fixed: Vec::new(),
+            copy_on_write: false,
+            published_tokens: 0,
             n_computed: 0,
             n_registered: 0,
             answer_tokens: 0,

@@ -381,14 +381,15 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let held = req.pages.len() as u32;
-        let need = (req.n_computed + n_tokens)
-            .div_ceil(block_tokens)
-            .saturating_sub(held);
+        let need = self.grow_need(id, req.n_computed + n_tokens);
         let unprotected = self.unprotected_free();
         if need <= unprotected || need > self.pool.n_free() {
             return None;
         }
-        let may_hold_tokens = (held + unprotected).saturating_mul(block_tokens);
+        // Pages beyond the block table's (fixed pages, copies on write) come first.
+        let overhead = self.grow_need(id, 0);
+        let may_hold_tokens =
+            (held + unprotected.saturating_sub(overhead)).saturating_mul(block_tokens);
         Some(n_tokens.min(may_hold_tokens.saturating_sub(req.n_computed)))
     }
 

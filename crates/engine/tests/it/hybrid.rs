@@ -14,15 +14,36 @@ const TPP: u32 = 16;
 
 /// `policy` on `n_ranks` context-parallel ranks of a `n_pages` pool, verifying every restored page (E3).
 fn cp_params(policy: Policy, n_pages: u32, n_ranks: u32) -> EngineParams {
+    let full = EngineParams::default().geometry.groups().to_vec();
+    geometry_params(policy, n_pages, n_ranks, full)
+}
+
+/// A full-attention group, a recurrent group and an auxiliary group of two pages: the shape of a hybrid
+/// model with draft hidden state.
+fn hybrid_groups() -> Vec<CacheGroup> {
+    let bytes_per_page = 4096;
+    vec![
+        CacheGroup {
+            kind: GroupKind::Recurrent,
+            bytes_per_page,
+        },
+        CacheGroup {
+            kind: GroupKind::Full,
+            bytes_per_page,
+        },
+        CacheGroup {
+            kind: GroupKind::Auxiliary { pages: 2 },
+            bytes_per_page,
+        },
+    ]
+}
+
+/// `policy` with cache `groups` on `n_ranks` ranks of a `n_pages` pool, verifying every restored page (E3).
+fn geometry_params(policy: Policy, n_pages: u32, n_ranks: u32, groups: Vec<CacheGroup>) -> EngineParams {
     let defaults = EngineParams::default();
     EngineParams {
-        geometry: Geometry::new(
-            defaults.geometry.groups().to_vec(),
-            TPP,
-            n_ranks,
-            defaults.geometry.max_model_len(),
-        )
-        .expect("a valid geometry"),
+        geometry: Geometry::new(groups, TPP, n_ranks, defaults.geometry.max_model_len())
+            .expect("a valid geometry"),
         policy,
         n_pages,
         max_running: 4,
@@ -184,27 +205,6 @@ fn h4_a_corrupt_copy_on_the_second_rank_stops_the_run_naming_the_rank() {
 }
 
 #[test]
-fn a_group_the_step_loop_cannot_run_yet_is_refused_naming_it() {
-    let defaults = EngineParams::default();
-    let groups = vec![
-        defaults.geometry.groups()[0],
-        CacheGroup {
-            kind: GroupKind::Recurrent,
-            bytes_per_page: 4096,
-        },
-    ];
-    let params = EngineParams {
-        geometry: Geometry::new(groups, TPP, 2, 4096).expect("a valid geometry"),
-        ..defaults
-    };
-    let error = Engine::new(params).expect_err("refused");
-    let Error::UnsupportedGeometry { reason } = &error else {
-        panic!("{error:?}");
-    };
-    assert!(reason.contains("cache group 1 is recurrent state"), "{reason}");
-}
-
-#[test]
 fn context_parallel_ranks_run_multi_turn_sessions_with_every_page_verified() {
     for n_ranks in [2, 3] {
         let mut engine = Engine::new(cp_params(Policy::Reserved, 257, n_ranks)).expect("runs");
@@ -229,5 +229,65 @@ fn context_parallel_ranks_run_multi_turn_sessions_with_every_page_verified() {
         assert!(engine.pages_verified() > 0);
         assert_eq!(engine.pages_verified() % u64::from(n_ranks), 0, "every rank verified");
         assert_eq!(engine.leaked_pages(), 0);
+    }
+}
+
+/// Runs `turns` turns of one session (each turn's prompt is the last context plus `new` tokens), dropping the
+/// local prefix cache between turns so that every later turn must restore. Returns the engine.
+fn session(mut engine: Engine, turns: u64, first: u32, new: u32) -> Engine {
+    let mut context = tokens(9, 0, 0, first);
+    for turn in 0..turns {
+        let mut request = spec(turn + 1, context.clone(), 8, engine.now());
+        request.is_later_turn = turn > 0;
+        engine.submit(request).expect("submit");
+        while !engine.is_idle() {
+            engine.step().expect("step");
+            engine.check_invariants().expect("invariants");
+        }
+        let finished = engine.take_finished();
+        context.extend(&finished[0].output);
+        context.extend(tokens(9, 0, turn as u32 + 1, new));
+        if engine.pool().n_in_use() == 0 {
+            engine.reset_prefix_cache().expect("nothing is in use between turns");
+        }
+    }
+    assert_eq!(engine.leaked_pages(), 0);
+    assert_eq!(engine.pool().n_in_use(), 0);
+    engine
+}
+
+#[test]
+fn hybrid_sessions_restore_every_later_turn_at_its_exact_boundary_under_every_policy() {
+    for n_ranks in [1, 2] {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved, Policy::Oracle] {
+            let engine = Engine::new(geometry_params(policy, 257, n_ranks, hybrid_groups()))
+                .expect("a hybrid model runs");
+            let engine = session(engine, 5, 70, 13);
+            let mut boundaries_inside_a_page = 0;
+            for turn in 2..=5 {
+                let metrics = metrics_of(&engine, turn);
+                assert!(
+                    metrics.restored,
+                    "{policy:?}, {n_ranks} ranks, turn {turn}: {metrics:?}"
+                );
+                // The previous turn's response-end checkpoint: its whole context but the last sampled
+                // token, at its exact boundary (H6), never rounded down to a page.
+                assert_eq!(
+                    metrics.prompt_tokens_restored,
+                    metrics.prompt_tokens - 13 - 1,
+                    "{policy:?}, {n_ranks} ranks, turn {turn}: {metrics:?}"
+                );
+                assert_eq!(
+                    metrics.prompt_tokens_restored + metrics.prompt_tokens_recomputed,
+                    metrics.prompt_tokens,
+                    "{metrics:?}"
+                );
+                boundaries_inside_a_page +=
+                    u32::from(!metrics.prompt_tokens_restored.is_multiple_of(TPP * n_ranks));
+                assert_eq!(metrics.prompt_tokens_local_hit, 0, "no local hit without state (H2)");
+            }
+            assert!(boundaries_inside_a_page > 0, "the test restores partial pages");
+            assert!(engine.pages_verified() > 0, "{policy:?}");
+        }
     }
 }

@@ -418,8 +418,17 @@ fn a_geometry_the_step_loop_cannot_run_is_refused_naming_the_group_and_why() {
         message.contains("cache group 1 is a sliding window of 4096 tokens"),
         "{message}"
     );
-    let message = refusal(vec![full], 2);
-    assert!(message.contains("context_parallel 2"), "{message}");
+    let message = refusal(vec![full, full], 2);
+    assert!(
+        message.contains("cache group 1 is a second full-attention group"),
+        "{message}"
+    );
+    let recurrent = CacheGroup {
+        kind: GroupKind::Recurrent,
+        bytes_per_page: 1024,
+    };
+    let message = refusal(vec![recurrent], 1);
+    assert!(message.contains("no cache group is full attention"), "{message}");
 }
 
 #[test]

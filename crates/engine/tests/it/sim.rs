@@ -1,4 +1,5 @@
-//! The deterministic simulation: on one to three context-parallel ranks, random requests (shared session prefixes, streams, early stops), cancellations,
+//! The deterministic simulation: on one full-attention group or a hybrid model (recurrent and auxiliary
+//! groups), on one to three context-parallel ranks, random requests (shared session prefixes, streams, early stops), cancellations,
 //! forced and non-forced resets, copy failures and delays on any rank, and clock jumps under every policy, with every
 //! invariant checked after every step (no leaked page, no page freed under a live copy, credits consistent
 //! with the pool, slots within the limit, FCFS among requests that own no capacity) and every request
@@ -31,16 +32,28 @@ impl Rng {
 
 fn simulate(policy: Policy, seed: u64, n_ops: u32) {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
-    // One to three context-parallel ranks (H4): a block is 16 tokens on each rank.
+    // One to three context-parallel ranks (H4): a block is 16 tokens on each rank. One full-attention
+    // group, or a hybrid model: with a recurrent group, or with two recurrent groups and auxiliary pages.
     let n_ranks = 1 + rng.below(3) as u32;
     let defaults = EngineParams::default();
-    let geometry = kv_pool::Geometry::new(
-        defaults.geometry.groups().to_vec(),
-        16,
-        n_ranks,
-        defaults.geometry.max_model_len(),
-    )
-    .expect("a valid geometry");
+    let group = |kind| kv_pool::CacheGroup {
+        kind,
+        bytes_per_page: 1024,
+    };
+    let (full, recurrent) = (kv_pool::GroupKind::Full, kv_pool::GroupKind::Recurrent);
+    let groups = match rng.below(3) {
+        0 => defaults.geometry.groups().to_vec(),
+        1 => vec![group(full), group(recurrent)],
+        _ => vec![
+            group(recurrent),
+            group(full),
+            group(recurrent),
+            group(kv_pool::GroupKind::Auxiliary { pages: 2 }),
+        ],
+    };
+    let geometry =
+        kv_pool::Geometry::new(groups, 16, n_ranks, defaults.geometry.max_model_len())
+            .expect("a valid geometry");
     let block_tokens = geometry.block_tokens() as usize;
     let params = EngineParams {
         geometry,

@@ -1,0 +1,246 @@
+//! How a request's pages spread over the model's cache groups (H1): one full-attention group holds the block
+//! table (one page per block, keyed for the prefix cache), and every recurrent and auxiliary group holds fixed
+//! pages per request: one state page per recurrent group, its pages per auxiliary group. A geometry with such
+//! fixed pages is *hybrid*: its state is valid only at the exact token boundary it was taken at, so a hybrid
+//! request gets no local prefix hit (the prefix cache keeps attention blocks, not state) and restores a whole
+//! checkpoint at its exact boundary, a partial last page included (H2, H6).
+//!
+//! Page contents (E3): a full block holds what recompute writes for its block key; the partial last page, a
+//! recurrent state page and an auxiliary page hold what recompute writes at the exact boundary `n`, keyed by
+//! the exact prefix key of the first `n` tokens ([`exact_prefix_key`]). They are written when a checkpoint is
+//! captured: until then nothing reads them (the same reason full pages are written only once full).
+
+use checkpoint_transfer::{GroupKind as LayoutKind, LayoutDescriptor, PageSlot};
+use kv_pool::{BlockKey, Geometry, GroupKind};
+
+use crate::error::{Error, Result};
+use crate::executor::PageWrite;
+
+/// The groups of a geometry as the step loop uses them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct GroupPlan {
+    /// Index of the full-attention group: the block table.
+    full: u32,
+    /// Recurrent and auxiliary groups in order, with the pages each holds per request.
+    fixed: Vec<(u32, u32)>,
+    /// Pages of all fixed groups per request.
+    n_fixed: u32,
+}
+
+impl GroupPlan {
+    /// The plan of `geometry`, or `UnsupportedGeometry` naming the first group the step loop cannot run and
+    /// why (H1).
+    pub(crate) fn new(geometry: &Geometry) -> Result<GroupPlan> {
+        let unsupported = |idx: usize, what: String, why: &str| {
+            Err(Error::UnsupportedGeometry {
+                reason: format!("cache group {idx} is {what}: {why}"),
+            })
+        };
+        let mut full = None;
+        let mut fixed = Vec::new();
+        for (idx, group) in geometry.groups().iter().enumerate() {
+            match group.kind {
+                GroupKind::Full if full.is_none() => full = Some(idx as u32),
+                GroupKind::Full => {
+                    return unsupported(
+                        idx,
+                        "a second full-attention group".to_owned(),
+                        "the step loop keeps one block table; give the layers of both one group",
+                    );
+                }
+                GroupKind::Recurrent => fixed.push((idx as u32, 1)),
+                GroupKind::Auxiliary { pages } => fixed.push((idx as u32, pages)),
+                GroupKind::SlidingWindow {
+                    window_tokens,
+                    retained_tail_tokens,
+                } => {
+                    return unsupported(
+                        idx,
+                        format!(
+                            "a sliding window of {window_tokens} tokens (+{retained_tail_tokens} retained)"
+                        ),
+                        "the step loop does not return pages that leave a window yet (issue 10); \
+                         model it as full attention",
+                    );
+                }
+                GroupKind::ChunkedLocal { chunk_tokens } => {
+                    return unsupported(
+                        idx,
+                        format!("chunked-local attention over {chunk_tokens} tokens"),
+                        "the step loop does not return pages that leave a chunk yet (issue 10); \
+                         model it as full attention",
+                    );
+                }
+            }
+        }
+        let Some(full) = full else {
+            return Err(Error::UnsupportedGeometry {
+                reason: "no cache group is full attention: the step loop needs one for the block table \
+                         (add a full-attention group)"
+                    .to_owned(),
+            });
+        };
+        let n_fixed = fixed
+            .iter()
+            .map(|&(_, pages)| pages)
+            .fold(0u32, u32::saturating_add);
+        Ok(GroupPlan {
+            full,
+            fixed,
+            n_fixed,
+        })
+    }
+
+    /// Whether requests hold fixed pages (recurrent state, auxiliary pages): then prefix hits and restores are
+    /// whole checkpoints at exact boundaries.
+    pub(crate) fn is_hybrid(&self) -> bool {
+        self.n_fixed > 0
+    }
+
+    /// Index of the full-attention group.
+    pub(crate) fn full(&self) -> u32 {
+        self.full
+    }
+
+    /// Fixed pages a request holds once it computes (0 without recurrent or auxiliary groups).
+    pub(crate) fn n_fixed(&self) -> u32 {
+        self.n_fixed
+    }
+
+    /// The group of each fixed page, in the order a request holds them.
+    pub(crate) fn fixed_groups(&self) -> impl Iterator<Item = u32> + '_ {
+        self.fixed
+            .iter()
+            .flat_map(|&(group, pages)| std::iter::repeat_n(group, pages as usize))
+    }
+
+    /// The checkpoint layout of `geometry` with `bytes_per_page` bytes a page.
+    pub(crate) fn layout(geometry: &Geometry, bytes_per_page: u64) -> LayoutDescriptor {
+        LayoutDescriptor {
+            groups: geometry
+                .groups()
+                .iter()
+                .map(|group| match group.kind {
+                    GroupKind::Full => LayoutKind::Full,
+                    GroupKind::SlidingWindow {
+                        window_tokens,
+                        retained_tail_tokens,
+                    } => LayoutKind::SlidingWindow {
+                        window_tokens,
+                        retained_tail_tokens,
+                    },
+                    GroupKind::ChunkedLocal { chunk_tokens } => {
+                        LayoutKind::ChunkedLocal { chunk_tokens }
+                    }
+                    GroupKind::Recurrent => LayoutKind::Recurrent,
+                    GroupKind::Auxiliary { .. } => LayoutKind::Auxiliary,
+                })
+                .collect(),
+            bytes_per_page,
+            tokens_per_page: geometry.tokens_per_page(),
+            n_ranks: geometry.context_parallel(),
+        }
+    }
+
+    /// The pages of a checkpoint at boundary `n_tokens`, in payload order: one page per block of the full
+    /// group (full blocks keyed, a partial last one not), then the fixed pages.
+    pub(crate) fn slots(&self, n_tokens: u32, block_tokens: u32) -> Vec<PageSlot> {
+        let n_full = n_tokens / block_tokens;
+        let n_pages = n_tokens.div_ceil(block_tokens);
+        (0..n_pages)
+            .map(|page_idx| PageSlot {
+                group: self.full,
+                key_idx: (page_idx < n_full).then_some(page_idx),
+            })
+            .chain(self.fixed_groups().map(|group| PageSlot {
+                group,
+                key_idx: None,
+            }))
+            .collect()
+    }
+
+    /// The checkpoint boundary at `n_tokens` of a request with `tokens` and full-block `keys`: its pages
+    /// and what recompute writes into each.
+    pub(crate) fn boundary<'a>(
+        &self,
+        tokens: &[u32],
+        keys: &'a [BlockKey],
+        salt: &[u8],
+        n_tokens: u32,
+        block_tokens: u32,
+    ) -> Boundary<'a> {
+        Boundary {
+            full: self.full,
+            slots: self.slots(n_tokens, block_tokens),
+            n_tokens,
+            block_tokens,
+            keys,
+            exact: exact_prefix_key(tokens, keys, n_tokens, block_tokens, salt),
+        }
+    }
+}
+
+/// A checkpoint boundary of one request: its pages (`GroupPlan::slots`) and their contents.
+#[derive(Debug)]
+pub(crate) struct Boundary<'a> {
+    full: u32,
+    /// The pages, in payload order.
+    pub(crate) slots: Vec<PageSlot>,
+    n_tokens: u32,
+    block_tokens: u32,
+    keys: &'a [BlockKey],
+    /// The exact prefix key of the boundary's tokens.
+    pub(crate) exact: BlockKey,
+}
+
+impl Boundary<'_> {
+    /// What recompute writes into page `slot_idx` on `rank` (the page being `page`): a full block what its
+    /// block key says; the partial last page, the state and auxiliary pages what the exact boundary says.
+    pub(crate) fn write(&self, slot_idx: usize, rank: u32, page: kv_pool::PageId) -> PageWrite {
+        let slot = self.slots[slot_idx];
+        let block_tokens = self.block_tokens;
+        let (first_pos, prefix_key) = match slot.key_idx {
+            Some(key_idx) => (key_idx * block_tokens, self.keys[key_idx as usize]),
+            // The partial last page of the full group: its tokens start at the last block boundary.
+            None if slot.group == self.full => {
+                (self.n_tokens / block_tokens * block_tokens, self.exact)
+            }
+            // A fixed page: its position among the request's fixed pages, past the boundary.
+            None => {
+                let n_attention = self.n_tokens.div_ceil(block_tokens) as usize;
+                (self.n_tokens + (slot_idx - n_attention) as u32, self.exact)
+            }
+        };
+        PageWrite {
+            group: slot.group,
+            rank,
+            page,
+            first_pos,
+            prefix_key,
+        }
+    }
+}
+
+/// The key of exactly the first `n_tokens` of `tokens` (`keys` are its full blocks' keys): the block key when
+/// `n_tokens` ends a block, else the last full block's key chained with the partial block's tokens.
+pub(crate) fn exact_prefix_key(
+    tokens: &[u32],
+    keys: &[BlockKey],
+    n_tokens: u32,
+    block_tokens: u32,
+    salt: &[u8],
+) -> BlockKey {
+    let n_full = (n_tokens / block_tokens) as usize;
+    let tail = &tokens[n_full * block_tokens as usize..n_tokens as usize];
+    if tail.is_empty() && n_full > 0 {
+        return keys[n_full - 1];
+    }
+    let parent = n_full.checked_sub(1).map(|idx| &keys[idx]);
+    BlockKey::chain(parent, tail, salt)
+}
+
+/// The key under which a published `pages-only` import's unkeyed page `slot_idx` stays findable in the
+/// prefix cache until its consumer is admitted (its state is valid at exactly the boundary `exact` names).
+pub(crate) fn slot_key(exact: BlockKey, slot_idx: usize) -> BlockKey {
+    BlockKey::chain(Some(&exact), &[slot_idx as u32], b"kvgate-checkpoint-slot")
+}
