@@ -8,6 +8,7 @@
 mod agents;
 mod bad_inputs;
 mod cli;
+mod presets;
 mod redis;
 mod scenarios;
 

@@ -74,12 +74,11 @@ pub struct PageSlot {
 }
 
 impl PageSlot {
-    /// The pages of one full-attention group (group 0) holding `n_tokens` tokens in blocks of `block_tokens`
-    /// (tokens per page times ranks): every full page is keyed by its block, a trailing partial page is not.
-    pub fn full_attention(n_tokens: usize, block_tokens: usize) -> Vec<PageSlot> {
-        let block_tokens = block_tokens.max(1);
-        let n_full = n_tokens / block_tokens;
-        let n_pages = n_tokens.div_ceil(block_tokens);
+    /// The pages of one full-attention group (group 0) holding `n_tokens` tokens: every full page is keyed
+    /// by its block, a trailing partial page is not.
+    pub fn full_attention(n_tokens: usize, tokens_per_page: usize) -> Vec<PageSlot> {
+        let n_full = n_tokens / tokens_per_page;
+        let n_pages = n_tokens.div_ceil(tokens_per_page);
         (0..n_pages)
             .map(|page_idx| PageSlot {
                 group: 0,
@@ -134,7 +133,7 @@ impl CheckpointMeta {
         salt: &[u8],
         layout: LayoutDescriptor,
     ) -> Self {
-        let block_keys = BlockKey::chain_all(tokens, layout.block_tokens() as usize, salt);
+        let block_keys = BlockKey::chain_all(tokens, layout.tokens_per_page as usize, salt);
         Self::full_attention_keyed(id, generation, kind, tokens, block_keys, layout)
     }
 
@@ -148,13 +147,13 @@ impl CheckpointMeta {
         block_keys: Vec<BlockKey>,
         layout: LayoutDescriptor,
     ) -> Self {
-        let block_tokens = layout.block_tokens() as usize;
+        let tokens_per_page = layout.tokens_per_page as usize;
         debug_assert_eq!(
             block_keys.len(),
-            tokens.len() / block_tokens,
+            tokens.len() / tokens_per_page,
             "one key per full block"
         );
-        let tail_tokens = tokens[(block_keys.len() * block_tokens).min(tokens.len())..].to_vec();
+        let tail_tokens = tokens[block_keys.len() * tokens_per_page..].to_vec();
         Self {
             id,
             generation,
@@ -163,7 +162,7 @@ impl CheckpointMeta {
             draft_prefix_len: 0,
             block_keys,
             tail_tokens,
-            pages: PageSlot::full_attention(tokens.len(), block_tokens),
+            pages: PageSlot::full_attention(tokens.len(), tokens_per_page),
             layout,
         }
     }
@@ -176,7 +175,7 @@ impl CheckpointMeta {
     /// Whether its token prefix is a prefix of the query's request (and not longer than it).
     pub fn is_prefix_of(&self, query: &PrefixQuery<'_>) -> bool {
         let n_full = self.block_keys.len();
-        let tail_start = n_full * self.layout.block_tokens() as usize;
+        let tail_start = n_full * self.layout.tokens_per_page as usize;
         self.n_tokens <= query.tokens.len()
             && n_full <= query.block_keys.len()
             && self.block_keys[..] == query.block_keys[..n_full]
@@ -184,18 +183,18 @@ impl CheckpointMeta {
             && query.tokens.get(tail_start..self.n_tokens) == Some(&self.tail_tokens[..])
     }
 
-    /// Whether its first `n_blocks` full blocks are a valid checkpoint at `n_blocks * block_tokens` on their
+    /// Whether its first `n_blocks` full blocks are a valid checkpoint at `n_blocks * tokens_per_page` on their
     /// own. Always for the whole checkpoint (`n_tokens` is exactly `n_blocks` blocks). For a strict prefix only
     /// when the layout is attention-only (`LayoutDescriptor::is_attention_only`) and every group holds the
     /// keyed pages of its live window at that boundary: a full group blocks `[0, n_blocks)`, a sliding-window
     /// group the blocks of its window plus retained tail, a chunked-local group those of the current chunk.
     /// Never for `n_blocks == 0` or more blocks than it has. Costs one pass over its pages.
     pub fn restores_block_prefix(&self, n_blocks: usize) -> bool {
-        let block_tokens = self.layout.block_tokens() as usize;
-        if n_blocks == 0 || n_blocks > self.block_keys.len() {
+        let tokens_per_page = self.layout.tokens_per_page as usize;
+        if n_blocks == 0 || n_blocks > self.block_keys.len() || tokens_per_page == 0 {
             return false;
         }
-        let boundary = n_blocks * block_tokens;
+        let boundary = n_blocks * tokens_per_page;
         if boundary == self.n_tokens {
             return true;
         }
@@ -217,7 +216,7 @@ impl CheckpointMeta {
                     }
                     GroupKind::Recurrent | GroupKind::Auxiliary => return false,
                 };
-                let first_needed = live_start / block_tokens;
+                let first_needed = live_start / tokens_per_page;
                 let mut held = vec![false; n_blocks - first_needed];
                 for slot in &self.pages {
                     if slot.group as usize == group_idx

@@ -51,7 +51,9 @@ pub struct LayoutDescriptor {
     pub groups: Vec<GroupKind>,
     /// Bytes of one page on one rank.
     pub bytes_per_page: u64,
-    /// Tokens one page holds.
+    /// Tokens one page id holds: on one rank, its page's tokens; with context parallelism (token `i` on rank
+    /// `i % n_ranks`), the tokens of the page on every rank together (a block). The unit of block keys and
+    /// prefix matches.
     pub tokens_per_page: u32,
     /// Ranks the context is sharded over.
     pub n_ranks: u32,
@@ -66,12 +68,6 @@ impl LayoutDescriptor {
             tokens_per_page,
             n_ranks,
         }
-    }
-
-    /// Tokens of one block, the unit of block keys and prefix matches: `tokens_per_page` on each of `n_ranks`
-    /// ranks (token `i` lives on rank `i % n_ranks`, so block `b` is page `b` of every rank). At least 1.
-    pub fn block_tokens(&self) -> u32 {
-        self.tokens_per_page.saturating_mul(self.n_ranks).max(1)
     }
 
     /// Whether every group keeps per-token attention state in pages (full, sliding window, chunked local):

@@ -10,6 +10,14 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::limits::{self, duration_s};
 
+mod presets;
+
+pub use presets::{MODEL_PRESETS, ModelPreset, model_preset};
+
+/// What `model.preset` may name: a cost preset or a model preset.
+const PRESETS_ALLOWED: &str =
+    "one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid (model presets)";
+
 /// The environment variable that overrides `restore.max_wait_s` (contract W1).
 pub const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
 
@@ -35,7 +43,9 @@ pub struct EngineConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
-    /// Step-time cost preset: `small-8b-gpu` (default) or `glm-like-moe`.
+    /// Step-time cost preset (`small-8b-gpu`, the default, or `glm-like-moe`), or a model preset
+    /// (`glm-mla-hybrid`, `linear-hybrid`: the cost preset, `tokens_per_page`, `context_parallel`, `groups`
+    /// and `scheduler.draft_tokens` together; a file naming one may not set those).
     pub preset: String,
     /// Tokens per page (and per prefix-cache block). Default 16; 1..=4096.
     pub tokens_per_page: u32,
@@ -250,12 +260,63 @@ impl EngineConfig {
 
     /// Parses and validates TOML text (no environment override).
     pub fn from_toml(text: &str) -> Result<EngineConfig> {
-        let config: EngineConfig = toml::from_str(text).map_err(|e| Error::ConfigSyntax {
+        let syntax = |e: toml::de::Error| Error::ConfigSyntax {
             path: "<config>".to_string(),
             message: e.to_string(),
-        })?;
+        };
+        let table: toml::Table = toml::from_str(text).map_err(syntax)?;
+        let mut config: EngineConfig = toml::from_str(text).map_err(syntax)?;
+        if let Some(preset) = model_preset(&config.model.preset) {
+            // A model preset sets the geometry and the draft depth: a file setting them too is ambiguous.
+            let set = |section: &str, key: &str| {
+                table
+                    .get(section)
+                    .and_then(toml::Value::as_table)
+                    .is_some_and(|section| section.contains_key(key))
+            };
+            for (section, key) in [
+                ("model", "groups"),
+                ("model", "tokens_per_page"),
+                ("model", "context_parallel"),
+                ("scheduler", "draft_tokens"),
+            ] {
+                if set(section, key) {
+                    return Err(Error::InvalidConfig {
+                        field: "model.preset",
+                        value: preset.name.to_string(),
+                        allowed: format!(
+                            "a model preset sets {section}.{key}; remove one of the two (or name a cost preset)"
+                        ),
+                    });
+                }
+            }
+            config.apply_preset(preset.name)?;
+        }
         config.validate()?;
         Ok(config)
+    }
+
+    /// Applies preset `name`: a cost preset sets `model.preset` alone; a model preset also sets the
+    /// geometry (`tokens_per_page`, `context_parallel`, `groups`) and `scheduler.draft_tokens`.
+    pub fn apply_preset(&mut self, name: &str) -> Result<()> {
+        if let Some(preset) = model_preset(name) {
+            self.model.preset = preset.name.to_string();
+            self.model.tokens_per_page = preset.tokens_per_page;
+            self.model.context_parallel = preset.context_parallel;
+            self.model.groups = preset.groups;
+            self.scheduler.draft_tokens = preset.draft_tokens;
+            return Ok(());
+        }
+        if CostModel::preset(name).is_none() {
+            return invalid("model.preset", name, PRESETS_ALLOWED);
+        }
+        name.clone_into(&mut self.model.preset);
+        Ok(())
+    }
+
+    /// The cost preset `model.preset` names (itself, or the cost preset of a model preset).
+    fn cost_preset(&self) -> &str {
+        model_preset(&self.model.preset).map_or(self.model.preset.as_str(), |preset| preset.cost)
     }
 
     /// This config with `restore.max_wait_s` taken from `KVGATE_RESTORE_MAX_WAIT_S` when that is set. The
@@ -290,12 +351,8 @@ impl EngineConfig {
 
     /// Checks every field against its allowed range; the error names the first field out of range.
     pub fn validate(&self) -> Result<()> {
-        if CostModel::preset(&self.model.preset).is_none() {
-            return invalid(
-                "model.preset",
-                &self.model.preset,
-                "one of small-8b-gpu, glm-like-moe",
-            );
+        if CostModel::preset(self.cost_preset()).is_none() {
+            return invalid("model.preset", &self.model.preset, PRESETS_ALLOWED);
         }
         check_range("model.tokens_per_page", self.model.tokens_per_page, 1, 4096)?;
         check_range(
@@ -466,10 +523,10 @@ impl EngineConfig {
 
     /// The cost model of `model.preset`.
     pub fn cost(&self) -> Result<CostModel> {
-        CostModel::preset(&self.model.preset).ok_or_else(|| Error::InvalidConfig {
+        CostModel::preset(self.cost_preset()).ok_or_else(|| Error::InvalidConfig {
             field: "model.preset",
             value: self.model.preset.clone(),
-            allowed: "one of small-8b-gpu, glm-like-moe".to_string(),
+            allowed: PRESETS_ALLOWED.to_string(),
         })
     }
 

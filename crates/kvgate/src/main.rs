@@ -72,7 +72,8 @@ struct RunArgs {
     /// Checkpoint store capacity in pages.
     #[arg(long)]
     store_pages: Option<u64>,
-    /// Cost-model preset: small-8b-gpu or glm-like-moe.
+    /// Preset: a cost model (small-8b-gpu, glm-like-moe), or a model preset that also sets the cache
+    /// groups, tokens per page, ranks and draft tokens (glm-mla-hybrid, linear-hybrid).
     #[arg(long)]
     preset: Option<String>,
     /// Seed of the run.
@@ -129,10 +130,6 @@ struct ReplayArgs {
     time_scale: f64,
 }
 
-/// Usable pages of the agents run unless told otherwise: 1024 pages of 16 tokens (16 384 tokens), so eight
-/// default sessions of up to ~9 000 tokens outgrow the pool about four times over by their last turns while
-/// any one session still fits with its continuation.
-const AGENTS_POOL_PAGES: u32 = 1024;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -198,7 +195,7 @@ fn init_logging() -> kvgate::Result<()> {
 fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     let mut config = load_config(&args.run)?;
     if args.run.config.is_none() && args.run.pool_pages.is_none() {
-        config.pool.pages = AGENTS_POOL_PAGES;
+        config.pool.pages = kvgate::run::agents_pool_pages(&config);
     }
     let spec = AgentsSpec {
         n_agents: args.agents,
@@ -384,7 +381,8 @@ fn load_config(args: &RunArgs) -> kvgate::Result<EngineConfig> {
         config.store.capacity_pages = pages;
     }
     if let Some(preset) = &args.preset {
-        config.model.preset.clone_from(preset);
+        // A model preset replaces the model's geometry and draft depth, whatever the config file said.
+        config.apply_preset(preset)?;
     }
     if args.verify {
         config.restore.verify = true;

@@ -260,6 +260,19 @@ fn submit_or_reject(engine: &mut Engine, request: RequestSpec) -> Result<()> {
     }
 }
 
+/// Tokens each rank's pool holds in the agents run unless told otherwise: 16 384 (1024 pages of 16 tokens),
+/// so on one rank eight default sessions of up to ~9 000 tokens outgrow the pool about four times over by
+/// their last turns while any one session still fits with its continuation. The page count follows the
+/// model's page width (`AGENTS_POOL_TOKENS_PER_RANK / tokens_per_page`): every GPU of a model brings the same
+/// memory, so a model on more context-parallel ranks has a pool of as many more tokens.
+pub const AGENTS_POOL_TOKENS_PER_RANK: u32 = 16_384;
+
+/// Usable pages of the agents run's pool unless told otherwise: `AGENTS_POOL_TOKENS_PER_RANK` tokens of the
+/// model's pages.
+pub fn agents_pool_pages(config: &EngineConfig) -> u32 {
+    (AGENTS_POOL_TOKENS_PER_RANK / config.model.tokens_per_page.max(1)).max(1)
+}
+
 /// The (session, turn) an agents request id stands for.
 pub fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {
     (

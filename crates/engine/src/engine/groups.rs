@@ -114,7 +114,9 @@ impl GroupPlan {
             .flat_map(|&(group, pages)| std::iter::repeat_n(group, pages as usize))
     }
 
-    /// The checkpoint layout of `geometry` with `bytes_per_page` bytes a page.
+    /// The checkpoint layout of `geometry` with `bytes_per_page` bytes a page (on one rank). Its
+    /// `tokens_per_page` is the block (`Geometry::block_tokens`): the tokens one page id holds on all ranks
+    /// together, the unit of block keys and prefix matches.
     pub(crate) fn layout(geometry: &Geometry, bytes_per_page: u64) -> LayoutDescriptor {
         LayoutDescriptor {
             groups: geometry
@@ -137,7 +139,8 @@ impl GroupPlan {
                 })
                 .collect(),
             bytes_per_page,
-            tokens_per_page: geometry.tokens_per_page(),
+            // A page id holds a block: `tokens_per_page` tokens on each of the ranks.
+            tokens_per_page: geometry.block_tokens(),
             n_ranks: geometry.context_parallel(),
         }
     }

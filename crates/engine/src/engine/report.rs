@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use checkpoint_transfer::StoreStats;
-use kv_pool::PagePool;
+use kv_pool::{PageId, PagePool};
 use kv_pool::{RequestId, Timestamp};
 use reservation::{Ledger, LedgerSnapshot};
 
@@ -130,6 +130,10 @@ pub struct RequestView {
     pub n_computed: u32,
     /// Pages in its page table.
     pub n_pages: u32,
+    /// Its block table: page `i` holds block `i` on every rank.
+    pub page_table: Vec<PageId>,
+    /// Its recurrent-state and auxiliary pages, in group order (empty without such groups).
+    pub fixed_pages: Vec<PageId>,
     /// Whether it holds a ledger ticket.
     pub has_ticket: bool,
     /// Whether it is a capacity waiter.
@@ -172,6 +176,8 @@ impl<E: Executor> Engine<E> {
             phase: req.phase,
             n_computed: req.n_computed,
             n_pages: req.pages.len() as u32,
+            page_table: req.pages.clone(),
+            fixed_pages: req.fixed.clone(),
             has_ticket: self
                 .ledger
                 .as_ref()

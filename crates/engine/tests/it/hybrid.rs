@@ -291,3 +291,114 @@ fn hybrid_sessions_restore_every_later_turn_at_its_exact_boundary_under_every_po
         }
     }
 }
+
+/// A hybrid engine (`hybrid_groups`) under `policy` with a roomy pool.
+fn hybrid_engine(policy: Policy) -> Engine {
+    Engine::new(geometry_params(policy, 257, 1, hybrid_groups())).expect("a hybrid model runs")
+}
+
+#[test]
+fn h2_a_hybrid_prefix_hit_is_a_whole_checkpoint_boundary_never_resident_blocks_past_it() {
+    // Turn 1 computes prompt P (70 tokens: 4 full blocks and 6 tokens) and stays resident. Request 2 shares
+    // P and continues differently: its blocks past P's boundary are nowhere, its first 4 blocks are resident.
+    // An attention-only engine serves them as a local hit (64 tokens); a hybrid one serves exactly P's
+    // prompt-end checkpoint (70 tokens, state included) and never the resident blocks without state. Both
+    // orders: request 2 after turn 1 finished, and while turn 1 still decodes.
+    let prompt = tokens(21, 0, 0, 70);
+    let next = [prompt.clone(), tokens(21, 1, 0, 40)].concat();
+    for while_running in [false, true] {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+            let mut engine = hybrid_engine(policy);
+            engine.submit(spec(1, prompt.clone(), 30, engine.now())).unwrap();
+            if while_running {
+                // Until turn 1's prompt is computed and captured, then request 2 arrives.
+                while engine.store_stats().n_checkpoints == 0 {
+                    engine.step().expect("step");
+                }
+                assert!(engine.request(kv_pool::RequestId(1)).is_some(), "turn 1 still decodes");
+            } else {
+                let _steps = engine.run_until_idle(10_000).expect("run");
+            }
+            let mut turn = spec(2, next.clone(), 4, engine.now());
+            turn.is_later_turn = true;
+            engine.submit(turn).unwrap();
+            while !engine.is_idle() {
+                engine.step().expect("step");
+                engine.check_invariants().expect("invariants");
+            }
+            let metrics = metrics_of(&engine, 2);
+            assert_eq!(metrics.prompt_tokens_local_hit, 0, "{policy:?}: {metrics:?}");
+            assert_eq!(
+                metrics.prompt_tokens_restored, 70,
+                "{policy:?}, while running {while_running}: exactly the prompt-end boundary: {metrics:?}"
+            );
+        }
+    }
+    // The same requests on one full-attention group: the resident blocks are a local hit.
+    let mut engine = Engine::new(cp_params(Policy::Reserved, 257, 1)).unwrap();
+    engine.submit(spec(1, prompt, 30, engine.now())).unwrap();
+    let _steps = engine.run_until_idle(10_000).expect("run");
+    engine.submit(spec(2, next, 4, engine.now())).unwrap();
+    let _steps = engine.run_until_idle(10_000).expect("run");
+    assert_eq!(metrics_of(&engine, 2).prompt_tokens_local_hit, 64);
+}
+
+#[test]
+fn h6_a_boundary_inside_a_page_is_restored_whole_under_every_policy() {
+    // A checkpoint at 70 tokens (page 4 holds 6 of its 16 tokens) restores 70 tokens, not 64, under every
+    // policy, for two consumers one after the other: the partial page and the state come back byte for byte
+    // (E3: 5 pages of the full group and 3 fixed pages verified per restore). Each consumer continues in
+    // copies of them (C3): the ticket's credits, checked after every step, count those copies.
+    let prompt = tokens(22, 0, 0, 70);
+    for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved, Policy::Oracle] {
+        let mut engine = hybrid_engine(policy);
+        let _output = seed_checkpoint(&mut engine, 1, &prompt, 1);
+        for id in [2, 3] {
+            let mut turn = spec(id, [prompt.clone(), tokens(22, id as u32, 0, 30)].concat(), 4, engine.now());
+            turn.is_later_turn = true;
+            engine.submit(turn).unwrap();
+            while !engine.is_idle() {
+                engine.step().expect("step");
+                engine.check_invariants().expect("invariants");
+            }
+            let metrics = metrics_of(&engine, id);
+            assert_eq!(metrics.prompt_tokens_restored, 70, "{policy:?}: {metrics:?}");
+            engine.reset_prefix_cache().expect("idle");
+        }
+        assert_eq!(engine.pages_verified(), 2 * (5 + 3), "{policy:?}");
+        assert_eq!(engine.leaked_pages(), 0);
+    }
+}
+
+#[test]
+fn h6_the_consumer_continues_in_copies_of_the_imported_partial_page_and_state() {
+    // Reserved: while the import copies, the only pages in use are the import's. At admission the consumer
+    // keeps its full blocks and takes copies of its partial page (block 4) and its three fixed pages.
+    let prompt = tokens(23, 0, 0, 70);
+    let mut engine = hybrid_engine(Policy::Reserved);
+    let _output = seed_checkpoint(&mut engine, 1, &prompt, 1);
+    let mut turn = spec(2, [prompt, tokens(23, 2, 0, 30)].concat(), 4, engine.now());
+    turn.is_later_turn = true;
+    engine.submit(turn).unwrap();
+    let id = kv_pool::RequestId(2);
+    while !engine.restore_gauges().importing.contains(&id) {
+        engine.step().expect("step");
+    }
+    let pool = engine.pool();
+    let imported: Vec<kv_pool::PageId> = (1..pool.n_total())
+        .map(kv_pool::PageId)
+        .filter(|&page| pool.ref_count(page).unwrap() > 0)
+        .collect();
+    assert_eq!(imported.len(), 5 + 3, "the import's pages: {imported:?}");
+    while engine.request(id).expect("live").phase.name() != "running" {
+        engine.step().expect("step");
+        engine.check_invariants().expect("invariants");
+    }
+    let view = engine.request(id).expect("admitted");
+    assert!(view.page_table[..4].iter().all(|page| imported.contains(page)));
+    assert!(!imported.contains(&view.page_table[4]), "the partial page is a copy");
+    assert_eq!(view.fixed_pages.len(), 3);
+    assert!(view.fixed_pages.iter().all(|page| !imported.contains(page)), "the state is a copy");
+    let _steps = engine.run_until_idle(10_000).expect("run");
+    assert_eq!(engine.leaked_pages(), 0);
+}

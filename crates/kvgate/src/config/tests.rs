@@ -53,7 +53,7 @@ fn out_of_range_values_name_the_field_and_range() {
     );
     assert_eq!(
         err("[model]\npreset = \"gpt-9\""),
-        "config: `model.preset` = gpt-9 is out of range; allowed: one of small-8b-gpu, glm-like-moe"
+        "config: `model.preset` = gpt-9 is out of range; allowed: one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid (model presets)"
     );
     assert!(
         err("[model]\ngroups = [{ kind = \"sliding_window\", window_tokens = 0 }]")
@@ -260,4 +260,43 @@ fn a_bad_store_url_or_a_url_with_a_directory_names_store_url() {
     let message = err("[store]\nurl = \"redis://127.0.0.1:6379/0\"\ndir = \"ckpt\"");
     assert!(message.starts_with("config: `store.url` = "), "{message}");
     assert!(message.contains("not both"), "{message}");
+}
+
+#[test]
+fn a_model_preset_sets_the_geometry_and_draft_depth_and_its_cost_preset() {
+    for name in MODEL_PRESETS {
+        let preset = model_preset(name).expect("a shipped preset");
+        let config = EngineConfig::from_toml(&format!("[model]\npreset = \"{name}\"\n")).unwrap();
+        assert_eq!(config.model.groups, preset.groups, "{name}");
+        assert_eq!(config.model.tokens_per_page, preset.tokens_per_page);
+        assert_eq!(config.model.context_parallel, preset.context_parallel);
+        assert_eq!(config.scheduler.draft_tokens, preset.draft_tokens);
+        assert_eq!(config.cost().unwrap().name, preset.cost);
+        // The engine runs every shipped preset (H1, H8).
+        let params = config.engine_params(Policy::Reserved).unwrap();
+        engine::Engine::new(params).unwrap_or_else(|error| panic!("{name}: {error}"));
+        let mut applied = EngineConfig::default();
+        applied.apply_preset(name).unwrap();
+        assert_eq!(applied, config, "--preset and [model] preset agree");
+    }
+}
+
+#[test]
+fn a_model_preset_with_its_own_geometry_fields_is_refused_naming_them() {
+    for (text, field) in [
+        ("[model]\npreset = \"linear-hybrid\"\ntokens_per_page = 32\n", "model.tokens_per_page"),
+        ("[model]\npreset = \"linear-hybrid\"\ncontext_parallel = 2\n", "model.context_parallel"),
+        ("[model]\npreset = \"glm-mla-hybrid\"\n[scheduler]\ndraft_tokens = 1\n", "scheduler.draft_tokens"),
+        (
+            "[model]\npreset = \"glm-mla-hybrid\"\n[[model.groups]]\nkind = \"full\"\n",
+            "model.groups",
+        ),
+    ] {
+        let message = err(text);
+        assert!(message.contains(&format!("a model preset sets {field}")), "{message}");
+    }
+    let mut config = EngineConfig::default();
+    let message = config.apply_preset("gpt-9").unwrap_err().to_string();
+    assert!(message.contains("glm-mla-hybrid, linear-hybrid (model presets)"), "{message}");
+    assert_eq!(config, EngineConfig::default(), "a refused preset changes nothing");
 }
