@@ -177,16 +177,17 @@ impl<E: Executor> Engine<E> {
                 let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
                 let held = start.div_ceil(block_tokens);
                 let chunk_pages = (start + chunk).div_ceil(block_tokens) - held;
+                let tables = 1 + self.groups.n_windows() as u32;
                 let import_pages = if self.groups.is_hybrid() {
-                    // The whole checkpoint, then the copies on write of its partial page and state.
+                    // The whole checkpoint, then the copies on write of its partial pages and state.
                     checkpoint.pages.len() as u32
-                        + u32::from(!start.is_multiple_of(block_tokens))
+                        + u32::from(!start.is_multiple_of(block_tokens)) * tables
                         + self.groups.n_fixed()
                 } else {
                     held - n_hits
                 };
                 return Ok(Candidate::RestoreAtOnce {
-                    need_pages: import_pages + chunk_pages + self.cached_free(&cold.hits),
+                    need_pages: import_pages + chunk_pages * tables + self.cached_free(&cold.hits),
                 });
             }
             super::req::live(&mut self.reqs, id)?.restore = Restore::Idle;
@@ -237,13 +238,15 @@ impl<E: Executor> Engine<E> {
             .min(self.params.chunk_tokens)
             .min(budget);
         let held = start.div_ceil(block_tokens);
+        let tables = 1 + self.groups.n_windows() as u32;
         let copies_on_write = if hits.is_empty() {
             0
         } else {
-            u32::from(!start.is_multiple_of(block_tokens))
+            u32::from(!start.is_multiple_of(block_tokens)) * tables
         };
-        let new_pages =
-            (start + chunk).div_ceil(block_tokens) - held + self.groups.n_fixed() + copies_on_write;
+        let new_pages = ((start + chunk).div_ceil(block_tokens) - held) * tables
+            + self.groups.n_fixed()
+            + copies_on_write;
         let need_pages = new_pages + self.cached_free(&hits);
         ColdStart {
             hits,
@@ -339,7 +342,7 @@ impl<E: Executor> Engine<E> {
     fn admit_hybrid_cold(
         &mut self,
         id: RequestId,
-        mut hits: Vec<PageId>,
+        hits: Vec<PageId>,
         start: u32,
         chunk: u32,
         plan: &mut Plan,
@@ -355,9 +358,10 @@ impl<E: Executor> Engine<E> {
         }
         req.record_served(0, start);
         req.published_unowned.clear();
-        req.fixed = hits.split_off(start.div_ceil(block_tokens) as usize);
-        req.copy_on_write = !hits.is_empty();
-        req.pages = hits;
+        let restored = !hits.is_empty();
+        self.assign_checkpoint_pages(id, hits, start)?;
+        let req = super::req::live(&mut self.reqs, id)?;
+        req.copy_on_write = restored;
         req.n_computed = start;
         req.n_registered = start / block_tokens;
         if !self.grow_pages(id, start + chunk, super::pages::AllocKind::Prefill)? {
@@ -436,11 +440,12 @@ impl<E: Executor> Engine<E> {
         let local_tokens = first_block * block_tokens;
         let req = super::req::live(&mut self.reqs, id)?;
         req.record_served(local_tokens, tokens - local_tokens);
-        req.pages = hits;
-        req.pages.extend(dest_pages);
-        // A hybrid import's fixed pages come after its block table; its partial page and state are copied
-        // on write by the first allocation.
-        req.fixed = req.pages.split_off(tokens.div_ceil(block_tokens) as usize);
+        let mut pages = hits;
+        pages.extend(dest_pages);
+        // A hybrid import's window and fixed pages come after its block table; its partial pages and state
+        // are copied on write by the first allocation.
+        self.assign_checkpoint_pages(id, pages, tokens)?;
+        let req = super::req::live(&mut self.reqs, id)?;
         req.copy_on_write = self.groups.is_hybrid();
         req.n_computed = tokens;
         req.n_registered = first_block;
@@ -489,7 +494,14 @@ impl<E: Executor> Engine<E> {
             }
             Err(error) => return Err(error.into()),
         };
-        debug_assert_eq!(hits.len(), (blocks + self.groups.n_fixed()) as usize);
+        debug_assert_eq!(
+            hits.len(),
+            if self.groups.is_hybrid() {
+                self.groups.slots(tokens, block_tokens).len()
+            } else {
+                blocks as usize
+            }
+        );
         if let Some(ledger) = self.ledger.as_mut() {
             ledger.admit(id, &mut self.pool).map_err(|error| {
                 Error::internal(format!(
@@ -508,8 +520,8 @@ impl<E: Executor> Engine<E> {
         let req = super::req::live(&mut self.reqs, id)?;
         req.restore = Restore::Idle;
         req.record_served(tokens - restored_tokens, restored_tokens);
-        req.pages = hits;
-        req.fixed = req.pages.split_off(blocks as usize);
+        self.assign_checkpoint_pages(id, hits, tokens)?;
+        let req = super::req::live(&mut self.reqs, id)?;
         req.copy_on_write = hybrid;
         req.n_computed = tokens;
         req.n_registered = tokens / block_tokens;

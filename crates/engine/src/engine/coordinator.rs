@@ -93,10 +93,10 @@ impl<E: Executor> Engine<E> {
     }
 
     /// The store's answer: a checkpoint and how many of its leading tokens restore `id` (fewer than
-    /// `limit_tokens`). With an attention-only layout the checkpoint sharing the most leading blocks with
+    /// `limit_tokens`). With one full-attention group the checkpoint sharing the most leading blocks with
     /// `id`, even when it is longer than the match (its first blocks are a checkpoint of their own), in whole
-    /// blocks; otherwise (a recurrent or auxiliary group is valid only at its exact boundary, H2) the longest
-    /// whole checkpoint that is a prefix of `id`, at its exact boundary (H6).
+    /// blocks; on a hybrid model (a window holds only its live blocks, a state is valid only at its exact
+    /// boundary, H2) the longest whole checkpoint that is a prefix of `id`, at its exact boundary (H6).
     fn find_checkpoint(
         &mut self,
         id: RequestId,
@@ -111,7 +111,7 @@ impl<E: Executor> Engine<E> {
             block_keys: &req.keys[..(limit / block_tokens) as usize],
             tokens: &req.tokens[..limit as usize],
         };
-        let (meta, tokens, checked) = if self.layout.is_attention_only() {
+        let (meta, tokens, checked) = if !self.groups.is_hybrid() {
             let query = PrefixQuery {
                 tokens: &query.tokens[..query.block_keys.len() * block_tokens as usize],
                 ..query
@@ -374,10 +374,15 @@ impl<E: Executor> Engine<E> {
             .map(|running| &self.reqs[running])
             .filter(|running| running.in_prefill() && !self.holds_admitted_ticket(running.spec.id))
             .map(|running| {
-                running
-                    .prompt_end
-                    .div_ceil(block_tokens)
-                    .saturating_sub(running.pages.len() as u32)
+                let blocks = running.prompt_end.div_ceil(block_tokens);
+                let windows: u32 = (0..self.groups.n_windows())
+                    .map(|window| {
+                        let held = running.windows.get(window).map_or(0, Vec::len) as u32;
+                        blocks.saturating_sub(held)
+                    })
+                    .sum();
+                blocks.saturating_sub(running.pages.len() as u32)
+                    + windows
                     + self.groups.n_fixed().saturating_sub(running.fixed.len() as u32)
             })
             .sum()
@@ -567,6 +572,10 @@ impl<E: Executor> Engine<E> {
                     let hits = loading.first_block as usize;
                     let mut garbage = req.pages.split_off(hits);
                     garbage.append(&mut req.fixed);
+                    for table in std::mem::take(&mut req.windows) {
+                        garbage.extend(table.into_iter().filter(|page| !page.is_null()));
+                    }
+                    req.window_credit_pages.clear();
                     req.copy_on_write = false;
                     req.n_computed = hits as u32 * block_tokens;
                     req.metrics.prompt_tokens_restored = 0;

@@ -1,14 +1,18 @@
 //! How a request's pages spread over the model's cache groups (H1): one full-attention group holds the block
-//! table (one page per block, keyed for the prefix cache), and every recurrent and auxiliary group holds fixed
-//! pages per request: one state page per recurrent group, its pages per auxiliary group. A geometry with such
-//! fixed pages is *hybrid*: its state is valid only at the exact token boundary it was taken at, so a hybrid
-//! request gets no local prefix hit (the prefix cache keeps attention blocks, not state) and restores a whole
-//! checkpoint at its exact boundary, a partial last page included (H2, H6).
+//! table (one page per block, keyed for the prefix cache); every sliding-window and chunked-local group holds
+//! a table of its own, one page per block of its live window, null (page 0) before it, the pages that left
+//! the window back in the pool (H3); every recurrent and auxiliary group holds fixed pages per request: one
+//! state page per recurrent group, its pages per auxiliary group. A geometry with any group beyond the full
+//! one is *hybrid*: a windowed group keeps only its window and a state is valid only at the exact token
+//! boundary it was taken at, so a hybrid request gets no local prefix hit (the prefix cache keeps attention
+//! blocks, not windows or state) and restores a whole checkpoint at its exact boundary, a partial last page
+//! included (H2, H6).
 //!
-//! Page contents (E3): a full block holds what recompute writes for its block key; the partial last page, a
-//! recurrent state page and an auxiliary page hold what recompute writes at the exact boundary `n`, keyed by
-//! the exact prefix key of the first `n` tokens ([`exact_prefix_key`]). They are written when a checkpoint is
-//! captured: until then nothing reads them (the same reason full pages are written only once full).
+//! Page contents (E3): a full block of the full or a windowed group holds what recompute writes for its block
+//! key; a partial last page, a recurrent state page and an auxiliary page hold what recompute writes at the
+//! exact boundary `n`, keyed by the exact prefix key of the first `n` tokens ([`exact_prefix_key`]). They are
+//! written when a checkpoint is captured: until then nothing reads them (the same reason full pages are
+//! written only once full).
 
 use checkpoint_transfer::{GroupKind as LayoutKind, LayoutDescriptor, PageSlot};
 use kv_pool::{BlockKey, Geometry, GroupKind};
@@ -21,6 +25,10 @@ use crate::executor::PageWrite;
 pub(crate) struct GroupPlan {
     /// Index of the full-attention group: the block table.
     full: u32,
+    /// Sliding-window and chunked-local groups, in order.
+    windows: Vec<u32>,
+    /// The geometry (the live window of each windowed group).
+    geometry: Geometry,
     /// Recurrent and auxiliary groups in order, with the pages each holds per request.
     fixed: Vec<(u32, u32)>,
     /// Pages of all fixed groups per request.
@@ -38,6 +46,7 @@ impl GroupPlan {
         };
         let mut full = None;
         let mut fixed = Vec::new();
+        let mut windows = Vec::new();
         for (idx, group) in geometry.groups().iter().enumerate() {
             match group.kind {
                 GroupKind::Full if full.is_none() => full = Some(idx as u32),
@@ -50,26 +59,8 @@ impl GroupPlan {
                 }
                 GroupKind::Recurrent => fixed.push((idx as u32, 1)),
                 GroupKind::Auxiliary { pages } => fixed.push((idx as u32, pages)),
-                GroupKind::SlidingWindow {
-                    window_tokens,
-                    retained_tail_tokens,
-                } => {
-                    return unsupported(
-                        idx,
-                        format!(
-                            "a sliding window of {window_tokens} tokens (+{retained_tail_tokens} retained)"
-                        ),
-                        "the step loop does not return pages that leave a window yet (issue 10); \
-                         model it as full attention",
-                    );
-                }
-                GroupKind::ChunkedLocal { chunk_tokens } => {
-                    return unsupported(
-                        idx,
-                        format!("chunked-local attention over {chunk_tokens} tokens"),
-                        "the step loop does not return pages that leave a chunk yet (issue 10); \
-                         model it as full attention",
-                    );
+                GroupKind::SlidingWindow { .. } | GroupKind::ChunkedLocal { .. } => {
+                    windows.push(idx as u32);
                 }
             }
         }
@@ -86,15 +77,36 @@ impl GroupPlan {
             .fold(0u32, u32::saturating_add);
         Ok(GroupPlan {
             full,
+            windows,
+            geometry: geometry.clone(),
             fixed,
             n_fixed,
         })
     }
 
-    /// Whether requests hold fixed pages (recurrent state, auxiliary pages): then prefix hits and restores are
-    /// whole checkpoints at exact boundaries.
+    /// Whether any group goes beyond the full one (windows, recurrent state, auxiliary pages): then prefix
+    /// hits and restores are whole checkpoints at exact boundaries.
     pub(crate) fn is_hybrid(&self) -> bool {
-        self.n_fixed > 0
+        self.n_fixed > 0 || !self.windows.is_empty()
+    }
+
+    /// Windowed groups (sliding window, chunked local).
+    pub(crate) fn n_windows(&self) -> usize {
+        self.windows.len()
+    }
+
+    /// The group index of windowed group `window`.
+    pub(crate) fn window_group(&self, window: usize) -> u32 {
+        self.windows[window]
+    }
+
+    /// The first block windowed group `window` still holds once `n_tokens` are computed: blocks before it
+    /// left the window (null in its table, back in the pool).
+    pub(crate) fn window_first_block(&self, window: usize, n_tokens: u32) -> u32 {
+        let live = self
+            .geometry
+            .live_tokens(self.windows[window] as usize, n_tokens);
+        live.start / self.geometry.block_tokens()
     }
 
     /// Index of the full-attention group.
@@ -145,21 +157,44 @@ impl GroupPlan {
         }
     }
 
-    /// The pages of a checkpoint at boundary `n_tokens`, in payload order: one page per block of the full
-    /// group (full blocks keyed, a partial last one not), then the fixed pages.
-    pub(crate) fn slots(&self, n_tokens: u32, block_tokens: u32) -> Vec<PageSlot> {
+    /// The pages of a checkpoint at boundary `n_tokens`, in payload order, with the block each holds: one
+    /// page per block of the full group (full blocks keyed, a partial last one not), then the live blocks of
+    /// each windowed group (unkeyed), then the fixed pages (no block).
+    pub(crate) fn slots(&self, n_tokens: u32, block_tokens: u32) -> Vec<(PageSlot, Option<u32>)> {
         let n_full = n_tokens / block_tokens;
         let n_pages = n_tokens.div_ceil(block_tokens);
-        (0..n_pages)
-            .map(|page_idx| PageSlot {
-                group: self.full,
-                key_idx: (page_idx < n_full).then_some(page_idx),
+        let full = (0..n_pages).map(|block| {
+            let key_idx = (block < n_full).then_some(block);
+            (
+                PageSlot {
+                    group: self.full,
+                    key_idx,
+                },
+                Some(block),
+            )
+        });
+        let windows = (0..self.windows.len()).flat_map(move |window| {
+            let group = self.windows[window];
+            (self.window_first_block(window, n_tokens)..n_pages).map(move |block| {
+                (
+                    PageSlot {
+                        group,
+                        key_idx: None,
+                    },
+                    Some(block),
+                )
             })
-            .chain(self.fixed_groups().map(|group| PageSlot {
-                group,
-                key_idx: None,
-            }))
-            .collect()
+        });
+        let fixed = self.fixed_groups().map(|group| {
+            (
+                PageSlot {
+                    group,
+                    key_idx: None,
+                },
+                None,
+            )
+        });
+        full.chain(windows).chain(fixed).collect()
     }
 
     /// The checkpoint boundary at `n_tokens` of a request with `tokens` and full-block `keys`: its pages
@@ -172,9 +207,10 @@ impl GroupPlan {
         n_tokens: u32,
         block_tokens: u32,
     ) -> Boundary<'a> {
+        let (slots, blocks) = self.slots(n_tokens, block_tokens).into_iter().unzip();
         Boundary {
-            full: self.full,
-            slots: self.slots(n_tokens, block_tokens),
+            slots,
+            blocks,
             n_tokens,
             block_tokens,
             keys,
@@ -186,9 +222,10 @@ impl GroupPlan {
 /// A checkpoint boundary of one request: its pages (`GroupPlan::slots`) and their contents.
 #[derive(Debug)]
 pub(crate) struct Boundary<'a> {
-    full: u32,
     /// The pages, in payload order.
     pub(crate) slots: Vec<PageSlot>,
+    /// The block each page holds (`None` for a fixed page).
+    blocks: Vec<Option<u32>>,
     n_tokens: u32,
     block_tokens: u32,
     keys: &'a [BlockKey],
@@ -197,22 +234,26 @@ pub(crate) struct Boundary<'a> {
 }
 
 impl Boundary<'_> {
+    /// Whether page `slot_idx` holds what recompute writes at exactly the boundary (a partial last page or a
+    /// fixed page), not a full block: such pages are written when a checkpoint is captured.
+    pub(crate) fn is_partial(&self, slot_idx: usize) -> bool {
+        self.blocks[slot_idx].is_none_or(|block| (block + 1) * self.block_tokens > self.n_tokens)
+    }
+
     /// What recompute writes into page `slot_idx` on `rank` (the page being `page`): a full block what its
     /// block key says; the partial last page, the state and auxiliary pages what the exact boundary says.
     pub(crate) fn write(&self, slot_idx: usize, rank: u32, page: kv_pool::PageId) -> PageWrite {
         let slot = self.slots[slot_idx];
         let block_tokens = self.block_tokens;
-        let (first_pos, prefix_key) = match slot.key_idx {
-            Some(key_idx) => (key_idx * block_tokens, self.keys[key_idx as usize]),
-            // The partial last page of the full group: its tokens start at the last block boundary.
-            None if slot.group == self.full => {
-                (self.n_tokens / block_tokens * block_tokens, self.exact)
+        let (first_pos, prefix_key) = match self.blocks[slot_idx] {
+            // A full block.
+            Some(block) if !self.is_partial(slot_idx) => {
+                (block * block_tokens, self.keys[block as usize])
             }
-            // A fixed page: its position among the request's fixed pages, past the boundary.
-            None => {
-                let n_attention = self.n_tokens.div_ceil(block_tokens) as usize;
-                (self.n_tokens + (slot_idx - n_attention) as u32, self.exact)
-            }
+            // A partial last page: its tokens start at the last block boundary.
+            Some(block) => (block * block_tokens, self.exact),
+            // A fixed page: its position in the payload, past the boundary.
+            None => (self.n_tokens + slot_idx as u32, self.exact),
         };
         PageWrite {
             group: slot.group,

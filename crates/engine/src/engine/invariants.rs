@@ -63,27 +63,39 @@ impl<E: Executor> Engine<E> {
         }
         if let Some(ledger) = &self.ledger {
             ledger.check_invariants(&self.pool);
-            let block_tokens = self.params.geometry.block_tokens();
             for ticket in ledger.snapshot().tickets {
                 let Some(req) = self.reqs.get(&ticket.request) else {
                     return broken(format!("a ticket of {}, which is not live", ticket.request));
                 };
-                // A ticket budgets every token still to compute (the prompt and, for a request preempted
-                // after it produced output, that output too), its draft lookahead, and the captures it may
-                // publish (C2). The engine copies a capture out of the request's own pages, so capture credits
-                // are never drawn: they end with the ticket (C6).
-                let remaining = (req.tokens.len() as u32).div_ceil(block_tokens) as i64
-                    - req.pages.len() as i64
-                    + i64::from(
-                        self.groups
-                            .n_fixed()
-                            .saturating_sub(req.fixed.len() as u32),
-                    )
-                    + i64::from(self.copy_on_write_pages(req.spec.id));
-                let captures = i64::from(
-                    self.params.geometry.capture_pages() * super::coordinator::CAPTURES_PER_RESTORE,
-                );
-                let draft = i64::from(self.params.draft_tokens.div_ceil(block_tokens));
+                // A ticket never holds more credits than a fresh ticket for what is left would: the
+                // continuation from its computed tokens to every token still to compute (the prompt and,
+                // for a request preempted after it produced output, that output too), its draft
+                // lookahead and the captures it may publish (C2). The engine copies a capture out of the
+                // request's own pages, so capture credits are never drawn: they end with the ticket (C6).
+                // A windowed group's credits cover its peak window (C4) even when less of the prompt is
+                // left than a chunk: they count at that peak.
+                let geometry = &self.params.geometry;
+                let continuation = kv_pool::Continuation {
+                    prefix_tokens: req.n_computed.min(req.tokens.len() as u32),
+                    prompt_tokens: req.tokens.len() as u32,
+                    chunk_tokens: self.params.chunk_tokens,
+                    draft_lookahead_tokens: self.params.draft_tokens,
+                    captures: super::coordinator::CAPTURES_PER_RESTORE,
+                };
+                let peak = kv_pool::Continuation {
+                    prefix_tokens: 0,
+                    prompt_tokens: geometry.max_model_len(),
+                    ..continuation
+                };
+                let windows: u32 = (0..self.groups.n_windows())
+                    .map(|window| {
+                        let group = self.groups.window_group(window) as usize;
+                        geometry.group_continuation_pages(group, &peak)
+                    })
+                    .sum();
+                let remaining =
+                    i64::from(geometry.continuation_pages(&continuation)) + i64::from(windows);
+                let (captures, draft) = (0, 0);
                 if i64::from(ticket.credit_pages) > remaining.max(0) + captures + draft {
                     return broken(format!(
                         "{} holds {} credits for {remaining} remaining pages",
@@ -165,7 +177,12 @@ impl<E: Executor> Engine<E> {
         let mut owned: HashMap<PageId, u32> = HashMap::new();
         let mut own = |page: PageId| *owned.entry(page).or_default() += 1;
         for req in self.reqs.values() {
-            req.pages.iter().chain(&req.fixed).copied().for_each(&mut own);
+            req.pages
+                .iter()
+                .chain(&req.fixed)
+                .chain(req.windows.iter().flatten().filter(|page| !page.is_null()))
+                .copied()
+                .for_each(&mut own);
         }
         self.index.held_pages().for_each(&mut own);
         if let Some(ledger) = &self.ledger {

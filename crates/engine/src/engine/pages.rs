@@ -75,7 +75,7 @@ impl<E: Executor> Engine<E> {
             }
             self.pool.allocate(need)?
         };
-        self.take_new_pages(id, pages)?;
+        self.take_new_pages(id, pages, upto_tokens)?;
         Ok(true)
     }
 
@@ -85,15 +85,20 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn grow_need(&self, id: RequestId, upto_tokens: u32) -> u32 {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
-        let blocks = upto_tokens
-            .div_ceil(block_tokens)
-            .saturating_sub(req.pages.len() as u32);
+        let upto_blocks = upto_tokens.div_ceil(block_tokens);
+        let blocks = upto_blocks.saturating_sub(req.pages.len() as u32);
+        let window_blocks: u32 = (0..self.groups.n_windows())
+            .map(|window| {
+                let held = req.windows.get(window).map_or(0, Vec::len) as u32;
+                upto_blocks.saturating_sub(held)
+            })
+            .sum();
         let fixed = if req.fixed.is_empty() {
             self.groups.n_fixed()
         } else {
             0
         };
-        blocks + fixed + self.copy_on_write_pages(id)
+        blocks + window_blocks + fixed + self.copy_on_write_pages(id)
     }
 
     /// Pages the copies on write of `id`'s imported partial last page and fixed pages take (0 once done).
@@ -103,26 +108,56 @@ impl<E: Executor> Engine<E> {
             return 0;
         }
         let block_tokens = self.params.geometry.block_tokens();
-        u32::from(!req.n_computed.is_multiple_of(block_tokens)) + req.fixed.len() as u32
+        let partial = !req.n_computed.is_multiple_of(block_tokens);
+        // The partial last page of the block table and of every windowed table, and the fixed pages.
+        let partial_pages = if partial {
+            1 + req
+                .windows
+                .iter()
+                .filter(|table| table.len() == req.pages.len() && table.last().is_some_and(|p| !p.is_null()))
+                .count() as u32
+        } else {
+            0
+        };
+        partial_pages + req.fixed.len() as u32
     }
 
     /// Gives `id` the pages `grow_pages` allocated (`grow_need` of them): first the copies on write of its
     /// imported partial last page and fixed pages (each rank's bytes copied, the imported page released),
     /// then fixed pages it lacks, then new pages of its block table.
-    fn take_new_pages(&mut self, id: RequestId, pages: Vec<PageId>) -> Result<()> {
+    fn take_new_pages(
+        &mut self,
+        id: RequestId,
+        pages: Vec<PageId>,
+        upto_tokens: u32,
+    ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let n_fixed = self.groups.n_fixed() as usize;
         let mut pages = pages.into_iter();
         let mut released = Vec::new();
+        let ticket = self.holds_admitted_ticket(id);
         let req = super::req::live(&mut self.reqs, id)?;
         if std::mem::take(&mut req.copy_on_write) {
             let tail = (!req.n_computed.is_multiple_of(block_tokens))
                 .then(|| (req.n_computed / block_tokens) as usize);
-            let tail_page = match tail {
-                Some(idx) => req.pages.get_mut(idx),
-                None => None,
-            };
-            for target in tail_page.into_iter().chain(req.fixed.iter_mut()) {
+            let n_pages = req.pages.len();
+            // (the page to copy, whether it is a window page)
+            let mut targets: Vec<(&mut PageId, bool)> = Vec::new();
+            if let Some(idx) = tail {
+                targets.extend(req.pages.get_mut(idx).map(|page| (page, false)));
+                for table in &mut req.windows {
+                    if table.len() == n_pages {
+                        targets.extend(
+                            table
+                                .get_mut(idx)
+                                .filter(|page| !page.is_null())
+                                .map(|page| (page, true)),
+                        );
+                    }
+                }
+            }
+            targets.extend(req.fixed.iter_mut().map(|page| (page, false)));
+            for (target, in_window) in targets {
                 let fresh = pages
                     .next()
                     .ok_or_else(|| Error::internal(format!("{id}: too few pages to copy on write")))?;
@@ -130,13 +165,71 @@ impl<E: Executor> Engine<E> {
                     self.storage.copy(rank, *target, fresh)?;
                 }
                 released.push(std::mem::replace(target, fresh));
+                if in_window && ticket {
+                    req.window_credit_pages.push(fresh);
+                }
             }
         }
         if req.fixed.is_empty() && n_fixed > 0 {
             req.fixed.extend(pages.by_ref().take(n_fixed));
         }
-        req.pages.extend(pages);
+        // The rest: new blocks of the block table, then of every windowed table.
+        let upto_blocks = upto_tokens.div_ceil(block_tokens) as usize;
+        if req.windows.len() < self.groups.n_windows() {
+            req.windows.resize(self.groups.n_windows(), Vec::new());
+        }
+        let new_blocks = upto_blocks.saturating_sub(req.pages.len());
+        req.pages.extend(pages.by_ref().take(new_blocks));
+        for table in &mut req.windows {
+            let take = upto_blocks.saturating_sub(table.len());
+            table.extend(pages.by_ref().take(take));
+            if ticket {
+                req.window_credit_pages
+                    .extend_from_slice(&table[table.len() - take..]);
+            }
+        }
+        if pages.next().is_some() {
+            return Err(Error::internal(format!("{id}: allocated pages left over")));
+        }
         self.pool.free_all(&released)?;
+        Ok(())
+    }
+
+    /// Gives the pages of `id`'s windowed tables that left the window at its computed tokens back to the pool
+    /// (null in the tables, H3); the credits of those its ticket paid for come back (C4).
+    pub(crate) fn release_left_window(&mut self, id: RequestId) -> Result<()> {
+        if self.groups.n_windows() == 0 {
+            return Ok(());
+        }
+        let ticket = self.holds_admitted_ticket(id);
+        let n_computed = self.reqs[&id].n_computed;
+        let firsts: Vec<u32> = (0..self.groups.n_windows())
+            .map(|window| self.groups.window_first_block(window, n_computed))
+            .collect();
+        let req = super::req::live(&mut self.reqs, id)?;
+        let mut released = Vec::new();
+        for (table, first) in req.windows.iter_mut().zip(firsts) {
+            for page in table.iter_mut().take(first as usize) {
+                if !page.is_null() {
+                    released.push(std::mem::replace(page, PageId::NULL));
+                }
+            }
+        }
+        if released.is_empty() {
+            return Ok(());
+        }
+        let before = req.window_credit_pages.len();
+        req.window_credit_pages.retain(|page| !released.contains(page));
+        let credited = (before - req.window_credit_pages.len()) as u32;
+        self.pool.free_all(&released)?;
+        if ticket
+            && credited > 0
+            && let Some(ledger) = self.ledger.as_mut()
+        {
+            ledger
+                .release_window_pages(id, credited)
+                .map_err(|error| Error::internal(format!("{id}: {error}")))?;
+        }
         Ok(())
     }
 
@@ -160,10 +253,21 @@ impl<E: Executor> Engine<E> {
                     };
                     self.executor.fill_page(&write, &mut self.page_buf);
                     self.storage.write(rank, write.page, &self.page_buf)?;
+                    for (window, table) in req.windows.iter().enumerate() {
+                        // Written in the step that computed it: it is still in the window.
+                        let write = PageWrite {
+                            group: self.groups.window_group(window),
+                            page: table[page_idx as usize],
+                            ..write
+                        };
+                        self.executor.fill_page(&write, &mut self.page_buf);
+                        self.storage.write(rank, write.page, &self.page_buf)?;
+                    }
                 }
             }
         }
-        self.register_blocks(id)
+        self.register_blocks(id)?;
+        self.release_left_window(id)
     }
 
     /// Registers `id`'s computed full blocks in the prefix index.
@@ -246,7 +350,10 @@ impl<E: Executor> Engine<E> {
         let req = &self.reqs[&id];
         let n_tokens = req.n_computed;
         let n_pages = n_tokens.div_ceil(block_tokens) as usize;
-        if n_tokens == 0 || req.pages.len() < n_pages || req.fixed.len() != self.groups.n_fixed() as usize
+        if n_tokens == 0
+            || req.pages.len() < n_pages
+            || req.fixed.len() != self.groups.n_fixed() as usize
+            || req.windows.len() != self.groups.n_windows()
         {
             return Ok(());
         }
@@ -255,11 +362,7 @@ impl<E: Executor> Engine<E> {
             self.groups
                 .boundary(&req.tokens, &req.keys, &req.spec.salt, n_tokens, block_tokens);
         let exact = boundary.exact;
-        let pages: Vec<PageId> = req.pages[..n_pages]
-            .iter()
-            .chain(&req.fixed)
-            .copied()
-            .collect();
+        let pages = self.boundary_pages(id, n_tokens)?;
         let hex: String = exact.0[..12]
             .iter()
             .map(|byte| format!("{byte:02x}"))
@@ -270,7 +373,7 @@ impl<E: Executor> Engine<E> {
         for rank in 0..self.storage.n_ranks() {
             let mut payload: Vec<Arc<[u8]>> = Vec::with_capacity(pages.len());
             for (slot_idx, &page) in pages.iter().enumerate() {
-                if slot_idx >= n_full {
+                if boundary.is_partial(slot_idx) {
                     // The partial page and the fixed pages hold what recompute writes at exactly `n`.
                     let write = boundary.write(slot_idx, rank, page);
                     self.executor.fill_page(&write, &mut self.page_buf);
@@ -300,6 +403,65 @@ impl<E: Executor> Engine<E> {
                 payload: CheckpointPayload { ranks },
             },
         );
+        Ok(())
+    }
+
+    /// `id`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupPlan::slots` order: the
+    /// block table's, every windowed table's live ones, the fixed pages.
+    fn boundary_pages(&self, id: RequestId, n_tokens: u32) -> Result<Vec<PageId>> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let req = &self.reqs[&id];
+        let n_pages = n_tokens.div_ceil(block_tokens) as usize;
+        let mut pages: Vec<PageId> = req.pages[..n_pages].to_vec();
+        for (window, table) in req.windows.iter().enumerate() {
+            let first = self.groups.window_first_block(window, n_tokens) as usize;
+            let live = table.get(first..n_pages).ok_or_else(|| {
+                Error::internal(format!("{id}: window {window} lacks blocks {first}..{n_pages}"))
+            })?;
+            if live.iter().any(|page| page.is_null()) {
+                return Err(Error::internal(format!(
+                    "{id}: window {window} released a live block of {first}..{n_pages}"
+                )));
+            }
+            pages.extend_from_slice(live);
+        }
+        pages.extend_from_slice(&req.fixed);
+        Ok(pages)
+    }
+
+    /// Gives `id` the pages of a checkpoint at `tokens` (`GroupPlan::slots` order, `pages` empty for none): its
+    /// block table, every windowed table (null before the window at `tokens`) and its fixed pages.
+    pub(crate) fn assign_checkpoint_pages(
+        &mut self,
+        id: RequestId,
+        pages: Vec<PageId>,
+        tokens: u32,
+    ) -> Result<()> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let n_pages = tokens.div_ceil(block_tokens) as usize;
+        let mut windows = Vec::with_capacity(self.groups.n_windows());
+        let mut pages = pages.into_iter();
+        let table: Vec<PageId> = pages.by_ref().take(n_pages).collect();
+        if !table.is_empty() || tokens == 0 {
+            for window in 0..self.groups.n_windows() {
+                let first = self.groups.window_first_block(window, tokens) as usize;
+                let mut window_table = vec![PageId::NULL; first];
+                window_table.extend(pages.by_ref().take(n_pages.saturating_sub(first)));
+                windows.push(window_table);
+            }
+        }
+        let fixed: Vec<PageId> = pages.collect();
+        let req = super::req::live(&mut self.reqs, id)?;
+        if table.len() != n_pages && !table.is_empty() {
+            return Err(Error::internal(format!(
+                "{id}: {} pages for a block table of {n_pages}",
+                table.len()
+            )));
+        }
+        req.pages = table;
+        req.windows = windows;
+        req.window_credit_pages.clear();
+        req.fixed = fixed;
         Ok(())
     }
 
@@ -464,7 +626,7 @@ impl<E: Executor> Engine<E> {
         let slots = self
             .groups
             .slots(tokens, self.params.geometry.block_tokens());
-        for ((slot, key), &page) in slots.iter().zip(keys).zip(published) {
+        for (((slot, _block), key), &page) in slots.iter().zip(keys).zip(published) {
             if slot.key_idx.is_none() {
                 // `false`: a page of an earlier publication of the same boundary holds the key; ours is freed.
                 let _registered = self.pool.cache_block(page, key)?;
@@ -479,6 +641,10 @@ impl<E: Executor> Engine<E> {
         let req = super::req::live(&mut self.reqs, id)?;
         let mut pages = std::mem::take(&mut req.pages);
         pages.append(&mut req.fixed);
+        for table in std::mem::take(&mut req.windows) {
+            pages.extend(table.into_iter().filter(|page| !page.is_null()));
+        }
+        req.window_credit_pages.clear();
         req.copy_on_write = false;
         req.n_computed = 0;
         req.n_registered = 0;

@@ -134,6 +134,8 @@ pub struct RequestView {
     pub page_table: Vec<PageId>,
     /// Its recurrent-state and auxiliary pages, in group order (empty without such groups).
     pub fixed_pages: Vec<PageId>,
+    /// One table per sliding-window or chunked-local group, block-indexed: the null page before the window.
+    pub window_tables: Vec<Vec<PageId>>,
     /// Whether it holds a ledger ticket.
     pub has_ticket: bool,
     /// Whether it is a capacity waiter.
@@ -178,6 +180,7 @@ impl<E: Executor> Engine<E> {
             n_pages: req.pages.len() as u32,
             page_table: req.pages.clone(),
             fixed_pages: req.fixed.clone(),
+            window_tables: req.windows.clone(),
             has_ticket: self
                 .ledger
                 .as_ref()

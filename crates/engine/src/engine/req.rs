@@ -104,6 +104,12 @@ pub(crate) struct Req {
     /// Pages of the recurrent and auxiliary groups (`GroupPlan::fixed_groups` order): empty until the request
     /// first computes or is restored.
     pub(crate) fixed: Vec<PageId>,
+    /// One table per windowed group (`GroupPlan::window_group` order), block-indexed like `pages`: the null
+    /// page before the live window (those pages went back to the pool, H3).
+    pub(crate) windows: Vec<Vec<PageId>>,
+    /// Window pages it holds that were drawn from its ticket's credits: when they leave the window the
+    /// credits come back (C4).
+    pub(crate) window_credit_pages: Vec<PageId>,
     /// Whether the partial last page and the fixed pages came from a checkpoint (an import or a published
     /// pages-only import): the first allocation copies them on write into pages of its own (C3, H6).
     pub(crate) copy_on_write: bool,
@@ -172,6 +178,8 @@ impl Req {
             keys,
             pages: Vec::new(),
             fixed: Vec::new(),
+            windows: Vec::new(),
+            window_credit_pages: Vec::new(),
             copy_on_write: false,
             published_tokens: 0,
             n_computed: 0,

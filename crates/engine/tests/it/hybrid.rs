@@ -402,3 +402,87 @@ fn h6_the_consumer_continues_in_copies_of_the_imported_partial_page_and_state() 
     let _steps = engine.run_until_idle(10_000).expect("run");
     assert_eq!(engine.leaked_pages(), 0);
 }
+
+/// A full-attention group and a sliding window of `window` tokens (plus `tail` retained), or a chunked-local
+/// group of `window` tokens when `chunked`.
+fn windowed_groups(window: u32, tail: u32, chunked: bool) -> Vec<CacheGroup> {
+    let kind = if chunked {
+        GroupKind::ChunkedLocal {
+            chunk_tokens: window,
+        }
+    } else {
+        GroupKind::SlidingWindow {
+            window_tokens: window,
+            retained_tail_tokens: tail,
+        }
+    };
+    vec![
+        CacheGroup {
+            kind: GroupKind::Full,
+            bytes_per_page: 4096,
+        },
+        CacheGroup {
+            kind,
+            bytes_per_page: 4096,
+        },
+    ]
+}
+
+#[test]
+fn h3_pages_that_leave_the_window_go_back_to_the_pool_while_the_request_runs() {
+    // A 600-token prompt in chunks of 64 on a sliding window of 40 tokens (+8 retained) and on chunked-local
+    // attention over 64 tokens: after every step the window table is null before the live window, the pool
+    // counts exactly the pages the request holds (C4), and the window never holds more than its peak.
+    for (window, tail, chunked) in [(40, 8, false), (64, 0, true)] {
+        for policy in [Policy::Ordinary, Policy::Reserved] {
+            let mut params = geometry_params(policy, 257, 1, windowed_groups(window, tail, chunked));
+            params.chunk_tokens = 64;
+            let mut engine = Engine::new(params).expect("a windowed model runs");
+            let id = kv_pool::RequestId(1);
+            engine.submit(spec(1, tokens(31, 0, 0, 600), 40, engine.now())).unwrap();
+            let mut released_while_running = false;
+            while !engine.is_idle() {
+                engine.step().expect("step");
+                engine.check_invariants().expect("invariants");
+                let Some(view) = engine.request(id) else {
+                    continue;
+                };
+                let [table] = &view.window_tables[..] else {
+                    continue;
+                };
+                let live = engine.params().geometry.live_tokens(1, view.n_computed);
+                let first = (live.start / TPP) as usize;
+                assert!(table[..first.min(table.len())].iter().all(|page| page.is_null()));
+                let held = table.iter().filter(|page| !page.is_null()).count();
+                assert!(held <= (window + tail + 64).div_ceil(TPP) as usize + 1, "{held} window pages");
+                released_while_running |= first > 0;
+                assert_eq!(
+                    engine.pool().n_in_use() as usize,
+                    view.page_table.len() + held,
+                    "the pool counts the block table and the live window"
+                );
+            }
+            assert!(released_while_running, "{policy:?}");
+            assert_eq!(engine.leaked_pages(), 0);
+        }
+    }
+}
+
+#[test]
+fn windowed_sessions_restore_their_live_window_at_the_exact_boundary_under_every_policy() {
+    for (window, tail, chunked) in [(40, 8, false), (64, 0, true)] {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved, Policy::Oracle] {
+            let params = geometry_params(policy, 257, 2, windowed_groups(window, tail, chunked));
+            let engine = session(Engine::new(params).expect("runs"), 5, 150, 13);
+            for turn in 2..=5 {
+                let metrics = metrics_of(&engine, turn);
+                assert_eq!(
+                    metrics.prompt_tokens_restored,
+                    metrics.prompt_tokens - 13 - 1,
+                    "{policy:?}, turn {turn}: {metrics:?}"
+                );
+            }
+            assert!(engine.pages_verified() > 0);
+        }
+    }
+}

@@ -1,5 +1,5 @@
-//! The deterministic simulation: on one full-attention group or a hybrid model (recurrent and auxiliary
-//! groups), on one to three context-parallel ranks, random requests (shared session prefixes, streams, early stops), cancellations,
+//! The deterministic simulation: on one full-attention group or a hybrid model (sliding-window,
+//! chunked-local, recurrent and auxiliary groups), on one to three context-parallel ranks, random requests (shared session prefixes, streams, early stops), cancellations,
 //! forced and non-forced resets, copy failures and delays on any rank, and clock jumps under every policy, with every
 //! invariant checked after every step (no leaked page, no page freed under a live copy, credits consistent
 //! with the pool, slots within the limit, FCFS among requests that own no capacity) and every request
@@ -41,15 +41,24 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         bytes_per_page: 1024,
     };
     let (full, recurrent) = (kv_pool::GroupKind::Full, kv_pool::GroupKind::Recurrent);
-    let groups = match rng.below(3) {
+    let sliding = kv_pool::GroupKind::SlidingWindow {
+        window_tokens: 24 + rng.below(64) as u32,
+        retained_tail_tokens: rng.below(2) as u32 * 8,
+    };
+    let chunked = kv_pool::GroupKind::ChunkedLocal {
+        chunk_tokens: 16 + rng.below(80) as u32,
+    };
+    let groups = match rng.below(5) {
         0 => defaults.geometry.groups().to_vec(),
         1 => vec![group(full), group(recurrent)],
-        _ => vec![
+        2 => vec![
             group(recurrent),
             group(full),
             group(recurrent),
             group(kv_pool::GroupKind::Auxiliary { pages: 2 }),
         ],
+        3 => vec![group(sliding), group(full)],
+        _ => vec![group(full), group(chunked), group(recurrent)],
     };
     let geometry =
         kv_pool::Geometry::new(groups, 16, n_ranks, defaults.geometry.max_model_len())
