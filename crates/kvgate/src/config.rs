@@ -16,7 +16,7 @@ pub use presets::{MODEL_PRESETS, ModelPreset, model_preset};
 
 /// What `model.preset` may name: a cost preset or a model preset.
 const PRESETS_ALLOWED: &str =
-    "one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid (model presets)";
+    "one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid, sliding-window (model presets)";
 
 /// The environment variable that overrides `restore.max_wait_s` (contract W1).
 pub const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
@@ -44,7 +44,7 @@ pub struct EngineConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// Step-time cost preset (`small-8b-gpu`, the default, or `glm-like-moe`), or a model preset
-    /// (`glm-mla-hybrid`, `linear-hybrid`: the cost preset, `tokens_per_page`, `context_parallel`, `groups`
+    /// (`glm-mla-hybrid`, `linear-hybrid`, `sliding-window`: the cost preset, `tokens_per_page`, `context_parallel`, `groups`
     /// and `scheduler.draft_tokens` together; a file naming one may not set those).
     pub preset: String,
     /// Tokens per page (and per prefix-cache block). Default 16; 1..=4096.

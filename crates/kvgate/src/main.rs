@@ -73,7 +73,7 @@ struct RunArgs {
     #[arg(long)]
     store_pages: Option<u64>,
     /// Preset: a cost model (small-8b-gpu, glm-like-moe), or a model preset that also sets the cache
-    /// groups, tokens per page, ranks and draft tokens (glm-mla-hybrid, linear-hybrid).
+    /// groups, tokens per page, ranks and draft tokens (glm-mla-hybrid, linear-hybrid, sliding-window).
     #[arg(long)]
     preset: Option<String>,
     /// Seed of the run.

@@ -486,3 +486,36 @@ fn windowed_sessions_restore_their_live_window_at_the_exact_boundary_under_every
         }
     }
 }
+
+#[test]
+fn h1_every_group_kind_mixed_runs_sessions_on_one_to_three_ranks() {
+    let group = |kind| CacheGroup {
+        kind,
+        bytes_per_page: 4096,
+    };
+    let groups = vec![
+        group(GroupKind::SlidingWindow {
+            window_tokens: 48,
+            retained_tail_tokens: 8,
+        }),
+        group(GroupKind::Full),
+        group(GroupKind::ChunkedLocal { chunk_tokens: 64 }),
+        group(GroupKind::Recurrent),
+        group(GroupKind::Auxiliary { pages: 2 }),
+    ];
+    for n_ranks in 1..=3 {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved, Policy::Oracle] {
+            let params = geometry_params(policy, 257, n_ranks, groups.clone());
+            let engine = session(Engine::new(params).expect("every kind runs"), 4, 130, 21);
+            for turn in 2..=4 {
+                let metrics = metrics_of(&engine, turn);
+                assert_eq!(
+                    metrics.prompt_tokens_restored,
+                    metrics.prompt_tokens - 21 - 1,
+                    "{policy:?}, {n_ranks} ranks, turn {turn}: {metrics:?}"
+                );
+            }
+            assert!(engine.pages_verified() > 0);
+        }
+    }
+}

@@ -29,13 +29,14 @@ const BF16: u64 = 2;
 const F32: u64 = 4;
 
 /// Names of every model preset.
-pub const MODEL_PRESETS: [&str; 2] = ["glm-mla-hybrid", "linear-hybrid"];
+pub const MODEL_PRESETS: [&str; 3] = ["glm-mla-hybrid", "linear-hybrid", "sliding-window"];
 
 /// The model preset named `name`, if any.
 pub fn model_preset(name: &str) -> Option<ModelPreset> {
     match name {
         "glm-mla-hybrid" => Some(glm_mla_hybrid()),
         "linear-hybrid" => Some(linear_hybrid()),
+        "sliding-window" => Some(sliding_window()),
         _ => None,
     }
 }
@@ -90,6 +91,32 @@ fn linear_hybrid() -> ModelPreset {
             },
             GroupConfig::Recurrent {
                 bytes_per_page: Some(16 * 128 * 128 * F32 * 36),
+            },
+        ],
+    }
+}
+
+/// A sliding-window model with five sliding-window layers for each full-attention layer, a 1024-token window
+/// (the 5:1 local/global interleave of Gemma 3, arXiv:2503.19786, section 2): 48 layers, 8 full attention and
+/// 40 sliding, each with 8 KV heads of 128 values, K and V in bf16.
+fn sliding_window() -> ModelPreset {
+    let tokens_per_page = 16;
+    let kv_bytes_per_token_per_layer = 2 * 8 * 128 * BF16;
+    ModelPreset {
+        name: "sliding-window",
+        summary: "5 sliding-window layers (1024 tokens) per full-attention layer",
+        cost: "small-8b-gpu",
+        tokens_per_page,
+        context_parallel: 1,
+        draft_tokens: 0,
+        groups: vec![
+            GroupConfig::Full {
+                bytes_per_page: Some(kv_bytes_per_token_per_layer * 8 * u64::from(tokens_per_page)),
+            },
+            GroupConfig::SlidingWindow {
+                window_tokens: 1024,
+                retained_tail_tokens: 0,
+                bytes_per_page: Some(kv_bytes_per_token_per_layer * 40 * u64::from(tokens_per_page)),
             },
         ],
     }

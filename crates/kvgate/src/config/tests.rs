@@ -53,7 +53,7 @@ fn out_of_range_values_name_the_field_and_range() {
     );
     assert_eq!(
         err("[model]\npreset = \"gpt-9\""),
-        "config: `model.preset` = gpt-9 is out of range; allowed: one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid (model presets)"
+        "config: `model.preset` = gpt-9 is out of range; allowed: one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid, sliding-window (model presets)"
     );
     assert!(
         err("[model]\ngroups = [{ kind = \"sliding_window\", window_tokens = 0 }]")
@@ -297,6 +297,6 @@ fn a_model_preset_with_its_own_geometry_fields_is_refused_naming_them() {
     }
     let mut config = EngineConfig::default();
     let message = config.apply_preset("gpt-9").unwrap_err().to_string();
-    assert!(message.contains("glm-mla-hybrid, linear-hybrid (model presets)"), "{message}");
+    assert!(message.contains("glm-mla-hybrid, linear-hybrid, sliding-window (model presets)"), "{message}");
     assert_eq!(config, EngineConfig::default(), "a refused preset changes nothing");
 }
