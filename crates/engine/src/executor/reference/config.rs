@@ -56,7 +56,7 @@ pub struct ReferenceConfig {
 impl ReferenceConfig {
     /// A model small enough for live runs of tens of requests with 1-4k-token contexts on 2 cores: vocabulary
     /// 512, width 64, 2 heads of 16, two attention layers and one recurrent layer, 16 tokens per page
-    /// (4 KiB attention pages, 2 KiB + 8 bytes state pages), full attention, seed 0.
+    /// (8 KiB attention pages, 2 KiB + 8 bytes state pages), full attention, seed 0.
     pub fn tiny() -> ReferenceConfig {
         ReferenceConfig {
             vocab: 512,

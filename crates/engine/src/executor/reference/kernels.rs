@@ -9,8 +9,11 @@ use super::weights::Matrix;
 const RMS_EPS: f32 = 1e-5;
 /// Independent accumulators of [`dot`]: a fixed shape that lets the compiler vectorize.
 const LANES: usize = 8;
+/// Dimensions of a head's weighted value sum accumulated in registers at once.
+const VALUE_BLOCK: usize = 16;
 
 /// `sum(a[i] * b[i])` accumulated in `LANES` interleaved partial sums, combined in lane order, then the tail.
+#[inline]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0.0f32; LANES];
@@ -60,12 +63,40 @@ pub(crate) fn rms_norm(x: &[f32], out: &mut [f32]) {
 
 /// `x * sigmoid(x)`.
 pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + exp(-x))
 }
 
 /// `1 / (1 + exp(-x))`.
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp(-x))
+}
+
+/// `e^x` from additions, multiplications and bit operations only (Cephes' `expf`: Cody-Waite range
+/// reduction by `ln 2`, a degree-6 polynomial, the power of two built in the exponent bits), so its bits are
+/// the same on every machine, unlike the platform's `expf`, and it vectorizes. Relative error about 1e-7;
+/// the argument is clamped to `[-87, 88]` (below that, about 1.6e-38 instead of a subnormal or 0).
+pub(crate) fn exp(x: f32) -> f32 {
+    const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.0, 88.0);
+    // Round to nearest (even) by adding 1.5 * 2^23: exact for |y| < 2^22, and the sum's low mantissa bits
+    // are then `n` in two's complement, from which 2^n is built. No libm call, no float-to-int conversion.
+    const ROUND: f32 = 12_582_912.0;
+    const ROUND_BITS: u32 = 0x4b40_0000;
+    let shifted = x * LOG2_E + ROUND;
+    let n = shifted - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let mut p = 1.987_569_1e-4f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e_r = p * r * r + r + 1.0;
+    // n is in [-126, 127]: a normal power of two.
+    let two_n = f32::from_bits(shifted.to_bits().wrapping_sub(ROUND_BITS - 127) << 23);
+    e_r * two_n
 }
 
 /// Rotary embedding of every head of `v` (heads of `inv_freq.len() * 2` values) at position `pos`: pair
@@ -98,17 +129,26 @@ pub(crate) struct PagedKv<'a> {
 }
 
 impl PagedKv<'_> {
-    /// Offset of position `pos`'s slot in `floats`, relative to the layer's keys or values.
-    fn slot_offset(&self, pos: usize) -> usize {
-        let rel = pos - self.base_pos;
-        (rel / self.tokens_per_page) * self.page_floats + (rel % self.tokens_per_page) * self.inner
+    /// Offsets in `floats` of the slots of positions `lo..=hi` in order, relative to the layer's keys or
+    /// values (one division for the first, then page by page).
+    fn slot_offsets(&self, lo: usize, hi: usize) -> impl Iterator<Item = usize> {
+        let rel = lo - self.base_pos;
+        let mut page_start = (rel / self.tokens_per_page) * self.page_floats;
+        let mut slot = rel % self.tokens_per_page;
+        (lo..=hi).map(move |_| {
+            if slot == self.tokens_per_page {
+                slot = 0;
+                page_start += self.page_floats;
+            }
+            slot += 1;
+            page_start + (slot - 1) * self.inner
+        })
     }
 }
 
 /// Softmax attention of query `q` (one head) over positions `lo..=hi` of `kv`, into `out` (one head):
-/// scores in position order, their maximum, the exponentials and their sum in position order, the
-/// weighted values accumulated in position order, then one multiplication by the inverse sum. `scores` is
-/// scratch.
+/// scores in position order and their maximum, the exponentials, then their sum and the weighted values
+/// accumulated in position order, then one multiplication by the inverse sum. `scores` is scratch.
 pub(crate) fn attend(
     q: &[f32],
     kv: &PagedKv<'_>,
@@ -121,19 +161,33 @@ pub(crate) fn attend(
     let scale = 1.0 / (head_dim as f32).sqrt();
     scores.clear();
     let mut max = f32::NEG_INFINITY;
-    for pos in lo..=hi {
-        let start = kv.slot_offset(pos) + kv.key_offset;
+    for offset in kv.slot_offsets(lo, hi) {
+        let start = offset + kv.key_offset;
         let score = dot(q, &kv.floats[start..start + head_dim]) * scale;
         max = max.max(score);
         scores.push(score);
     }
-    out.fill(0.0);
+    for score in scores.iter_mut() {
+        *score = exp(*score - max);
+    }
     let mut sum = 0.0f32;
-    for (pos, score) in (lo..=hi).zip(scores.iter()) {
-        let weight = (score - max).exp();
+    for &weight in scores.iter() {
         sum += weight;
-        let start = kv.slot_offset(pos) + kv.value_offset;
-        axpy(weight, &kv.floats[start..start + head_dim], out);
+    }
+    // The weighted values in blocks of `VALUE_BLOCK` dimensions held in registers, each over positions in
+    // order.
+    let mut dims = 0;
+    while dims < head_dim {
+        let width = VALUE_BLOCK.min(head_dim - dims);
+        let mut acc = [0.0f32; VALUE_BLOCK];
+        for (offset, &weight) in kv.slot_offsets(lo, hi).zip(scores.iter()) {
+            let start = offset + kv.value_offset + dims;
+            for (a, v) in acc.iter_mut().zip(&kv.floats[start..start + width]) {
+                *a += weight * v;
+            }
+        }
+        out[dims..dims + width].copy_from_slice(&acc[..width]);
+        dims += width;
     }
     let inv_sum = 1.0 / sum;
     for o in out.iter_mut() {

@@ -3,6 +3,7 @@
 
 mod errors;
 mod invariance;
+mod kernels;
 mod props;
 
 use kv_pool::{HostStorage, PageId, PageStorage};
@@ -186,4 +187,39 @@ fn prefill_outcome(model: &ReferenceModel, prompt: &[u32], chunk: usize) -> Outc
             .map_or_else(Vec::new, |page| storages.state_bytes(page)),
         logits,
     }
+}
+
+#[test]
+fn the_cache_groups_make_a_geometry_with_the_page_sizes() {
+    use kv_pool::{Geometry, GroupKind};
+    let hybrid = ReferenceConfig::tiny();
+    assert_eq!(hybrid.bytes_per_page(), 8192);
+    assert_eq!(hybrid.recurrent_bytes_per_page(), 8 + 2048);
+    assert_eq!(hybrid.pages_for_tokens(33), 3);
+    let groups = hybrid.cache_groups();
+    assert_eq!(groups.len(), 2);
+    assert_eq!(
+        (groups[0].kind, groups[0].bytes_per_page),
+        (GroupKind::Full, 8192)
+    );
+    assert_eq!(
+        (groups[1].kind, groups[1].bytes_per_page),
+        (GroupKind::Recurrent, 2056)
+    );
+    assert!(Geometry::new(groups, hybrid.tokens_per_page, 1, 1 << 16).is_ok());
+    let windowed = ReferenceConfig {
+        window_tokens: Some(64),
+        n_recurrent_layers: 0,
+        ..hybrid
+    };
+    assert_eq!(windowed.recurrent_bytes_per_page(), 0);
+    let groups = windowed.cache_groups();
+    assert_eq!(groups.len(), 1);
+    assert_eq!(
+        groups[0].kind,
+        GroupKind::SlidingWindow {
+            window_tokens: 64,
+            retained_tail_tokens: 0
+        }
+    );
 }
