@@ -12,6 +12,8 @@
 //! recurrence steps one token at a time. Rayon splits the work across entries, tokens and heads, never inside
 //! a reduction. So the bits of every page and logit do not depend on batch composition, on how a prompt is
 //! split into chunks, or on the thread count, and restoring pages equals recomputing them bit for bit.
+//! The guarantee holds on one machine: `exp` is portable (`kernels::exp`), but the rotary angles use the
+//! platform's `sin`, `cos` and `powf` in `f64`.
 
 mod check;
 mod config;
