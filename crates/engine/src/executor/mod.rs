@@ -2,10 +2,14 @@
 
 mod content;
 mod cost;
+mod reference;
 mod sim;
 
 pub use content::page_content;
 pub use cost::CostModel;
+pub use reference::{
+    ForwardEntry, Logits, ModelError, ModelResult, ModelStorage, ReferenceConfig, ReferenceModel,
+};
 pub use sim::SimExecutor;
 
 use std::time::Duration;

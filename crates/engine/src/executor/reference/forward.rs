@@ -1,0 +1,349 @@
+//! One entry's forward pass: load the pages it reads (attention pages in their byte layout, the recurrent
+//! state), run the layers over its new tokens, write the pages of its new positions and its state, and
+//! compute its logits. Rayon splits work across tokens and heads only; every value is computed by one
+//! fixed sequence of operations (see `kernels`).
+
+use kv_pool::PageId;
+use rayon::prelude::*;
+
+use super::check::Span;
+use super::config::{F32_BYTES, STATE_HEADER_BYTES};
+use super::error::{ModelError, ModelResult};
+use super::kernels::{
+    PagedKv, argmax, attend, axpy, floats_from_bytes, floats_to_bytes, rms_norm, rope, sigmoid,
+    silu, vec_mat,
+};
+use super::weights::{AttentionWeights, Block, Mlp, RecurrentWeights};
+use super::{ForwardEntry, Logits, ModelStorage, ReferenceModel};
+
+/// Only rank 0 of the storages is used.
+const RANK: u32 = 0;
+/// Fewest tokens (or heads) one rayon task takes: small tasks cost more to schedule than to compute.
+const MIN_TASK_LEN: usize = 4;
+
+/// An entry's attention pages in memory, slots `span.page_lo..span.page_hi` in their byte layout as `f32`.
+struct KvPages {
+    floats: Vec<f32>,
+    page_floats: usize,
+}
+
+impl ReferenceModel {
+    /// Runs one checked entry (see [`ReferenceModel::forward`]).
+    pub(crate) fn run_entry(
+        &self,
+        storage: ModelStorage<'_>,
+        entry_idx: usize,
+        entry: &ForwardEntry<'_>,
+        span: &Span,
+    ) -> ModelResult<Option<Logits>> {
+        let d = self.config.d_model as usize;
+        let mut kv = self.load_kv(storage, entry, span)?;
+        let mut state = self.load_state(storage, entry_idx, entry)?;
+        let mut x = vec![0.0f32; entry.tokens.len() * d];
+        for (x_t, &token) in x.chunks_exact_mut(d).zip(entry.tokens) {
+            let row = token as usize * d;
+            x_t.copy_from_slice(&self.weights.embedding[row..row + d]);
+        }
+        for layer in &self.weights.layers {
+            match &layer.block {
+                Block::Attention(w) => self.attention_layer(w, span, &mut kv, &mut x),
+                Block::Recurrent(w) => {
+                    let n = self.config.state_floats_per_layer();
+                    let layer_state = &mut state[w.recurrent_idx * n..][..n];
+                    self.recurrent_layer(w, layer_state, &mut x);
+                }
+            }
+            self.mlp(&layer.mlp, &mut x);
+        }
+        self.store_kv(storage, entry, span, &kv)?;
+        if let Some(page) = entry.recurrent_page {
+            self.store_state(storage, page, span.end, &state)?;
+        }
+        if !entry.want_logits {
+            return Ok(None);
+        }
+        let mut x_norm = vec![0.0f32; d];
+        rms_norm(&x[x.len() - d..], &mut x_norm);
+        let mut values = vec![0.0f32; self.config.vocab as usize];
+        vec_mat(&x_norm, &self.weights.unembedding, &mut values);
+        // The vocabulary is never empty (validated) and the logits of a finite model are never all NaN.
+        let next_token = argmax(&values).unwrap_or(0);
+        Ok(Some(Logits { values, next_token }))
+    }
+
+    /// Reads slots `page_lo..read_hi` and zeroes the positions from `first` on in the last of them (a
+    /// partial page may hold anything there).
+    fn load_kv(
+        &self,
+        storage: ModelStorage<'_>,
+        entry: &ForwardEntry<'_>,
+        span: &Span,
+    ) -> ModelResult<KvPages> {
+        let page_floats = self.config.bytes_per_page() / F32_BYTES;
+        let mut floats = vec![0.0f32; (span.page_hi - span.page_lo) * page_floats];
+        let n_read = span.read_hi - span.page_lo;
+        floats[..n_read * page_floats]
+            .par_chunks_mut(page_floats)
+            .zip(&entry.attention_pages[span.page_lo..span.read_hi])
+            .try_for_each_init(
+                || vec![0u8; page_floats * F32_BYTES],
+                |bytes, (page_floats_out, &page)| -> ModelResult<()> {
+                    storage.attention.read(RANK, page, bytes)?;
+                    floats_from_bytes(bytes, page_floats_out);
+                    Ok(())
+                },
+            )?;
+        let tpp = self.config.tokens_per_page as usize;
+        let first_slot = span.first % tpp;
+        if first_slot != 0 {
+            let inner = self.config.inner_dim();
+            let page = &mut floats[(span.write_lo - span.page_lo) * page_floats..][..page_floats];
+            for block in page.chunks_exact_mut(tpp * inner) {
+                block[first_slot * inner..].fill(0.0);
+            }
+        }
+        Ok(KvPages {
+            floats,
+            page_floats,
+        })
+    }
+
+    /// Writes slots `write_lo..page_hi`: every position before `end` computed, the rest zero.
+    fn store_kv(
+        &self,
+        storage: ModelStorage<'_>,
+        entry: &ForwardEntry<'_>,
+        span: &Span,
+        kv: &KvPages,
+    ) -> ModelResult<()> {
+        let first_written = (span.write_lo - span.page_lo) * kv.page_floats;
+        kv.floats[first_written..]
+            .par_chunks(kv.page_floats)
+            .zip(&entry.attention_pages[span.write_lo..span.page_hi])
+            .try_for_each_init(
+                || vec![0u8; kv.page_floats * F32_BYTES],
+                |bytes, (page_floats, &page)| -> ModelResult<()> {
+                    floats_to_bytes(page_floats, bytes);
+                    storage.attention.write(RANK, page, bytes)?;
+                    Ok(())
+                },
+            )
+    }
+
+    /// The recurrent state after `first_pos` tokens: zeros at position 0, else read from the state page and
+    /// checked against its header.
+    fn load_state(
+        &self,
+        storage: ModelStorage<'_>,
+        entry_idx: usize,
+        entry: &ForwardEntry<'_>,
+    ) -> ModelResult<Vec<f32>> {
+        let n_floats =
+            self.config.n_recurrent_layers as usize * self.config.state_floats_per_layer();
+        let mut state = vec![0.0f32; n_floats];
+        let (Some(recurrent), Some(page)) = (storage.recurrent, entry.recurrent_page) else {
+            return Ok(state);
+        };
+        if entry.first_pos == 0 {
+            return Ok(state);
+        }
+        let mut bytes = vec![0u8; recurrent.bytes_per_page()];
+        recurrent.read(RANK, page, &mut bytes)?;
+        let (header, body) = bytes.split_at(STATE_HEADER_BYTES);
+        let mut position = [0u8; STATE_HEADER_BYTES];
+        position.copy_from_slice(header);
+        let found = u64::from_le_bytes(position);
+        if found != u64::from(entry.first_pos) {
+            return Err(ModelError::StatePosition {
+                entry: entry_idx,
+                page,
+                expected: entry.first_pos,
+                found,
+            });
+        }
+        floats_from_bytes(body, &mut state);
+        Ok(state)
+    }
+
+    /// Writes the state after `end` tokens into `page`.
+    fn store_state(
+        &self,
+        storage: ModelStorage<'_>,
+        page: PageId,
+        end: usize,
+        state: &[f32],
+    ) -> ModelResult<()> {
+        let Some(recurrent) = storage.recurrent else {
+            return Ok(());
+        };
+        let mut bytes = vec![0u8; recurrent.bytes_per_page()];
+        let (header, body) = bytes.split_at_mut(STATE_HEADER_BYTES);
+        header.copy_from_slice(&(end as u64).to_le_bytes());
+        floats_to_bytes(state, body);
+        recurrent.write(RANK, page, &bytes)?;
+        Ok(())
+    }
+
+    /// An attention layer: project and rotate the new tokens' queries and keys, store their keys and values
+    /// in `kv`, attend (per token and head) over the window in position order, project back into `x`.
+    fn attention_layer(&self, w: &AttentionWeights, span: &Span, kv: &mut KvPages, x: &mut [f32]) {
+        let d = self.config.d_model as usize;
+        let inner = self.config.inner_dim();
+        let head_dim = self.config.head_dim as usize;
+        let tpp = self.config.tokens_per_page as usize;
+        let n_tokens = x.len() / d;
+        let mut q = vec![0.0f32; n_tokens * inner];
+        let mut k = vec![0.0f32; n_tokens * inner];
+        let mut v = vec![0.0f32; n_tokens * inner];
+        x.par_chunks(d)
+            .zip(q.par_chunks_mut(inner))
+            .zip(k.par_chunks_mut(inner))
+            .zip(v.par_chunks_mut(inner))
+            .enumerate()
+            .with_min_len(MIN_TASK_LEN)
+            .for_each_init(
+                || vec![0.0f32; d],
+                |x_norm, (t, (((x_t, q_t), k_t), v_t))| {
+                    let pos = (span.first + t) as u32;
+                    rms_norm(x_t, x_norm);
+                    vec_mat(x_norm, &w.wq, q_t);
+                    vec_mat(x_norm, &w.wk, k_t);
+                    vec_mat(x_norm, &w.wv, v_t);
+                    rope(q_t, pos, &self.inv_freq);
+                    rope(k_t, pos, &self.inv_freq);
+                },
+            );
+        let layer_floats = tpp * inner;
+        let keys_offset = 2 * w.attention_idx * layer_floats;
+        let values_offset = keys_offset + layer_floats;
+        for (t, (k_t, v_t)) in k.chunks_exact(inner).zip(v.chunks_exact(inner)).enumerate() {
+            let rel = span.first + t - span.page_lo * tpp;
+            let slot = (rel / tpp) * kv.page_floats + (rel % tpp) * inner;
+            kv.floats[slot + keys_offset..][..inner].copy_from_slice(k_t);
+            kv.floats[slot + values_offset..][..inner].copy_from_slice(v_t);
+        }
+        let n_heads = self.config.n_heads as usize;
+        let window = self.config.window_tokens.map(|window| window as usize);
+        let kv = &*kv;
+        let mut attended = vec![0.0f32; n_tokens * inner];
+        attended
+            .par_chunks_mut(head_dim)
+            .enumerate()
+            .with_min_len(MIN_TASK_LEN)
+            .for_each_init(Vec::new, |scores, (idx, out)| {
+                let (t, head) = (idx / n_heads, idx % n_heads);
+                let pos = span.first + t;
+                let lo = window.map_or(0, |window| pos.saturating_sub(window));
+                let head_kv = PagedKv {
+                    floats: &kv.floats,
+                    base_pos: span.page_lo * tpp,
+                    tokens_per_page: tpp,
+                    page_floats: kv.page_floats,
+                    inner,
+                    key_offset: keys_offset + head * head_dim,
+                    value_offset: values_offset + head * head_dim,
+                };
+                let q_head = &q[t * inner + head * head_dim..][..head_dim];
+                attend(q_head, &head_kv, lo, pos, scores, out);
+            });
+        project_add(&attended, inner, &w.wo, x, d);
+    }
+
+    /// A gated linear recurrence layer: per head, `S = diag(a) S + k v^T` then `o = q S`, one token at a
+    /// time in position order; `o * silu(g)` projected back into `x`.
+    fn recurrent_layer(&self, w: &RecurrentWeights, state: &mut [f32], x: &mut [f32]) {
+        let d = self.config.d_model as usize;
+        let inner = self.config.inner_dim();
+        let head_dim = self.config.head_dim as usize;
+        let n_tokens = x.len() / d;
+        let k_scale = 1.0 / (head_dim as f32).sqrt();
+        // Per token: q, k, v, decay and output gate, `inner` each.
+        let mut proj = vec![0.0f32; n_tokens * 5 * inner];
+        x.par_chunks(d)
+            .zip(proj.par_chunks_mut(5 * inner))
+            .with_min_len(MIN_TASK_LEN)
+            .for_each_init(
+                || vec![0.0f32; d],
+                |x_norm, (x_t, p)| {
+                    rms_norm(x_t, x_norm);
+                    let (q, rest) = p.split_at_mut(inner);
+                    let (k, rest) = rest.split_at_mut(inner);
+                    let (v, rest) = rest.split_at_mut(inner);
+                    let (decay, gate) = rest.split_at_mut(inner);
+                    vec_mat(x_norm, &w.wq, q);
+                    vec_mat(x_norm, &w.wk, k);
+                    k.iter_mut().for_each(|k_i| *k_i *= k_scale);
+                    vec_mat(x_norm, &w.wv, v);
+                    vec_mat(x_norm, &w.wa, decay);
+                    for (a, b) in decay.iter_mut().zip(&w.ba) {
+                        *a = sigmoid(*a + b);
+                    }
+                    vec_mat(x_norm, &w.wg, gate);
+                    gate.iter_mut().for_each(|g| *g = silu(*g));
+                },
+            );
+        let mut out = vec![0.0f32; n_tokens * inner];
+        for (p, out_t) in proj
+            .chunks_exact(5 * inner)
+            .zip(out.chunks_exact_mut(inner))
+        {
+            let (q, rest) = p.split_at(inner);
+            let (k, rest) = rest.split_at(inner);
+            let (v, rest) = rest.split_at(inner);
+            let (decay, gate) = rest.split_at(inner);
+            let heads = state.chunks_exact_mut(head_dim * head_dim).enumerate();
+            for (head, s) in heads {
+                let h = head * head_dim;
+                let v_h = &v[h..h + head_dim];
+                let out_h = &mut out_t[h..h + head_dim];
+                for (i, row) in s.chunks_exact_mut(head_dim).enumerate() {
+                    let (a_i, k_i) = (decay[h + i], k[h + i]);
+                    for (s_ij, v_j) in row.iter_mut().zip(v_h) {
+                        *s_ij = a_i * *s_ij + k_i * v_j;
+                    }
+                    axpy(q[h + i], row, out_h);
+                }
+                for (o, g) in out_h.iter_mut().zip(&gate[h..h + head_dim]) {
+                    *o *= g;
+                }
+            }
+        }
+        project_add(&out, inner, &w.wo, x, d);
+    }
+
+    /// The MLP: `x += silu(norm(x) W1) W2`, per token.
+    fn mlp(&self, mlp: &Mlp, x: &mut [f32]) {
+        let d = self.config.d_model as usize;
+        let ffn = self.config.ffn_dim as usize;
+        x.par_chunks_mut(d)
+            .with_min_len(MIN_TASK_LEN)
+            .for_each_init(
+                || (vec![0.0f32; d], vec![0.0f32; ffn], vec![0.0f32; d]),
+                |(x_norm, hidden, y), x_t| {
+                    rms_norm(x_t, x_norm);
+                    vec_mat(x_norm, &mlp.w1, hidden);
+                    hidden.iter_mut().for_each(|h| *h = silu(*h));
+                    vec_mat(hidden, &mlp.w2, y);
+                    for (xi, yi) in x_t.iter_mut().zip(y.iter()) {
+                        *xi += yi;
+                    }
+                },
+            );
+    }
+}
+
+/// `x_t += a_t W` for every token (`a`: `width` values a token, `x`: `d`).
+fn project_add(a: &[f32], width: usize, w: &super::weights::Matrix, x: &mut [f32], d: usize) {
+    x.par_chunks_mut(d)
+        .zip(a.par_chunks(width))
+        .with_min_len(MIN_TASK_LEN)
+        .for_each_init(
+            || vec![0.0f32; d],
+            |y, (x_t, a_t)| {
+                vec_mat(a_t, w, y);
+                for (xi, yi) in x_t.iter_mut().zip(y.iter()) {
+                    *xi += yi;
+                }
+            },
+        );
+}
