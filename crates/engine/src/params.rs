@@ -79,6 +79,10 @@ pub struct EngineParams {
     pub seed: u64,
     /// The copy engine (L1). Default `Inline`.
     pub copy_engine: CopyEngineKind,
+    /// Whether a prompt computed in several chunks publishes a checkpoint where its last chunk starts (the
+    /// prefill-tail slot, H7). Default false: the instruction slot (`RequestSpec::instruction_tokens`), the
+    /// prompt end and the response end are captured always.
+    pub capture_prefill_tail: bool,
     /// The liveness watchdog (K3): when live requests exist and none produced a token or ended for this long
     /// on the engine clock, or for `STALL_STEPS_MAX` steps, `Engine::step` fails with `Error::Stalled`
     /// naming the stuck requests. Default 1 hour.
@@ -121,6 +125,7 @@ impl Default for EngineParams {
             verify_restores: cfg!(debug_assertions),
             seed: 0,
             stall_timeout: Duration::from_secs(3600),
+            capture_prefill_tail: false,
             copy_engine: CopyEngineKind::Inline,
         }
     }

@@ -30,6 +30,10 @@ pub struct RequestSpec {
     /// Whether the request's checkpoints carry saved logits (a full-prompt restore then needs only an
     /// isolated logits-only step, Q4).
     pub saved_logits: bool,
+    /// Tokens of the prompt's instruction (system prompt) when it has one: the prompt is computed so that a
+    /// chunk ends exactly there and a checkpoint of that boundary is published (H7). Between 1 and the
+    /// prompt's length minus one.
+    pub instruction_tokens: Option<u32>,
 }
 
 impl RequestSpec {
@@ -51,6 +55,7 @@ impl RequestSpec {
             is_later_turn: false,
             streaming: false,
             saved_logits: false,
+            instruction_tokens: None,
         }
     }
 }

@@ -155,6 +155,9 @@ pub struct RestoreConfig {
     /// Check every restored page byte for byte against what recompute writes, stopping the run with the
     /// request, page and byte on a mismatch (E3, L5). Default false; debug builds always check.
     pub verify: bool,
+    /// Whether a prompt computed in several chunks publishes a checkpoint where its last chunk starts (the
+    /// prefill-tail slot, H7). Default false.
+    pub capture_prefill_tail: bool,
 }
 
 /// The external checkpoint store.
@@ -225,6 +228,7 @@ impl Default for RestoreConfig {
             copy_engine: "inline".to_string(),
             copy_workers: 2,
             verify: false,
+            capture_prefill_tail: false,
         }
     }
 }
@@ -607,6 +611,7 @@ impl EngineConfig {
             cost: self.cost()?,
             verify_restores: self.restore.verify || cfg!(debug_assertions),
             copy_engine: self.copy_engine_kind()?,
+            capture_prefill_tail: self.restore.capture_prefill_tail,
             seed: self.seed,
             stall_timeout: seconds(
                 "scheduler.stall_timeout_s",

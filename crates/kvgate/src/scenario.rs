@@ -112,6 +112,9 @@ pub struct Submit {
     /// Whether its checkpoints carry saved logits (Q4).
     #[serde(default)]
     pub saved_logits: bool,
+    /// Tokens of its instruction: a chunk ends there and that boundary's checkpoint is published (H7).
+    #[serde(default)]
+    pub instruction_tokens: Option<u32>,
 }
 
 /// A copy fault.
@@ -260,6 +263,7 @@ fn apply(
             spec.priority = submit.priority;
             spec.streaming = submit.streaming;
             spec.saved_logits = submit.saved_logits;
+            spec.instruction_tokens = submit.instruction_tokens;
             spec.is_later_turn = submit.extends.is_some();
             let result = engine.submit(spec);
             if result.is_ok() {

@@ -207,9 +207,7 @@ impl<E: Executor> Engine<E> {
         let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
         let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
         let start = hits.len() as u32 * block_tokens;
-        let chunk = (req.tokens.len() as u32 - start)
-            .min(self.params.chunk_tokens)
-            .min(budget);
+        let chunk = self.prefill_chunk(id, start, budget);
         let new_pages = (start + chunk).div_ceil(block_tokens) - hits.len() as u32;
         let need_pages = new_pages + self.cached_free(&hits);
         ColdStart {
@@ -234,9 +232,7 @@ impl<E: Executor> Engine<E> {
         } else {
             req.published_tokens
         };
-        let chunk = (req.tokens.len() as u32 - start)
-            .min(self.params.chunk_tokens)
-            .min(budget);
+        let chunk = self.prefill_chunk(id, start, budget);
         let held = start.div_ceil(block_tokens);
         let tables = 1 + self.groups.n_windows() as u32;
         let copies_on_write = if hits.is_empty() {
@@ -532,12 +528,8 @@ impl<E: Executor> Engine<E> {
             plan.entries.push((id, Work::LogitsOnly));
             return Ok(true);
         }
-        let req = &self.reqs[&id];
-        let chunk = req
-            .n_to_compute()
-            .min(self.params.chunk_tokens)
-            .min(plan.budget);
-        let first_pos = req.n_computed;
+        let first_pos = self.reqs[&id].n_computed;
+        let chunk = self.prefill_chunk(id, first_pos, plan.budget);
         if chunk > 0 && self.grow_pages(id, first_pos + chunk, super::pages::AllocKind::Prefill)? {
             plan.entries.push((
                 id,

@@ -22,9 +22,9 @@ use crate::executor::Executor;
 use crate::metrics::FallbackReason;
 use crate::policy::Policy;
 
-/// Checkpoints a restored request may publish while it computes its prompt (the prompt-end capture), each
-/// budgeted in its credits (C2).
-pub(crate) const CAPTURES_PER_RESTORE: u32 = 1;
+/// Checkpoints a restored request publishes at most while it computes its prompt: the instruction boundary,
+/// the prefill tail and the prompt end (H7), each budgeted in its credits (C2).
+pub(crate) const CAPTURES_MAX: u32 = 3;
 
 /// A capacity wait is logged when it starts and every this often after (G5).
 const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(30);
@@ -268,7 +268,7 @@ impl<E: Executor> Engine<E> {
                 self.params.chunk_tokens,
             );
             spec.draft_lookahead_tokens = self.params.draft_tokens;
-            spec.captures = CAPTURES_PER_RESTORE;
+            spec.captures = self.captures_after(id, tokens);
             let preflight = self.restore_preflight();
             let Some(ledger) = self.ledger.as_mut() else {
                 return Err(Error::internal(format!("{id}: reserving without a ledger")));
@@ -344,6 +344,17 @@ impl<E: Executor> Engine<E> {
         };
         super::req::live(&mut self.reqs, id)?.restore = Restore::Importing { tokens, import };
         Ok(())
+    }
+
+    /// Checkpoints `id` publishes while it computes its prompt from token `from` (H7, C2): the prompt end,
+    /// its instruction boundary when that is ahead, and the prefill tail when the rest takes several chunks.
+    fn captures_after(&self, id: RequestId, from: u32) -> u32 {
+        let req = &self.reqs[&id];
+        let instruction = req.spec.instruction_tokens.filter(|&at| at > from);
+        let tail_from = instruction.unwrap_or(from).max(from);
+        let tail = self.params.capture_prefill_tail
+            && req.prompt_end.saturating_sub(tail_from) > self.params.chunk_tokens;
+        1 + u32::from(instruction.is_some()) + u32::from(tail)
     }
 
     /// The preflight of a restore's reservation (R2): what else competes this step, the remaining needs of

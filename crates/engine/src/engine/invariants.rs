@@ -80,7 +80,7 @@ impl<E: Executor> Engine<E> {
                     prompt_tokens: req.tokens.len() as u32,
                     chunk_tokens: self.params.chunk_tokens,
                     draft_lookahead_tokens: self.params.draft_tokens,
-                    captures: super::coordinator::CAPTURES_PER_RESTORE,
+                    captures: super::coordinator::CAPTURES_MAX,
                 };
                 let peak = kv_pool::Continuation {
                     prefix_tokens: 0,

@@ -212,6 +212,18 @@ impl<E: Executor> Engine<E> {
         if spec.prompt.is_empty() {
             return Err(Error::EmptyPrompt { request: id });
         }
+        if let Some(at) = spec.instruction_tokens
+            && (at == 0 || at as usize >= spec.prompt.len())
+        {
+            return Err(Error::InvalidParam {
+                name: "instruction_tokens",
+                reason: format!(
+                    "{id}: an instruction of {at} tokens in a prompt of {}; between 1 and the prompt's length \
+                     minus one",
+                    spec.prompt.len()
+                ),
+            });
+        }
         if spec.max_output_tokens == 0 {
             return Err(Error::InvalidParam {
                 name: "max_output_tokens",
@@ -288,6 +300,7 @@ impl<E: Executor> Engine<E> {
         req.push_tokens(input, block_tokens);
         req.prompt_end = req.tokens.len() as u32;
         req.prompt_captured = false;
+        req.prefill_tail_captured = false;
         req.answer_tokens = 0;
         req.answer_cap = max_output_tokens.max(1);
         req.stopped = false;

@@ -146,6 +146,9 @@ pub(crate) struct Req {
     pub(crate) expected_local_blocks: u32,
     /// Whether the prompt-end checkpoint of the current prompt was captured.
     pub(crate) prompt_captured: bool,
+    /// Whether the instruction and prefill-tail checkpoints were captured (H7).
+    pub(crate) instruction_captured: bool,
+    pub(crate) prefill_tail_captured: bool,
     /// Whether the answer stopped on the stop token.
     pub(crate) stopped: bool,
     pub(crate) metrics: RequestMetrics,
@@ -197,6 +200,8 @@ impl Req {
             loading: None,
             copy_failed: false,
             prompt_captured: false,
+            instruction_captured: false,
+            prefill_tail_captured: false,
             expected_local_blocks: 0,
             stopped: false,
             metrics,

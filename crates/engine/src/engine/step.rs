@@ -290,10 +290,7 @@ impl<E: Executor> Engine<E> {
                 continue;
             }
             let (work, tokens, upto, kind) = if req.in_prefill() || req.n_to_compute() > 1 {
-                let n_budget = req
-                    .n_to_compute()
-                    .min(self.params.chunk_tokens)
-                    .min(plan.budget);
+                let n_budget = self.prefill_chunk(id, req.n_computed, plan.budget);
                 if n_budget == 0 {
                     idx += 1;
                     continue;
@@ -438,9 +435,11 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// After compute: when every token the ticket budgeted is computed the ticket ends (C6); when the prompt
-    /// is complete its checkpoint is captured (E2).
+    /// After compute: when every token the ticket budgeted is computed the ticket ends (C6); the checkpoint
+    /// slots the computed tokens reached are captured (H7): the instruction boundary, the prefill tail (where
+    /// a prompt of several chunks starts its last one, when `capture_prefill_tail`), the prompt end (E2).
     fn after_compute(&mut self, id: RequestId) -> Result<()> {
+        self.capture_prompt_slots(id)?;
         let req = &self.reqs[&id];
         if req.n_to_compute() == 0
             && let Some(ledger) = self.ledger.as_mut()
@@ -456,6 +455,44 @@ impl<E: Executor> Engine<E> {
         }
         super::req::live(&mut self.reqs, id)?.prompt_captured = true;
         self.capture(id, CheckpointKind::Prompt)
+    }
+
+    /// Captures the instruction and prefill-tail slots (H7) that `id`'s computed tokens just reached.
+    fn capture_prompt_slots(&mut self, id: RequestId) -> Result<()> {
+        let chunk_tokens = self.params.chunk_tokens;
+        let prefill_tail = self.params.capture_prefill_tail;
+        let req = &self.reqs[&id];
+        let at_instruction = !req.instruction_captured
+            && req.spec.instruction_tokens == Some(req.n_computed);
+        let left = req.prompt_end.saturating_sub(req.n_computed);
+        let at_tail = prefill_tail
+            && !req.prefill_tail_captured
+            && left > 0
+            && left <= chunk_tokens
+            && req.spec.instruction_tokens.is_none_or(|at| req.n_computed > at);
+        if at_instruction {
+            super::req::live(&mut self.reqs, id)?.instruction_captured = true;
+            self.capture(id, CheckpointKind::Instruction)?;
+        }
+        if at_tail {
+            super::req::live(&mut self.reqs, id)?.prefill_tail_captured = true;
+            self.capture(id, CheckpointKind::PrefillTail)?;
+        }
+        Ok(())
+    }
+
+    /// Tokens of `id`'s next prefill chunk from `start` within `budget` tokens: at most the chunk size, and
+    /// never past its instruction boundary while that is ahead, so that a chunk ends exactly there (H7).
+    pub(crate) fn prefill_chunk(&self, id: RequestId, start: u32, budget: u32) -> u32 {
+        let req = &self.reqs[&id];
+        let chunk = (req.tokens.len() as u32)
+            .saturating_sub(start)
+            .min(self.params.chunk_tokens)
+            .min(budget);
+        match req.spec.instruction_tokens {
+            Some(at) if start < at => chunk.min(at - start),
+            _ => chunk,
+        }
     }
 
     /// Samples `id`'s next output token; finishes or pauses the answer at its cap or stop token.

@@ -519,3 +519,111 @@ fn h1_every_group_kind_mixed_runs_sessions_on_one_to_three_ranks() {
         }
     }
 }
+
+#[test]
+fn h7_each_of_the_four_checkpoint_slots_is_published_and_restorable() {
+    // A 300-token prompt with a 40-token instruction, in chunks of 64, on a hybrid model: checkpoints at the
+    // instruction boundary (40: a chunk ends there), the prefill tail (296: where the last chunk starts), the
+    // prompt end (300) and the response end. A later request sharing each boundary restores exactly it.
+    let prompt = tokens(41, 0, 0, 300);
+    let other = |n: u32| tokens(41, 9, n, 20);
+    for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+        let mut params = geometry_params(policy, 257, 1, hybrid_groups());
+        params.chunk_tokens = 64;
+        params.capture_prefill_tail = true;
+        let mut engine = Engine::new(params).expect("runs");
+        let mut first = spec(1, prompt.clone(), 6, engine.now());
+        first.instruction_tokens = Some(40);
+        engine.submit(first).unwrap();
+        let _steps = engine.run_until_idle(10_000).expect("run");
+        let output = engine.take_finished()[0].output.clone();
+        assert_eq!(engine.store_stats().n_checkpoints, 4, "{policy:?}: four slots");
+        engine.reset_prefix_cache().expect("idle");
+        let response_end = 300 + 6 - 1;
+        let cases = [
+            (2, [&prompt[..40], &other(2)[..]].concat(), 40),
+            (3, [&prompt[..296], &other(3)[..]].concat(), 296),
+            (4, [&prompt[..], &other(4)[..]].concat(), 300),
+            (5, [&prompt[..], &output[..], &other(5)[..]].concat(), response_end),
+        ];
+        for (id, request, restored) in cases {
+            let mut turn = spec(id, request, 2, engine.now());
+            turn.is_later_turn = true;
+            engine.submit(turn).unwrap();
+            while !engine.is_idle() {
+                engine.step().expect("step");
+                engine.check_invariants().expect("invariants");
+            }
+            let metrics = metrics_of(&engine, id);
+            assert_eq!(metrics.prompt_tokens_restored, restored, "{policy:?}: {metrics:?}");
+            let _finished = engine.take_finished();
+            engine.reset_prefix_cache().expect("idle");
+        }
+        assert_eq!(engine.leaked_pages(), 0);
+    }
+}
+
+#[test]
+fn an_instruction_boundary_outside_the_prompt_is_refused_naming_it() {
+    let mut engine = hybrid_engine(Policy::Reserved);
+    for at in [0, 30, 31] {
+        let mut request = spec(1, tokens(1, 0, 0, 30), 2, engine.now());
+        request.instruction_tokens = Some(at);
+        let error = engine.submit(request).expect_err("refused");
+        assert!(
+            matches!(error, Error::InvalidParam { name: "instruction_tokens", .. }),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains(&format!("an instruction of {at} tokens")), "{error}");
+    }
+}
+
+#[test]
+fn h7_a_restore_budgets_a_capture_for_every_slot_ahead_of_it() {
+    // Request 2 restores the 40-token instruction checkpoint of request 1; its own instruction (120) and a
+    // prefill tail (the 220 tokens after it take several chunks of 64) and its prompt end are ahead: its
+    // ticket's credits include three captures (C2).
+    let prompt = tokens(42, 0, 0, 300);
+    let mut params = geometry_params(Policy::Reserved, 257, 1, hybrid_groups());
+    params.chunk_tokens = 64;
+    params.capture_prefill_tail = true;
+    let mut engine = Engine::new(params).expect("runs");
+    let mut first = spec(1, prompt.clone(), 2, engine.now());
+    first.instruction_tokens = Some(40);
+    engine.submit(first).unwrap();
+    let _steps = engine.run_until_idle(10_000).expect("run");
+    engine.reset_prefix_cache().expect("idle");
+    let request = [&prompt[..40], &tokens(42, 1, 0, 300)[..]].concat();
+    let mut turn = spec(2, request, 2, engine.now());
+    turn.is_later_turn = true;
+    turn.instruction_tokens = Some(120);
+    engine.submit(turn).unwrap();
+    let ticket = loop {
+        engine.step().expect("step");
+        let snapshot = engine.ledger_snapshot().expect("reserved keeps a ledger");
+        if let Some(ticket) = snapshot.tickets.first() {
+            break ticket.clone();
+        }
+    };
+    let geometry = &engine.params().geometry;
+    let continuation = kv_pool::Continuation {
+        prefix_tokens: 40,
+        prompt_tokens: 340,
+        chunk_tokens: 64,
+        draft_lookahead_tokens: 0,
+        captures: 3,
+    };
+    assert_eq!(ticket.peak_credit_pages, geometry.restore_need(&continuation).credit_pages);
+    assert_eq!(
+        geometry.restore_need(&continuation).credit_pages
+            - geometry
+                .restore_need(&kv_pool::Continuation {
+                    captures: 0,
+                    ..continuation
+                })
+                .credit_pages,
+        3 * geometry.capture_pages()
+    );
+    let _steps = engine.run_until_idle(10_000).expect("run");
+    assert_eq!(metrics_of(&engine, 2).prompt_tokens_restored, 40);
+}

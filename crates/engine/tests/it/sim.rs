@@ -74,6 +74,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         restore_max_wait: Duration::from_millis(rng.below(3000)),
         watermark_pages: rng.below(4) as u32,
         copy_task_limit: 1 + rng.below(4) as u32,
+        capture_prefill_tail: rng.below(2) == 0,
         seed,
         ..defaults
     };
@@ -112,6 +113,9 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
                 spec.stop_after = (rng.below(4) == 0).then(|| 1 + rng.below(8) as u32);
                 spec.priority = 0;
                 spec.saved_logits = rng.below(3) == 0;
+                // An instruction boundary: a chunk ends there and its checkpoint is published (H7).
+                spec.instruction_tokens = (rng.below(4) == 0 && spec.prompt.len() > 2)
+                    .then(|| 1 + rng.below(spec.prompt.len() as u64 - 1) as u32);
                 spec.streaming = rng.below(10) == 0;
                 engine.submit(spec).expect("submit");
                 live.insert(next_id, session);
