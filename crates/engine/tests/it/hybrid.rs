@@ -602,7 +602,7 @@ fn h7_a_restore_budgets_a_capture_for_every_slot_ahead_of_it() {
         engine.step().expect("step");
         let snapshot = engine.ledger_snapshot().expect("reserved keeps a ledger");
         if let Some(ticket) = snapshot.tickets.first() {
-            break ticket.clone();
+            break *ticket;
         }
     };
     let geometry = &engine.params().geometry;
