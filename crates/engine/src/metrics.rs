@@ -109,6 +109,8 @@ pub struct RequestMetrics {
     pub longest_capacity_wait_s: f64,
     /// Times the request was preempted.
     pub preemptions: u32,
+    /// Tokens the draft model replayed after restores whose checkpoints carried no draft state (H5).
+    pub draft_replay_tokens: u32,
     /// Output tokens produced.
     pub decode_tokens: u32,
     /// Arrival time.
@@ -174,6 +176,8 @@ pub struct RunMetrics {
     pub longest_capacity_wait_s: f64,
     /// Preemptions by recompute.
     pub preemptions: u32,
+    /// Tokens the draft model replayed after restores whose checkpoints carried no draft state (H5).
+    pub draft_replay_tokens: u64,
     /// Output tokens produced.
     pub decode_tokens: u64,
     /// Output tokens per simulated second.
@@ -215,6 +219,7 @@ impl RunMetrics {
         let mut turn_total_s = 0.0;
         for request in requests {
             run.preemptions += request.preemptions;
+            run.draft_replay_tokens += u64::from(request.draft_replay_tokens);
             run.capacity_waits += request.capacity_waits;
             run.longest_capacity_wait_s = run
                 .longest_capacity_wait_s

@@ -49,11 +49,13 @@ fn sim_executor_is_deterministic_and_empty_steps_take_no_time() {
             request: RequestId(1),
             first_pos: 0,
             n_tokens: 512,
+            draft_replay_tokens: 0,
         }],
         decodes: vec![DecodeWork {
             request: RequestId(2),
             context_tokens: 4000,
             n_tokens: 1,
+            draft_replay_tokens: 0,
         }],
         logits_only: Vec::new(),
     };

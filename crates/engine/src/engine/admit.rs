@@ -318,6 +318,10 @@ impl<E: Executor> Engine<E> {
         req.pages.extend(pages);
         req.n_computed = start;
         req.n_registered = start / block_tokens;
+        if restored > 0 {
+            // Its replay page, if any, comes with its next allocation.
+            self.begin_draft_replay(id)?;
+        }
         self.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         plan.entries.push((
@@ -360,6 +364,9 @@ impl<E: Executor> Engine<E> {
         req.copy_on_write = restored;
         req.n_computed = start;
         req.n_registered = start / block_tokens;
+        if restored {
+            self.begin_draft_replay(id)?;
+        }
         if !self.grow_pages(id, start + chunk, super::pages::AllocKind::Prefill)? {
             return Err(Error::internal(format!(
                 "{id}: admitted, but its first chunk's pages were not there"
@@ -451,6 +458,7 @@ impl<E: Executor> Engine<E> {
             tokens,
         });
         req.restore = Restore::Idle;
+        self.begin_draft_replay(id)?;
         self.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         Ok(true)
@@ -522,6 +530,9 @@ impl<E: Executor> Engine<E> {
         req.n_computed = tokens;
         req.n_registered = tokens / block_tokens;
         let full_prompt = req.n_computed == req.tokens.len() as u32;
+        if restored_tokens > 0 {
+            self.begin_draft_replay(id)?;
+        }
         self.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         if full_prompt {

@@ -588,6 +588,8 @@ impl<E: Executor> Engine<E> {
                     }
                     req.window_credit_pages.clear();
                     req.copy_on_write = false;
+                    req.draft_replay_tokens = 0;
+                    req.replay_page = false;
                     req.n_computed = hits as u32 * block_tokens;
                     req.metrics.prompt_tokens_restored = 0;
                     req.metrics.restored = false;

@@ -33,6 +33,8 @@ pub(crate) struct GroupPlan {
     fixed: Vec<(u32, u32)>,
     /// Pages of all fixed groups per request.
     n_fixed: u32,
+    /// Whether an auxiliary group keeps draft hidden state: a checkpoint then carries it (H5).
+    auxiliary: bool,
 }
 
 impl GroupPlan {
@@ -79,6 +81,10 @@ impl GroupPlan {
             full,
             windows,
             geometry: geometry.clone(),
+            auxiliary: geometry
+                .groups()
+                .iter()
+                .any(|group| matches!(group.kind, GroupKind::Auxiliary { .. })),
             fixed,
             n_fixed,
         })
@@ -88,6 +94,12 @@ impl GroupPlan {
     /// hits and restores are whole checkpoints at exact boundaries.
     pub(crate) fn is_hybrid(&self) -> bool {
         self.n_fixed > 0 || !self.windows.is_empty()
+    }
+
+    /// Whether checkpoints carry draft hidden state (an auxiliary group): a restore then resumes drafting
+    /// without replaying its last page (H5).
+    pub(crate) fn carries_draft_state(&self) -> bool {
+        self.auxiliary
     }
 
     /// Windowed groups (sliding window, chunked local).

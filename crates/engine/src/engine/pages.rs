@@ -98,7 +98,67 @@ impl<E: Executor> Engine<E> {
         } else {
             0
         };
-        blocks + window_blocks + fixed + self.copy_on_write_pages(id)
+        blocks + window_blocks + fixed + self.copy_on_write_pages(id) + self.replay_pages(id)
+    }
+
+    /// Pages `id`'s pending draft replay copies on write: the last full page of every attention table (H5).
+    fn replay_pages(&self, id: RequestId) -> u32 {
+        let req = &self.reqs[&id];
+        if !req.replay_page {
+            return 0;
+        }
+        let last = (req.n_computed / self.params.geometry.block_tokens()) as usize;
+        let Some(last) = last.checked_sub(1) else {
+            return 0;
+        };
+        1 + req
+            .windows
+            .iter()
+            .filter(|table| table.get(last).is_some_and(|page| !page.is_null()))
+            .count() as u32
+    }
+
+    /// Starts the draft replay of `id`, restored up to its computed tokens, when drafting is on and its
+    /// checkpoint carried no draft state (H5): the draft model recomputes the last page's tokens (a whole page
+    /// on a block boundary, into a replay page copied on write; the partial page, already its own, inside
+    /// one).
+    pub(crate) fn begin_draft_replay(&mut self, id: RequestId) -> Result<()> {
+        if self.params.draft_tokens == 0 || self.groups.carries_draft_state() {
+            return Ok(());
+        }
+        let block_tokens = self.params.geometry.block_tokens();
+        let req = super::req::live(&mut self.reqs, id)?;
+        let n = req.n_computed;
+        if n == 0 {
+            return Ok(());
+        }
+        let aligned = n.is_multiple_of(block_tokens);
+        req.draft_replay_tokens = if aligned { block_tokens } else { n % block_tokens };
+        req.replay_page = aligned;
+        Ok(())
+    }
+
+    /// Charges every pending draft replay of the step's requests to their work (H5).
+    pub(crate) fn charge_draft_replays(
+        &mut self,
+        batch: &mut crate::executor::StepBatch,
+    ) -> Result<()> {
+        let prefills = batch
+            .prefills
+            .iter_mut()
+            .map(|work| (work.request, &mut work.draft_replay_tokens));
+        let decodes = batch
+            .decodes
+            .iter_mut()
+            .map(|work| (work.request, &mut work.draft_replay_tokens));
+        for (id, tokens) in prefills.chain(decodes) {
+            let req = super::req::live(&mut self.reqs, id)?;
+            if req.draft_replay_tokens > 0 && !req.replay_page {
+                *tokens = std::mem::take(&mut req.draft_replay_tokens);
+                req.metrics.draft_replay_tokens += *tokens;
+            }
+        }
+        Ok(())
     }
 
     /// Pages the copies on write of `id`'s imported partial last page and fixed pages take (0 once done).
@@ -161,6 +221,36 @@ impl<E: Executor> Engine<E> {
                 let fresh = pages
                     .next()
                     .ok_or_else(|| Error::internal(format!("{id}: too few pages to copy on write")))?;
+                for rank in 0..self.storage.n_ranks() {
+                    self.storage.copy(rank, *target, fresh)?;
+                }
+                released.push(std::mem::replace(target, fresh));
+                if in_window && ticket {
+                    req.window_credit_pages.push(fresh);
+                }
+            }
+        }
+        if std::mem::take(&mut req.replay_page)
+            && let Some(last) = ((req.n_computed / block_tokens) as usize).checked_sub(1)
+        {
+            // The replay page: the draft model writes the last page, which may be shared.
+            let n_pages = req.pages.len();
+            let mut targets: Vec<(&mut PageId, bool)> = Vec::new();
+            targets.extend(req.pages.get_mut(last).map(|page| (page, false)));
+            for table in &mut req.windows {
+                if table.len() == n_pages {
+                    targets.extend(
+                        table
+                            .get_mut(last)
+                            .filter(|page| !page.is_null())
+                            .map(|page| (page, true)),
+                    );
+                }
+            }
+            for (target, in_window) in targets {
+                let fresh = pages
+                    .next()
+                    .ok_or_else(|| Error::internal(format!("{id}: too few pages to replay")))?;
                 for rank in 0..self.storage.n_ranks() {
                     self.storage.copy(rank, *target, fresh)?;
                 }
@@ -646,6 +736,8 @@ impl<E: Executor> Engine<E> {
         }
         req.window_credit_pages.clear();
         req.copy_on_write = false;
+        req.draft_replay_tokens = 0;
+        req.replay_page = false;
         req.n_computed = 0;
         req.n_registered = 0;
         self.pool.free_all(&pages)?;
@@ -686,8 +778,10 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = super::req::live(&mut self.reqs, id)?;
         if req.loading.take().is_some() {
-            // Nothing the copy brought is valid: no copy on write of it either.
+            // Nothing the copy brought is valid: no copy on write of it, no draft replay either.
             req.copy_on_write = false;
+            req.draft_replay_tokens = 0;
+            req.replay_page = false;
             req.n_computed = req.n_registered * block_tokens;
             let _draining = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
         }

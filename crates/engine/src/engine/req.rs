@@ -113,6 +113,12 @@ pub(crate) struct Req {
     /// Whether the partial last page and the fixed pages came from a checkpoint (an import or a published
     /// pages-only import): the first allocation copies them on write into pages of its own (C3, H6).
     pub(crate) copy_on_write: bool,
+    /// Tokens the draft model still replays after a restore whose checkpoint carried no draft state (H5),
+    /// charged to its next computed step.
+    pub(crate) draft_replay_tokens: u32,
+    /// Whether that replay still needs its replay page: a copy on write of the last full page of every
+    /// attention table, which the draft model writes into.
+    pub(crate) replay_page: bool,
     /// Tokens of the pages-only import published for it (with `published_unowned`).
     pub(crate) published_tokens: u32,
     /// Page table: page `i` holds tokens `[i * block_tokens, (i + 1) * block_tokens)`, on every rank the
@@ -185,6 +191,8 @@ impl Req {
             window_credit_pages: Vec::new(),
             copy_on_write: false,
             published_tokens: 0,
+            draft_replay_tokens: 0,
+            replay_page: false,
             n_computed: 0,
             n_registered: 0,
             answer_tokens: 0,

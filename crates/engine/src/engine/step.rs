@@ -49,12 +49,14 @@ impl Plan {
                     request,
                     first_pos,
                     n_tokens: n,
+                    draft_replay_tokens: 0,
                 }),
                 Work::Decode { context } => {
                     batch.decodes.push(DecodeWork {
                         request,
                         context_tokens: context,
                         n_tokens: 1 + draft_tokens,
+                        draft_replay_tokens: 0,
                     });
                 }
                 Work::LogitsOnly => batch.logits_only.push(request),
@@ -211,7 +213,8 @@ impl<E: Executor> Engine<E> {
             }
             return Ok(());
         }
-        let batch = plan.batch(self.params.draft_tokens);
+        let mut batch = plan.batch(self.params.draft_tokens);
+        self.charge_draft_replays(&mut batch)?;
         let duration = self.executor.execute(&batch);
         report.duration = duration;
         self.now = self.now.after(duration.max(Duration::from_nanos(1)));

@@ -26,6 +26,9 @@ pub struct PrefillWork {
     pub first_pos: u32,
     /// Tokens computed.
     pub n_tokens: u32,
+    /// Tokens the draft model recomputes before drafting resumes after a restore whose checkpoint carries
+    /// no draft state (H5): the tokens of the last page; 0 otherwise.
+    pub draft_replay_tokens: u32,
 }
 
 /// One decode entry of a step: `request` reads `context_tokens` and produces `n_tokens` (1 + draft tokens).
@@ -37,6 +40,8 @@ pub struct DecodeWork {
     pub context_tokens: u32,
     /// Tokens produced (one, plus draft lookahead tokens when configured).
     pub n_tokens: u32,
+    /// As `PrefillWork::draft_replay_tokens`.
+    pub draft_replay_tokens: u32,
 }
 
 /// A page the step fills: on `rank`, the page of cache group `group` whose first token is `first_pos` and

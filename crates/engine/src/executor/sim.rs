@@ -43,6 +43,23 @@ impl Executor for SimExecutor {
         for prefill in &batch.prefills {
             seconds += cost.prefill_s(prefill.first_pos, prefill.n_tokens);
         }
+        // A draft replay is priced as a prefill of its tokens by the whole model: an upper bound (the draft
+        // model is a fraction of it) the cost model has no better figure for.
+        let replays = batch
+            .prefills
+            .iter()
+            .map(|work| (work.first_pos, work.draft_replay_tokens))
+            .chain(
+                batch
+                    .decodes
+                    .iter()
+                    .map(|work| (work.context_tokens, work.draft_replay_tokens)),
+            );
+        for (before, tokens) in replays {
+            if tokens > 0 {
+                seconds += cost.prefill_s(before.saturating_sub(tokens), tokens);
+            }
+        }
         if !batch.decodes.is_empty() || !batch.logits_only.is_empty() {
             seconds += cost.decode_weights_s;
         }

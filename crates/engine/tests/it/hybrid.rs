@@ -627,3 +627,84 @@ fn h7_a_restore_budgets_a_capture_for_every_slot_ahead_of_it() {
     let _steps = engine.run_until_idle(10_000).expect("run");
     assert_eq!(metrics_of(&engine, 2).prompt_tokens_restored, 40);
 }
+
+#[test]
+fn h5_a_restore_without_draft_state_replays_its_last_page_into_a_replay_page() {
+    // One full-attention group, three draft tokens. A checkpoint at 64 tokens (a block boundary) restores
+    // without the draft model's state: the draft model replays the last page (16 tokens) into a replay page,
+    // a copy on write of the shared last block, which the ticket's credits budget (the geometry's replay
+    // page, checked after every step). Inside a page (70 tokens) it replays the 6 tokens of the partial page.
+    for (prompt_len, replayed) in [(64, TPP), (70, 70 % TPP)] {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+            let mut params = geometry_params(policy, 257, 1, windowed_groups(40, 0, false));
+            params.draft_tokens = 3;
+            let mut engine = Engine::new(params).expect("runs");
+            let prompt = tokens(51, 0, 0, prompt_len);
+            let _output = seed_checkpoint(&mut engine, 1, &prompt, 1);
+            let mut turn = spec(2, [prompt, tokens(51, 1, 0, 20)].concat(), 4, engine.now());
+            turn.is_later_turn = true;
+            engine.submit(turn).unwrap();
+            let id = kv_pool::RequestId(2);
+            // While the import copies, the pages in use are its own (every policy).
+            for _ in 0..10_000 {
+                if engine.restore_gauges().copies_in_flight > 0 {
+                    break;
+                }
+                engine.step().expect("step");
+            }
+            let pool = engine.pool();
+            let imported: Vec<kv_pool::PageId> = (1..pool.n_total())
+                .map(kv_pool::PageId)
+                .filter(|&page| pool.ref_count(page).unwrap() > 0)
+                .collect();
+            for _ in 0..10_000 {
+                let view = engine.request(id).expect("live");
+                if view.phase.name() == "running" && view.n_computed > prompt_len {
+                    break;
+                }
+                engine.step().expect("step");
+                engine.check_invariants().expect("invariants");
+            }
+            let view = engine.request(id).expect("running");
+            let last = (prompt_len / TPP - 1) as usize;
+            let replay_page_copied = !imported.contains(&view.page_table[last]);
+            assert_eq!(
+                replay_page_copied,
+                prompt_len % TPP == 0,
+                "{policy:?}, {prompt_len}: the replay page is a copy exactly on a block boundary"
+            );
+            let _steps = engine.run_until_idle(10_000).expect("run");
+            let metrics = metrics_of(&engine, 2);
+            assert_eq!(metrics.prompt_tokens_restored, prompt_len, "{policy:?}: {metrics:?}");
+            assert_eq!(metrics.draft_replay_tokens, replayed, "{policy:?}, {prompt_len}");
+            assert_eq!(engine.leaked_pages(), 0);
+        }
+    }
+}
+
+#[test]
+fn h5_a_checkpoint_with_draft_state_resumes_drafting_without_a_replay() {
+    // The auxiliary group holds the draft hidden state: it is captured and restored with the checkpoint, so
+    // drafting resumes at once, on a block boundary or inside a page.
+    for prompt_len in [64, 70] {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+            let mut params = geometry_params(policy, 257, 1, hybrid_groups());
+            params.draft_tokens = 3;
+            let mut engine = Engine::new(params).expect("runs");
+            let prompt = tokens(52, 0, 0, prompt_len);
+            let _output = seed_checkpoint(&mut engine, 1, &prompt, 1);
+            let mut turn = spec(2, [prompt, tokens(52, 1, 0, 20)].concat(), 4, engine.now());
+            turn.is_later_turn = true;
+            engine.submit(turn).unwrap();
+            while !engine.is_idle() {
+                engine.step().expect("step");
+                engine.check_invariants().expect("invariants");
+            }
+            let metrics = metrics_of(&engine, 2);
+            assert_eq!(metrics.prompt_tokens_restored, prompt_len, "{policy:?}: {metrics:?}");
+            assert_eq!(metrics.draft_replay_tokens, 0, "{policy:?}: no replay");
+            // Both fixed-page kinds came back byte for byte: the recurrent state and the two draft pages.
+            assert_eq!(engine.pages_verified(), u64::from(prompt_len.div_ceil(TPP)) + 3);
+        }
+    }
+}

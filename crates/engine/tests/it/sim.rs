@@ -75,6 +75,8 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         watermark_pages: rng.below(4) as u32,
         copy_task_limit: 1 + rng.below(4) as u32,
         capture_prefill_tail: rng.below(2) == 0,
+        // Draft decoding: restores without draft state replay their last page (H5).
+        draft_tokens: [0, 0, 1, 3][rng.below(4) as usize],
         seed,
         ..defaults
     };
