@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::page::{BlockKey, PageId};
+use crate::page::{BlockKey, BlockKeyHashBuilder, PageId};
 
 /// Slot value of a page that holds no key.
 const NO_SLOT: u32 = u32::MAX;
@@ -13,7 +13,7 @@ const NO_SLOT: u32 = u32::MAX;
 /// Cached block keys, both ways.
 #[derive(Debug, Clone)]
 pub(crate) struct PrefixIndex {
-    page_by_key: HashMap<BlockKey, PageId>,
+    page_by_key: HashMap<BlockKey, PageId, BlockKeyHashBuilder>,
     /// Per page, its slot in `keys` (`NO_SLOT` when it holds no key).
     slot_by_page: Vec<u32>,
     /// The held keys, dense; `pages[slot]` holds `keys[slot]`.
@@ -25,7 +25,7 @@ impl PrefixIndex {
     /// An empty index over pages `0..n_pages`.
     pub(crate) fn new(n_pages: u32) -> PrefixIndex {
         PrefixIndex {
-            page_by_key: HashMap::new(),
+            page_by_key: HashMap::with_hasher(BlockKeyHashBuilder::new()),
             slot_by_page: vec![NO_SLOT; n_pages as usize],
             keys: Vec::new(),
             pages: Vec::new(),
