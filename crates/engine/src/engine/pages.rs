@@ -2,10 +2,8 @@
 //! block registration in the prefix index, checkpoint capture into the store (E2), byte-for-byte verification
 //! of restores (E3), and the moves of a request between queues (preemption, fallback, release).
 
-use std::sync::Arc;
-
 use checkpoint_transfer::{
-    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
+    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageBuf, PageSlot,
 };
 use kv_pool::PageStorage;
 use kv_pool::RequestId;
@@ -156,14 +154,31 @@ impl<E: Executor> Engine<E> {
             req.keys[..n_blocks].to_vec(),
             self.layout.clone(),
         );
-        let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_blocks);
-        for &page in &req.pages[..n_blocks] {
-            self.storage.read(0, page, &mut self.page_buf)?;
-            pages.push(Arc::from(self.page_buf.as_slice()));
+        let capacity_bytes = self.store.stats().capacity_bytes;
+        if meta.payload_bytes() > capacity_bytes {
+            // What `put` would refuse (`Error::TooLarge`, before it looks at the pages): no page is read.
+            tracing::debug!(
+                request = %id,
+                bytes = meta.payload_bytes(),
+                capacity_bytes,
+                "checkpoint not stored: larger than the store"
+            );
+            return Ok(());
+        }
+        // One buffer for the whole checkpoint, one shared view per page: one allocation per capture.
+        let bytes_per_page = self.page_buf.len();
+        let mut bytes = vec![0u8; n_blocks * bytes_per_page];
+        for (&page, dst) in req.pages[..n_blocks]
+            .iter()
+            .zip(bytes.chunks_exact_mut(bytes_per_page))
+        {
+            self.storage.read(0, page, dst)?;
         }
         let checkpoint = Checkpoint {
             meta,
-            payload: CheckpointPayload { ranks: vec![pages] },
+            payload: CheckpointPayload {
+                ranks: vec![PageBuf::split(bytes, bytes_per_page)],
+            },
         };
         match self.store.put(checkpoint) {
             Ok(_outcome) => {}
