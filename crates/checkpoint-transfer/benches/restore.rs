@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::{
-    CopyEngine, CopyJob, CopyOutcome, CopyWork, CudaCopyEngine, ThreadedCopyEngine,
+    CopyEngine, CopyJob, CopyOutcome, CopyWork, CudaCopyEngine, PageBuf, ThreadedCopyEngine,
 };
 use kv_pool::Timestamp;
 use kv_pool::{HostStorage, PageId, PageStorage};
@@ -31,14 +31,14 @@ fn median(mut samples: Vec<f64>) -> f64 {
     samples[samples.len() / 2]
 }
 
-fn restore_job(sources: &[Arc<[u8]>]) -> CopyJob {
+fn restore_job(sources: &[PageBuf]) -> CopyJob {
     CopyJob {
         rank: 0,
         work: CopyWork::Restore {
             pages: sources
                 .iter()
                 .enumerate()
-                .map(|(idx, bytes)| (Arc::clone(bytes), PageId(idx as u32 + 1)))
+                .map(|(idx, bytes)| (bytes.clone(), PageId(idx as u32 + 1)))
                 .collect(),
         },
     }
@@ -59,7 +59,7 @@ fn main() {
         total_bytes >> 20
     );
 
-    let sources: Vec<Arc<[u8]>> = (0..n_pages)
+    let sources: Vec<PageBuf> = (0..n_pages)
         .map(|page| {
             (0..BYTES_PER_PAGE)
                 .map(|i| (i ^ page) as u8)
@@ -148,7 +148,7 @@ fn main() {
 }
 
 /// Median CUDA restore GiB/s and median pinned-upload GiB/s.
-fn cuda_figures(sources: &[Arc<[u8]>], reps: usize) -> Result<(f64, f64), String> {
+fn cuda_figures(sources: &[PageBuf], reps: usize) -> Result<(f64, f64), String> {
     let n_pages = sources.len();
     let total_bytes = n_pages * BYTES_PER_PAGE;
     let mut copies =

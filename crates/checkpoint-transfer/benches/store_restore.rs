@@ -96,7 +96,7 @@ fn restore_gib_s(
                 pages: read.payload.ranks[0]
                     .iter()
                     .enumerate()
-                    .map(|(idx, bytes)| (Arc::clone(bytes), PageId(idx as u32 + 1)))
+                    .map(|(idx, bytes)| (bytes.clone(), PageId(idx as u32 + 1)))
                     .collect(),
             },
         };

@@ -2,13 +2,12 @@
 //! generation, block keys of its token prefix, the layout and the pages it holds) and its page payload
 //! (`CheckpointPayload`: bytes per rank and page). These are the serde types of the system.
 
-use std::sync::Arc;
-
 use kv_pool::BlockKey;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Invalid, Mismatch};
 use crate::layout::{GroupKind, LayoutDescriptor, groups_to_string};
+use crate::page_buf::PageBuf;
 
 /// Longest checkpoint id accepted, in bytes (hex-encoded file names must stay under 255 bytes).
 pub const CHECKPOINT_ID_BYTES_MAX: usize = 100;
@@ -285,7 +284,7 @@ impl CheckpointMeta {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointPayload {
     /// Per rank, per checkpoint page, the page's bytes.
-    pub ranks: Vec<Vec<Arc<[u8]>>>,
+    pub ranks: Vec<Vec<PageBuf>>,
 }
 
 impl CheckpointPayload {

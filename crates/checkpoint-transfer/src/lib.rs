@@ -7,6 +7,7 @@ pub mod copy;
 mod error;
 mod index;
 mod layout;
+mod page_buf;
 pub mod store;
 
 pub use checkpoint::{
@@ -23,6 +24,7 @@ pub use index::{
     RESTORE_LOOKUPS_MAX, ResidentIndex, StageRequest,
 };
 pub use layout::{GroupKind, LayoutDescriptor};
+pub use page_buf::PageBuf;
 pub use store::{
     CheckpointStore, DiskStore, HostStore, PutOutcome, RedisStore, RejectedFile, RejectedKey,
     StoreStats, check_redis_url,

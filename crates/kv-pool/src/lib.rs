@@ -13,6 +13,6 @@ mod storage;
 pub use error::{Error, Result};
 pub use geometry::{CacheGroup, Continuation, Geometry, GroupKind, RestoreNeed};
 pub use ids::{AdmissionOrder, RequestId, Timestamp};
-pub use page::{BlockKey, PageId};
+pub use page::{BlockKey, BlockKeyHashBuilder, BlockKeyHasher, PageId};
 pub use pool::{Eviction, PagePool};
 pub use storage::{CudaStorage, HostStorage, PageStorage, cuda_available};

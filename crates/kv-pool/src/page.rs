@@ -1,5 +1,7 @@
 //! Page ids and prefix block keys: the two names every other layer uses for pool memory.
 
+use std::hash::{BuildHasher, Hasher, RandomState};
+
 /// Index of a page in the pool. Page 0 is the null page: never allocated, never freed; it marks positions
 /// that hold nothing (for example tokens that left a sliding window).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -82,6 +84,71 @@ impl BlockKey {
             keys.push(key);
         }
         keys
+    }
+}
+
+/// Builds the hashers of hash maps keyed by [`BlockKey`] (the pool's prefix index, a checkpoint store's
+/// block-key index). A key is already a BLAKE3 output, uniform over its 32 bytes, so one folded multiply of
+/// its first eight bytes with a per-map random seed spreads keys over the table: SipHash over 32 bytes per
+/// probe took a tenth of a replay's time. Keys are attacker-influenced (they hash request tokens), but the seed
+/// is unknown to the attacker, so choosing keys that share a bucket means finding BLAKE3 outputs whose first
+/// 64 bits collide, one pair per 2^32 hashes and many-way collisions far more; equality still compares the
+/// whole key. Use it for maps keyed by `BlockKey` only: other keys are not uniform.
+#[derive(Clone, Debug)]
+pub struct BlockKeyHashBuilder {
+    seed: u64,
+}
+
+impl BlockKeyHashBuilder {
+    /// A builder with a fresh random seed (from the standard library's per-process random keys).
+    pub fn new() -> Self {
+        Self {
+            seed: RandomState::new().hash_one(0x6b76_6761_7465_u64) | 1,
+        }
+    }
+}
+
+impl Default for BlockKeyHashBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl BuildHasher for BlockKeyHashBuilder {
+    type Hasher = BlockKeyHasher;
+
+    fn build_hasher(&self) -> BlockKeyHasher {
+        BlockKeyHasher {
+            seed: self.seed,
+            state: 0,
+        }
+    }
+}
+
+/// The hasher [`BlockKeyHashBuilder`] builds.
+#[derive(Debug)]
+pub struct BlockKeyHasher {
+    seed: u64,
+    state: u64,
+}
+
+impl Hasher for BlockKeyHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // `BlockKey`'s derived `Hash` writes its 32 bytes in one call; the first eight are enough.
+        let mut word = [0u8; 8];
+        let n = bytes.len().min(8);
+        word[..n].copy_from_slice(&bytes[..n]);
+        let mixed = u128::from(u64::from_le_bytes(word) ^ self.state ^ self.seed)
+            * u128::from(0x9e37_79b9_7f4a_7c15_u64);
+        self.state = (mixed as u64) ^ ((mixed >> 64) as u64);
+    }
+
+    fn write_usize(&mut self, _len: usize) {
+        // The length prefix of an array's bytes (always 32 for a key) adds nothing.
+    }
+
+    fn finish(&self) -> u64 {
+        self.state
     }
 }
 

@@ -20,6 +20,7 @@ use kv_pool::Timestamp;
 
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
 use crate::error::{Error, Result};
+use crate::page_buf::PageBuf;
 
 /// Pinned staging pages in the ring: copies into staging page `k + STAGING_PAGES` wait for the DMA out of
 /// staging page `k`, so host copies overlap device transfers.
@@ -34,7 +35,7 @@ struct CudaJob {
     event: Option<CudaEvent>,
     cancelled: bool,
     failure: Option<String>,
-    captured: Vec<Arc<[u8]>>,
+    captured: Vec<PageBuf>,
 }
 
 /// Copies through a dedicated CUDA stream.
@@ -158,7 +159,7 @@ impl CudaCopyEngine {
     }
 
     /// Enqueues every transfer of `job`; the first error stops it.
-    fn enqueue(&mut self, job: &CopyJob, captured: &mut Vec<Arc<[u8]>>) -> Result<(), String> {
+    fn enqueue(&mut self, job: &CopyJob, captured: &mut Vec<PageBuf>) -> Result<(), String> {
         let rank = job.rank;
         match &job.work {
             CopyWork::Restore { pages } => {
@@ -193,7 +194,7 @@ impl CudaCopyEngine {
                     let bytes = guarded_str("capturing a page", || {
                         let view = arena.slice(range);
                         stream.memcpy_dtoh(&view, staging)?;
-                        Ok(Arc::<[u8]>::from(staging.as_slice()?))
+                        Ok(PageBuf::from(staging.as_slice()?))
                     })?;
                     captured.push(bytes);
                 }
@@ -279,7 +280,7 @@ impl CudaCopyEngine {
         id: CopyJobId,
         rank: u32,
         failure: Option<String>,
-        captured: Vec<Arc<[u8]>>,
+        captured: Vec<PageBuf>,
     ) -> Result<CopyJobId> {
         // The stream was synchronized: nothing of this job can still touch a page.
         self.in_flight.push_back(CudaJob {

@@ -12,6 +12,7 @@ use kv_pool::{PageId, PageStorage};
 
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
 use crate::error::Result;
+use crate::page_buf::PageBuf;
 
 /// The modeled cost of a copy: `latency + bytes / bandwidth_bytes_per_s`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -201,7 +202,7 @@ impl InlineCopyEngine {
                             reason: e.to_string(),
                         };
                     }
-                    captured.push(Arc::from(buffer));
+                    captured.push(PageBuf::from(buffer));
                 }
                 CopyOutcome::Done { captured }
             }

@@ -8,8 +8,6 @@ mod cuda;
 mod inline;
 mod threaded;
 
-use std::sync::Arc;
-
 use kv_pool::PageId;
 use kv_pool::Timestamp;
 
@@ -18,6 +16,7 @@ pub use inline::{CopyModel, Fault, InlineCopyEngine};
 pub use threaded::ThreadedCopyEngine;
 
 use crate::error::{Error, Result};
+use crate::page_buf::PageBuf;
 
 /// Identifies one submitted copy job within its engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -29,7 +28,7 @@ pub enum CopyWork {
     /// Store buffers into pool pages (restore): each buffer is written to its page.
     Restore {
         /// `(source bytes, destination page)`, one per page.
-        pages: Vec<(Arc<[u8]>, PageId)>,
+        pages: Vec<(PageBuf, PageId)>,
     },
     /// Pool pages into new buffers (capture), returned in the completion in this order.
     Capture {
@@ -71,7 +70,7 @@ pub enum CopyOutcome {
     /// Every page was copied. For a capture, the pages' bytes in job order (empty for a restore).
     Done {
         /// Captured page bytes.
-        captured: Vec<Arc<[u8]>>,
+        captured: Vec<PageBuf>,
     },
     /// Cancelled; whatever it wrote is garbage, but it writes nothing more.
     Cancelled,

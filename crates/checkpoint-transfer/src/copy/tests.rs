@@ -20,10 +20,11 @@ use crate::copy::{
     InlineCopyEngine, ThreadedCopyEngine,
 };
 use crate::error::Error;
+use crate::page_buf::PageBuf;
 
 const BYTES_PER_PAGE: usize = 256;
 
-fn page_bytes(seed: u8) -> Arc<[u8]> {
+fn page_bytes(seed: u8) -> PageBuf {
     (0..BYTES_PER_PAGE)
         .map(|i| (i as u8).wrapping_mul(3) ^ seed)
         .collect::<Vec<u8>>()

@@ -14,6 +14,7 @@ use kv_pool::{PageId, PageStorage};
 
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
 use crate::error::{Error, Result};
+use crate::page_buf::PageBuf;
 
 /// Worker threads copying pages with memcpy.
 pub struct ThreadedCopyEngine {
@@ -44,12 +45,12 @@ struct JobShared {
     remaining: AtomicUsize,
     cancelled: AtomicBool,
     failure: Mutex<Option<String>>,
-    captured: Mutex<Vec<Option<Arc<[u8]>>>>,
+    captured: Mutex<Vec<Option<PageBuf>>>,
     done_tx: Sender<CopyCompletion>,
 }
 
 enum TaskItem {
-    Restore(Arc<[u8]>, PageId),
+    Restore(PageBuf, PageId),
     Capture(PageId, usize),
 }
 
@@ -221,7 +222,7 @@ fn run_worker(task_rx: &Receiver<Task>, storage: &dyn PageStorage) {
                     match storage.read(job.rank, page, &mut buffer) {
                         Ok(()) => {
                             job.captured.lock().unwrap_or_else(PoisonError::into_inner)[idx] =
-                                Some(Arc::from(buffer));
+                                Some(PageBuf::from(buffer));
                             None
                         }
                         Err(e) => Some(e.to_string()),

@@ -2,8 +2,6 @@
 //! source page with one reference while any rank's copy may still read it, and reports the checkpoint once
 //! every rank finished.
 
-use std::sync::Arc;
-
 use kv_pool::{PageId, PagePool};
 use kv_pool::{RequestId, Timestamp};
 
@@ -11,6 +9,7 @@ use crate::checkpoint::{Checkpoint, CheckpointMeta, CheckpointPayload};
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
 use crate::error::{Invalid, Result};
 use crate::index::{CaptureId, ImportEvent, ResidentIndex, release_page};
+use crate::page_buf::PageBuf;
 
 #[derive(Debug)]
 pub(crate) struct CaptureState {
@@ -19,7 +18,7 @@ pub(crate) struct CaptureState {
     /// Source pages, each pinned by one reference of the index.
     pub(crate) pages: Vec<PageId>,
     jobs: Vec<CopyJobId>,
-    captured: Vec<Vec<Arc<[u8]>>>,
+    captured: Vec<Vec<PageBuf>>,
     failure: Option<String>,
 }
 

@@ -19,6 +19,7 @@ use crate::index::{
     StageRequest,
 };
 use crate::layout::LayoutDescriptor;
+use crate::page_buf::PageBuf;
 use crate::store::{CheckpointStore, HostStore};
 
 const BYTES_PER_PAGE: usize = 64;
@@ -55,7 +56,7 @@ fn checkpoint(id: &str, n_tokens: u32) -> Checkpoint {
                     let bytes: Vec<u8> = (0..BYTES_PER_PAGE)
                         .map(|i| (i as u32 * 7 + rank * 13 + page as u32 * 29 + n_tokens) as u8)
                         .collect();
-                    Arc::from(bytes)
+                    PageBuf::from(bytes)
                 })
                 .collect()
         })

@@ -17,10 +17,10 @@ mod holders;
 
 use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{BuildHasher, Hasher, RandomState};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use kv_pool::BlockKey;
+use kv_pool::{BlockKey, BlockKeyHashBuilder};
 
 use crate::checkpoint::{CheckpointId, CheckpointMeta, PrefixQuery};
 use crate::error::{Error, Result};
@@ -45,7 +45,7 @@ pub(crate) struct Catalog {
     /// Per block key, the serials of the entries holding it, ascending (serials only grow, so an insert
     /// appends and the newest holder is last; an eviction removes the least recently used, usually among the
     /// oldest, near the front, where a spilled `Holders` removes without moving the rest).
-    by_block_key: HashMap<BlockKey, Holders, KeyHashBuilder>,
+    by_block_key: HashMap<BlockKey, Holders, BlockKeyHashBuilder>,
     by_serial: HashMap<u64, CheckpointId>,
     next_serial: u64,
     recency: BTreeMap<u64, CheckpointId>,
@@ -60,7 +60,7 @@ impl Catalog {
         Self {
             entries: HashMap::new(),
             by_last_key: HashMap::new(),
-            by_block_key: HashMap::with_hasher(KeyHashBuilder::new()),
+            by_block_key: HashMap::with_hasher(BlockKeyHashBuilder::new()),
             by_serial: HashMap::new(),
             next_serial: 0,
             recency: BTreeMap::new(),
@@ -298,57 +298,5 @@ fn add_holder<S: BuildHasher>(map: &mut HashMap<BlockKey, Holders, S>, key: Bloc
         MapEntry::Vacant(slot) => {
             slot.insert(Holders::one(serial));
         }
-    }
-}
-
-/// Hashes block keys for the block-key index. A key is already a BLAKE3 output, so one folded multiply of
-/// its first eight bytes with a per-catalog random seed spreads it over the table (SipHash over 32 bytes
-/// per block dominated a replay's time); the unknown seed keeps crafted keys from choosing their bucket.
-#[derive(Clone, Debug)]
-struct KeyHashBuilder {
-    seed: u64,
-}
-
-impl KeyHashBuilder {
-    fn new() -> Self {
-        Self {
-            seed: RandomState::new().hash_one(0x6b76_6761_7465_u64) | 1,
-        }
-    }
-}
-
-impl BuildHasher for KeyHashBuilder {
-    type Hasher = KeyHasher;
-
-    fn build_hasher(&self) -> KeyHasher {
-        KeyHasher {
-            seed: self.seed,
-            state: 0,
-        }
-    }
-}
-
-struct KeyHasher {
-    seed: u64,
-    state: u64,
-}
-
-impl Hasher for KeyHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8).take(1) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            let mixed = u128::from(u64::from_le_bytes(word) ^ self.state ^ self.seed)
-                * u128::from(0x9e37_79b9_7f4a_7c15_u64);
-            self.state = (mixed as u64) ^ ((mixed >> 64) as u64);
-        }
-    }
-
-    fn write_usize(&mut self, _len: usize) {
-        // The length prefix of a key's bytes: always 32.
-    }
-
-    fn finish(&self) -> u64 {
-        self.state
     }
 }

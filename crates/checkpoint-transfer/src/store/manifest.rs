@@ -5,9 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use std::sync::Arc;
-
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload};
+use crate::page_buf::PageBuf;
 
 /// Manifest format this build writes and reads (2: the manifest carries a checksum of its own bytes).
 pub const MANIFEST_FORMAT_VERSION: u32 = 2;
@@ -157,14 +156,14 @@ impl ManifestBody {
         let mut ranks = Vec::with_capacity(layout.n_ranks as usize);
         let mut chunks = bytes.chunks_exact((layout.bytes_per_page as usize).max(1));
         for rank in 0..layout.n_ranks as usize {
-            let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_pages);
+            let mut pages: Vec<PageBuf> = Vec::with_capacity(n_pages);
             for page_idx in 0..n_pages {
                 let flat_idx = rank * n_pages + page_idx;
                 let page = chunks.next().unwrap_or_default();
                 if Some(blake3::hash(page).as_bytes()) != self.page_checksums.get(flat_idx) {
                     return Err(format!("page {page_idx} of rank {rank} fails its checksum"));
                 }
-                pages.push(Arc::from(page));
+                pages.push(PageBuf::from(page));
             }
             ranks.push(pages);
         }

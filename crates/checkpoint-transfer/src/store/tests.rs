@@ -3,8 +3,6 @@
 //! ownership, shrinking, hostile files, manifest checksum and write failures in `durability`; kill -9 at
 //! random points in `crash`; the Redis store against a real server in `redis`.
 
-use std::sync::Arc;
-
 use kv_pool::BlockKey;
 
 use crate::checkpoint::{
@@ -12,6 +10,7 @@ use crate::checkpoint::{
 };
 use crate::error::{Error, Mismatch};
 use crate::layout::{GroupKind, LayoutDescriptor};
+use crate::page_buf::PageBuf;
 use crate::store::manifest::seal as seal_manifest;
 use crate::store::{CheckpointStore, DiskStore, HostStore, MANIFEST_FORMAT_VERSION};
 
@@ -45,7 +44,7 @@ fn checkpoint(id: &str, generation: u64, tokens: &[u32]) -> Checkpoint {
                             (i as u8) ^ rank.wrapping_mul(31) ^ (page as u8) ^ (generation as u8)
                         })
                         .collect();
-                    Arc::from(bytes)
+                    PageBuf::from(bytes)
                 })
                 .collect()
         })

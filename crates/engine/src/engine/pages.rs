@@ -2,10 +2,8 @@
 //! block registration in the prefix index, checkpoint capture into the store (E2), byte-for-byte verification
 //! of restores (E3), and the moves of a request between queues (preemption, fallback, release).
 
-use std::sync::Arc;
-
 use checkpoint_transfer::{
-    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
+    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageBuf, PageSlot,
 };
 use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId, PageStorage};
@@ -413,14 +411,21 @@ impl<E: Executor> Engine<E> {
             req.keys[..n_blocks].to_vec(),
             self.layout.clone(),
         );
+        if self.too_large_for_the_store(id, &meta) {
+            return Ok(());
+        }
+        // One buffer per rank for the whole checkpoint, one shared view per page: one allocation per rank.
+        let bytes_per_page = self.page_buf.len();
         let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
         for rank in 0..self.storage.n_ranks() {
-            let mut pages: Vec<Arc<[u8]>> = Vec::with_capacity(n_blocks);
-            for &page in &req.pages[..n_blocks] {
-                self.storage.read(rank, page, &mut self.page_buf)?;
-                pages.push(Arc::from(self.page_buf.as_slice()));
+            let mut bytes = vec![0u8; n_blocks * bytes_per_page];
+            for (&page, dst) in req.pages[..n_blocks]
+                .iter()
+                .zip(bytes.chunks_exact_mut(bytes_per_page))
+            {
+                self.storage.read(rank, page, dst)?;
             }
-            ranks.push(pages);
+            ranks.push(PageBuf::split(bytes, bytes_per_page));
         }
         self.put_checkpoint(
             id,
@@ -432,9 +437,26 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
+    /// Whether a checkpoint of `meta` is larger than the whole store: `put` would refuse it
+    /// (`Error::TooLarge`, before it looks at the pages), so no page is read.
+    fn too_large_for_the_store(&self, id: RequestId, meta: &CheckpointMeta) -> bool {
+        let capacity_bytes = self.store.stats().capacity_bytes;
+        if meta.payload_bytes() <= capacity_bytes {
+            return false;
+        }
+        tracing::debug!(
+            request = %id,
+            bytes = meta.payload_bytes(),
+            capacity_bytes,
+            "checkpoint not stored: larger than the store"
+        );
+        true
+    }
+
     /// Captures hybrid `id` at exactly its computed tokens `n` (H2, H6): its block table's pages, the partial
-    /// last one included, and its fixed pages (state, auxiliary). The partial page and the fixed pages are
-    /// written first with what recompute writes at `n` (see `groups.rs`).
+    /// last one included, every windowed table's live pages and its fixed pages (state, auxiliary). The
+    /// partial pages and the fixed pages are written first with what recompute writes at `n` (see
+    /// `groups.rs`).
     fn capture_hybrid(&mut self, id: RequestId, kind: CheckpointKind) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
@@ -459,33 +481,46 @@ impl<E: Executor> Engine<E> {
             .collect();
         let checkpoint_id = CheckpointId::new(format!("{hex}-{n_tokens}"))
             .map_err(|error| Error::internal(format!("checkpoint id: {error}")))?;
-        let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
-        for rank in 0..self.storage.n_ranks() {
-            let mut payload: Vec<Arc<[u8]>> = Vec::with_capacity(pages.len());
-            for (slot_idx, &page) in pages.iter().enumerate() {
-                if boundary.is_partial(slot_idx) {
-                    // The partial page and the fixed pages hold what recompute writes at exactly `n`.
-                    let write = boundary.write(slot_idx, rank, page);
-                    self.executor.fill_page(&write, &mut self.page_buf);
-                    self.storage.write(rank, page, &self.page_buf)?;
-                }
-                self.storage.read(rank, page, &mut self.page_buf)?;
-                payload.push(Arc::from(self.page_buf.as_slice()));
-            }
-            ranks.push(payload);
-        }
         self.generation += 1;
         let meta = CheckpointMeta {
             id: checkpoint_id,
             generation: self.generation,
             kind,
             n_tokens: n_tokens as usize,
-            draft_prefix_len: 0,
+            // An auxiliary group carries the draft model's state at exactly `n` (H5).
+            draft_prefix_len: if self.groups.carries_draft_state() {
+                n_tokens as usize
+            } else {
+                0
+            },
             block_keys: req.keys[..n_full].to_vec(),
             tail_tokens: req.tokens[n_full * block_tokens as usize..n_tokens as usize].to_vec(),
             layout: self.layout.clone(),
-            pages: boundary.slots,
+            pages: boundary.slots.clone(),
         };
+        if self.too_large_for_the_store(id, &meta) {
+            return Ok(());
+        }
+        let bytes_per_page = self.page_buf.len();
+        let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
+        for rank in 0..self.storage.n_ranks() {
+            let mut bytes = vec![0u8; pages.len() * bytes_per_page];
+            for ((slot_idx, &page), dst) in pages
+                .iter()
+                .enumerate()
+                .zip(bytes.chunks_exact_mut(bytes_per_page))
+            {
+                if boundary.is_partial(slot_idx) {
+                    // The partial pages and the fixed pages hold what recompute writes at exactly `n`.
+                    let write = boundary.write(slot_idx, rank, page);
+                    self.executor.fill_page(&write, dst);
+                    self.storage.write(rank, page, dst)?;
+                } else {
+                    self.storage.read(rank, page, dst)?;
+                }
+            }
+            ranks.push(PageBuf::split(bytes, bytes_per_page));
+        }
         self.put_checkpoint(
             id,
             Checkpoint {

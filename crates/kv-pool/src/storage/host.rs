@@ -1,7 +1,8 @@
-//! `HostStorage`: page bytes in aligned host memory, safe code only. Every page is its own allocation behind
-//! its own `RwLock`, so copy workers writing different pages never wait on each other. A page starts on a
-//! 4096-byte boundary when pages are at least 16 KiB, else on a 64-byte (cache line) boundary: the buffer
-//! is over-allocated by the alignment and the page view starts at the first aligned byte.
+//! `HostStorage`: page bytes in aligned host memory, safe code only. Every page is behind its own `RwLock`,
+//! so copy workers writing different pages never wait on each other: a page of at most a cache line sits
+//! inside its lock, a larger one is its own allocation. A page starts on a 4096-byte boundary when pages are
+//! at least 16 KiB, else on a 64-byte (cache line) boundary: a larger buffer is over-allocated by the
+//! alignment and the page view starts at the first aligned byte.
 
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -20,7 +21,17 @@ pub struct HostStorage {
     shape: Shape,
     align_bytes: usize,
     /// Page `p` of rank `r` at index `r * n_pages + p`.
-    pages: Vec<RwLock<AlignedPage>>,
+    pages: Pages,
+}
+
+/// The pages, each behind its own lock.
+#[derive(Debug)]
+enum Pages {
+    /// Pages of at most one cache line (the simulator's): the bytes sit inside the lock, so an access touches
+    /// one 128-byte block instead of a lock and a separate buffer, and the storage is one allocation.
+    Lines(Vec<RwLock<Line>>),
+    /// Larger pages: one over-allocated buffer each.
+    Buffers(Vec<RwLock<AlignedPage>>),
 }
 
 impl HostStorage {
@@ -34,9 +45,19 @@ impl HostStorage {
             LINE_ALIGN_BYTES
         };
         let n_buffers = n_ranks as usize * n_pages as usize;
-        let pages = (0..n_buffers)
-            .map(|_| RwLock::new(AlignedPage::zeroed(bytes_per_page, align_bytes)))
-            .collect();
+        let pages = if bytes_per_page <= LINE_ALIGN_BYTES {
+            Pages::Lines(
+                (0..n_buffers)
+                    .map(|_| RwLock::new(Line([0; LINE_ALIGN_BYTES])))
+                    .collect(),
+            )
+        } else {
+            Pages::Buffers(
+                (0..n_buffers)
+                    .map(|_| RwLock::new(AlignedPage::zeroed(bytes_per_page, align_bytes)))
+                    .collect(),
+            )
+        };
         Ok(HostStorage {
             shape,
             align_bytes,
@@ -53,8 +74,11 @@ impl HostStorage {
     /// Errors: `RankOutOfRange`, `PageOutOfRange`.
     pub fn with_page<R>(&self, rank: u32, page: PageId, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
         self.shape.check_page(rank, page)?;
-        let guard = self.read_lock(rank, page);
-        Ok(f(guard.bytes()))
+        let (idx, len) = (self.index(rank, page), self.shape.bytes_per_page);
+        Ok(match &self.pages {
+            Pages::Lines(pages) => f(read_lock(pages, idx).view(len)),
+            Pages::Buffers(pages) => f(read_lock(pages, idx).view(len)),
+        })
     }
 
     /// Run `f` over the mutable bytes of page `page` of `rank`. Errors: `RankOutOfRange`,
@@ -66,26 +90,46 @@ impl HostStorage {
         f: impl FnOnce(&mut [u8]) -> R,
     ) -> Result<R> {
         self.shape.check_writable(rank, page)?;
-        let mut guard = self.write_lock(rank, page);
-        Ok(f(guard.bytes_mut()))
+        let (idx, len) = (self.index(rank, page), self.shape.bytes_per_page);
+        Ok(match &self.pages {
+            Pages::Lines(pages) => f(write_lock(pages, idx).view_mut(len)),
+            Pages::Buffers(pages) => f(write_lock(pages, idx).view_mut(len)),
+        })
     }
 
     fn index(&self, rank: u32, page: PageId) -> usize {
         rank as usize * self.shape.n_pages as usize + page.idx()
     }
+}
 
-    // Page bytes are plain data: a panic while one was locked leaves no broken invariant, so poisoning is
-    // ignored.
-    fn read_lock(&self, rank: u32, page: PageId) -> RwLockReadGuard<'_, AlignedPage> {
-        self.pages[self.index(rank, page)]
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
+/// The bytes of one page, whatever holds them.
+trait PageBytes {
+    /// The page's first `len` bytes (`len` is the storage's page size, which fits).
+    fn view(&self, len: usize) -> &[u8];
+    fn view_mut(&mut self, len: usize) -> &mut [u8];
+}
 
-    fn write_lock(&self, rank: u32, page: PageId) -> RwLockWriteGuard<'_, AlignedPage> {
-        self.pages[self.index(rank, page)]
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
+// Page bytes are plain data: a panic while one was locked leaves no broken invariant, so poisoning is
+// ignored. Indexes are checked against the shape before these are called.
+fn read_lock<T: PageBytes>(pages: &[RwLock<T>], idx: usize) -> RwLockReadGuard<'_, T> {
+    pages[idx].read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write_lock<T: PageBytes>(pages: &[RwLock<T>], idx: usize) -> RwLockWriteGuard<'_, T> {
+    pages[idx].write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Copies page `src` over page `dst` (different pages), locking in index order so two opposite copies
+/// cannot deadlock.
+fn copy_page<T: PageBytes>(pages: &[RwLock<T>], src: usize, dst: usize, len: usize) {
+    if src < dst {
+        let from = read_lock(pages, src);
+        let mut to = write_lock(pages, dst);
+        to.view_mut(len).copy_from_slice(from.view(len));
+    } else {
+        let mut to = write_lock(pages, dst);
+        let from = read_lock(pages, src);
+        to.view_mut(len).copy_from_slice(from.view(len));
     }
 }
 
@@ -118,17 +162,28 @@ impl PageStorage for HostStorage {
         if src == dst {
             return Ok(());
         }
-        // Lock in page order so two opposite copies cannot deadlock.
-        if src < dst {
-            let from = self.read_lock(rank, src);
-            let mut to = self.write_lock(rank, dst);
-            to.bytes_mut().copy_from_slice(from.bytes());
-        } else {
-            let mut to = self.write_lock(rank, dst);
-            let from = self.read_lock(rank, src);
-            to.bytes_mut().copy_from_slice(from.bytes());
+        let (from, to) = (self.index(rank, src), self.index(rank, dst));
+        let len = self.shape.bytes_per_page;
+        match &self.pages {
+            Pages::Lines(pages) => copy_page(pages, from, to, len),
+            Pages::Buffers(pages) => copy_page(pages, from, to, len),
         }
         Ok(())
+    }
+}
+
+/// One cache line holding a page of at most `LINE_ALIGN_BYTES` bytes at its start.
+#[derive(Debug)]
+#[repr(align(64))]
+struct Line([u8; LINE_ALIGN_BYTES]);
+
+impl PageBytes for Line {
+    fn view(&self, len: usize) -> &[u8] {
+        &self.0[..len]
+    }
+
+    fn view_mut(&mut self, len: usize) -> &mut [u8] {
+        &mut self.0[..len]
     }
 }
 
@@ -137,7 +192,6 @@ impl PageStorage for HostStorage {
 struct AlignedPage {
     buffer: Vec<u8>,
     offset: usize,
-    len: usize,
 }
 
 impl AlignedPage {
@@ -147,18 +201,16 @@ impl AlignedPage {
         // The buffer never grows, so its address (and the view's alignment) is fixed.
         let misalignment = buffer.as_ptr().addr() % align_bytes;
         let offset = (align_bytes - misalignment) % align_bytes;
-        AlignedPage {
-            buffer,
-            offset,
-            len,
-        }
+        AlignedPage { buffer, offset }
+    }
+}
+
+impl PageBytes for AlignedPage {
+    fn view(&self, len: usize) -> &[u8] {
+        &self.buffer[self.offset..self.offset + len]
     }
 
-    fn bytes(&self) -> &[u8] {
-        &self.buffer[self.offset..self.offset + self.len]
-    }
-
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        &mut self.buffer[self.offset..self.offset + self.len]
+    fn view_mut(&mut self, len: usize) -> &mut [u8] {
+        &mut self.buffer[self.offset..self.offset + len]
     }
 }

@@ -100,16 +100,19 @@ fn check_backend(storage: &dyn PageStorage) {
 
 #[test]
 fn host_storage_round_trips_copies_and_errors() {
-    let storage = HostStorage::new(2, 4, 100).unwrap();
-    assert_eq!(
-        (
-            storage.n_ranks(),
-            storage.n_pages(),
-            storage.bytes_per_page()
-        ),
-        (2, 4, 100)
-    );
-    check_backend(&storage);
+    // Pages inside their lock (up to a cache line) and pages in their own buffer.
+    for bytes_per_page in [1, 32, 64, 65, 100] {
+        let storage = HostStorage::new(2, 4, bytes_per_page).unwrap();
+        assert_eq!(
+            (
+                storage.n_ranks(),
+                storage.n_pages(),
+                storage.bytes_per_page()
+            ),
+            (2, 4, bytes_per_page)
+        );
+        check_backend(&storage);
+    }
 }
 
 #[test]
@@ -138,6 +141,9 @@ fn host_storage_rejects_bad_shapes() {
 fn host_pages_are_aligned() {
     for (bytes_per_page, align_bytes) in [
         (1, 64),
+        (32, 64),
+        (64, 64),
+        (65, 64),
         (100, 64),
         (4096, 64),
         (16 * 1024, 4096),
@@ -194,7 +200,13 @@ fn host_with_page_closures_see_the_page_bytes_and_check_ids() {
 
 #[test]
 fn host_storage_takes_concurrent_writers_and_opposite_copies() {
-    let storage = Arc::new(HostStorage::new(2, 65, 256).unwrap());
+    for bytes_per_page in [32, 256] {
+        concurrent_writers_and_opposite_copies(bytes_per_page);
+    }
+}
+
+fn concurrent_writers_and_opposite_copies(bytes_per_page: usize) {
+    let storage = Arc::new(HostStorage::new(2, 65, bytes_per_page).unwrap());
     let writers: Vec<_> = (0..4u32)
         .map(|worker| {
             let storage = Arc::clone(&storage);
@@ -202,7 +214,7 @@ fn host_storage_takes_concurrent_writers_and_opposite_copies() {
                 for page in (1 + worker * 16)..(1 + (worker + 1) * 16) {
                     for rank in 0..2 {
                         storage
-                            .write(rank, PageId(page), &pattern(page as u8, 256))
+                            .write(rank, PageId(page), &pattern(page as u8, bytes_per_page))
                             .unwrap();
                     }
                 }
@@ -220,10 +232,10 @@ fn host_storage_takes_concurrent_writers_and_opposite_copies() {
     for writer in writers {
         writer.join().unwrap();
     }
-    let mut buffer = vec![0; 256];
+    let mut buffer = vec![0; bytes_per_page];
     for page in 2..64 {
         storage.read(1, PageId(page), &mut buffer).unwrap();
-        assert_eq!(buffer, pattern(page as u8, 256), "page {page}");
+        assert_eq!(buffer, pattern(page as u8, bytes_per_page), "page {page}");
     }
 }
 

@@ -4,8 +4,6 @@
 //! checkpoints through supersede, eviction and removal (a proptest against a scan).
 #![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
-use std::sync::Arc;
-
 use kv_pool::BlockKey;
 use proptest::prelude::*;
 
@@ -16,6 +14,7 @@ use crate::checkpoint::{
 };
 use crate::error::Mismatch;
 use crate::layout::{GroupKind, LayoutDescriptor};
+use crate::page_buf::PageBuf;
 use crate::store::{CheckpointStore, DiskStore, HostStore};
 
 /// `(id, matching blocks)` of the block-prefix lookup for `request`.
@@ -59,9 +58,9 @@ fn checkpoint_for_groups(
             .iter()
             .map(|&(group, key_idx)| PageSlot { group, key_idx }),
     );
-    let page: Arc<[u8]> = Arc::from(vec![7u8; BYTES_PER_PAGE as usize]);
+    let page = PageBuf::from(vec![7u8; BYTES_PER_PAGE as usize]);
     let ranks = (0..meta.layout.n_ranks)
-        .map(|_| vec![Arc::clone(&page); meta.pages.len()])
+        .map(|_| vec![page.clone(); meta.pages.len()])
         .collect();
     Checkpoint {
         meta,
