@@ -11,7 +11,7 @@ mod request;
 
 pub use engine::{Engine, RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
 pub use error::{Error, Result};
-pub use executor::{CostModel, Executor, SimExecutor};
+pub use executor::{CostModel, Executor, ReferenceConfig, ReferenceExecutor, SimExecutor};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
 pub use params::{CopyEngineKind, EngineParams};
 pub use policy::Policy;

@@ -27,6 +27,7 @@ mod groups;
 mod invariants;
 mod lifecycle;
 mod pages;
+mod recompute;
 mod report;
 mod req;
 mod step;
@@ -101,6 +102,8 @@ pub struct Engine<E: Executor = SimExecutor> {
     last_step_isolated: bool,
     pages_verified: u64,
     page_buf: Vec<u8>,
+    /// The tokens the executor's model sampled this step, taken by `sample` (L3).
+    model_tokens: HashMap<RequestId, u32>,
 }
 
 impl<E: Executor> std::fmt::Debug for Engine<E> {
@@ -124,9 +127,14 @@ impl Engine<SimExecutor> {
 }
 
 impl<E: Executor> Engine<E> {
-    /// An engine driving `executor`.
-    pub fn with_executor(params: EngineParams, executor: E) -> Result<Self> {
+    /// An engine driving `executor`. An executor that needs pages of its own size (a real model) sets
+    /// `sim_bytes_per_page` to it; it checks the rest of `params` itself (`Executor::check_params`).
+    pub fn with_executor(mut params: EngineParams, executor: E) -> Result<Self> {
+        if let Some(bytes_per_page) = executor.bytes_per_page() {
+            params.sim_bytes_per_page = bytes_per_page;
+        }
         params.validate()?;
+        executor.check_params(&params)?;
         let tokens_per_page = params.geometry.tokens_per_page();
         let n_ranks = params.geometry.context_parallel();
         let n_pages = params.pool_pages();
@@ -194,6 +202,7 @@ impl<E: Executor> Engine<E> {
             last_step_isolated: false,
             between_steps: StepReport::default(),
             pages_verified: 0,
+            model_tokens: HashMap::new(),
         })
     }
 
@@ -212,6 +221,7 @@ impl<E: Executor> Engine<E> {
         if spec.prompt.is_empty() {
             return Err(Error::EmptyPrompt { request: id });
         }
+        self.executor.check_request(&spec)?;
         if spec.max_output_tokens == 0 {
             return Err(Error::InvalidParam {
                 name: "max_output_tokens",

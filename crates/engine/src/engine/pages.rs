@@ -241,7 +241,8 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn write_computed(&mut self, id: RequestId, start: u32, end: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
-        if end > start {
+        // An executor with a model wrote its pages itself (L3).
+        if end > start && !self.executor.writes_pages() {
             for page_idx in start / block_tokens..end / block_tokens {
                 for rank in 0..self.storage.n_ranks() {
                     let write = PageWrite {
@@ -373,7 +374,7 @@ impl<E: Executor> Engine<E> {
         for rank in 0..self.storage.n_ranks() {
             let mut payload: Vec<Arc<[u8]>> = Vec::with_capacity(pages.len());
             for (slot_idx, &page) in pages.iter().enumerate() {
-                if boundary.is_partial(slot_idx) {
+                if boundary.is_partial(slot_idx) && !self.executor.writes_pages() {
                     // The partial page and the fixed pages hold what recompute writes at exactly `n`.
                     let write = boundary.write(slot_idx, rank, page);
                     self.executor.fill_page(&write, &mut self.page_buf);
@@ -499,6 +500,9 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn verify_import(&mut self, id: RequestId, first_block: u32, tokens: u32) -> Result<()> {
         if !self.params.verify_restores {
             return Ok(());
+        }
+        if self.executor.writes_pages() {
+            return self.verify_by_recompute(id, first_block, tokens);
         }
         if self.groups.is_hybrid() {
             return self.verify_hybrid_import(id, tokens);

@@ -3,6 +3,7 @@
 //! while nothing is scheduled yet, Q5, Q6), streaming resumes (Q7), admissions, and finally the executor's
 //! work, its page bytes, sampling, captures (E2) and completions.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::CheckpointKind;
@@ -10,7 +11,7 @@ use kv_pool::{RequestId, Timestamp};
 use reservation::TicketState;
 
 use super::pages::AllocKind;
-use super::req::{Phase, Restore};
+use super::req::{Phase, Req, Restore};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{DecodeWork, Executor, PrefillWork, StepBatch};
@@ -41,20 +42,29 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn batch(&self, draft_tokens: u32) -> StepBatch {
+    /// The executor's view of the plan: each entry's tokens and page tables, borrowed from `reqs`.
+    fn batch<'a>(&self, reqs: &'a HashMap<RequestId, Req>, draft_tokens: u32) -> StepBatch<'a> {
         let mut batch = StepBatch::default();
         for &(request, work) in &self.entries {
+            let Some(req) = reqs.get(&request) else {
+                continue;
+            };
             match work {
                 Work::Prefill { first_pos, n } => batch.prefills.push(PrefillWork {
                     request,
                     first_pos,
                     n_tokens: n,
+                    tokens: req.tokens_at(first_pos, n),
+                    pages: req.page_tables(),
+                    samples: first_pos + n >= req.tokens.len() as u32,
                 }),
                 Work::Decode { context } => {
                     batch.decodes.push(DecodeWork {
                         request,
                         context_tokens: context,
                         n_tokens: 1 + draft_tokens,
+                        tokens: req.tokens_at(context, 1),
+                        pages: req.page_tables(),
                     });
                 }
                 Work::LogitsOnly => batch.logits_only.push(request),
@@ -211,8 +221,10 @@ impl<E: Executor> Engine<E> {
             }
             return Ok(());
         }
-        let batch = plan.batch(self.params.draft_tokens);
-        let duration = self.executor.execute(&batch);
+        let batch = plan.batch(&self.reqs, self.params.draft_tokens);
+        let output = self.executor.execute(&batch, &*self.storage)?;
+        let duration = output.duration;
+        self.model_tokens.extend(output.tokens);
         report.duration = duration;
         self.now = self.now.after(duration.max(Duration::from_nanos(1)));
         self.apply(&plan, report)
@@ -462,6 +474,7 @@ impl<E: Executor> Engine<E> {
     fn sample(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let now = self.now;
+        let model_token = self.model_tokens.remove(&id);
         let req = super::req::live(&mut self.reqs, id)?;
         let index = req.output.len() as u32;
         let stop = req
@@ -470,6 +483,8 @@ impl<E: Executor> Engine<E> {
             .is_some_and(|stop_after| req.answer_tokens + 1 >= stop_after);
         let token = if stop {
             STOP_TOKEN
+        } else if let Some(token) = model_token {
+            token
         } else {
             let prompt = &req.tokens[..req.submitted_prompt_len as usize];
             output_token(&req.spec.salt, prompt, index)
