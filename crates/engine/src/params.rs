@@ -28,6 +28,18 @@ pub enum CopyEngineKind {
     Cuda,
 }
 
+/// Which clock the engine runs on (L1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClockKind {
+    /// Time advances by each step's duration and jumps to the next event when nothing runs: deterministic
+    /// with the simulated executor. The default.
+    #[default]
+    Simulated,
+    /// Time is the wall clock's: copies run while steps run, an idle step waits (at most
+    /// `WALL_IDLE_WAIT`) instead of jumping, arrivals come at their wall time.
+    Wall,
+}
+
 /// Everything an engine is built from. `EngineParams::default()` is a small single-GPU setup.
 #[derive(Clone, Debug)]
 pub struct EngineParams {
@@ -79,6 +91,8 @@ pub struct EngineParams {
     pub seed: u64,
     /// The copy engine (L1). Default `Inline`.
     pub copy_engine: CopyEngineKind,
+    /// The clock (L1). Default `Simulated`.
+    pub clock: ClockKind,
     /// The liveness watchdog (K3): when live requests exist and none produced a token or ended for this long
     /// on the engine clock, or for `STALL_STEPS_MAX` steps, `Engine::step` fails with `Error::Stalled`
     /// naming the stuck requests. Default 1 hour.
@@ -122,6 +136,7 @@ impl Default for EngineParams {
             seed: 0,
             stall_timeout: Duration::from_secs(3600),
             copy_engine: CopyEngineKind::Inline,
+            clock: ClockKind::Simulated,
         }
     }
 }

@@ -79,7 +79,12 @@ fn page_content_depends_on_group_rank_position_and_prefix() {
     page_content(0, 0, 0, &key, &mut a);
     page_content(0, 0, 0, &key, &mut b);
     assert_eq!(a, b);
-    for (group, rank, pos, key) in [(1, 0, 0, key), (0, 1, 0, key), (0, 0, 16, key), (0, 0, 0, other)] {
+    for (group, rank, pos, key) in [
+        (1, 0, 0, key),
+        (0, 1, 0, key),
+        (0, 0, 16, key),
+        (0, 0, 0, other),
+    ] {
         page_content(group, rank, pos, &key, &mut b);
         assert_ne!(a, b);
     }

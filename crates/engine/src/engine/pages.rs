@@ -114,7 +114,9 @@ impl<E: Executor> Engine<E> {
             1 + req
                 .windows
                 .iter()
-                .filter(|table| table.len() == req.pages.len() && table.last().is_some_and(|p| !p.is_null()))
+                .filter(|table| {
+                    table.len() == req.pages.len() && table.last().is_some_and(|p| !p.is_null())
+                })
                 .count() as u32
         } else {
             0
@@ -158,9 +160,9 @@ impl<E: Executor> Engine<E> {
             }
             targets.extend(req.fixed.iter_mut().map(|page| (page, false)));
             for (target, in_window) in targets {
-                let fresh = pages
-                    .next()
-                    .ok_or_else(|| Error::internal(format!("{id}: too few pages to copy on write")))?;
+                let fresh = pages.next().ok_or_else(|| {
+                    Error::internal(format!("{id}: too few pages to copy on write"))
+                })?;
                 for rank in 0..self.storage.n_ranks() {
                     self.storage.copy(rank, *target, fresh)?;
                 }
@@ -219,7 +221,8 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         let before = req.window_credit_pages.len();
-        req.window_credit_pages.retain(|page| !released.contains(page));
+        req.window_credit_pages
+            .retain(|page| !released.contains(page));
         let credited = (before - req.window_credit_pages.len()) as u32;
         self.pool.free_all(&released)?;
         if ticket
@@ -359,9 +362,13 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         let n_full = (n_tokens / block_tokens) as usize;
-        let boundary =
-            self.groups
-                .boundary(&req.tokens, &req.keys, &req.spec.salt, n_tokens, block_tokens);
+        let boundary = self.groups.boundary(
+            &req.tokens,
+            &req.keys,
+            &req.spec.salt,
+            n_tokens,
+            block_tokens,
+        );
         let exact = boundary.exact;
         let pages = self.boundary_pages(id, n_tokens)?;
         let hex: String = exact.0[..12]
@@ -417,7 +424,9 @@ impl<E: Executor> Engine<E> {
         for (window, table) in req.windows.iter().enumerate() {
             let first = self.groups.window_first_block(window, n_tokens) as usize;
             let live = table.get(first..n_pages).ok_or_else(|| {
-                Error::internal(format!("{id}: window {window} lacks blocks {first}..{n_pages}"))
+                Error::internal(format!(
+                    "{id}: window {window} lacks blocks {first}..{n_pages}"
+                ))
             })?;
             if live.iter().any(|page| page.is_null()) {
                 return Err(Error::internal(format!(
@@ -497,7 +506,12 @@ impl<E: Executor> Engine<E> {
 
     /// E3: checks that every page of `id`'s published import of `tokens` tokens (its blocks from `first_block`
     /// on) holds what recomputing its prefix writes.
-    pub(crate) fn verify_import(&mut self, id: RequestId, first_block: u32, tokens: u32) -> Result<()> {
+    pub(crate) fn verify_import(
+        &mut self,
+        id: RequestId,
+        first_block: u32,
+        tokens: u32,
+    ) -> Result<()> {
         if !self.params.verify_restores {
             return Ok(());
         }
@@ -556,9 +570,9 @@ impl<E: Executor> Engine<E> {
             .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))?
             .to_vec();
         let req = &self.reqs[&id];
-        let boundary = self
-            .groups
-            .boundary(&req.tokens, &req.keys, &req.spec.salt, tokens, block_tokens);
+        let boundary =
+            self.groups
+                .boundary(&req.tokens, &req.keys, &req.spec.salt, tokens, block_tokens);
         if boundary.slots.len() != dest.len() {
             return Err(Error::internal(format!(
                 "{id}: an import of {} pages for a boundary of {} pages",

@@ -50,7 +50,9 @@ impl<E: Executor> Engine<E> {
                     None => fixed.next(),
                 };
                 let bytes = bytes.ok_or_else(|| {
-                    Error::internal(format!("{id}: no recomputed page for checkpoint slot {slot_idx}"))
+                    Error::internal(format!(
+                        "{id}: no recomputed page for checkpoint slot {slot_idx}"
+                    ))
                 })?;
                 checks.push((slot_idx as u32, page, bytes));
             }

@@ -4,7 +4,7 @@
 //! work, its page bytes, sampling, captures (E2) and completions.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use checkpoint_transfer::CheckpointKind;
 use kv_pool::{RequestId, Timestamp};
@@ -191,6 +191,7 @@ impl<E: Executor> Engine<E> {
     }
 
     fn step_inner(&mut self, report: &mut StepReport) -> Result<()> {
+        self.now = self.clock.step_start(self.now);
         self.process_arrivals()?;
         self.poll_imports(report)?;
         self.poll_restores(report)?;
@@ -213,7 +214,7 @@ impl<E: Executor> Engine<E> {
         let _evictions = self.pool.take_evictions();
         if plan.entries.is_empty() {
             match self.next_event_at() {
-                Some(at) if at > self.now => self.now = at,
+                Some(at) if at > self.now => self.now = self.clock.idle_until(self.now, at),
                 Some(_) => {}
                 // Copies whose end the clock cannot know (threaded): nothing else can run, so wait for them.
                 None if self.copies.n_in_flight() > 0 => self.wait_for_copies(report)?,
@@ -226,7 +227,7 @@ impl<E: Executor> Engine<E> {
         let duration = output.duration;
         self.model_tokens.extend(output.tokens);
         report.duration = duration;
-        self.now = self.now.after(duration.max(Duration::from_nanos(1)));
+        self.now = self.clock.after_step(self.now, duration);
         self.apply(&plan, report)
     }
 

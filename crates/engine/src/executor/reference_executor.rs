@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use kv_pool::{GroupKind, HostStorage, PageId, PageStorage};
 
 use super::{
-    Executor, ForwardEntry, ModelStorage, PageTables, PageWrite, RecomputedPages,
-    ReferenceConfig, ReferenceModel, StepBatch, StepOutput,
+    Executor, ForwardEntry, ModelStorage, PageTables, PageWrite, RecomputedPages, ReferenceConfig,
+    ReferenceModel, StepBatch, StepOutput,
 };
 use crate::error::{Error, Result};
 use crate::params::EngineParams;
@@ -43,7 +43,9 @@ impl ReferenceExecutor {
     /// `Error::InvalidParam` when its pages are larger than a pool page may be.
     pub fn new(config: ReferenceConfig) -> Result<ReferenceExecutor> {
         let model = ReferenceModel::new(config)?;
-        let bytes = config.bytes_per_page().max(config.recurrent_bytes_per_page());
+        let bytes = config
+            .bytes_per_page()
+            .max(config.recurrent_bytes_per_page());
         let bytes_per_page = u32::try_from(bytes)
             .ok()
             .filter(|&bytes| bytes <= EngineParams::SIM_BYTES_PER_PAGE_MAX)
@@ -78,7 +80,10 @@ impl ReferenceExecutor {
     }
 
     /// The model's view of the pool storage: attention and recurrent pages of their own sizes.
-    fn storages<'a>(&self, storage: &'a dyn PageStorage) -> (PagePrefix<'a>, Option<PagePrefix<'a>>) {
+    fn storages<'a>(
+        &self,
+        storage: &'a dyn PageStorage,
+    ) -> (PagePrefix<'a>, Option<PagePrefix<'a>>) {
         let config = self.model.config();
         let attention = PagePrefix {
             inner: storage,
@@ -129,7 +134,11 @@ impl ReferenceExecutor {
             return Ok(());
         }
         let logits = self.model.forward(storage, entries)?;
-        next_tokens.extend(logits.into_iter().map(|logits| logits.map(|l| l.next_token)));
+        next_tokens.extend(
+            logits
+                .into_iter()
+                .map(|logits| logits.map(|l| l.next_token)),
+        );
         Ok(())
     }
 }
@@ -158,26 +167,45 @@ impl Executor for ReferenceExecutor {
         let started = Instant::now();
         self.steps += 1;
         let prefills = batch.prefills.iter().map(|work| {
-            (work.request, work.first_pos, work.tokens, work.pages, work.samples)
+            (
+                work.request,
+                work.first_pos,
+                work.tokens,
+                work.pages,
+                work.samples,
+            )
         });
         let decodes = batch.decodes.iter().map(|work| {
-            (work.request, work.context_tokens, work.tokens, work.pages, true)
+            (
+                work.request,
+                work.context_tokens,
+                work.tokens,
+                work.pages,
+                true,
+            )
         });
         let works: Vec<_> = prefills.chain(decodes).collect();
         let tokens: Vec<Vec<u32>> = works
             .iter()
-            .map(|work| work.2.iter().map(|&token| self.model_token(token)).collect())
+            .map(|work| {
+                work.2
+                    .iter()
+                    .map(|&token| self.model_token(token))
+                    .collect()
+            })
             .collect();
         let entries: Vec<ForwardEntry<'_>> = works
             .iter()
             .zip(&tokens)
-            .map(|(&(_, first_pos, _, pages, samples), tokens)| ForwardEntry {
-                tokens,
-                first_pos,
-                attention_pages: pages.block_table,
-                recurrent_page: recurrent_page(self.model.config(), pages),
-                want_logits: samples,
-            })
+            .map(
+                |(&(_, first_pos, _, pages, samples), tokens)| ForwardEntry {
+                    tokens,
+                    first_pos,
+                    attention_pages: pages.block_table,
+                    recurrent_page: recurrent_page(self.model.config(), pages),
+                    want_logits: samples,
+                },
+            )
             .collect();
         let (attention, recurrent) = self.storages(storage);
         let model_storage = ModelStorage {
@@ -225,7 +253,11 @@ impl Executor for ReferenceExecutor {
             })
         };
         let kinds: Vec<GroupKind> = geometry.groups().iter().map(|group| group.kind).collect();
-        let expected: Vec<GroupKind> = config.cache_groups().iter().map(|group| group.kind).collect();
+        let expected: Vec<GroupKind> = config
+            .cache_groups()
+            .iter()
+            .map(|group| group.kind)
+            .collect();
         if kinds != expected {
             return unsupported(format!(
                 "cache groups {kinds:?}, but the model has {expected:?} (one full-attention group, and one \
@@ -271,7 +303,11 @@ impl Executor for ReferenceExecutor {
         Ok(())
     }
 
-    fn recompute(&mut self, prefix: &[u32], bytes_per_page: usize) -> Result<Option<RecomputedPages>> {
+    fn recompute(
+        &mut self,
+        prefix: &[u32],
+        bytes_per_page: usize,
+    ) -> Result<Option<RecomputedPages>> {
         let config = *self.model.config();
         let mut pages = RecomputedPages::default();
         if prefix.is_empty() {
@@ -286,7 +322,10 @@ impl Executor for ReferenceExecutor {
         let recurrent = (config.n_recurrent_layers > 0)
             .then(|| HostStorage::new(1, 2, config.recurrent_bytes_per_page()))
             .transpose()?;
-        let tokens: Vec<u32> = prefix.iter().map(|&token| self.model_token(token)).collect();
+        let tokens: Vec<u32> = prefix
+            .iter()
+            .map(|&token| self.model_token(token))
+            .collect();
         let table: Vec<PageId> = (1..=n_blocks).map(PageId).collect();
         let entry = ForwardEntry {
             tokens: &tokens,

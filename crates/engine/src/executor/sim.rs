@@ -44,7 +44,13 @@ impl Executor for SimExecutor {
     }
 
     fn fill_page(&self, write: &PageWrite, out: &mut [u8]) {
-        page_content(write.group, write.rank, write.first_pos, &write.prefix_key, out);
+        page_content(
+            write.group,
+            write.rank,
+            write.first_pos,
+            &write.prefix_key,
+            out,
+        );
     }
 
     fn copy_time(&self, n_tokens: u32) -> Duration {

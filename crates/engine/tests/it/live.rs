@@ -1,13 +1,16 @@
 //! The reference executor in the step loop (L3-L5): real KV and recurrent state through the page tables,
 //! greedy tokens, restore == recompute bit for bit, the same tokens after a restore as after a recompute
-//! under every policy, and a corrupted copy caught by verification.
+//! under every policy, a corrupted copy caught by verification, and the wall clock (L1).
+
+use std::time::Duration;
 
 use checkpoint_transfer::Fault;
 use engine::executor::{ForwardEntry, ModelStorage};
 use engine::{
-    Engine, Executor, EngineParams, Error, Policy, ReferenceConfig, ReferenceExecutor, RequestSpec,
+    Clock, ClockKind, CopyEngineKind, Engine, EngineParams, Error, Executor, Policy,
+    ReferenceConfig, ReferenceExecutor, RequestSpec, SimClock, WallClock,
 };
-use kv_pool::{CacheGroup, Geometry, GroupKind, HostStorage, PageId, RequestId};
+use kv_pool::{CacheGroup, Geometry, GroupKind, HostStorage, PageId, RequestId, Timestamp};
 
 use crate::agents::tokens;
 use crate::contract::spec;
@@ -98,7 +101,9 @@ fn l3_reference_executor_decodes_through_page_tables_as_the_model_alone() {
         let config = config(recurrent);
         let mut engine = ref_engine(Policy::Reserved, recurrent);
         // Three requests interleaved in chunks: their pages are scattered over the pool.
-        let prompts: Vec<Vec<u32>> = (0..3).map(|agent| tokens(3, agent, 0, 70 + 25 * agent)).collect();
+        let prompts: Vec<Vec<u32>> = (0..3)
+            .map(|agent| tokens(3, agent, 0, 70 + 25 * agent))
+            .collect();
         for (id, prompt) in prompts.iter().enumerate() {
             engine
                 .submit(spec(id as u64, prompt.clone(), 6, engine.now()))
@@ -122,7 +127,9 @@ fn l3_reference_executor_decodes_through_page_tables_as_the_model_alone() {
 fn restore_and_recompute(policy: Policy, recurrent: bool) -> (u32, u64, Vec<u32>, Vec<u32>) {
     let mut engine = ref_engine(policy, recurrent);
     let prompt = tokens(5, 0, 0, 150);
-    engine.submit(spec(1, prompt.clone(), 5, engine.now())).unwrap();
+    engine
+        .submit(spec(1, prompt.clone(), 5, engine.now()))
+        .unwrap();
     let first = run(&mut engine);
     engine.reset_prefix_cache().unwrap();
     let turn2 = [prompt, first[0].1.clone(), tokens(5, 0, 1, 20)].concat();
@@ -137,7 +144,12 @@ fn restore_and_recompute(policy: Policy, recurrent: bool) -> (u32, u64, Vec<u32>
         .unwrap()
         .prompt_tokens_restored;
     let mut fresh = ref_engine(policy, recurrent);
-    fresh.submit(RequestSpec { arrival: fresh.now(), ..later }).unwrap();
+    fresh
+        .submit(RequestSpec {
+            arrival: fresh.now(),
+            ..later
+        })
+        .unwrap();
     let recomputed = run(&mut fresh);
     (
         restored_tokens,
@@ -154,10 +166,16 @@ fn l4_restored_kv_and_state_equal_recompute_and_generate_the_same_tokens_under_e
             let (restored_tokens, verified, after_restore, after_recompute) =
                 restore_and_recompute(policy, recurrent);
             let case = format!("{} (recurrent {recurrent})", policy.name());
-            assert!(restored_tokens >= 144, "{case}: restored {restored_tokens} tokens");
+            assert!(
+                restored_tokens >= 144,
+                "{case}: restored {restored_tokens} tokens"
+            );
             // Every restored page (the recurrent state page included) matched a recompute byte for byte.
             assert!(verified >= 9, "{case}: {verified} pages verified");
-            assert_eq!(after_restore, after_recompute, "{case}: model-output equivalence");
+            assert_eq!(
+                after_restore, after_recompute,
+                "{case}: model-output equivalence"
+            );
         }
     }
 }
@@ -168,13 +186,20 @@ fn l5_a_corrupted_copy_is_caught_by_the_reference_executors_verification() {
         let mut engine = ref_engine(Policy::Reserved, recurrent);
         assert!(engine.params().verify_restores);
         let prompt = tokens(9, 0, 0, 120);
-        engine.submit(spec(1, prompt.clone(), 3, engine.now())).unwrap();
+        engine
+            .submit(spec(1, prompt.clone(), 3, engine.now()))
+            .unwrap();
         let first = run(&mut engine);
         engine.reset_prefix_cache().unwrap();
         engine
             .inject_copy_fault(Fault::CorruptNext { rank: 0, byte: 7 })
             .unwrap();
-        let mut later = spec(2, [prompt, first[0].1.clone(), vec![1, 2, 3]].concat(), 2, engine.now());
+        let mut later = spec(
+            2,
+            [prompt, first[0].1.clone(), vec![1, 2, 3]].concat(),
+            2,
+            engine.now(),
+        );
         later.is_later_turn = true;
         engine.submit(later).unwrap();
         let error = loop {
@@ -191,7 +216,11 @@ fn l5_a_corrupted_copy_is_caught_by_the_reference_executors_verification() {
                 ..
             } => {
                 assert_eq!((request, block, byte), (RequestId(2), 0, 7));
-                assert!(error.to_string().contains("differs from recompute at byte 7"));
+                assert!(
+                    error
+                        .to_string()
+                        .contains("differs from recompute at byte 7")
+                );
             }
             other => panic!("expected a restore mismatch, got {other}"),
         }
@@ -216,7 +245,10 @@ fn l3_reference_executor_refuses_other_geometries_draft_tokens_and_saved_logits(
     let with_aux = Geometry::new(with_aux, 16, 1, 4096).unwrap();
     for (geometry, expect) in [
         (full_only, "cache groups"),
-        (wrong_page, "32 tokens per page, but the model's pages hold 16"),
+        (
+            wrong_page,
+            "32 tokens per page, but the model's pages hold 16",
+        ),
         (two_ranks, "2 context-parallel ranks"),
         (with_aux, "cache groups"),
     ] {
@@ -225,7 +257,10 @@ fn l3_reference_executor_refuses_other_geometries_draft_tokens_and_saved_logits(
             ..base.clone()
         })
         .unwrap_err();
-        assert!(matches!(error, Error::UnsupportedGeometry { .. }), "{error}");
+        assert!(
+            matches!(error, Error::UnsupportedGeometry { .. }),
+            "{error}"
+        );
         assert!(error.to_string().contains(expect), "{error}");
     }
     let error = build(EngineParams {
@@ -233,7 +268,16 @@ fn l3_reference_executor_refuses_other_geometries_draft_tokens_and_saved_logits(
         ..base.clone()
     })
     .unwrap_err();
-    assert!(matches!(error, Error::InvalidParam { name: "draft_tokens", .. }), "{error}");
+    assert!(
+        matches!(
+            error,
+            Error::InvalidParam {
+                name: "draft_tokens",
+                ..
+            }
+        ),
+        "{error}"
+    );
     let invalid = ReferenceExecutor::new(ReferenceConfig {
         head_dim: 3,
         ..config
@@ -244,5 +288,81 @@ fn l3_reference_executor_refuses_other_geometries_draft_tokens_and_saved_logits(
     let mut with_logits = spec(1, vec![1, 2, 3], 1, engine.now());
     with_logits.saved_logits = true;
     let error = engine.submit(with_logits).unwrap_err();
-    assert!(matches!(error, Error::InvalidParam { name: "saved_logits", .. }), "{error}");
+    assert!(
+        matches!(
+            error,
+            Error::InvalidParam {
+                name: "saved_logits",
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn l1_the_same_step_loop_runs_on_the_wall_clock_with_threaded_copies_and_real_compute() {
+    for policy in Policy::ALL {
+        let config = config(true);
+        let params = EngineParams {
+            clock: ClockKind::Wall,
+            copy_engine: CopyEngineKind::Threaded { workers: 2 },
+            ..ref_params(policy, &config, 257)
+        };
+        let mut engine =
+            Engine::with_executor(params, ReferenceExecutor::new(config).unwrap()).unwrap();
+        assert_eq!(engine.clock_name(), "wall");
+        let prompt = tokens(13, 0, 0, 100);
+        engine
+            .submit(spec(1, prompt.clone(), 4, engine.now()))
+            .unwrap();
+        let first = run(&mut engine);
+        engine.reset_prefix_cache().unwrap();
+        // Turn 2 arrives 30 ms of wall time later: the engine waits for it instead of jumping.
+        let think = Duration::from_millis(30);
+        let submitted = engine.now();
+        let turn2 = [prompt, first[0].1.clone(), tokens(13, 0, 1, 10)].concat();
+        let mut later = spec(2, turn2.clone(), 4, submitted.after(think));
+        later.is_later_turn = true;
+        engine.submit(later.clone()).unwrap();
+        let restored = run(&mut engine);
+        let metrics = engine.metrics();
+        assert_eq!(metrics.later_turns_restored, 1, "{}", policy.name());
+        let turn = engine
+            .request_metrics()
+            .iter()
+            .find(|m| m.id == Some(RequestId(2)))
+            .unwrap()
+            .clone();
+        assert!(turn.first_token.unwrap().since(submitted) >= think);
+        assert!(engine.pages_verified() > 0);
+        // The tokens equal a recompute's on the simulated clock.
+        let mut fresh = ref_engine(policy, true);
+        fresh
+            .submit(RequestSpec {
+                arrival: fresh.now(),
+                ..later
+            })
+            .unwrap();
+        assert_eq!(run(&mut fresh)[0].1, restored[0].1, "{}", policy.name());
+        let _report = engine.shutdown().unwrap();
+    }
+}
+
+#[test]
+fn l1_the_simulated_clock_jumps_and_the_wall_clock_waits() {
+    let start = Timestamp::ZERO;
+    let later = start.after(Duration::from_secs(5));
+    let mut sim = SimClock;
+    assert_eq!(sim.idle_until(start, later), later);
+    assert_eq!(
+        sim.after_step(start, Duration::ZERO),
+        start.after(Duration::from_nanos(1))
+    );
+    let mut wall = WallClock::new();
+    let now = wall.step_start(start);
+    let after_idle = wall.idle_until(now, later);
+    // It waited, but never past its poll interval towards an event seconds away.
+    assert!(after_idle > now && after_idle < later);
+    assert!(wall.after_step(after_idle, Duration::from_secs(60)) < later);
 }
