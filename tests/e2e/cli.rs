@@ -282,3 +282,54 @@ fn a_closed_output_pipe_ends_the_run_quietly() {
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(output.status.success(), "{:?}: {stderr}", output.status);
 }
+
+#[test]
+fn l1_agents_runs_live_with_the_reference_executor_and_reserved_restores_every_later_turn() {
+    let args = [
+        "agents",
+        "--executor",
+        "reference",
+        "--agents",
+        "3",
+        "--turns",
+        "3",
+        "--think-s",
+        "0.05",
+        "--pool-pages",
+        "96",
+        "--json",
+    ];
+    let (ok, stdout, stderr) = kvgate(&args);
+    assert!(ok, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let runs = report["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 4);
+    let pct = |policy: &str| {
+        let run = runs.iter().find(|run| run["policy"] == policy).unwrap();
+        assert_eq!(run["leaked_pages"], 0, "{run}");
+        assert!(
+            run["aggregate_decode_tok_s"].as_f64().unwrap() > 0.0,
+            "{run}"
+        );
+        run["prompt_tokens_from_cache_pct"].as_f64().unwrap()
+    };
+    let reserved = runs.iter().find(|run| run["policy"] == "reserved").unwrap();
+    assert_eq!(reserved["later_turns_restored"], 6, "{reserved}");
+    for policy in ["ordinary", "pages-only"] {
+        assert!(pct("reserved") >= pct(policy), "{policy}: {stdout}");
+    }
+    assert_fails_with(
+        &[
+            "agents",
+            "--executor",
+            "reference",
+            "--preset",
+            "linear-hybrid",
+        ],
+        "the reference executor runs its own model's geometry",
+    );
+    assert_fails_with(
+        &["agents", "--executor", "reference", "--plot", "/tmp"],
+        "a live run without --plot and --metrics-addr",
+    );
+}

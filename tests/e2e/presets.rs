@@ -33,14 +33,22 @@ fn h8_every_model_preset_serves_at_least_98_percent_from_cache_under_reserved() 
         let pages_only = metrics(Policy::PagesOnly);
         for (policy, run, cause) in [
             ("ordinary", &ordinary, FallbackReason::NoPagesAtOnce),
-            ("pages-only", &pages_only, FallbackReason::EvictedBeforeAdmission),
+            (
+                "pages-only",
+                &pages_only,
+                FallbackReason::EvictedBeforeAdmission,
+            ),
         ] {
             assert!(
                 run.prompt_tokens_from_cache_pct < reserved.prompt_tokens_from_cache_pct,
                 "{name}, {policy}"
             );
             assert!(
-                run.restore_fallbacks.get(cause.name()).copied().unwrap_or(0) > 0,
+                run.restore_fallbacks
+                    .get(cause.name())
+                    .copied()
+                    .unwrap_or(0)
+                    > 0,
                 "{name}, {policy} loses by its mechanism: {:?}",
                 run.restore_fallbacks
             );

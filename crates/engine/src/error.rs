@@ -124,6 +124,9 @@ pub enum Error {
     /// The checkpoint store or transfer layer failed.
     #[error(transparent)]
     Transfer(#[from] checkpoint_transfer::Error),
+    /// The reference model refused a batch or failed to read or write its pages (L3).
+    #[error("reference executor: {0}")]
+    Model(#[from] crate::executor::ModelError),
 }
 
 impl Error {

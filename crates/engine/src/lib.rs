@@ -9,11 +9,14 @@ mod params;
 mod policy;
 mod request;
 
-pub use engine::{Engine, RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
+pub use engine::{
+    Clock, Engine, RequestPhase, RequestView, RestoreGauges, ShutdownReport, SimClock, StepReport,
+    WALL_IDLE_WAIT, WallClock,
+};
 pub use error::{Error, Result};
-pub use executor::{CostModel, Executor, SimExecutor};
+pub use executor::{CostModel, Executor, ReferenceConfig, ReferenceExecutor, SimExecutor};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
-pub use params::{CopyEngineKind, EngineParams};
+pub use params::{ClockKind, CopyEngineKind, EngineParams};
 pub use policy::Policy;
 pub use request::{FinishedRequest, RequestSpec, STOP_TOKEN, output_token};
 

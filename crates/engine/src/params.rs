@@ -28,6 +28,18 @@ pub enum CopyEngineKind {
     Cuda,
 }
 
+/// Which clock the engine runs on (L1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClockKind {
+    /// Time advances by each step's duration and jumps to the next event when nothing runs: deterministic
+    /// with the simulated executor. The default.
+    #[default]
+    Simulated,
+    /// Time is the wall clock's: copies run while steps run, an idle step waits (at most
+    /// `WALL_IDLE_WAIT`) instead of jumping, arrivals come at their wall time.
+    Wall,
+}
+
 /// Everything an engine is built from. `EngineParams::default()` is a small single-GPU setup.
 #[derive(Clone, Debug)]
 pub struct EngineParams {
@@ -83,6 +95,8 @@ pub struct EngineParams {
     /// prefill-tail slot, H7). Default false: the instruction slot (`RequestSpec::instruction_tokens`), the
     /// prompt end and the response end are captured always.
     pub capture_prefill_tail: bool,
+    /// The clock (L1). Default `Simulated`.
+    pub clock: ClockKind,
     /// The liveness watchdog (K3): when live requests exist and none produced a token or ended for this long
     /// on the engine clock, or for `STALL_STEPS_MAX` steps, `Engine::step` fails with `Error::Stalled`
     /// naming the stuck requests. Default 1 hour.
@@ -127,6 +141,7 @@ impl Default for EngineParams {
             stall_timeout: Duration::from_secs(3600),
             capture_prefill_tail: false,
             copy_engine: CopyEngineKind::Inline,
+            clock: ClockKind::Simulated,
         }
     }
 }

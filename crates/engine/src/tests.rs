@@ -7,7 +7,7 @@ use kv_pool::BlockKey;
 use kv_pool::{RequestId, Timestamp};
 
 use crate::executor::{
-    CostModel, DecodeWork, Executor, PrefillWork, SimExecutor, StepBatch, page_content,
+    CostModel, DecodeWork, Executor, PageTables, PrefillWork, SimExecutor, StepBatch, page_content,
 };
 use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
 use crate::{EngineParams, Error, Policy, output_token};
@@ -43,24 +43,31 @@ fn cost_model_grows_with_work_and_presets_resolve() {
 #[test]
 fn sim_executor_is_deterministic_and_empty_steps_take_no_time() {
     let mut executor = SimExecutor::new(CostModel::glm_like_moe());
-    assert_eq!(executor.execute(&StepBatch::default()), Duration::ZERO);
+    let storage = kv_pool::HostStorage::new(1, 2, 32).unwrap();
+    let mut run = |batch: &StepBatch<'_>| executor.execute(batch, &storage).unwrap().duration;
+    assert_eq!(run(&StepBatch::default()), Duration::ZERO);
     let batch = StepBatch {
         prefills: vec![PrefillWork {
             request: RequestId(1),
             first_pos: 0,
             n_tokens: 512,
             draft_replay_tokens: 0,
+            tokens: &[],
+            pages: PageTables::default(),
+            samples: false,
         }],
         decodes: vec![DecodeWork {
             request: RequestId(2),
             context_tokens: 4000,
             n_tokens: 1,
             draft_replay_tokens: 0,
+            tokens: &[],
+            pages: PageTables::default(),
         }],
         logits_only: Vec::new(),
     };
-    let first = executor.execute(&batch);
-    assert_eq!(first, executor.execute(&batch));
+    let first = run(&batch);
+    assert_eq!(first, run(&batch));
     assert!(first > Duration::ZERO);
     assert_eq!(executor.steps(), 2);
 }
@@ -74,7 +81,12 @@ fn page_content_depends_on_group_rank_position_and_prefix() {
     page_content(0, 0, 0, &key, &mut a);
     page_content(0, 0, 0, &key, &mut b);
     assert_eq!(a, b);
-    for (group, rank, pos, key) in [(1, 0, 0, key), (0, 1, 0, key), (0, 0, 16, key), (0, 0, 0, other)] {
+    for (group, rank, pos, key) in [
+        (1, 0, 0, key),
+        (0, 1, 0, key),
+        (0, 0, 16, key),
+        (0, 0, 0, other),
+    ] {
         page_content(group, rank, pos, &key, &mut b);
         assert_ne!(a, b);
     }

@@ -15,8 +15,7 @@ mod presets;
 pub use presets::{MODEL_PRESETS, ModelPreset, model_preset};
 
 /// What `model.preset` may name: a cost preset or a model preset.
-const PRESETS_ALLOWED: &str =
-    "one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid, sliding-window (model presets)";
+const PRESETS_ALLOWED: &str = "one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid, sliding-window (model presets)";
 
 /// The environment variable that overrides `restore.max_wait_s` (contract W1).
 pub const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
@@ -612,6 +611,7 @@ impl EngineConfig {
             verify_restores: self.restore.verify || cfg!(debug_assertions),
             copy_engine: self.copy_engine_kind()?,
             capture_prefill_tail: self.restore.capture_prefill_tail,
+            clock: engine::ClockKind::Simulated,
             seed: self.seed,
             stall_timeout: seconds(
                 "scheduler.stall_timeout_s",

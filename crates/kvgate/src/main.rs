@@ -100,19 +100,36 @@ struct RunArgs {
 struct AgentsArgs {
     #[command(flatten)]
     run: RunArgs,
-    /// Agent sessions.
-    #[arg(long, default_value_t = AgentsSpec::default().n_agents)]
-    agents: u32,
-    /// Turns per session.
-    #[arg(long, default_value_t = AgentsSpec::default().turns)]
-    turns: u32,
-    /// Think time between turns, in seconds.
-    #[arg(long, default_value_t = AgentsSpec::default().think_s)]
-    think_s: f64,
+    /// Agent sessions. Default 8.
+    #[arg(long)]
+    agents: Option<u32>,
+    /// Turns per session. Default 32; 8 with `--executor reference`.
+    #[arg(long)]
+    turns: Option<u32>,
+    /// Think time between turns, in seconds. Default 2 (engine time); 0.5 (wall time) with
+    /// `--executor reference`.
+    #[arg(long)]
+    think_s: Option<f64>,
+    /// The executor: `sim` (the default: modeled step times on a simulated clock, fingerprint page bytes) or
+    /// `reference` (a live run: a small seeded transformer computes real KV and recurrent state into the
+    /// pool, threaded copies move real bytes from the host store, on the wall clock, decode tok/s measured;
+    /// its own geometry, 192 pages unless --pool-pages, shorter sessions by default: 8 x 8 turns of
+    /// 1024-token first prompts, 48-token responses, well under a minute on 2 cores).
+    #[arg(long, value_enum, default_value_t = ExecutorArg::Sim)]
+    executor: ExecutorArg,
     /// Serve Prometheus metrics of the running engines at http://ADDR/metrics while the run lasts (for
     /// example 127.0.0.1:9464; port 0 picks a free one, named on stderr).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<String>,
+}
+
+/// Which executor an agents run drives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ExecutorArg {
+    /// The simulated executor.
+    Sim,
+    /// The reference model, live on the wall clock.
+    Reference,
 }
 
 #[derive(Debug, Args)]
@@ -129,7 +146,6 @@ struct ReplayArgs {
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
 }
-
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -193,17 +209,34 @@ fn init_logging() -> kvgate::Result<()> {
 }
 
 fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
+    let live = args.executor == ExecutorArg::Reference;
     let mut config = load_config(&args.run)?;
     if args.run.config.is_none() && args.run.pool_pages.is_none() {
-        config.pool.pages = kvgate::run::agents_pool_pages(&config);
+        config.pool.pages = if live {
+            run::LIVE_POOL_PAGES
+        } else {
+            kvgate::run::agents_pool_pages(&config)
+        };
     }
-    let spec = AgentsSpec {
-        n_agents: args.agents,
-        turns: args.turns,
-        think_s: args.think_s,
-        seed: config.seed.wrapping_add(1),
-        ..AgentsSpec::default()
+    let defaults = if live {
+        run::live_agents_spec()
+    } else {
+        AgentsSpec::default()
     };
+    let spec = AgentsSpec {
+        n_agents: args.agents.unwrap_or(defaults.n_agents),
+        turns: args.turns.unwrap_or(defaults.turns),
+        think_s: args.think_s.unwrap_or(defaults.think_s),
+        seed: config.seed.wrapping_add(1),
+        ..defaults
+    };
+    if live && (args.run.plot.is_some() || args.metrics_addr.is_some()) {
+        return Err(kvgate::Error::InvalidArgument {
+            name: "--executor",
+            value: "reference".to_owned(),
+            allowed: "a live run without --plot and --metrics-addr (they watch simulated runs)",
+        });
+    }
     spec.validate()?;
     let policies = policies(&args.run.policy)?;
     let plot = args.run.plot.is_some();
@@ -222,6 +255,10 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     };
     let runs = run_policies(&policies, |policy, progress| {
         let config = config_of(&config, policy, policies.len());
+        if live {
+            let metrics = run::run_agents_live(&config, &spec, policy, progress)?;
+            return Ok((metrics, Timeline::new(policy.name(), |_| 0)));
+        }
         let spec_of_turn = spec.clone();
         let mut timeline = Timeline::new(policy.name(), move |id| {
             run::agent_turn(&spec_of_turn, id).1
@@ -261,7 +298,11 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             config.pool.pages,
             config.model.tokens_per_page,
             ranks_suffix(config.model.context_parallel),
-            config.model.preset,
+            if live {
+                "none: the reference executor, live on the wall clock (decode tok/s measured)"
+            } else {
+                config.model.preset.as_str()
+            },
             spec.max_from_cache_pct()
         );
         out!("{}", report::table(&runs));

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use engine::{Engine, Policy, RequestSpec, RunMetrics, StepReport};
+use engine::{Engine, Executor, Policy, RequestSpec, RunMetrics, StepReport};
 use kv_pool::{RequestId, Timestamp};
 
 use crate::config::EngineConfig;
@@ -67,16 +67,30 @@ pub fn run_agents_observed(
 ) -> Result<RunMetrics> {
     spec.validate()?;
     let mut engine = Engine::new(config.engine_params(policy)?)?;
+    drive_agents(&mut engine, spec, progress, &mut |engine, report| {
+        observer.step(engine, report);
+    })?;
+    observer.finish(&engine);
+    Ok(engine.metrics())
+}
+
+/// Runs every turn of every session of `spec` through `engine`, showing each step to `on_step`.
+pub(crate) fn drive_agents<E: Executor>(
+    engine: &mut Engine<E>,
+    spec: &AgentsSpec,
+    progress: Progress<'_>,
+    on_step: &mut dyn FnMut(&Engine<E>, &StepReport),
+) -> Result<()> {
     let total = u64::from(spec.n_agents) * u64::from(spec.turns);
     // Each session's context so far: every earlier prompt and response.
     let mut contexts: Vec<Vec<u32>> = vec![Vec::new(); spec.n_agents as usize];
     for agent in 0..spec.n_agents {
-        submit_turn(&mut engine, spec, &mut contexts, agent, 0, Timestamp::ZERO)?;
+        submit_turn(engine, spec, &mut contexts, agent, 0, Timestamp::ZERO)?;
     }
     let mut finished = 0u64;
     while !engine.is_idle() {
         let report = engine.step()?;
-        observer.step(&engine, &report);
+        on_step(engine, &report);
         for done in engine.take_finished() {
             finished += 1;
             progress(finished, total);
@@ -89,12 +103,11 @@ pub fn run_agents_observed(
                     value: show(think_s),
                 })?;
                 let arrival = engine.now().after(think);
-                submit_turn(&mut engine, spec, &mut contexts, agent, turn + 1, arrival)?;
+                submit_turn(engine, spec, &mut contexts, agent, turn + 1, arrival)?;
             }
         }
     }
-    observer.finish(&engine);
-    Ok(engine.metrics())
+    Ok(())
 }
 
 /// Replays a trace under `policy`: request `i` arrives at its timestamp times `time_scale` (2.0 replays an
@@ -233,8 +246,8 @@ pub fn later_turns(trace: &[TraceRequest]) -> Vec<bool> {
         .collect()
 }
 
-fn submit_turn(
-    engine: &mut Engine,
+fn submit_turn<E: Executor>(
+    engine: &mut Engine<E>,
     spec: &AgentsSpec,
     contexts: &mut [Vec<u32>],
     agent: u32,
@@ -253,7 +266,7 @@ fn submit_turn(
 
 /// Submits `request`; a request that can never run is rejected alone (K1: the engine counts it and logs
 /// why) and the run goes on. Any other error ends the run.
-fn submit_or_reject(engine: &mut Engine, request: RequestSpec) -> Result<()> {
+fn submit_or_reject<E: Executor>(engine: &mut Engine<E>, request: RequestSpec) -> Result<()> {
     match engine.submit(request) {
         Ok(()) | Err(engine::Error::Rejected { .. }) => Ok(()),
         Err(error) => Err(error.into()),
@@ -298,5 +311,11 @@ pub(crate) fn small_agents() -> (EngineConfig, AgentsSpec) {
     (config, spec)
 }
 
+mod live;
 #[cfg(test)]
 mod tests;
+
+pub use live::{
+    LIVE_MAX_MODEL_LEN, LIVE_MAX_RUNNING, LIVE_POOL_PAGES, live_agents_spec, live_params,
+    reference_model, run_agents_live,
+};

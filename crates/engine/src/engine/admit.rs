@@ -306,7 +306,10 @@ impl<E: Executor> Engine<E> {
             .iter()
             .filter(|page| req.published_unowned.contains(page))
             .count() as u32;
-        req.record_served((hits.len() as u32 - restored) * block_tokens, restored * block_tokens);
+        req.record_served(
+            (hits.len() as u32 - restored) * block_tokens,
+            restored * block_tokens,
+        );
         if restored == 0 && !req.published_unowned.is_empty() {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report

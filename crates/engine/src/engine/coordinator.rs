@@ -394,7 +394,10 @@ impl<E: Executor> Engine<E> {
                     .sum();
                 blocks.saturating_sub(running.pages.len() as u32)
                     + windows
-                    + self.groups.n_fixed().saturating_sub(running.fixed.len() as u32)
+                    + self
+                        .groups
+                        .n_fixed()
+                        .saturating_sub(running.fixed.len() as u32)
             })
             .sum()
     }

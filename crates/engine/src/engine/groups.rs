@@ -68,9 +68,10 @@ impl GroupPlan {
         }
         let Some(full) = full else {
             return Err(Error::UnsupportedGeometry {
-                reason: "no cache group is full attention: the step loop needs one for the block table \
+                reason:
+                    "no cache group is full attention: the step loop needs one for the block table \
                          (add a full-attention group)"
-                    .to_owned(),
+                        .to_owned(),
             });
         };
         let n_fixed = fixed

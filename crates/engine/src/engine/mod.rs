@@ -22,11 +22,13 @@
 //! read-only accessors; `invariants.rs` `check_invariants` and the leak count.
 
 mod admit;
+mod clock;
 mod coordinator;
 mod groups;
 mod invariants;
 mod lifecycle;
 mod pages;
+mod recompute;
 mod report;
 mod req;
 mod step;
@@ -47,12 +49,13 @@ use reservation::{Ledger, LedgerConfig};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
 use crate::metrics::{FallbackReason, RejectReason, RequestMetrics};
-use crate::params::{CopyEngineKind, EngineParams};
+use crate::params::{ClockKind, CopyEngineKind, EngineParams};
 use crate::request::{FinishedRequest, RequestSpec};
 
 use self::groups::GroupPlan;
 use self::req::{Phase, Req, Restore};
 
+pub use self::clock::{Clock, SimClock, WALL_IDLE_WAIT, WallClock};
 pub use self::report::{RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
 
 /// The engine: step loop, restore coordinator, executor, policies and metrics.
@@ -101,6 +104,10 @@ pub struct Engine<E: Executor = SimExecutor> {
     last_step_isolated: bool,
     pages_verified: u64,
     page_buf: Vec<u8>,
+    /// Where `now` comes from (L1): simulated or wall.
+    clock: Box<dyn Clock>,
+    /// The tokens the executor's model sampled this step, taken by `sample` (L3).
+    model_tokens: HashMap<RequestId, u32>,
 }
 
 impl<E: Executor> std::fmt::Debug for Engine<E> {
@@ -124,9 +131,15 @@ impl Engine<SimExecutor> {
 }
 
 impl<E: Executor> Engine<E> {
-    /// An engine driving `executor`.
-    pub fn with_executor(params: EngineParams, executor: E) -> Result<Self> {
+    /// An engine driving `executor`. An executor that needs pages of its own size (a real model) sets
+    /// `sim_bytes_per_page` to it; it checks the rest of `params` itself (`Executor::check_params`).
+    pub fn with_executor(mut params: EngineParams, executor: E) -> Result<Self> {
+        if let Some(bytes_per_page) = executor.bytes_per_page() {
+            params.sim_bytes_per_page = bytes_per_page;
+        }
         params.validate()?;
+        executor.check_params(&params)?;
+        let clock_kind = params.clock;
         let tokens_per_page = params.geometry.tokens_per_page();
         let n_ranks = params.geometry.context_parallel();
         let n_pages = params.pool_pages();
@@ -194,6 +207,11 @@ impl<E: Executor> Engine<E> {
             last_step_isolated: false,
             between_steps: StepReport::default(),
             pages_verified: 0,
+            model_tokens: HashMap::new(),
+            clock: match clock_kind {
+                ClockKind::Simulated => Box::new(SimClock),
+                ClockKind::Wall => Box::new(WallClock::new()),
+            },
         })
     }
 
@@ -224,6 +242,7 @@ impl<E: Executor> Engine<E> {
                 ),
             });
         }
+        self.executor.check_request(&spec)?;
         if spec.max_output_tokens == 0 {
             return Err(Error::InvalidParam {
                 name: "max_output_tokens",
@@ -399,6 +418,16 @@ impl<E: Executor> Engine<E> {
     /// The engine clock.
     pub fn now(&self) -> Timestamp {
         self.now
+    }
+
+    /// Replaces the clock (L1): a test's or a server's own. The engine's time never goes back.
+    pub fn set_clock(&mut self, clock: Box<dyn Clock>) {
+        self.clock = clock;
+    }
+
+    /// The clock's name (`simulated`, `wall`).
+    pub fn clock_name(&self) -> &'static str {
+        self.clock.name()
     }
 
     /// Moves the clock forward to `to` (a clock jump in simulations); never backwards.

@@ -131,32 +131,34 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         let aligned = n.is_multiple_of(block_tokens);
-        req.draft_replay_tokens = if aligned { block_tokens } else { n % block_tokens };
+        req.draft_replay_tokens = if aligned {
+            block_tokens
+        } else {
+            n % block_tokens
+        };
         req.replay_page = aligned;
         Ok(())
     }
 
-    /// Charges every pending draft replay of the step's requests to their work (H5).
-    pub(crate) fn charge_draft_replays(
+    /// Takes the pending draft replay of every request `plan` computes (H5): the tokens to charge to its
+    /// work this step, counted in its metrics. A replay whose replay page is still to come waits for it.
+    pub(crate) fn take_draft_replays(
         &mut self,
-        batch: &mut crate::executor::StepBatch,
-    ) -> Result<()> {
-        let prefills = batch
-            .prefills
-            .iter_mut()
-            .map(|work| (work.request, &mut work.draft_replay_tokens));
-        let decodes = batch
-            .decodes
-            .iter_mut()
-            .map(|work| (work.request, &mut work.draft_replay_tokens));
-        for (id, tokens) in prefills.chain(decodes) {
+        plan: &super::step::Plan,
+    ) -> Result<std::collections::HashMap<RequestId, u32>> {
+        let mut replays = std::collections::HashMap::new();
+        for &(id, work) in &plan.entries {
+            if matches!(work, super::step::Work::LogitsOnly) {
+                continue;
+            }
             let req = super::req::live(&mut self.reqs, id)?;
             if req.draft_replay_tokens > 0 && !req.replay_page {
-                *tokens = std::mem::take(&mut req.draft_replay_tokens);
-                req.metrics.draft_replay_tokens += *tokens;
+                let tokens = std::mem::take(&mut req.draft_replay_tokens);
+                req.metrics.draft_replay_tokens += tokens;
+                replays.insert(id, tokens);
             }
         }
-        Ok(())
+        Ok(replays)
     }
 
     /// Pages the copies on write of `id`'s imported partial last page and fixed pages take (0 once done).
@@ -172,7 +174,9 @@ impl<E: Executor> Engine<E> {
             1 + req
                 .windows
                 .iter()
-                .filter(|table| table.len() == req.pages.len() && table.last().is_some_and(|p| !p.is_null()))
+                .filter(|table| {
+                    table.len() == req.pages.len() && table.last().is_some_and(|p| !p.is_null())
+                })
                 .count() as u32
         } else {
             0
@@ -216,9 +220,9 @@ impl<E: Executor> Engine<E> {
             }
             targets.extend(req.fixed.iter_mut().map(|page| (page, false)));
             for (target, in_window) in targets {
-                let fresh = pages
-                    .next()
-                    .ok_or_else(|| Error::internal(format!("{id}: too few pages to copy on write")))?;
+                let fresh = pages.next().ok_or_else(|| {
+                    Error::internal(format!("{id}: too few pages to copy on write"))
+                })?;
                 for rank in 0..self.storage.n_ranks() {
                     self.storage.copy(rank, *target, fresh)?;
                 }
@@ -307,7 +311,8 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         let before = req.window_credit_pages.len();
-        req.window_credit_pages.retain(|page| !released.contains(page));
+        req.window_credit_pages
+            .retain(|page| !released.contains(page));
         let credited = (before - req.window_credit_pages.len()) as u32;
         self.pool.free_all(&released)?;
         if ticket
@@ -329,7 +334,8 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn write_computed(&mut self, id: RequestId, start: u32, end: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
-        if end > start {
+        // An executor with a model wrote its pages itself (L3).
+        if end > start && !self.executor.writes_pages() {
             for page_idx in start / block_tokens..end / block_tokens {
                 for rank in 0..self.storage.n_ranks() {
                     let write = PageWrite {
@@ -470,9 +476,13 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         let n_full = (n_tokens / block_tokens) as usize;
-        let boundary =
-            self.groups
-                .boundary(&req.tokens, &req.keys, &req.spec.salt, n_tokens, block_tokens);
+        let boundary = self.groups.boundary(
+            &req.tokens,
+            &req.keys,
+            &req.spec.salt,
+            n_tokens,
+            block_tokens,
+        );
         let exact = boundary.exact;
         let pages = self.boundary_pages(id, n_tokens)?;
         let hex: String = exact.0[..12]
@@ -510,7 +520,7 @@ impl<E: Executor> Engine<E> {
                 .enumerate()
                 .zip(bytes.chunks_exact_mut(bytes_per_page))
             {
-                if boundary.is_partial(slot_idx) {
+                if boundary.is_partial(slot_idx) && !self.executor.writes_pages() {
                     // The partial pages and the fixed pages hold what recompute writes at exactly `n`.
                     let write = boundary.write(slot_idx, rank, page);
                     self.executor.fill_page(&write, dst);
@@ -541,7 +551,9 @@ impl<E: Executor> Engine<E> {
         for (window, table) in req.windows.iter().enumerate() {
             let first = self.groups.window_first_block(window, n_tokens) as usize;
             let live = table.get(first..n_pages).ok_or_else(|| {
-                Error::internal(format!("{id}: window {window} lacks blocks {first}..{n_pages}"))
+                Error::internal(format!(
+                    "{id}: window {window} lacks blocks {first}..{n_pages}"
+                ))
             })?;
             if live.iter().any(|page| page.is_null()) {
                 return Err(Error::internal(format!(
@@ -621,9 +633,17 @@ impl<E: Executor> Engine<E> {
 
     /// E3: checks that every page of `id`'s published import of `tokens` tokens (its blocks from `first_block`
     /// on) holds what recomputing its prefix writes.
-    pub(crate) fn verify_import(&mut self, id: RequestId, first_block: u32, tokens: u32) -> Result<()> {
+    pub(crate) fn verify_import(
+        &mut self,
+        id: RequestId,
+        first_block: u32,
+        tokens: u32,
+    ) -> Result<()> {
         if !self.params.verify_restores {
             return Ok(());
+        }
+        if self.executor.writes_pages() {
+            return self.verify_by_recompute(id, first_block, tokens);
         }
         if self.groups.is_hybrid() {
             return self.verify_hybrid_import(id, tokens);
@@ -677,9 +697,9 @@ impl<E: Executor> Engine<E> {
             .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))?
             .to_vec();
         let req = &self.reqs[&id];
-        let boundary = self
-            .groups
-            .boundary(&req.tokens, &req.keys, &req.spec.salt, tokens, block_tokens);
+        let boundary =
+            self.groups
+                .boundary(&req.tokens, &req.keys, &req.spec.salt, tokens, block_tokens);
         if boundary.slots.len() != dest.len() {
             return Err(Error::internal(format!(
                 "{id}: an import of {} pages for a boundary of {} pages",

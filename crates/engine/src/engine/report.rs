@@ -238,7 +238,12 @@ impl<E: Executor> Engine<E> {
         self.store.stats()
     }
 
-    /// Restored pages verified byte for byte against recompute so far (E3).
+    /// The executor.
+    pub fn executor(&self) -> &E {
+        &self.executor
+    }
+
+    /// Restored pages verified byte for byte against recompute so far (E3, L5).
     pub fn pages_verified(&self) -> u64 {
         self.pages_verified
     }

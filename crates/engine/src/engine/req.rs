@@ -234,6 +234,21 @@ impl Req {
         }
     }
 
+    /// Tokens `[first_pos, first_pos + n)` (fewer if the request holds fewer).
+    pub(crate) fn tokens_at(&self, first_pos: u32, n: u32) -> &[u32] {
+        let end = (first_pos as usize + n as usize).min(self.tokens.len());
+        self.tokens.get(first_pos as usize..end).unwrap_or(&[])
+    }
+
+    /// The request's page tables, as an executor reads them (L3).
+    pub(crate) fn page_tables(&self) -> crate::executor::PageTables<'_> {
+        crate::executor::PageTables {
+            block_table: &self.pages,
+            windows: &self.windows,
+            fixed: &self.fixed,
+        }
+    }
+
     /// Tokens still to compute before the next sample (1 in decode).
     pub(crate) fn n_to_compute(&self) -> u32 {
         self.tokens.len() as u32 - self.n_computed

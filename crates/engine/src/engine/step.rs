@@ -3,14 +3,15 @@
 //! while nothing is scheduled yet, Q5, Q6), streaming resumes (Q7), admissions, and finally the executor's
 //! work, its page bytes, sampling, captures (E2) and completions.
 
-use std::time::{Duration, Instant};
+use std::collections::HashMap;
+use std::time::Instant;
 
 use checkpoint_transfer::CheckpointKind;
 use kv_pool::{RequestId, Timestamp};
 use reservation::TicketState;
 
 use super::pages::AllocKind;
-use super::req::{Phase, Restore};
+use super::req::{Phase, Req, Restore};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{DecodeWork, Executor, PrefillWork, StepBatch};
@@ -41,15 +42,22 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    fn batch(&self, draft_tokens: u32) -> StepBatch {
+    /// The executor's view of the plan: each entry's tokens and page tables, borrowed from `reqs`.
+    fn batch<'a>(&self, reqs: &'a HashMap<RequestId, Req>, draft_tokens: u32) -> StepBatch<'a> {
         let mut batch = StepBatch::default();
         for &(request, work) in &self.entries {
+            let Some(req) = reqs.get(&request) else {
+                continue;
+            };
             match work {
                 Work::Prefill { first_pos, n } => batch.prefills.push(PrefillWork {
                     request,
                     first_pos,
                     n_tokens: n,
                     draft_replay_tokens: 0,
+                    tokens: req.tokens_at(first_pos, n),
+                    pages: req.page_tables(),
+                    samples: first_pos + n >= req.tokens.len() as u32,
                 }),
                 Work::Decode { context } => {
                     batch.decodes.push(DecodeWork {
@@ -57,6 +65,8 @@ impl Plan {
                         context_tokens: context,
                         n_tokens: 1 + draft_tokens,
                         draft_replay_tokens: 0,
+                        tokens: req.tokens_at(context, 1),
+                        pages: req.page_tables(),
                     });
                 }
                 Work::LogitsOnly => batch.logits_only.push(request),
@@ -183,6 +193,7 @@ impl<E: Executor> Engine<E> {
     }
 
     fn step_inner(&mut self, report: &mut StepReport) -> Result<()> {
+        self.now = self.clock.step_start(self.now);
         self.process_arrivals()?;
         self.poll_imports(report)?;
         self.poll_restores(report)?;
@@ -205,7 +216,7 @@ impl<E: Executor> Engine<E> {
         let _evictions = self.pool.take_evictions();
         if plan.entries.is_empty() {
             match self.next_event_at() {
-                Some(at) if at > self.now => self.now = at,
+                Some(at) if at > self.now => self.now = self.clock.idle_until(self.now, at),
                 Some(_) => {}
                 // Copies whose end the clock cannot know (threaded): nothing else can run, so wait for them.
                 None if self.copies.n_in_flight() > 0 => self.wait_for_copies(report)?,
@@ -213,11 +224,19 @@ impl<E: Executor> Engine<E> {
             }
             return Ok(());
         }
-        let mut batch = plan.batch(self.params.draft_tokens);
-        self.charge_draft_replays(&mut batch)?;
-        let duration = self.executor.execute(&batch);
+        let replays = self.take_draft_replays(&plan)?;
+        let mut batch = plan.batch(&self.reqs, self.params.draft_tokens);
+        for work in &mut batch.prefills {
+            work.draft_replay_tokens = replays.get(&work.request).copied().unwrap_or(0);
+        }
+        for work in &mut batch.decodes {
+            work.draft_replay_tokens = replays.get(&work.request).copied().unwrap_or(0);
+        }
+        let output = self.executor.execute(&batch, &*self.storage)?;
+        let duration = output.duration;
+        self.model_tokens.extend(output.tokens);
         report.duration = duration;
-        self.now = self.now.after(duration.max(Duration::from_nanos(1)));
+        self.now = self.clock.after_step(self.now, duration);
         self.apply(&plan, report)
     }
 
@@ -465,14 +484,17 @@ impl<E: Executor> Engine<E> {
         let chunk_tokens = self.params.chunk_tokens;
         let prefill_tail = self.params.capture_prefill_tail;
         let req = &self.reqs[&id];
-        let at_instruction = !req.instruction_captured
-            && req.spec.instruction_tokens == Some(req.n_computed);
+        let at_instruction =
+            !req.instruction_captured && req.spec.instruction_tokens == Some(req.n_computed);
         let left = req.prompt_end.saturating_sub(req.n_computed);
         let at_tail = prefill_tail
             && !req.prefill_tail_captured
             && left > 0
             && left <= chunk_tokens
-            && req.spec.instruction_tokens.is_none_or(|at| req.n_computed > at);
+            && req
+                .spec
+                .instruction_tokens
+                .is_none_or(|at| req.n_computed > at);
         if at_instruction {
             super::req::live(&mut self.reqs, id)?.instruction_captured = true;
             self.capture(id, CheckpointKind::Instruction)?;
@@ -502,6 +524,7 @@ impl<E: Executor> Engine<E> {
     fn sample(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let now = self.now;
+        let model_token = self.model_tokens.remove(&id);
         let req = super::req::live(&mut self.reqs, id)?;
         let index = req.output.len() as u32;
         let stop = req
@@ -510,6 +533,8 @@ impl<E: Executor> Engine<E> {
             .is_some_and(|stop_after| req.answer_tokens + 1 >= stop_after);
         let token = if stop {
             STOP_TOKEN
+        } else if let Some(token) = model_token {
+            token
         } else {
             let prompt = &req.tokens[..req.submitted_prompt_len as usize];
             output_token(&req.spec.salt, prompt, index)

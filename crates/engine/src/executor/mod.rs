@@ -3,6 +3,7 @@
 mod content;
 mod cost;
 mod reference;
+mod reference_executor;
 mod sim;
 
 pub use content::page_content;
@@ -10,16 +11,34 @@ pub use cost::CostModel;
 pub use reference::{
     ForwardEntry, Logits, ModelError, ModelResult, ModelStorage, ReferenceConfig, ReferenceModel,
 };
+pub use reference_executor::ReferenceExecutor;
 pub use sim::SimExecutor;
 
 use std::time::Duration;
 
 use kv_pool::RequestId;
-use kv_pool::{BlockKey, PageId};
+use kv_pool::{BlockKey, PageId, PageStorage};
+
+use crate::error::Result;
+use crate::params::EngineParams;
+use crate::request::RequestSpec;
+
+/// The pages one request holds, per kind of cache group (L3): what a real executor reads and writes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PageTables<'a> {
+    /// The full-attention group's block table: page `i` holds block `i` (tokens `[i * B, (i + 1) * B)`,
+    /// `B = Geometry::block_tokens`).
+    pub block_table: &'a [PageId],
+    /// One block-indexed table per sliding-window or chunked-local group, in group order; the null page
+    /// before the live window.
+    pub windows: &'a [Vec<PageId>],
+    /// The recurrent and auxiliary pages, in group order.
+    pub fixed: &'a [PageId],
+}
 
 /// One prefill chunk of a step: `n_tokens` prompt tokens of `request` starting at position `first_pos`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct PrefillWork {
+pub struct PrefillWork<'a> {
     /// The request computed.
     pub request: RequestId,
     /// Position of the chunk's first token (tokens before it are attended, not computed).
@@ -29,11 +48,17 @@ pub struct PrefillWork {
     /// Tokens the draft model recomputes before drafting resumes after a restore whose checkpoint carries
     /// no draft state (H5): the tokens of the last page; 0 otherwise.
     pub draft_replay_tokens: u32,
+    /// The tokens computed (`n_tokens` of them, from `first_pos`).
+    pub tokens: &'a [u32],
+    /// The request's pages, grown to hold the chunk.
+    pub pages: PageTables<'a>,
+    /// Whether the chunk ends the prompt: the step then samples the request's next token.
+    pub samples: bool,
 }
 
 /// One decode entry of a step: `request` reads `context_tokens` and produces `n_tokens` (1 + draft tokens).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeWork {
+pub struct DecodeWork<'a> {
     /// The request decoded.
     pub request: RequestId,
     /// Context tokens read.
@@ -42,6 +67,10 @@ pub struct DecodeWork {
     pub n_tokens: u32,
     /// As `PrefillWork::draft_replay_tokens`.
     pub draft_replay_tokens: u32,
+    /// The token computed: the pending one, at position `context_tokens`.
+    pub tokens: &'a [u32],
+    /// The request's pages, grown to hold the token.
+    pub pages: PageTables<'a>,
 }
 
 /// A page the step fills: on `rank`, the page of cache group `group` whose first token is `first_pos` and
@@ -62,34 +91,90 @@ pub struct PageWrite {
 
 /// Everything one step computes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StepBatch {
+pub struct StepBatch<'a> {
     /// Prefill chunks.
-    pub prefills: Vec<PrefillWork>,
+    pub prefills: Vec<PrefillWork<'a>>,
     /// Decode entries.
-    pub decodes: Vec<DecodeWork>,
+    pub decodes: Vec<DecodeWork<'a>>,
     /// Requests given an isolated logits-only step (a full-prompt restore with saved logits, Q4).
     pub logits_only: Vec<RequestId>,
 }
 
-impl StepBatch {
+impl StepBatch<'_> {
     /// Whether the step schedules nothing.
     pub fn is_empty(&self) -> bool {
         self.prefills.is_empty() && self.decodes.is_empty() && self.logits_only.is_empty()
     }
 }
 
-/// Does the model's work for a step and says how long it took. Implementations: [`SimExecutor`] (virtual
-/// clock, cost model, deterministic page bytes); later a reference transformer on CPU and GPU.
+/// What an executed step gives back.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepOutput {
+    /// How long the step took: modeled (simulated executor) or measured (a real one).
+    pub duration: Duration,
+    /// The model's next token for each entry that samples, when the executor has a model; the engine
+    /// samples the rest itself (`output_token`).
+    pub tokens: Vec<(RequestId, u32)>,
+}
+
+/// The pages a recompute of a prefix writes, in the storage's page size: what a restore of that prefix must
+/// hold byte for byte (E3, L4).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecomputedPages {
+    /// The full-attention group's pages, one per block of the prefix (a partial last one included).
+    pub blocks: Vec<Vec<u8>>,
+    /// The fixed pages (recurrent state), in group order.
+    pub fixed: Vec<Vec<u8>>,
+}
+
+/// Does the model's work for a step and says how long it took. Implementations: [`SimExecutor`] (the
+/// default: modeled durations, the engine fills page bytes with [`page_content`] and samples with
+/// `output_token`) and [`ReferenceExecutor`] (a real model: it reads and writes the KV cache and recurrent
+/// state in pool storage through each entry's page tables, and returns the tokens it samples).
 pub trait Executor {
     /// The executor's name for reports.
     fn name(&self) -> &str;
 
-    /// Runs `batch` and returns its duration on the engine's clock.
-    fn execute(&mut self, batch: &StepBatch) -> Duration;
+    /// Runs `batch` against the pool's page bytes `storage` and returns its duration and the tokens it
+    /// sampled. Errors: a batch the executor cannot run (a real model's refusal or a storage failure).
+    fn execute(&mut self, batch: &StepBatch<'_>, storage: &dyn PageStorage) -> Result<StepOutput>;
 
-    /// The bytes a computed page holds: what recompute writes for `write` (contract E3).
+    /// The bytes a computed page holds: what recompute writes for `write` (contract E3). Used only by
+    /// executors that do not write pages themselves ([`Executor::writes_pages`] is `false`).
     fn fill_page(&self, write: &PageWrite, out: &mut [u8]);
 
     /// Time to copy `n_tokens` tokens of checkpointed KV cache into the pool.
     fn copy_time(&self, n_tokens: u32) -> Duration;
+
+    /// Whether `execute` writes the pages itself; when `false` the engine fills them with
+    /// [`Executor::fill_page`] once full (and partial and fixed pages at a capture).
+    fn writes_pages(&self) -> bool {
+        false
+    }
+
+    /// The bytes of one pool page the executor needs (`None`: the engine's `sim_bytes_per_page`).
+    fn bytes_per_page(&self) -> Option<u32> {
+        None
+    }
+
+    /// Checks that the executor runs an engine built from `params` (its geometry, draft tokens).
+    fn check_params(&self, _params: &EngineParams) -> Result<()> {
+        Ok(())
+    }
+
+    /// Checks that the executor runs `spec` (an executor with a model has no saved logits to sample from).
+    fn check_request(&self, _spec: &RequestSpec) -> Result<()> {
+        Ok(())
+    }
+
+    /// Recomputes the first `prefix.len()` tokens into scratch storage and returns the pages they fill, each
+    /// `bytes_per_page` long (E3 verification of a restore). `None` when the executor has no model: the engine
+    /// checks against [`Executor::fill_page`].
+    fn recompute(
+        &mut self,
+        _prefix: &[u32],
+        _bytes_per_page: usize,
+    ) -> Result<Option<RecomputedPages>> {
+        Ok(None)
+    }
 }

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::{CostModel, Executor, PageWrite, StepBatch, page_content};
+use kv_pool::PageStorage;
+
+use super::{CostModel, Executor, PageWrite, StepBatch, StepOutput, page_content};
+use crate::error::Result;
 
 /// The embedded default executor. Deterministic: the same batches give the same durations and bytes.
 #[derive(Clone, Debug, Default)]
@@ -33,7 +36,31 @@ impl Executor for SimExecutor {
         self.cost.name
     }
 
-    fn execute(&mut self, batch: &StepBatch) -> Duration {
+    fn execute(&mut self, batch: &StepBatch<'_>, _storage: &dyn PageStorage) -> Result<StepOutput> {
+        Ok(StepOutput {
+            duration: self.modeled_duration(batch),
+            tokens: Vec::new(),
+        })
+    }
+
+    fn fill_page(&self, write: &PageWrite, out: &mut [u8]) {
+        page_content(
+            write.group,
+            write.rank,
+            write.first_pos,
+            &write.prefix_key,
+            out,
+        );
+    }
+
+    fn copy_time(&self, n_tokens: u32) -> Duration {
+        self.cost.copy_time(n_tokens)
+    }
+}
+
+impl SimExecutor {
+    /// The modeled duration of `batch` (zero when it is empty); counts the step.
+    fn modeled_duration(&mut self, batch: &StepBatch<'_>) -> Duration {
         if batch.is_empty() {
             return Duration::ZERO;
         }
@@ -68,13 +95,5 @@ impl Executor for SimExecutor {
         }
         seconds += batch.logits_only.len() as f64 * cost.decode_s_per_seq;
         Duration::from_secs_f64(seconds)
-    }
-
-    fn fill_page(&self, write: &PageWrite, out: &mut [u8]) {
-        page_content(write.group, write.rank, write.first_pos, &write.prefix_key, out);
-    }
-
-    fn copy_time(&self, n_tokens: u32) -> Duration {
-        self.cost.copy_time(n_tokens)
     }
 }

@@ -39,7 +39,12 @@ fn hybrid_groups() -> Vec<CacheGroup> {
 }
 
 /// `policy` with cache `groups` on `n_ranks` ranks of a `n_pages` pool, verifying every restored page (E3).
-fn geometry_params(policy: Policy, n_pages: u32, n_ranks: u32, groups: Vec<CacheGroup>) -> EngineParams {
+fn geometry_params(
+    policy: Policy,
+    n_pages: u32,
+    n_ranks: u32,
+    groups: Vec<CacheGroup>,
+) -> EngineParams {
     let defaults = EngineParams::default();
     EngineParams {
         geometry: Geometry::new(groups, TPP, n_ranks, defaults.geometry.max_model_len())
@@ -73,7 +78,9 @@ fn two_rank_restore(policy: Policy, faults: &[Fault]) -> (Vec<Observed>, Engine)
     let prompt = tokens(4, 0, 0, 4 * block_tokens);
     let _output = seed_checkpoint(&mut engine, 1, &prompt, 1);
     for &fault in faults {
-        engine.inject_copy_fault(fault).expect("inline copies take faults");
+        engine
+            .inject_copy_fault(fault)
+            .expect("inline copies take faults");
     }
     let mut turn = spec(2, [prompt, vec![7; 8]].concat(), 2, engine.now());
     turn.is_later_turn = true;
@@ -107,8 +114,13 @@ fn h4_publication_waits_for_the_last_rank_in_either_order() {
     let late_by = Duration::from_secs(5);
     for late in [0, 1] {
         for policy in [Policy::Reserved, Policy::PagesOnly, Policy::Ordinary] {
-            let (observed, engine) =
-                two_rank_restore(policy, &[Fault::DelayNext { rank: late, by: late_by }]);
+            let (observed, engine) = two_rank_restore(
+                policy,
+                &[Fault::DelayNext {
+                    rank: late,
+                    by: late_by,
+                }],
+            );
             let staged = observed
                 .iter()
                 .find(|step| step.copies > 0)
@@ -139,7 +151,10 @@ fn h4_a_failed_rank_publishes_nothing_and_releases_no_page_before_every_rank_dra
         for policy in [Policy::Reserved, Policy::PagesOnly, Policy::Ordinary] {
             let faults = [
                 Fault::FailNext { rank: failing },
-                Fault::DelayNext { rank: late, by: late_by },
+                Fault::DelayNext {
+                    rank: late,
+                    by: late_by,
+                },
             ];
             let (observed, engine) = two_rank_restore(policy, &faults);
             let staged = observed
@@ -197,9 +212,18 @@ fn h4_a_corrupt_copy_on_the_second_rank_stops_the_run_naming_the_rank() {
     let mut turn = spec(2, [prompt, vec![7; 8]].concat(), 2, engine.now());
     turn.is_later_turn = true;
     engine.submit(turn).expect("submit");
-    let error = engine.run_until_idle(10_000).expect_err("the corrupt page is caught");
+    let error = engine
+        .run_until_idle(10_000)
+        .expect_err("the corrupt page is caught");
     assert!(
-        matches!(error, Error::RestoreMismatch { rank: 1, byte: 3, .. }),
+        matches!(
+            error,
+            Error::RestoreMismatch {
+                rank: 1,
+                byte: 3,
+                ..
+            }
+        ),
         "{error:?}"
     );
 }
@@ -220,14 +244,23 @@ fn context_parallel_ranks_run_multi_turn_sessions_with_every_page_verified() {
             context.extend(&finished[0].output);
             context.extend(tokens(9, 0, turn as u32 + 1, block_tokens + 3));
             // Drop the local copy so the next turn must restore from the store.
-            engine.reset_prefix_cache().expect("nothing is in use between turns");
+            engine
+                .reset_prefix_cache()
+                .expect("nothing is in use between turns");
         }
         for turn in 2..=4 {
             let metrics = metrics_of(&engine, turn);
-            assert!(metrics.restored, "{n_ranks} ranks, turn {turn}: {metrics:?}");
+            assert!(
+                metrics.restored,
+                "{n_ranks} ranks, turn {turn}: {metrics:?}"
+            );
         }
         assert!(engine.pages_verified() > 0);
-        assert_eq!(engine.pages_verified() % u64::from(n_ranks), 0, "every rank verified");
+        assert_eq!(
+            engine.pages_verified() % u64::from(n_ranks),
+            0,
+            "every rank verified"
+        );
         assert_eq!(engine.leaked_pages(), 0);
     }
 }
@@ -248,7 +281,9 @@ fn session(mut engine: Engine, turns: u64, first: u32, new: u32) -> Engine {
         context.extend(&finished[0].output);
         context.extend(tokens(9, 0, turn as u32 + 1, new));
         if engine.pool().n_in_use() == 0 {
-            engine.reset_prefix_cache().expect("nothing is in use between turns");
+            engine
+                .reset_prefix_cache()
+                .expect("nothing is in use between turns");
         }
     }
     assert_eq!(engine.leaked_pages(), 0);
@@ -259,7 +294,12 @@ fn session(mut engine: Engine, turns: u64, first: u32, new: u32) -> Engine {
 #[test]
 fn hybrid_sessions_restore_every_later_turn_at_its_exact_boundary_under_every_policy() {
     for n_ranks in [1, 2] {
-        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved, Policy::Oracle] {
+        for policy in [
+            Policy::Ordinary,
+            Policy::PagesOnly,
+            Policy::Reserved,
+            Policy::Oracle,
+        ] {
             let engine = Engine::new(geometry_params(policy, 257, n_ranks, hybrid_groups()))
                 .expect("a hybrid model runs");
             let engine = session(engine, 5, 70, 13);
@@ -284,9 +324,15 @@ fn hybrid_sessions_restore_every_later_turn_at_its_exact_boundary_under_every_po
                 );
                 boundaries_inside_a_page +=
                     u32::from(!metrics.prompt_tokens_restored.is_multiple_of(TPP * n_ranks));
-                assert_eq!(metrics.prompt_tokens_local_hit, 0, "no local hit without state (H2)");
+                assert_eq!(
+                    metrics.prompt_tokens_local_hit, 0,
+                    "no local hit without state (H2)"
+                );
             }
-            assert!(boundaries_inside_a_page > 0, "the test restores partial pages");
+            assert!(
+                boundaries_inside_a_page > 0,
+                "the test restores partial pages"
+            );
             assert!(engine.pages_verified() > 0, "{policy:?}");
         }
     }
@@ -309,13 +355,18 @@ fn h2_a_hybrid_prefix_hit_is_a_whole_checkpoint_boundary_never_resident_blocks_p
     for while_running in [false, true] {
         for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
             let mut engine = hybrid_engine(policy);
-            engine.submit(spec(1, prompt.clone(), 30, engine.now())).unwrap();
+            engine
+                .submit(spec(1, prompt.clone(), 30, engine.now()))
+                .unwrap();
             if while_running {
                 // Until turn 1's prompt is computed and captured, then request 2 arrives.
                 while engine.store_stats().n_checkpoints == 0 {
                     engine.step().expect("step");
                 }
-                assert!(engine.request(kv_pool::RequestId(1)).is_some(), "turn 1 still decodes");
+                assert!(
+                    engine.request(kv_pool::RequestId(1)).is_some(),
+                    "turn 1 still decodes"
+                );
             } else {
                 let _steps = engine.run_until_idle(10_000).expect("run");
             }
@@ -327,7 +378,10 @@ fn h2_a_hybrid_prefix_hit_is_a_whole_checkpoint_boundary_never_resident_blocks_p
                 engine.check_invariants().expect("invariants");
             }
             let metrics = metrics_of(&engine, 2);
-            assert_eq!(metrics.prompt_tokens_local_hit, 0, "{policy:?}: {metrics:?}");
+            assert_eq!(
+                metrics.prompt_tokens_local_hit, 0,
+                "{policy:?}: {metrics:?}"
+            );
             assert_eq!(
                 metrics.prompt_tokens_restored, 70,
                 "{policy:?}, while running {while_running}: exactly the prompt-end boundary: {metrics:?}"
@@ -350,11 +404,21 @@ fn h6_a_boundary_inside_a_page_is_restored_whole_under_every_policy() {
     // (E3: 5 pages of the full group and 3 fixed pages verified per restore). Each consumer continues in
     // copies of them (C3): the ticket's credits, checked after every step, count those copies.
     let prompt = tokens(22, 0, 0, 70);
-    for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved, Policy::Oracle] {
+    for policy in [
+        Policy::Ordinary,
+        Policy::PagesOnly,
+        Policy::Reserved,
+        Policy::Oracle,
+    ] {
         let mut engine = hybrid_engine(policy);
         let _output = seed_checkpoint(&mut engine, 1, &prompt, 1);
         for id in [2, 3] {
-            let mut turn = spec(id, [prompt.clone(), tokens(22, id as u32, 0, 30)].concat(), 4, engine.now());
+            let mut turn = spec(
+                id,
+                [prompt.clone(), tokens(22, id as u32, 0, 30)].concat(),
+                4,
+                engine.now(),
+            );
             turn.is_later_turn = true;
             engine.submit(turn).unwrap();
             while !engine.is_idle() {
@@ -362,7 +426,10 @@ fn h6_a_boundary_inside_a_page_is_restored_whole_under_every_policy() {
                 engine.check_invariants().expect("invariants");
             }
             let metrics = metrics_of(&engine, id);
-            assert_eq!(metrics.prompt_tokens_restored, 70, "{policy:?}: {metrics:?}");
+            assert_eq!(
+                metrics.prompt_tokens_restored, 70,
+                "{policy:?}: {metrics:?}"
+            );
             engine.reset_prefix_cache().expect("idle");
         }
         assert_eq!(engine.pages_verified(), 2 * (5 + 3), "{policy:?}");
@@ -395,10 +462,20 @@ fn h6_the_consumer_continues_in_copies_of_the_imported_partial_page_and_state() 
         engine.check_invariants().expect("invariants");
     }
     let view = engine.request(id).expect("admitted");
-    assert!(view.page_table[..4].iter().all(|page| imported.contains(page)));
-    assert!(!imported.contains(&view.page_table[4]), "the partial page is a copy");
+    assert!(
+        view.page_table[..4]
+            .iter()
+            .all(|page| imported.contains(page))
+    );
+    assert!(
+        !imported.contains(&view.page_table[4]),
+        "the partial page is a copy"
+    );
     assert_eq!(view.fixed_pages.len(), 3);
-    assert!(view.fixed_pages.iter().all(|page| !imported.contains(page)), "the state is a copy");
+    assert!(
+        view.fixed_pages.iter().all(|page| !imported.contains(page)),
+        "the state is a copy"
+    );
     let _steps = engine.run_until_idle(10_000).expect("run");
     assert_eq!(engine.leaked_pages(), 0);
 }
@@ -435,11 +512,14 @@ fn h3_pages_that_leave_the_window_go_back_to_the_pool_while_the_request_runs() {
     // counts exactly the pages the request holds (C4), and the window never holds more than its peak.
     for (window, tail, chunked) in [(40, 8, false), (64, 0, true)] {
         for policy in [Policy::Ordinary, Policy::Reserved] {
-            let mut params = geometry_params(policy, 257, 1, windowed_groups(window, tail, chunked));
+            let mut params =
+                geometry_params(policy, 257, 1, windowed_groups(window, tail, chunked));
             params.chunk_tokens = 64;
             let mut engine = Engine::new(params).expect("a windowed model runs");
             let id = kv_pool::RequestId(1);
-            engine.submit(spec(1, tokens(31, 0, 0, 600), 40, engine.now())).unwrap();
+            engine
+                .submit(spec(1, tokens(31, 0, 0, 600), 40, engine.now()))
+                .unwrap();
             let mut released_while_running = false;
             while !engine.is_idle() {
                 engine.step().expect("step");
@@ -452,9 +532,16 @@ fn h3_pages_that_leave_the_window_go_back_to_the_pool_while_the_request_runs() {
                 };
                 let live = engine.params().geometry.live_tokens(1, view.n_computed);
                 let first = (live.start / TPP) as usize;
-                assert!(table[..first.min(table.len())].iter().all(|page| page.is_null()));
+                assert!(
+                    table[..first.min(table.len())]
+                        .iter()
+                        .all(|page| page.is_null())
+                );
                 let held = table.iter().filter(|page| !page.is_null()).count();
-                assert!(held <= (window + tail + 64).div_ceil(TPP) as usize + 1, "{held} window pages");
+                assert!(
+                    held <= (window + tail + 64).div_ceil(TPP) as usize + 1,
+                    "{held} window pages"
+                );
                 released_while_running |= first > 0;
                 assert_eq!(
                     engine.pool().n_in_use() as usize,
@@ -471,7 +558,12 @@ fn h3_pages_that_leave_the_window_go_back_to_the_pool_while_the_request_runs() {
 #[test]
 fn windowed_sessions_restore_their_live_window_at_the_exact_boundary_under_every_policy() {
     for (window, tail, chunked) in [(40, 8, false), (64, 0, true)] {
-        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved, Policy::Oracle] {
+        for policy in [
+            Policy::Ordinary,
+            Policy::PagesOnly,
+            Policy::Reserved,
+            Policy::Oracle,
+        ] {
             let params = geometry_params(policy, 257, 2, windowed_groups(window, tail, chunked));
             let engine = session(Engine::new(params).expect("runs"), 5, 150, 13);
             for turn in 2..=5 {
@@ -504,7 +596,12 @@ fn h1_every_group_kind_mixed_runs_sessions_on_one_to_three_ranks() {
         group(GroupKind::Auxiliary { pages: 2 }),
     ];
     for n_ranks in 1..=3 {
-        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved, Policy::Oracle] {
+        for policy in [
+            Policy::Ordinary,
+            Policy::PagesOnly,
+            Policy::Reserved,
+            Policy::Oracle,
+        ] {
             let params = geometry_params(policy, 257, n_ranks, groups.clone());
             let engine = session(Engine::new(params).expect("every kind runs"), 4, 130, 21);
             for turn in 2..=4 {
@@ -537,14 +634,22 @@ fn h7_each_of_the_four_checkpoint_slots_is_published_and_restorable() {
         engine.submit(first).unwrap();
         let _steps = engine.run_until_idle(10_000).expect("run");
         let output = engine.take_finished()[0].output.clone();
-        assert_eq!(engine.store_stats().n_checkpoints, 4, "{policy:?}: four slots");
+        assert_eq!(
+            engine.store_stats().n_checkpoints,
+            4,
+            "{policy:?}: four slots"
+        );
         engine.reset_prefix_cache().expect("idle");
         let response_end = 300 + 6 - 1;
         let cases = [
             (2, [&prompt[..40], &other(2)[..]].concat(), 40),
             (3, [&prompt[..296], &other(3)[..]].concat(), 296),
             (4, [&prompt[..], &other(4)[..]].concat(), 300),
-            (5, [&prompt[..], &output[..], &other(5)[..]].concat(), response_end),
+            (
+                5,
+                [&prompt[..], &output[..], &other(5)[..]].concat(),
+                response_end,
+            ),
         ];
         for (id, request, restored) in cases {
             let mut turn = spec(id, request, 2, engine.now());
@@ -555,7 +660,10 @@ fn h7_each_of_the_four_checkpoint_slots_is_published_and_restorable() {
                 engine.check_invariants().expect("invariants");
             }
             let metrics = metrics_of(&engine, id);
-            assert_eq!(metrics.prompt_tokens_restored, restored, "{policy:?}: {metrics:?}");
+            assert_eq!(
+                metrics.prompt_tokens_restored, restored,
+                "{policy:?}: {metrics:?}"
+            );
             let _finished = engine.take_finished();
             engine.reset_prefix_cache().expect("idle");
         }
@@ -571,10 +679,21 @@ fn an_instruction_boundary_outside_the_prompt_is_refused_naming_it() {
         request.instruction_tokens = Some(at);
         let error = engine.submit(request).expect_err("refused");
         assert!(
-            matches!(error, Error::InvalidParam { name: "instruction_tokens", .. }),
+            matches!(
+                error,
+                Error::InvalidParam {
+                    name: "instruction_tokens",
+                    ..
+                }
+            ),
             "{error:?}"
         );
-        assert!(error.to_string().contains(&format!("an instruction of {at} tokens")), "{error}");
+        assert!(
+            error
+                .to_string()
+                .contains(&format!("an instruction of {at} tokens")),
+            "{error}"
+        );
     }
 }
 
@@ -613,7 +732,10 @@ fn h7_a_restore_budgets_a_capture_for_every_slot_ahead_of_it() {
         draft_lookahead_tokens: 0,
         captures: 3,
     };
-    assert_eq!(ticket.peak_credit_pages, geometry.restore_need(&continuation).credit_pages);
+    assert_eq!(
+        ticket.peak_credit_pages,
+        geometry.restore_need(&continuation).credit_pages
+    );
     assert_eq!(
         geometry.restore_need(&continuation).credit_pages
             - geometry
@@ -675,8 +797,14 @@ fn h5_a_restore_without_draft_state_replays_its_last_page_into_a_replay_page() {
             );
             let _steps = engine.run_until_idle(10_000).expect("run");
             let metrics = metrics_of(&engine, 2);
-            assert_eq!(metrics.prompt_tokens_restored, prompt_len, "{policy:?}: {metrics:?}");
-            assert_eq!(metrics.draft_replay_tokens, replayed, "{policy:?}, {prompt_len}");
+            assert_eq!(
+                metrics.prompt_tokens_restored, prompt_len,
+                "{policy:?}: {metrics:?}"
+            );
+            assert_eq!(
+                metrics.draft_replay_tokens, replayed,
+                "{policy:?}, {prompt_len}"
+            );
             assert_eq!(engine.leaked_pages(), 0);
         }
     }
@@ -701,10 +829,16 @@ fn h5_a_checkpoint_with_draft_state_resumes_drafting_without_a_replay() {
                 engine.check_invariants().expect("invariants");
             }
             let metrics = metrics_of(&engine, 2);
-            assert_eq!(metrics.prompt_tokens_restored, prompt_len, "{policy:?}: {metrics:?}");
+            assert_eq!(
+                metrics.prompt_tokens_restored, prompt_len,
+                "{policy:?}: {metrics:?}"
+            );
             assert_eq!(metrics.draft_replay_tokens, 0, "{policy:?}: no replay");
             // Both fixed-page kinds came back byte for byte: the recurrent state and the two draft pages.
-            assert_eq!(engine.pages_verified(), u64::from(prompt_len.div_ceil(TPP)) + 3);
+            assert_eq!(
+                engine.pages_verified(),
+                u64::from(prompt_len.div_ceil(TPP)) + 3
+            );
         }
     }
 }

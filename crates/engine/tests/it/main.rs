@@ -11,6 +11,7 @@ mod agents;
 mod contract;
 mod credits;
 mod hybrid;
+mod live;
 mod prefix;
 mod restart;
 mod robustness;

@@ -432,7 +432,10 @@ fn a_geometry_the_step_loop_cannot_run_is_refused_naming_the_group_and_why() {
         bytes_per_page: 1024,
     };
     let message = refusal(vec![recurrent, window], 1);
-    assert!(message.contains("no cache group is full attention"), "{message}");
+    assert!(
+        message.contains("no cache group is full attention"),
+        "{message}"
+    );
 }
 
 #[test]

@@ -60,9 +60,8 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         3 => vec![group(sliding), group(full)],
         _ => vec![group(full), group(chunked), group(recurrent)],
     };
-    let geometry =
-        kv_pool::Geometry::new(groups, 16, n_ranks, defaults.geometry.max_model_len())
-            .expect("a valid geometry");
+    let geometry = kv_pool::Geometry::new(groups, 16, n_ranks, defaults.geometry.max_model_len())
+        .expect("a valid geometry");
     let block_tokens = geometry.block_tokens() as usize;
     let params = EngineParams {
         geometry,

@@ -116,7 +116,9 @@ fn sliding_window() -> ModelPreset {
             GroupConfig::SlidingWindow {
                 window_tokens: 1024,
                 retained_tail_tokens: 0,
-                bytes_per_page: Some(kv_bytes_per_token_per_layer * 40 * u64::from(tokens_per_page)),
+                bytes_per_page: Some(
+                    kv_bytes_per_token_per_layer * 40 * u64::from(tokens_per_page),
+                ),
             },
         ],
     }

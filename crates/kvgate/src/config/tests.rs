@@ -284,19 +284,38 @@ fn a_model_preset_sets_the_geometry_and_draft_depth_and_its_cost_preset() {
 #[test]
 fn a_model_preset_with_its_own_geometry_fields_is_refused_naming_them() {
     for (text, field) in [
-        ("[model]\npreset = \"linear-hybrid\"\ntokens_per_page = 32\n", "model.tokens_per_page"),
-        ("[model]\npreset = \"linear-hybrid\"\ncontext_parallel = 2\n", "model.context_parallel"),
-        ("[model]\npreset = \"glm-mla-hybrid\"\n[scheduler]\ndraft_tokens = 1\n", "scheduler.draft_tokens"),
+        (
+            "[model]\npreset = \"linear-hybrid\"\ntokens_per_page = 32\n",
+            "model.tokens_per_page",
+        ),
+        (
+            "[model]\npreset = \"linear-hybrid\"\ncontext_parallel = 2\n",
+            "model.context_parallel",
+        ),
+        (
+            "[model]\npreset = \"glm-mla-hybrid\"\n[scheduler]\ndraft_tokens = 1\n",
+            "scheduler.draft_tokens",
+        ),
         (
             "[model]\npreset = \"glm-mla-hybrid\"\n[[model.groups]]\nkind = \"full\"\n",
             "model.groups",
         ),
     ] {
         let message = err(text);
-        assert!(message.contains(&format!("a model preset sets {field}")), "{message}");
+        assert!(
+            message.contains(&format!("a model preset sets {field}")),
+            "{message}"
+        );
     }
     let mut config = EngineConfig::default();
     let message = config.apply_preset("gpt-9").unwrap_err().to_string();
-    assert!(message.contains("glm-mla-hybrid, linear-hybrid, sliding-window (model presets)"), "{message}");
-    assert_eq!(config, EngineConfig::default(), "a refused preset changes nothing");
+    assert!(
+        message.contains("glm-mla-hybrid, linear-hybrid, sliding-window (model presets)"),
+        "{message}"
+    );
+    assert_eq!(
+        config,
+        EngineConfig::default(),
+        "a refused preset changes nothing"
+    );
 }

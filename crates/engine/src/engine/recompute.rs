@@ -1,0 +1,82 @@
+//! E3 and L5 for executors with a model (L3): a restored page is checked against what a recompute of the
+//! same prefix into scratch storage writes, byte for byte; a mismatch names the request, the page and the
+//! first differing byte.
+
+use kv_pool::{PageId, PageStorage, RequestId};
+
+use super::Engine;
+use crate::error::{Error, Result};
+use crate::executor::Executor;
+
+impl<E: Executor> Engine<E> {
+    /// Checks every page of `id`'s published import of `tokens` tokens (its blocks from `first_block` on;
+    /// hybrid: the whole checkpoint, its fixed pages included) against a recompute of its first `tokens`
+    /// tokens.
+    pub(crate) fn verify_by_recompute(
+        &mut self,
+        id: RequestId,
+        first_block: u32,
+        tokens: u32,
+    ) -> Result<()> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let dest = self
+            .index
+            .pages(id)
+            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))?
+            .to_vec();
+        let prefix = self.reqs[&id]
+            .tokens
+            .get(..tokens as usize)
+            .ok_or_else(|| Error::internal(format!("{id}: an import past its tokens")))?
+            .to_vec();
+        let bytes_per_page = self.storage.bytes_per_page();
+        let Some(expected) = self.executor.recompute(&prefix, bytes_per_page)? else {
+            return Err(Error::internal(format!(
+                "{id}: executor {} writes its pages but recomputes none",
+                self.executor.name()
+            )));
+        };
+        // (slot index for the error, page, expected bytes)
+        let mut checks: Vec<(u32, PageId, &[u8])> = Vec::with_capacity(dest.len());
+        if self.groups.is_hybrid() {
+            let slots = self.groups.slots(tokens, block_tokens);
+            let mut fixed = expected.fixed.iter();
+            for (slot_idx, ((slot, block), &page)) in slots.iter().zip(&dest).enumerate() {
+                let bytes = match block {
+                    Some(block) if slot.group == self.groups.full() => {
+                        expected.blocks.get(*block as usize)
+                    }
+                    Some(_) => None,
+                    None => fixed.next(),
+                };
+                let bytes = bytes.ok_or_else(|| {
+                    Error::internal(format!(
+                        "{id}: no recomputed page for checkpoint slot {slot_idx}"
+                    ))
+                })?;
+                checks.push((slot_idx as u32, page, bytes));
+            }
+        } else {
+            for (block, &page) in (first_block..).zip(&dest) {
+                let bytes = expected.blocks.get(block as usize).ok_or_else(|| {
+                    Error::internal(format!("{id}: no recomputed page for block {block}"))
+                })?;
+                checks.push((block, page, bytes));
+            }
+        }
+        for (block, page, bytes) in checks {
+            self.storage.read(0, page, &mut self.page_buf)?;
+            if let Some(byte) = self.page_buf.iter().zip(bytes).position(|(a, b)| a != b) {
+                return Err(Error::RestoreMismatch {
+                    request: id,
+                    block,
+                    rank: 0,
+                    page,
+                    byte,
+                });
+            }
+            self.pages_verified += 1;
+        }
+        Ok(())
+    }
+}
