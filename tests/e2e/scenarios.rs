@@ -82,3 +82,13 @@ fn every_scenario_file_has_a_test() {
         );
     }
 }
+
+#[test]
+fn sliding_window_recycling() {
+    check("sliding_window_recycling");
+}
+
+#[test]
+fn two_rank_copy_failure() {
+    check("two_rank_copy_failure");
+}

@@ -268,35 +268,43 @@ impl EngineConfig {
             message: e.to_string(),
         };
         let table: toml::Table = toml::from_str(text).map_err(syntax)?;
-        let mut config: EngineConfig = toml::from_str(text).map_err(syntax)?;
-        if let Some(preset) = model_preset(&config.model.preset) {
-            // A model preset sets the geometry and the draft depth: a file setting them too is ambiguous.
-            let set = |section: &str, key: &str| {
-                table
-                    .get(section)
-                    .and_then(toml::Value::as_table)
-                    .is_some_and(|section| section.contains_key(key))
-            };
-            for (section, key) in [
-                ("model", "groups"),
-                ("model", "tokens_per_page"),
-                ("model", "context_parallel"),
-                ("scheduler", "draft_tokens"),
-            ] {
-                if set(section, key) {
-                    return Err(Error::InvalidConfig {
-                        field: "model.preset",
-                        value: preset.name.to_string(),
-                        allowed: format!(
-                            "a model preset sets {section}.{key}; remove one of the two (or name a cost preset)"
-                        ),
-                    });
-                }
-            }
-            config.apply_preset(preset.name)?;
-        }
+        let config: EngineConfig = toml::from_str(text).map_err(syntax)?;
+        let config = config.with_model_preset(&|section, key| {
+            table
+                .get(section)
+                .and_then(toml::Value::as_table)
+                .is_some_and(|section| section.contains_key(key))
+        })?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// This config as parsed, with the model preset it names applied (`apply_preset`). `set(section, key)`
+    /// says whether the parsed text set a field: a model preset sets the geometry and the draft depth, so a
+    /// text naming one and setting them too is ambiguous and refused, naming the field. A cost preset
+    /// changes nothing.
+    pub fn with_model_preset(mut self, set: &dyn Fn(&str, &str) -> bool) -> Result<EngineConfig> {
+        let Some(preset) = model_preset(&self.model.preset) else {
+            return Ok(self);
+        };
+        for (section, key) in [
+            ("model", "groups"),
+            ("model", "tokens_per_page"),
+            ("model", "context_parallel"),
+            ("scheduler", "draft_tokens"),
+        ] {
+            if set(section, key) {
+                return Err(Error::InvalidConfig {
+                    field: "model.preset",
+                    value: preset.name.to_string(),
+                    allowed: format!(
+                        "a model preset sets {section}.{key}; remove one of the two (or name a cost preset)"
+                    ),
+                });
+            }
+        }
+        self.apply_preset(preset.name)?;
+        Ok(self)
     }
 
     /// Applies preset `name`: a cost preset sets `model.preset` alone; a model preset also sets the

@@ -26,8 +26,9 @@ pub struct Scenario {
     /// What the scenario shows.
     #[serde(default)]
     pub description: String,
-    /// Engine configuration (the TOML config's structure, in JSON). Default: the embedded default.
-    #[serde(default)]
+    /// Engine configuration (the TOML config's structure, in JSON; a model preset named in
+    /// `model.preset` is applied). Default: the embedded default.
+    #[serde(default, deserialize_with = "config_with_model_preset")]
     pub config: EngineConfig,
     /// Policy: ordinary, pages-only, reserved (default) or oracle.
     #[serde(default = "default_policy")]
@@ -137,6 +138,20 @@ pub enum CopyFault {
 
 fn default_policy() -> String {
     Policy::Reserved.name().to_string()
+}
+
+/// A scenario's config with the model preset it names applied, as a TOML config's is
+/// (`EngineConfig::with_model_preset`).
+fn config_with_model_preset<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<EngineConfig, D::Error> {
+    let value = Value::deserialize(deserializer)?;
+    let set = |section: &str, key: &str| value.get(section).and_then(|s| s.get(key)).is_some();
+    let config: EngineConfig =
+        serde_json::from_value(value.clone()).map_err(serde::de::Error::custom)?;
+    config
+        .with_model_preset(&set)
+        .map_err(serde::de::Error::custom)
 }
 
 fn default_max_steps() -> u32 {

@@ -100,3 +100,22 @@ fn an_idle_engine_jumps_to_a_late_event() {
     assert!(steps.contains(&999_999), "{steps:?}");
     assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
 }
+
+#[test]
+fn a_model_preset_in_a_scenario_sets_the_geometry_as_in_a_config_file() {
+    let parsed: Scenario = serde_json::from_str(
+        r#"{ "config": { "model": { "preset": "linear-hybrid" } }, "events": [] }"#,
+    )
+    .unwrap();
+    let preset = crate::config::model_preset("linear-hybrid").unwrap();
+    assert_eq!(parsed.config.model.groups, preset.groups);
+    let refused = serde_json::from_str::<Scenario>(
+        r#"{ "config": { "model": { "preset": "linear-hybrid", "tokens_per_page": 32 } }, "events": [] }"#,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        refused.contains("a model preset sets model.tokens_per_page"),
+        "{refused}"
+    );
+}
