@@ -4,8 +4,11 @@
 //! pool. No state: every function is a pure function of the `Geometry` and its arguments.
 //!
 //! Context parallelism: the context is sharded over `context_parallel` ranks, token `i` lives on rank
-//! `i % context_parallel`, and every rank has a pool of the same size. Every page count here is therefore per
-//! rank: the maximum over ranks of the pages that rank needs.
+//! `i % context_parallel`, and every rank has a pool of the same size. A page id names the same page on every
+//! rank: page `b` of a group holds block `b`, tokens `[b * block_tokens, (b + 1) * block_tokens)` with
+//! `block_tokens = tokens_per_page * context_parallel`, each rank its share. Every page count here is
+//! therefore a count of blocks, the pages each rank's pool gives (allocation is symmetric: a rank that holds
+//! no token of a block at a window's edge still holds its page id).
 
 use std::ops::Range;
 
@@ -203,13 +206,14 @@ impl Geometry {
         self.max_model_len
     }
 
-    /// Pages (per rank: the maximum over ranks) touched by tokens `[start, end)` of a group that stores every
-    /// token, a partial page at either end counted whole. Empty ranges need 0 pages.
+    /// Pages (blocks, on every rank) touched by tokens `[start, end)` of a group that stores every token, a
+    /// partial block at either end counted whole. Empty ranges need 0 pages.
     pub fn span_pages(&self, start: u32, end: u32) -> u32 {
-        (0..self.context_parallel)
-            .map(|rank| self.rank_span_pages(start, end, rank))
-            .max()
-            .unwrap_or(0)
+        if end <= start {
+            return 0;
+        }
+        let block = u64::from(self.block_tokens());
+        (u64::from(end).div_ceil(block) - u64::from(start) / block) as u32
     }
 
     /// Pages group `group_idx` needs (per rank) to hold tokens `[start, end)` once `end` tokens are computed:
@@ -260,11 +264,7 @@ impl Geometry {
     /// Whether a prefix of `n_tokens` ends inside a page on some rank, so that continuing from it needs a
     /// copy-on-write of that partial page.
     pub fn ends_inside_page(&self, n_tokens: u32) -> bool {
-        (0..self.context_parallel).any(|rank| {
-            !self
-                .rank_tokens_before(n_tokens, rank)
-                .is_multiple_of(u64::from(self.tokens_per_page))
-        })
+        !n_tokens.is_multiple_of(self.block_tokens())
     }
 
     /// Pages (per rank) of a checkpoint at boundary `n_tokens`: the live pages of every group.
@@ -365,29 +365,12 @@ impl Geometry {
         need_pages <= usable_pages
     }
 
-    /// Tokens in `[0, n_tokens)` that live on `rank`.
-    fn rank_tokens_before(&self, n_tokens: u32, rank: u32) -> u64 {
-        let cp = u64::from(self.context_parallel);
-        (u64::from(n_tokens) + cp - 1 - u64::from(rank)) / cp
-    }
-
-    /// Pages on `rank` touched by tokens `[start, end)`.
-    fn rank_span_pages(&self, start: u32, end: u32, rank: u32) -> u32 {
-        let lo = self.rank_tokens_before(start, rank);
-        let hi = self.rank_tokens_before(end, rank);
-        if hi <= lo {
+    /// Most blocks `n_tokens` contiguous tokens can touch, at any alignment.
+    fn worst_pages(&self, n_tokens: u64) -> u64 {
+        if n_tokens == 0 {
             return 0;
         }
-        let tpp = u64::from(self.tokens_per_page);
-        ((hi - 1) / tpp - lo / tpp + 1) as u32
-    }
-
-    /// Most pages `n_slots` contiguous slots of one rank can touch, at any alignment.
-    fn worst_pages(&self, n_slots: u64) -> u64 {
-        if n_slots == 0 {
-            return 0;
-        }
-        (n_slots - 1).div_ceil(u64::from(self.tokens_per_page)) + 1
+        (n_tokens - 1).div_ceil(u64::from(self.block_tokens())) + 1
     }
 
     /// Peak pages of a windowed group whose live range reaches `behind` tokens before the current position:
@@ -402,24 +385,18 @@ impl Geometry {
             + u64::from(continuation.chunk_tokens)
             + u64::from(continuation.draft_lookahead_tokens);
         let held_tokens = held_tokens.min(u64::from(end.saturating_sub(prefix)));
-        let per_rank = held_tokens.div_ceil(u64::from(self.context_parallel));
-        let bound = self.worst_pages(per_rank).min(u64::from(u32::MAX)) as u32;
+        let bound = self.worst_pages(held_tokens).min(u64::from(u32::MAX)) as u32;
         full.min(bound)
     }
 
-    /// The replay page per attention group: a non-empty prefix that ends on a page boundary (on some rank)
-    /// with draft decoding on replays the last page.
+    /// The replay page per attention group: a non-empty prefix that ends on a block boundary with draft
+    /// decoding on replays the last page (inside a block, the partial page's copy on write holds the replay).
     fn replay_pages(&self, continuation: &Continuation) -> u32 {
         let prefix = continuation.prefix_tokens;
         if continuation.draft_lookahead_tokens == 0 || prefix == 0 {
             return 0;
         }
-        let tpp = u64::from(self.tokens_per_page);
-        let on_boundary = (0..self.context_parallel).any(|rank| {
-            let local = self.rank_tokens_before(prefix, rank);
-            local > 0 && local.is_multiple_of(tpp)
-        });
-        u32::from(on_boundary)
+        u32::from(prefix.is_multiple_of(self.block_tokens()))
     }
 }
 

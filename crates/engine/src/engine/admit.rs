@@ -83,6 +83,11 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
     }
 
     fn examine(&mut self, id: RequestId, free_slots: u32) -> Result<Candidate> {
+        if self.report.preempted.contains(&id) {
+            // Preempted by this step's running pass (Q6): it waits for the next step, as the head of the
+            // queue, like vLLM's scheduler, which admits nothing after a preemption in the same step.
+            return Ok(Candidate::OutOfBudget);
+        }
         self.engine.examine(id, free_slots, self.plan)
     }
 
@@ -224,7 +229,6 @@ impl<E: Executor> Engine<E> {
     /// first allocation takes the first chunk's pages, its fixed pages, and the copies on write of an
     /// imported partial page and state (`grow_need`).
     fn hybrid_cold_start(&self, id: RequestId, budget: u32) -> ColdStart {
-        let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let hits = self.published_hits(id).unwrap_or_default();
         let start = if hits.is_empty() {
@@ -233,16 +237,21 @@ impl<E: Executor> Engine<E> {
             req.published_tokens
         };
         let chunk = self.prefill_chunk(id, start, budget);
-        let held = start.div_ceil(block_tokens);
-        let tables = 1 + self.groups.n_windows() as u32;
-        let copies_on_write = if hits.is_empty() {
-            0
-        } else {
-            u32::from(!start.is_multiple_of(block_tokens)) * tables
+        // What its first allocation takes: the tables the published import gives it (or none), grown to the
+        // first chunk, as `grow_pages` will count them.
+        let (pages, windows, fixed) = self
+            .checkpoint_tables(id, hits.clone(), start)
+            .unwrap_or_default();
+        let held = super::pages::Held {
+            pages: &pages,
+            windows: &windows,
+            fixed_len: fixed.len(),
+            n_computed: start,
+            copy_on_write: !hits.is_empty(),
+            replay_page: !hits.is_empty()
+                && self.draft_replay_after(start).is_some_and(|(_, page)| page),
         };
-        let new_pages = ((start + chunk).div_ceil(block_tokens) - held) * tables
-            + self.groups.n_fixed()
-            + copies_on_write;
+        let new_pages = self.need_of(&held, start + chunk);
         let need_pages = new_pages + self.cached_free(&hits);
         ColdStart {
             hits,

@@ -122,6 +122,19 @@ impl GroupPlan {
         live.start / self.geometry.block_tokens()
     }
 
+    /// The first block of windowed group `window` a checkpoint at `n_tokens` holds: its live pages, none when
+    /// nothing is live (a chunked-local group at a chunk boundary; `Geometry::live_pages` counts 0 pages).
+    pub(crate) fn window_checkpoint_first_block(&self, window: usize, n_tokens: u32) -> u32 {
+        let live = self
+            .geometry
+            .live_tokens(self.windows[window] as usize, n_tokens);
+        if live.is_empty() {
+            n_tokens.div_ceil(self.geometry.block_tokens())
+        } else {
+            live.start / self.geometry.block_tokens()
+        }
+    }
+
     /// Index of the full-attention group.
     pub(crate) fn full(&self) -> u32 {
         self.full
@@ -188,7 +201,7 @@ impl GroupPlan {
         });
         let windows = (0..self.windows.len()).flat_map(move |window| {
             let group = self.windows[window];
-            (self.window_first_block(window, n_tokens)..n_pages).map(move |block| {
+            (self.window_checkpoint_first_block(window, n_tokens)..n_pages).map(move |block| {
                 (
                     PageSlot {
                         group,

@@ -77,43 +77,63 @@ impl<E: Executor> Engine<E> {
         Ok(true)
     }
 
-    /// Pages `id` still needs to hold tokens up to `upto_tokens`: its block table's new pages, plus (hybrid)
-    /// its fixed pages when it has none yet, or the copies on write of an imported partial last page and
-    /// imported fixed pages (C3, H6).
+    /// Pages `id` still needs to hold tokens up to `upto_tokens`: its block table's new pages, its windowed
+    /// tables' new pages, plus (hybrid) its fixed pages when it has none yet, the copies on write of an
+    /// imported partial last page and imported fixed pages (C3, H6), and a pending replay page (H5).
     pub(crate) fn grow_need(&self, id: RequestId, upto_tokens: u32) -> u32 {
-        let block_tokens = self.params.geometry.block_tokens();
+        self.need_of(&self.held(id), upto_tokens)
+    }
+
+    /// `id`'s tables as allocation sees them.
+    fn held(&self, id: RequestId) -> Held<'_> {
         let req = &self.reqs[&id];
+        Held {
+            pages: &req.pages,
+            windows: &req.windows,
+            fixed_len: req.fixed.len(),
+            n_computed: req.n_computed,
+            copy_on_write: req.copy_on_write,
+            replay_page: req.replay_page,
+        }
+    }
+
+    /// What `grow_need` counts, for the tables `held`.
+    pub(crate) fn need_of(&self, held: &Held<'_>, upto_tokens: u32) -> u32 {
+        let block_tokens = self.params.geometry.block_tokens();
         let upto_blocks = upto_tokens.div_ceil(block_tokens);
-        let blocks = upto_blocks.saturating_sub(req.pages.len() as u32);
+        let blocks = upto_blocks.saturating_sub(held.pages.len() as u32);
         let window_blocks: u32 = (0..self.groups.n_windows())
             .map(|window| {
-                let held = req.windows.get(window).map_or(0, Vec::len) as u32;
-                upto_blocks.saturating_sub(held)
+                let len = held.windows.get(window).map_or(0, Vec::len) as u32;
+                upto_blocks.saturating_sub(len)
             })
             .sum();
-        let fixed = if req.fixed.is_empty() {
+        let fixed = if held.fixed_len == 0 {
             self.groups.n_fixed()
         } else {
             0
         };
-        blocks + window_blocks + fixed + self.copy_on_write_pages(id) + self.replay_pages(id)
+        blocks
+            + window_blocks
+            + fixed
+            + held.copy_on_write_pages(block_tokens)
+            + held.replay_pages(block_tokens)
     }
 
-    /// Pages `id`'s pending draft replay copies on write: the last full page of every attention table (H5).
-    fn replay_pages(&self, id: RequestId) -> u32 {
-        let req = &self.reqs[&id];
-        if !req.replay_page {
-            return 0;
+    /// Whether a draft replay follows a restore of `n_tokens` (H5): the tokens it replays and whether it needs
+    /// a replay page, or `None`.
+    pub(crate) fn draft_replay_after(&self, n_tokens: u32) -> Option<(u32, bool)> {
+        if self.params.draft_tokens == 0 || self.groups.carries_draft_state() || n_tokens == 0 {
+            return None;
         }
-        let last = (req.n_computed / self.params.geometry.block_tokens()) as usize;
-        let Some(last) = last.checked_sub(1) else {
-            return 0;
+        let block_tokens = self.params.geometry.block_tokens();
+        let aligned = n_tokens.is_multiple_of(block_tokens);
+        let tokens = if aligned {
+            block_tokens
+        } else {
+            n_tokens % block_tokens
         };
-        1 + req
-            .windows
-            .iter()
-            .filter(|table| table.get(last).is_some_and(|page| !page.is_null()))
-            .count() as u32
+        Some((tokens, aligned))
     }
 
     /// Starts the draft replay of `id`, restored up to its computed tokens, when drafting is on and its
@@ -121,22 +141,12 @@ impl<E: Executor> Engine<E> {
     /// on a block boundary, into a replay page copied on write; the partial page, already its own, inside
     /// one).
     pub(crate) fn begin_draft_replay(&mut self, id: RequestId) -> Result<()> {
-        if self.params.draft_tokens == 0 || self.groups.carries_draft_state() {
-            return Ok(());
+        let n_computed = self.reqs[&id].n_computed;
+        if let Some((tokens, page)) = self.draft_replay_after(n_computed) {
+            let req = super::req::live(&mut self.reqs, id)?;
+            req.draft_replay_tokens = tokens;
+            req.replay_page = page;
         }
-        let block_tokens = self.params.geometry.block_tokens();
-        let req = super::req::live(&mut self.reqs, id)?;
-        let n = req.n_computed;
-        if n == 0 {
-            return Ok(());
-        }
-        let aligned = n.is_multiple_of(block_tokens);
-        req.draft_replay_tokens = if aligned {
-            block_tokens
-        } else {
-            n % block_tokens
-        };
-        req.replay_page = aligned;
         Ok(())
     }
 
@@ -159,29 +169,6 @@ impl<E: Executor> Engine<E> {
             }
         }
         Ok(replays)
-    }
-
-    /// Pages the copies on write of `id`'s imported partial last page and fixed pages take (0 once done).
-    pub(crate) fn copy_on_write_pages(&self, id: RequestId) -> u32 {
-        let req = &self.reqs[&id];
-        if !req.copy_on_write {
-            return 0;
-        }
-        let block_tokens = self.params.geometry.block_tokens();
-        let partial = !req.n_computed.is_multiple_of(block_tokens);
-        // The partial last page of the block table and of every windowed table, and the fixed pages.
-        let partial_pages = if partial {
-            1 + req
-                .windows
-                .iter()
-                .filter(|table| {
-                    table.len() == req.pages.len() && table.last().is_some_and(|p| !p.is_null())
-                })
-                .count() as u32
-        } else {
-            0
-        };
-        partial_pages + req.fixed.len() as u32
     }
 
     /// Gives `id` the pages `grow_pages` allocated (`grow_need` of them): first the copies on write of its
@@ -485,6 +472,13 @@ impl<E: Executor> Engine<E> {
         );
         let exact = boundary.exact;
         let pages = self.boundary_pages(id, n_tokens)?;
+        if pages.len() != boundary.slots.len() {
+            return Err(Error::internal(format!(
+                "{id}: {} pages for a checkpoint of {} pages at {n_tokens} tokens",
+                pages.len(),
+                boundary.slots.len()
+            )));
+        }
         let hex: String = exact.0[..12]
             .iter()
             .map(|byte| format!("{byte:02x}"))
@@ -549,7 +543,7 @@ impl<E: Executor> Engine<E> {
         let n_pages = n_tokens.div_ceil(block_tokens) as usize;
         let mut pages: Vec<PageId> = req.pages[..n_pages].to_vec();
         for (window, table) in req.windows.iter().enumerate() {
-            let first = self.groups.window_first_block(window, n_tokens) as usize;
+            let first = self.groups.window_checkpoint_first_block(window, n_tokens) as usize;
             let live = table.get(first..n_pages).ok_or_else(|| {
                 Error::internal(format!(
                     "{id}: window {window} lacks blocks {first}..{n_pages}"
@@ -574,6 +568,23 @@ impl<E: Executor> Engine<E> {
         pages: Vec<PageId>,
         tokens: u32,
     ) -> Result<()> {
+        let (table, windows, fixed) = self.checkpoint_tables(id, pages, tokens)?;
+        let req = super::req::live(&mut self.reqs, id)?;
+        req.pages = table;
+        req.windows = windows;
+        req.window_credit_pages.clear();
+        req.fixed = fixed;
+        Ok(())
+    }
+
+    /// The tables the pages of a checkpoint at `tokens` (`GroupPlan::slots` order, empty for none) make:
+    /// the block table, every windowed table (null before the window at `tokens`) and the fixed pages.
+    pub(crate) fn checkpoint_tables(
+        &self,
+        id: RequestId,
+        pages: Vec<PageId>,
+        tokens: u32,
+    ) -> Result<CheckpointTables> {
         let block_tokens = self.params.geometry.block_tokens();
         let n_pages = tokens.div_ceil(block_tokens) as usize;
         let mut windows = Vec::with_capacity(self.groups.n_windows());
@@ -581,25 +592,28 @@ impl<E: Executor> Engine<E> {
         let table: Vec<PageId> = pages.by_ref().take(n_pages).collect();
         if !table.is_empty() || tokens == 0 {
             for window in 0..self.groups.n_windows() {
-                let first = self.groups.window_first_block(window, tokens) as usize;
-                let mut window_table = vec![PageId::NULL; first];
-                window_table.extend(pages.by_ref().take(n_pages.saturating_sub(first)));
+                let first = self.groups.window_checkpoint_first_block(window, tokens) as usize;
+                let imported = n_pages.saturating_sub(first);
+                // Nothing live (a chunked-local group at a chunk boundary): the table stops before the
+                // block the next token writes, which the first allocation then takes.
+                let nulls = if imported == 0 {
+                    (tokens / block_tokens) as usize
+                } else {
+                    first
+                };
+                let mut window_table = vec![PageId::NULL; nulls];
+                window_table.extend(pages.by_ref().take(imported));
                 windows.push(window_table);
             }
         }
         let fixed: Vec<PageId> = pages.collect();
-        let req = super::req::live(&mut self.reqs, id)?;
         if table.len() != n_pages && !table.is_empty() {
             return Err(Error::internal(format!(
                 "{id}: {} pages for a block table of {n_pages}",
                 table.len()
             )));
         }
-        req.pages = table;
-        req.windows = windows;
-        req.window_credit_pages.clear();
-        req.fixed = fixed;
-        Ok(())
+        Ok((table, windows, fixed))
     }
 
     /// Puts a captured checkpoint into the store; a store that cannot take it is counted and logged, never
@@ -944,5 +958,64 @@ impl<E: Executor> Engine<E> {
             let waited_s = now.since(started).as_secs_f64();
             req.metrics.longest_capacity_wait_s = req.metrics.longest_capacity_wait_s.max(waited_s);
         }
+    }
+}
+
+/// A request's block table, windowed tables and fixed pages.
+pub(crate) type CheckpointTables = (Vec<PageId>, Vec<Vec<PageId>>, Vec<PageId>);
+
+/// A request's tables as allocation sees them (its own, or those a restore would give it).
+#[derive(Debug)]
+pub(crate) struct Held<'a> {
+    /// The block table.
+    pub(crate) pages: &'a [PageId],
+    /// The windowed tables.
+    pub(crate) windows: &'a [Vec<PageId>],
+    /// Fixed pages held.
+    pub(crate) fixed_len: usize,
+    /// Tokens computed (or restored).
+    pub(crate) n_computed: u32,
+    /// Whether the partial last pages and fixed pages came from a checkpoint.
+    pub(crate) copy_on_write: bool,
+    /// Whether a draft replay still needs its replay page.
+    pub(crate) replay_page: bool,
+}
+
+impl Held<'_> {
+    /// Pages the copies on write of the imported partial last pages and fixed pages take.
+    fn copy_on_write_pages(&self, block_tokens: u32) -> u32 {
+        if !self.copy_on_write {
+            return 0;
+        }
+        let partial = !self.n_computed.is_multiple_of(block_tokens);
+        // The partial last page of the block table and of every windowed table holding it, the fixed pages.
+        let partial_pages = if partial {
+            1 + self
+                .windows
+                .iter()
+                .filter(|table| {
+                    table.len() == self.pages.len()
+                        && table.last().is_some_and(|page| !page.is_null())
+                })
+                .count() as u32
+        } else {
+            0
+        };
+        partial_pages + self.fixed_len as u32
+    }
+
+    /// Pages a pending draft replay copies on write: the last full page of every attention table (H5).
+    fn replay_pages(&self, block_tokens: u32) -> u32 {
+        if !self.replay_page {
+            return 0;
+        }
+        let Some(last) = ((self.n_computed / block_tokens) as usize).checked_sub(1) else {
+            return 0;
+        };
+        1 + self
+            .windows
+            .iter()
+            .filter(|table| table.get(last).is_some_and(|page| !page.is_null()))
+            .count() as u32
     }
 }

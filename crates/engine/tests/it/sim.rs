@@ -33,8 +33,12 @@ impl Rng {
 fn simulate(policy: Policy, seed: u64, n_ops: u32) {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     // One to three context-parallel ranks (H4): a block is 16 tokens on each rank. One full-attention
-    // group, or a hybrid model: with a recurrent group, or with two recurrent groups and auxiliary pages.
-    let n_ranks = 1 + rng.below(3) as u32;
+    // group, a hybrid model (windows, recurrent state, auxiliary pages, mixed), or the shape of a shipped model
+    // preset (`docs/presets.md`: its groups, page width, ranks and draft depth; the sliding window scaled to
+    // these short prompts).
+    let mut n_ranks = 1 + rng.below(3) as u32;
+    let mut tokens_per_page = 16;
+    let mut draft_tokens = [0, 0, 1, 3][rng.below(4) as usize];
     let defaults = EngineParams::default();
     let group = |kind| kv_pool::CacheGroup {
         kind,
@@ -48,8 +52,9 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
     let chunked = kv_pool::GroupKind::ChunkedLocal {
         chunk_tokens: 16 + rng.below(80) as u32,
     };
-    let groups = match rng.below(5) {
+    let groups = match rng.below(7) {
         0 => defaults.geometry.groups().to_vec(),
+        // The linear-hybrid preset's shape.
         1 => vec![group(full), group(recurrent)],
         2 => vec![
             group(recurrent),
@@ -57,11 +62,29 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
             group(recurrent),
             group(kv_pool::GroupKind::Auxiliary { pages: 2 }),
         ],
-        3 => vec![group(sliding), group(full)],
-        _ => vec![group(full), group(chunked), group(recurrent)],
+        // The sliding-window preset's shape.
+        3 => vec![group(full), group(sliding)],
+        4 => vec![group(full), group(chunked), group(recurrent)],
+        // The glm-mla-hybrid preset: MLA with 64-token pages, three recurrent groups, two ranks, three
+        // draft tokens.
+        5 => {
+            (tokens_per_page, n_ranks, draft_tokens) = (64, 2, 3);
+            vec![
+                group(full),
+                group(recurrent),
+                group(recurrent),
+                group(recurrent),
+            ]
+        }
+        _ => vec![group(sliding), group(full), group(chunked)],
     };
-    let geometry = kv_pool::Geometry::new(groups, 16, n_ranks, defaults.geometry.max_model_len())
-        .expect("a valid geometry");
+    let geometry = kv_pool::Geometry::new(
+        groups,
+        tokens_per_page,
+        n_ranks,
+        defaults.geometry.max_model_len(),
+    )
+    .expect("a valid geometry");
     let block_tokens = geometry.block_tokens() as usize;
     let params = EngineParams {
         geometry,
@@ -75,7 +98,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         copy_task_limit: 1 + rng.below(4) as u32,
         capture_prefill_tail: rng.below(2) == 0,
         // Draft decoding: restores without draft state replay their last page (H5).
-        draft_tokens: [0, 0, 1, 3][rng.below(4) as usize],
+        draft_tokens,
         seed,
         ..defaults
     };

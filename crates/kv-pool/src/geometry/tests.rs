@@ -160,7 +160,7 @@ fn span_pages_counts_partial_pages_and_shards_over_ranks() {
         assert_eq!(cp1.span_pages(start, end), expect, "cp1 [{start}, {end})");
     }
     let cp2 = geometry(&[GroupKind::Full], 4, 2);
-    // Rank r holds tokens i with i % 2 == r; pages are per rank, the maximum over ranks.
+    // Rank r holds tokens i with i % 2 == r; a page id holds a block of 8 tokens on both ranks.
     for (start, end, expect) in [
         (0, 8, 1),
         (0, 9, 2),
