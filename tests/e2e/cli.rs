@@ -135,6 +135,18 @@ fn the_shipped_scenarios_run_from_the_command_line() {
 }
 
 #[test]
+fn a_scenario_runs_on_every_model_preset_from_the_command_line() {
+    let path = repo_root().join("tests/scenarios/restore_after_reset.json");
+    for preset in kvgate::config::MODEL_PRESETS {
+        let (ok, stdout, stderr) =
+            kvgate(&["scenario", path.to_str().unwrap(), "--preset", preset]);
+        assert!(ok, "{preset}: {stderr}");
+        let trace: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(trace["metrics"]["leaked_pages"], 0, "{preset}");
+    }
+}
+
+#[test]
 fn an_invalid_log_filter_is_an_error_naming_the_variable() {
     let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args(["agents", "--agents", "1", "--turns", "1"])

@@ -57,6 +57,10 @@ enum Command {
     Scenario {
         /// The scenario file (JSON).
         file: PathBuf,
+        /// Preset replacing the file's model: a cost model (small-8b-gpu, glm-like-moe) or a model preset
+        /// (glm-mla-hybrid, linear-hybrid, sliding-window).
+        #[arg(long)]
+        preset: Option<String>,
     },
 }
 
@@ -152,8 +156,9 @@ fn main() -> ExitCode {
     let result = init_logging().and_then(|()| match cli.command {
         Command::Agents(args) => agents(&args),
         Command::Replay(args) => replay(&args),
-        Command::Scenario { file } => {
-            kvgate::scenario::run_file(&file).map(|trace| outln!("{trace}"))
+        Command::Scenario { file, preset } => {
+            kvgate::scenario::run_file_with_preset(&file, preset.as_deref())
+                .map(|trace| outln!("{trace}"))
         }
     });
     match result {
