@@ -369,9 +369,16 @@ fn reordering_engine_reports_a_page_written_by_someone_else_while_it_owns_it() {
             if engine.n_in_flight() == 0 {
                 break;
             }
+            // Give the worker threads time to land the copy while the completion is held back.
             let mut bytes = vec![0u8; BYTES_PER_PAGE];
-            storage.read(0, PageId(4), &mut bytes).unwrap();
-            if bytes[..] == page_bytes(4)[..] {
+            for _ in 0..50 {
+                storage.read(0, PageId(4), &mut bytes).unwrap();
+                if bytes[..] == page_bytes(4)[..] {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if !written && bytes[..] == page_bytes(4)[..] {
                 storage.write(0, PageId(4), &page_bytes(77)).unwrap();
                 written = true;
             }
