@@ -340,8 +340,104 @@ fn l1_agents_runs_live_with_the_reference_executor_and_reserved_restores_every_l
         ],
         "the reference executor runs its own model's geometry",
     );
-    assert_fails_with(
-        &["agents", "--executor", "reference", "--plot", "/tmp"],
-        "a live run without --plot and --metrics-addr",
-    );
+}
+
+/// `GET /metrics` on `addr`: (status line, body).
+fn scrape(addr: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+/// The samples of a text-format exposition: series (name and labels as written) to value.
+fn samples(text: &str) -> std::collections::HashMap<String, f64> {
+    assert!(text.ends_with("# EOF\n"), "no EOF marker in {text}");
+    text.lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .map(|line| {
+            let (name, value) = line.rsplit_once(' ').unwrap();
+            let value: f64 = value.parse().unwrap_or_else(|e| panic!("{line}: {e}"));
+            (name.to_string(), value)
+        })
+        .collect()
+}
+
+#[test]
+fn a_live_agents_run_serves_metrics_while_it_runs_and_draws_its_chart() {
+    use std::io::BufRead;
+    let plot = tempfile::tempdir().unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args([
+            "agents",
+            "--executor",
+            "reference",
+            "--policy",
+            "reserved",
+            "--agents",
+            "3",
+            "--turns",
+            "3",
+            "--think-s",
+            "0.05",
+            "--pool-pages",
+            "96",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--json",
+            "--plot",
+        ])
+        .arg(plot.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the binary runs");
+    // The address is named on stderr; the rest of stderr (progress) is drained on a thread.
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    let drain = std::thread::spawn(move || {
+        let mut text = String::new();
+        for line in std::io::BufReader::new(stderr).lines() {
+            let line = line.unwrap();
+            if let Some(rest) = line.strip_prefix("kvgate: serving metrics at http://") {
+                let _sent = addr_tx.send(rest.trim_end_matches("/metrics").to_string());
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let addr = addr_rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("the metrics address is named on stderr");
+    let mut while_running = None;
+    while child.try_wait().unwrap().is_none() {
+        let (status, body) = scrape(&addr);
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        if body.contains("kvgate_pool_pages{") && child.try_wait().unwrap().is_none() {
+            while_running = Some(samples(&body));
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = drain.join().unwrap();
+    assert!(output.status.success(), "{stderr}");
+    let series = while_running.expect("/metrics was scraped while the live run ran");
+    for family in [
+        "kvgate_pool_pages{policy=\"reserved\",state=\"free\"}",
+        "kvgate_copies_in_flight{policy=\"reserved\"}",
+        "kvgate_capacity_waits_active{policy=\"reserved\"}",
+    ] {
+        assert!(series.contains_key(family), "no {family} in {series:?}");
+    }
+    let report: serde_json::Value =
+        serde_json::from_slice(&output.stdout).expect("the report is JSON");
+    assert_eq!(report["runs"][0]["policy"], "reserved");
+    assert_eq!(report["runs"][0]["leaked_pages"], 0);
+    let chart = std::fs::read_to_string(plot.path().join("agents.svg")).expect("the chart");
+    assert!(chart.contains("reserved"), "the chart names the policy");
 }

@@ -16,7 +16,8 @@ pub use checkpoint::{
 };
 pub use copy::{
     CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyModel, CopyOutcome, CopyWork,
-    CudaCopyEngine, Fault, InlineCopyEngine, ThreadedCopyEngine,
+    CudaCopyEngine, Fault, InlineCopyEngine, REORDER_DELAY_POLLS_MAX, ReorderingCopyEngine,
+    ThreadedCopyEngine,
 };
 pub use error::{Error, Invalid, Mismatch, Result};
 pub use index::{

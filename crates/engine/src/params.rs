@@ -23,6 +23,17 @@ pub enum CopyEngineKind {
         /// Worker threads (1 to 64).
         workers: u32,
     },
+    /// Threaded copies behind a seeded adversary (`checkpoint_transfer::ReorderingCopyEngine`), for tests of
+    /// L2: each job starts and reports its completion a number of polls after its submission drawn from
+    /// `seed`, out of submission order; a cancelled job may still write all its pages; failures can be
+    /// injected. It checks that nobody else writes a page while a copy owns it, and `Engine::check_invariants`
+    /// fails on any such write.
+    Reordering {
+        /// Worker threads (1 to 64).
+        workers: u32,
+        /// The seed of the delays and the order.
+        seed: u64,
+    },
     /// CUDA streams: needs CUDA page storage, which the engine does not use yet (issue 11); refused when
     /// the engine is built, with the reason.
     Cuda,
@@ -231,7 +242,8 @@ impl EngineParams {
         if self.chunk_tokens == 0 {
             return invalid("chunk_tokens", "at least 1");
         }
-        if let CopyEngineKind::Threaded { workers } = self.copy_engine
+        if let CopyEngineKind::Threaded { workers } | CopyEngineKind::Reordering { workers, .. } =
+            self.copy_engine
             && !(1..=64).contains(&workers)
         {
             return invalid("copy_engine", "threaded with 1 to 64 workers");

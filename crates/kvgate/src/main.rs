@@ -235,13 +235,6 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         seed: config.seed.wrapping_add(1),
         ..defaults
     };
-    if live && (args.run.plot.is_some() || args.metrics_addr.is_some()) {
-        return Err(kvgate::Error::InvalidArgument {
-            name: "--executor",
-            value: "reference".to_owned(),
-            allowed: "a live run without --plot and --metrics-addr (they watch simulated runs)",
-        });
-    }
     spec.validate()?;
     let policies = policies(&args.run.policy)?;
     let plot = args.run.plot.is_some();
@@ -260,23 +253,31 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     };
     let runs = run_policies(&policies, |policy, progress| {
         let config = config_of(&config, policy, policies.len());
-        if live {
-            let metrics = run::run_agents_live(&config, &spec, policy, progress)?;
-            return Ok((metrics, Timeline::new(policy.name(), |_| 0)));
-        }
         let spec_of_turn = spec.clone();
         let mut timeline = Timeline::new(policy.name(), move |id| {
             run::agent_turn(&spec_of_turn, id).1
         });
         let mut engine_metrics = families.engine(policy.name());
-        let mut observers: Vec<&mut dyn run::Observer> = Vec::new();
-        if plot {
-            observers.push(&mut timeline);
-        }
-        if args.metrics_addr.is_some() {
-            observers.push(&mut engine_metrics);
-        }
-        let metrics = run::run_agents_observed(&config, &spec, policy, progress, &mut observers)?;
+        let metrics = if live {
+            // The same observers watch the live run: the chart and `/metrics` while it runs.
+            let mut observers: Vec<&mut dyn run::Observer<engine::ReferenceExecutor>> = Vec::new();
+            if plot {
+                observers.push(&mut timeline);
+            }
+            if args.metrics_addr.is_some() {
+                observers.push(&mut engine_metrics);
+            }
+            run::run_agents_live_observed(&config, &spec, policy, progress, &mut observers)?
+        } else {
+            let mut observers: Vec<&mut dyn run::Observer> = Vec::new();
+            if plot {
+                observers.push(&mut timeline);
+            }
+            if args.metrics_addr.is_some() {
+                observers.push(&mut engine_metrics);
+            }
+            run::run_agents_observed(&config, &spec, policy, progress, &mut observers)?
+        };
         Ok((metrics, timeline))
     })?;
     let runs = write_plot(

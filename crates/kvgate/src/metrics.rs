@@ -10,7 +10,7 @@ mod http;
 
 use std::collections::{HashMap, HashSet};
 
-use engine::{Engine, StepReport};
+use engine::{Engine, Executor, StepReport};
 use kv_pool::{RequestId, Timestamp};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -197,7 +197,7 @@ impl EngineMetrics {
     }
 
     /// Prompt tokens and waits of the requests that finished since the last call.
-    fn count_finished(&mut self, engine: &Engine) {
+    fn count_finished<E: Executor>(&mut self, engine: &Engine<E>) {
         let done = engine.request_metrics();
         for request in &done[self.n_requests_seen.min(done.len())..] {
             let tokens = [
@@ -225,7 +225,7 @@ impl EngineMetrics {
 
     /// Waiters, copies in flight, restores copying (their latency) and pages owned by ready imports, from the
     /// engine's restore gauges (every policy).
-    fn read_gauges(&mut self, engine: &Engine, now: Timestamp) {
+    fn read_gauges<E: Executor>(&mut self, engine: &Engine<E>, now: Timestamp) {
         let gauges = engine.restore_gauges();
         let waiters: HashSet<RequestId> = gauges.waiters.iter().map(|(id, _)| *id).collect();
         self.waits_seen_starting += waiters.difference(&self.waiters).count() as u64;
@@ -265,8 +265,8 @@ impl EngineMetrics {
     }
 }
 
-impl Observer for EngineMetrics {
-    fn step(&mut self, engine: &Engine, report: &StepReport) {
+impl<E: Executor> Observer<E> for EngineMetrics {
+    fn step(&mut self, engine: &Engine<E>, report: &StepReport) {
         let labels = self.labels();
         let preempted = report.preempted.len() + report.reset_preempted.len();
         self.families
@@ -298,7 +298,7 @@ impl Observer for EngineMetrics {
             .set(self.longest_wait_s);
     }
 
-    fn finish(&mut self, engine: &Engine) {
+    fn finish(&mut self, engine: &Engine<E>) {
         self.count_finished(engine);
     }
 }

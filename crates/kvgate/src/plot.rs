@@ -9,7 +9,7 @@ mod chart;
 
 use std::path::{Path, PathBuf};
 
-use engine::{Engine, StepReport};
+use engine::{Engine, Executor, StepReport};
 use kv_pool::RequestId;
 
 use crate::error::{Error, Result};
@@ -135,8 +135,8 @@ impl Timeline {
     }
 }
 
-impl Observer for Timeline {
-    fn step(&mut self, engine: &Engine, report: &StepReport) {
+impl<E: Executor> Observer<E> for Timeline {
+    fn step(&mut self, engine: &Engine<E>, report: &StepReport) {
         let pool = engine.pool();
         let capacity_waiters = engine
             .ledger_snapshot()
@@ -150,7 +150,7 @@ impl Observer for Timeline {
         });
     }
 
-    fn finish(&mut self, engine: &Engine) {
+    fn finish(&mut self, engine: &Engine<E>) {
         self.turns = engine
             .request_metrics()
             .iter()

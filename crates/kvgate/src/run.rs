@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use engine::{Engine, Executor, Policy, RequestSpec, RunMetrics, StepReport};
+use engine::{Engine, Executor, Policy, RequestSpec, RunMetrics, SimExecutor, StepReport};
 use kv_pool::{RequestId, Timestamp};
 
 use crate::config::EngineConfig;
@@ -16,31 +16,32 @@ use crate::workload::mooncake::{TRACE_BLOCK_TOKENS, TraceRequest};
 /// Called now and then with (requests finished, requests in the workload).
 pub type Progress<'a> = &'a mut dyn FnMut(u64, u64);
 
-/// Watches a run: sees the engine after every step and once at the end (charts, metrics exporters).
-pub trait Observer {
+/// Watches a run: sees the engine after every step and once at the end (charts, metrics exporters). `E` is
+/// the engine's executor: the simulated one, or the reference model of a live run.
+pub trait Observer<E: Executor = SimExecutor> {
     /// After each `Engine::step`, with its report.
-    fn step(&mut self, engine: &Engine, report: &StepReport);
+    fn step(&mut self, engine: &Engine<E>, report: &StepReport);
     /// Once the run has finished.
-    fn finish(&mut self, _engine: &Engine) {}
+    fn finish(&mut self, _engine: &Engine<E>) {}
 }
 
 /// An observer that does nothing.
 #[derive(Debug, Default)]
 pub struct NoObserver;
 
-impl Observer for NoObserver {
-    fn step(&mut self, _engine: &Engine, _report: &StepReport) {}
+impl<E: Executor> Observer<E> for NoObserver {
+    fn step(&mut self, _engine: &Engine<E>, _report: &StepReport) {}
 }
 
 /// Every observer of the list, in order.
-impl Observer for Vec<&mut dyn Observer> {
-    fn step(&mut self, engine: &Engine, report: &StepReport) {
+impl<E: Executor> Observer<E> for Vec<&mut dyn Observer<E>> {
+    fn step(&mut self, engine: &Engine<E>, report: &StepReport) {
         for observer in self.iter_mut() {
             observer.step(engine, report);
         }
     }
 
-    fn finish(&mut self, engine: &Engine) {
+    fn finish(&mut self, engine: &Engine<E>) {
         for observer in self.iter_mut() {
             observer.finish(engine);
         }
@@ -317,5 +318,5 @@ mod tests;
 
 pub use live::{
     LIVE_MAX_MODEL_LEN, LIVE_MAX_RUNNING, LIVE_POOL_PAGES, live_agents_spec, live_params,
-    reference_model, run_agents_live,
+    reference_model, run_agents_live, run_agents_live_observed,
 };

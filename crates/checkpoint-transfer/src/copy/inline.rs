@@ -56,6 +56,11 @@ pub enum Fault {
     },
     /// An in-flight job fails at its completion time.
     FailJob(CopyJobId),
+    /// Every job in flight on `rank` fails at its completion time.
+    FailInFlight {
+        /// The rank.
+        rank: u32,
+    },
     /// An in-flight job completes `by` later.
     DelayJob(CopyJobId, Duration),
     /// The destination page is evicted while copied into: every in-flight restore job writing it reports it
@@ -124,6 +129,13 @@ impl InlineCopyEngine {
             Fault::FailJob(id) => {
                 if let Some(job) = self.in_flight.get_mut(&id) {
                     job.failure = Some(format!("injected failure of job {}", id.0));
+                }
+            }
+            Fault::FailInFlight { rank } => {
+                for (id, job) in &mut self.in_flight {
+                    if job.job.rank == rank && job.failure.is_none() {
+                        job.failure = Some(format!("injected failure of job {}", id.0));
+                    }
                 }
             }
             Fault::DelayJob(id, by) => {

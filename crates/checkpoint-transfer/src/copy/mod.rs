@@ -2,10 +2,13 @@
 //! submitted, polled at step boundaries, cancelled. Every submitted job reports exactly one completion (done,
 //! cancelled or failed) and only after it can no longer touch its pages: that is what lets the index free a
 //! destination page only after its copy drained (O5). Implementations: `InlineCopyEngine` (modeled time,
-//! deterministic, fault injection), `ThreadedCopyEngine` (worker threads, real memcpy), `CudaCopyEngine`.
+//! deterministic, fault injection), `ThreadedCopyEngine` (worker threads, real memcpy), `CudaCopyEngine`, and
+//! `ReorderingCopyEngine` (threaded copies that a seeded adversary delays and reorders, checking that no
+//! page is written by anyone else while a copy owns it: L2).
 
 mod cuda;
 mod inline;
+mod reordering;
 mod threaded;
 
 use kv_pool::PageId;
@@ -13,6 +16,7 @@ use kv_pool::Timestamp;
 
 pub use cuda::CudaCopyEngine;
 pub use inline::{CopyModel, Fault, InlineCopyEngine};
+pub use reordering::{REORDER_DELAY_POLLS_MAX, ReorderingCopyEngine};
 pub use threaded::ThreadedCopyEngine;
 
 use crate::error::{Error, Result};
@@ -123,12 +127,19 @@ pub trait CopyEngine: Send + std::fmt::Debug {
     /// free while it is listed here.
     fn in_flight_pages(&self) -> Vec<PageId>;
 
-    /// Injects a fault (fault injection for tests and scenarios). Only the inline engine models faults;
-    /// the others refuse with `Error::Unavailable`.
+    /// Injects a fault (fault injection for tests and scenarios). The inline engine models every fault and
+    /// the reordering engine the failures; the others refuse with `Error::Unavailable`.
     fn inject_fault(&mut self, fault: Fault) -> Result<()> {
         Err(Error::Unavailable(format!(
             "cannot inject {fault:?}: fault injection needs the inline copy engine"
         )))
+    }
+
+    /// Writes into a page this engine copies made by someone else while a copy owned the page: what a page
+    /// freed and reused under a copy in flight looks like (L2). Only the reordering engine checks; the others
+    /// report none.
+    fn write_violations(&self) -> Vec<String> {
+        Vec::new()
     }
 }
 

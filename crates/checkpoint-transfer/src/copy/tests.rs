@@ -1,5 +1,6 @@
 //! Copy engines: modeled timing and fault injection of the inline engine, real bytes and drain semantics of
-//! the threaded engine, and the CUDA engine (skipped, saying why, without a driver).
+//! the threaded engine, the reordering engine's seeded schedule and its check of writes by others (L2), and
+//! the CUDA engine (skipped, saying why, without a driver).
 #![allow(
     clippy::disallowed_methods,
     reason = "tests time real copies and read their environment"
@@ -17,7 +18,7 @@ use kv_pool::{HostStorage, PageId, PageStorage};
 
 use crate::copy::{
     CopyCompletion, CopyEngine, CopyJob, CopyModel, CopyOutcome, CopyWork, CudaCopyEngine, Fault,
-    InlineCopyEngine, ThreadedCopyEngine,
+    InlineCopyEngine, ReorderingCopyEngine, ThreadedCopyEngine,
 };
 use crate::error::Error;
 use crate::page_buf::PageBuf;
@@ -268,4 +269,174 @@ fn cuda_cancelled_job_drains_before_it_is_reported() {
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].outcome, CopyOutcome::Cancelled);
     assert_eq!(copies.n_in_flight(), 0);
+}
+
+fn reordering(seed: u64) -> (Arc<HostStorage>, ReorderingCopyEngine) {
+    let storage = storage();
+    let engine = ReorderingCopyEngine::new(storage.clone(), 2, seed).unwrap();
+    (storage, engine)
+}
+
+/// Polls until every job reported, returning the completions in the order they came.
+fn poll_all(engine: &mut ReorderingCopyEngine) -> Vec<CopyCompletion> {
+    let mut completions = Vec::new();
+    for _ in 0..100 {
+        if engine.n_in_flight() == 0 {
+            break;
+        }
+        completions.extend(engine.poll(Timestamp::ZERO));
+    }
+    assert_eq!(
+        engine.n_in_flight(),
+        0,
+        "every job reports within its schedule"
+    );
+    completions
+}
+
+#[test]
+fn reordering_engine_copies_real_bytes_and_reorders_completions_from_its_seed() {
+    let mut orders = Vec::new();
+    for seed in 0..8 {
+        let (storage, mut engine) = reordering(seed);
+        let ids: Vec<_> = (1..7)
+            .map(|page| {
+                engine
+                    .submit(restore_job(0, &[page]), Timestamp::ZERO)
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(engine.in_flight_pages().len(), 6);
+        let completions = poll_all(&mut engine);
+        assert!(
+            completions
+                .iter()
+                .all(|c| matches!(c.outcome, CopyOutcome::Done { .. }))
+        );
+        let order: Vec<_> = completions.iter().map(|c| c.job).collect();
+        let mut sorted = order.clone();
+        sorted.sort();
+        assert_eq!(sorted, ids, "each job reports exactly once");
+        for page in 1..7u32 {
+            let mut bytes = vec![0u8; BYTES_PER_PAGE];
+            storage.read(0, PageId(page), &mut bytes).unwrap();
+            assert_eq!(bytes[..], page_bytes(page as u8)[..], "page {page}");
+        }
+        assert!(engine.write_violations().is_empty());
+        // The same seed gives the same order, whatever the threads did.
+        let (_, mut again) = reordering(seed);
+        for page in 1..7 {
+            let _id = again.submit(restore_job(0, &[page]), Timestamp::ZERO);
+        }
+        let again: Vec<_> = poll_all(&mut again).iter().map(|c| c.job).collect();
+        assert_eq!(again, order, "seed {seed}");
+        orders.push(order);
+    }
+    assert!(
+        orders
+            .iter()
+            .any(|order| order.windows(2).any(|w| w[0] > w[1])),
+        "some seed reports out of submission order: {orders:?}"
+    );
+}
+
+#[test]
+fn reordering_engine_reports_a_page_written_by_someone_else_while_it_owns_it() {
+    // Written before the copy starts: the page was reused between submission and start.
+    let (storage, mut engine) = reordering(1);
+    let _id = engine
+        .submit(restore_job(0, &[3]), Timestamp::ZERO)
+        .unwrap();
+    storage.write(0, PageId(3), &page_bytes(99)).unwrap();
+    let _done = poll_all(&mut engine);
+    let violations = engine.write_violations();
+    assert!(
+        violations
+            .first()
+            .is_some_and(|v| v.contains("page 3") && v.contains("submission")),
+        "{violations:?}"
+    );
+    // Written after the copy landed and before its completion was reported.
+    for seed in 0..32 {
+        let (storage, mut engine) = reordering(seed);
+        let _id = engine
+            .submit(restore_job(0, &[4]), Timestamp::ZERO)
+            .unwrap();
+        let mut completions = Vec::new();
+        let mut written = false;
+        for _ in 0..100 {
+            completions.extend(engine.poll(Timestamp::ZERO));
+            if engine.n_in_flight() == 0 {
+                break;
+            }
+            // Give the worker threads time to land the copy while the completion is held back.
+            let mut bytes = vec![0u8; BYTES_PER_PAGE];
+            for _ in 0..50 {
+                storage.read(0, PageId(4), &mut bytes).unwrap();
+                if bytes[..] == page_bytes(4)[..] {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if !written && bytes[..] == page_bytes(4)[..] {
+                storage.write(0, PageId(4), &page_bytes(77)).unwrap();
+                written = true;
+            }
+        }
+        assert_eq!(completions.len(), 1);
+        if written {
+            let violations = engine.write_violations();
+            assert!(
+                violations.iter().any(|v| v.contains("page 4")),
+                "seed {seed}: {violations:?}"
+            );
+            return;
+        }
+    }
+    panic!("no seed held a completion back after its copy landed");
+}
+
+#[test]
+fn reordering_engine_cancelled_and_failed_jobs_drain_before_they_report() {
+    for seed in 0..16 {
+        let (_storage, mut engine) = reordering(seed);
+        let a = engine
+            .submit(restore_job(0, &[1, 2]), Timestamp::ZERO)
+            .unwrap();
+        let b = engine
+            .submit(restore_job(1, &[3]), Timestamp::ZERO)
+            .unwrap();
+        engine.inject_fault(Fault::FailNext { rank: 0 }).unwrap();
+        let c = engine
+            .submit(restore_job(0, &[5]), Timestamp::ZERO)
+            .unwrap();
+        engine.cancel(a);
+        engine
+            .inject_fault(Fault::FailInFlight { rank: 1 })
+            .unwrap();
+        // Cancelled and failed jobs keep their pages until they report.
+        assert_eq!(engine.in_flight_pages().len(), 4);
+        let completions = engine.wait_all();
+        assert_eq!(engine.n_in_flight(), 0);
+        let outcome = |id| {
+            completions
+                .iter()
+                .find(|c| c.job == id)
+                .map(|c| c.outcome.clone())
+                .unwrap()
+        };
+        assert_eq!(outcome(a), CopyOutcome::Cancelled, "seed {seed}");
+        assert!(
+            matches!(outcome(b), CopyOutcome::Failed { .. }),
+            "seed {seed}"
+        );
+        assert!(
+            matches!(outcome(c), CopyOutcome::Failed { .. }),
+            "seed {seed}"
+        );
+        assert!(engine.write_violations().is_empty());
+    }
+    let (_storage, mut engine) = reordering(0);
+    let refused = engine.inject_fault(Fault::EvictDestination(PageId(1)));
+    assert!(refused.is_err_and(|e| e.to_string().contains("failures only")));
 }

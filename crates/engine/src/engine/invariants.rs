@@ -1,7 +1,7 @@
 //! The engine's invariant checks: `check_invariants` (pool, ledger, imports, held pages, slots, credits)
 //! and `leaked_pages`, both built on the set of pages live requests and imports hold.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use kv_pool::PageId;
 use kv_pool::RequestId;
@@ -36,10 +36,24 @@ impl<E: Executor> Engine<E> {
         let broken = |invariant: String| Err(Error::internal(invariant));
         self.pool.check_invariants();
         self.index.check_invariants(&self.pool);
+        let held_by_index: HashSet<PageId> = self.index.held_pages().collect();
         for page in self.copies.in_flight_pages() {
             if self.pool.ref_count(page).map_or(true, |refs| refs == 0) {
                 return broken(format!("page {page:?} is free while a copy writes into it"));
             }
+            // L2: the import or capture the copy serves pins its pages until the copy drained, so a page
+            // handed to anyone else meanwhile is never the copy's alone.
+            if !held_by_index.contains(&page) {
+                return broken(format!(
+                    "page {page:?} is copied but no import or capture of the index holds it"
+                ));
+            }
+        }
+        // L2: a page freed and reused while a copy owned it shows as a write by someone else.
+        if let Some(violation) = self.copies.write_violations().into_iter().next() {
+            return broken(format!(
+                "a page was reused under a copy in flight: {violation}"
+            ));
         }
         // Every reference the pool counts has a named owner, and every owner's page is referenced: no leak, no
         // page freed under a holder.

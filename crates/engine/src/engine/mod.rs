@@ -40,7 +40,7 @@ use std::time::Duration;
 use admission::WaitingQueue;
 use checkpoint_transfer::{
     CheckpointStore, CopyEngine, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine,
-    LayoutDescriptor, RedisStore, ResidentIndex, ThreadedCopyEngine,
+    LayoutDescriptor, RedisStore, ReorderingCopyEngine, ResidentIndex, ThreadedCopyEngine,
 };
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{HostStorage, PageId, PagePool};
@@ -488,8 +488,8 @@ impl<E: Executor> Engine<E> {
         self.store = Box::new(HostStore::new(store_capacity_bytes(&self.params)));
     }
 
-    /// Injects a copy fault (fail, delay, corrupt, evict a destination page) into the copy engine. Only the
-    /// inline engine models faults; the others refuse with an error.
+    /// Injects a copy fault (fail, delay, corrupt, evict a destination page) into the copy engine. The inline
+    /// engine models every fault and the reordering engine the failures; the others refuse with an error.
     pub fn inject_copy_fault(&mut self, fault: Fault) -> Result<()> {
         Ok(self.copies.inject_fault(fault)?)
     }
@@ -561,6 +561,9 @@ fn open_copy_engine(
         CopyEngineKind::Inline => Box::new(InlineCopyEngine::with_storage(model, storage)),
         CopyEngineKind::Threaded { workers } => {
             Box::new(ThreadedCopyEngine::new(storage, workers as usize)?)
+        }
+        CopyEngineKind::Reordering { workers, seed } => {
+            Box::new(ReorderingCopyEngine::new(storage, workers as usize, seed)?)
         }
         CopyEngineKind::Cuda => {
             let reason = match kv_pool::cuda_available() {

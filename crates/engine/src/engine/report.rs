@@ -144,6 +144,8 @@ pub struct RequestView {
     pub n_output: u32,
     /// Store lookups sent for its restore so far.
     pub lookups: u32,
+    /// Admitted by an `ordinary` restore at once whose copy into its pages is still in flight.
+    pub loading: bool,
 }
 
 impl<E: Executor> Engine<E> {
@@ -192,6 +194,7 @@ impl<E: Executor> Engine<E> {
                 || req.wait_started.is_some(),
             n_output: req.output.len() as u32,
             lookups: req.lookups,
+            loading: req.loading.is_some(),
         })
     }
 

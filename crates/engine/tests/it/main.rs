@@ -14,5 +14,6 @@ mod hybrid;
 mod live;
 mod prefix;
 mod restart;
+mod reuse;
 mod robustness;
 mod sim;

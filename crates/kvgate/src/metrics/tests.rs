@@ -1,5 +1,6 @@
 //! The `/metrics` endpoint of a small agents run, scraped over HTTP and parsed as the text format: every
-//! family is there, and the prompt tokens by source add up to the run's own metrics.
+//! family is there, and the prompt tokens by source add up to the run's own metrics; a live run (the
+//! reference model on the wall clock) is scraped while it runs.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -10,7 +11,9 @@ use engine::Policy;
 use prometheus_client::registry::Registry;
 
 use super::{MetricFamilies, serve};
+use crate::config::EngineConfig;
 use crate::run;
+use crate::workload::agents::AgentsSpec;
 
 /// `GET path` on `addr`: (status line, body).
 fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
@@ -107,4 +110,57 @@ fn metrics_are_served_over_http_in_the_text_format() {
         get(server.local_addr(), "/other").0,
         "HTTP/1.1 404 Not Found"
     );
+}
+
+#[test]
+fn a_live_run_serves_its_metrics_while_it_runs() {
+    let mut config = EngineConfig::default();
+    config.pool.pages = 96;
+    let spec = AgentsSpec {
+        n_agents: 3,
+        turns: 3,
+        think_s: 0.05,
+        ..run::live_agents_spec()
+    };
+    let mut registry = Registry::default();
+    let families = MetricFamilies::register(&mut registry);
+    let server = serve("127.0.0.1:0", Arc::new(registry)).unwrap();
+    let mut metrics = families.engine(Policy::Reserved.name());
+    let live = std::thread::spawn(move || {
+        run::run_agents_live_observed(
+            &config,
+            &spec,
+            Policy::Reserved,
+            &mut |_, _| {},
+            &mut metrics,
+        )
+    });
+    // Scrape until the run's first steps show, while it still runs.
+    let mut while_running = None;
+    while !live.is_finished() {
+        let (status, body) = get(server.local_addr(), "/metrics");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        if body.contains("kvgate_pool_pages{") && !live.is_finished() {
+            while_running = Some(parse(&body));
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let run = live.join().unwrap().unwrap();
+    let series = while_running.expect("the live run was scraped while it ran");
+    let free = series["kvgate_pool_pages{policy=\"reserved\",state=\"free\"}"];
+    assert!(free > 0.0 && free <= 96.0, "{free} free pages");
+    assert!(series.contains_key("kvgate_copies_in_flight{policy=\"reserved\"}"));
+    // At the end, the tokens by source are the run's own.
+    let series = parse(&get(server.local_addr(), "/metrics").1);
+    for (source, n) in [
+        ("local_hit", run.prompt_tokens_local_hit),
+        ("restored", run.prompt_tokens_restored),
+        ("recomputed", run.prompt_tokens_recomputed),
+    ] {
+        let key = format!("kvgate_prompt_tokens_total{{policy=\"reserved\",source=\"{source}\"}}");
+        assert_eq!(series[&key], n as f64, "{source}");
+    }
+    assert!(run.prompt_tokens_restored > 0, "{run:?}");
+    assert!(series["kvgate_restore_latency_seconds_count{policy=\"reserved\"}"] > 0.0);
 }

@@ -8,7 +8,7 @@ use engine::{
 };
 use kv_pool::Geometry;
 
-use super::{Progress, drive_agents};
+use super::{NoObserver, Observer, Progress, drive_agents};
 use crate::config::{EngineConfig, model_preset};
 use crate::error::{Error, Result};
 use crate::workload::agents::AgentsSpec;
@@ -83,11 +83,26 @@ pub fn run_agents_live(
     policy: Policy,
     progress: Progress<'_>,
 ) -> Result<RunMetrics> {
+    run_agents_live_observed(config, spec, policy, progress, &mut NoObserver)
+}
+
+/// `run_agents_live`, with `observer` shown every step while the run goes on (a metrics exporter serves
+/// what it records as the run progresses) and once at the end, before the engine shuts down.
+pub fn run_agents_live_observed(
+    config: &EngineConfig,
+    spec: &AgentsSpec,
+    policy: Policy,
+    progress: Progress<'_>,
+    observer: &mut dyn Observer<ReferenceExecutor>,
+) -> Result<RunMetrics> {
     spec.validate()?;
     let params = live_params(config, policy)?;
     let executor = ReferenceExecutor::new(reference_model(config))?;
     let mut engine = Engine::with_executor(params, executor)?;
-    drive_agents(&mut engine, spec, progress, &mut |_, _| {})?;
+    drive_agents(&mut engine, spec, progress, &mut |engine, report| {
+        observer.step(engine, report);
+    })?;
+    observer.finish(&engine);
     let _shutdown = engine.shutdown()?;
     Ok(engine.metrics())
 }
