@@ -94,8 +94,9 @@ pub struct ClusterSpec {
 pub const KEEP_UP_DRAIN_S_MAX: f64 = 60.0;
 
 /// The highest p99 time to first token of a cluster that kept up: queueing grows it without bound when the
-/// engines fall behind.
-pub const KEEP_UP_P99_TTFT_S_MAX: f64 = 10.0;
+/// engines fall behind (hundreds to thousands of seconds on the shipped trace), while the longest prompts'
+/// own prefill keeps it near 10 s however many engines serve them, so the bound is loose.
+pub const KEEP_UP_P99_TTFT_S_MAX: f64 = 60.0;
 
 /// The throughput a trace asks for at its own arrival times, what the cluster sustained, and whether it
 /// kept up: its last request finished within [`KEEP_UP_DRAIN_S_MAX`] of the last arrival and its p99 time

@@ -254,6 +254,20 @@ fn keep_up_compares_the_traces_rate_with_the_clusters() {
         keep_up.kept_up,
         keep_up.drain_s <= KEEP_UP_DRAIN_S_MAX && keep_up.p99_ttft_s <= KEEP_UP_P99_TTFT_S_MAX
     );
+    let table = crate::report::cluster_table(&run);
+    let header = table.lines().nth(1).unwrap();
+    assert!(
+        header.contains("engine 0") && header.contains("engine 1"),
+        "{table}"
+    );
+    assert!(header.trim_end().ends_with("total"), "{table}");
+    assert!(table.contains("trace: 40 requests over"), "{table}");
+    let verdict = if keep_up.kept_up {
+        "kept up"
+    } else {
+        "fell behind"
+    };
+    assert!(table.contains(verdict), "{table}");
 }
 
 #[test]
