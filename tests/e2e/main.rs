@@ -1,5 +1,6 @@
-//! The workspace's end-to-end tests: scenario traces and a small agents run as insta snapshots, and the
-//! `kvgate` binary's answers to bad input (a few by hand, and the corpus under `tests/bad_inputs/`).
+//! The workspace's end-to-end tests: scenario traces and a small agents run as insta snapshots, the cluster
+//! replay through the binary, and the `kvgate` binary's answers to bad input (a few by hand, and the corpus
+//! under `tests/bad_inputs/`).
 #![allow(
     clippy::disallowed_methods,
     reason = "end-to-end tests time the binary and set its environment"
@@ -8,6 +9,7 @@
 mod agents;
 mod bad_inputs;
 mod cli;
+mod cluster;
 mod presets;
 mod redis;
 mod scenarios;

@@ -28,5 +28,5 @@ pub use layout::{GroupKind, LayoutDescriptor};
 pub use page_buf::PageBuf;
 pub use store::{
     CheckpointStore, DiskStore, HostStore, PutOutcome, RedisStore, RejectedFile, RejectedKey,
-    StoreStats, check_redis_url,
+    SharedStore, StoreStats, check_redis_url,
 };

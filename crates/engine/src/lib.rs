@@ -11,7 +11,7 @@ mod request;
 
 pub use engine::{
     Clock, Engine, RequestPhase, RequestView, RestoreGauges, ShutdownReport, SimClock, StepReport,
-    WALL_IDLE_WAIT, WallClock,
+    WALL_IDLE_WAIT, WallClock, open_store,
 };
 pub use error::{Error, Result};
 pub use executor::{CostModel, Executor, ReferenceConfig, ReferenceExecutor, SimExecutor};

@@ -1,9 +1,10 @@
 //! The kvgate facade: `EngineConfig` (TOML, validated), the `EngineBuilder`, the workloads (`agents`, the
-//! Mooncake trace), their drivers, reports, scenarios, and the `kvgate` binary. It re-exports the types an
-//! embedding server needs, so a server depends on this crate alone; the layers below stay embeddable one by
-//! one.
+//! Mooncake trace), their drivers (one engine, or a cluster of engines sharing one store), reports,
+//! scenarios, and the `kvgate` binary. It re-exports the types an embedding server needs, so a server
+//! depends on this crate alone; the layers below stay embeddable one by one.
 
 mod builder;
+pub mod cluster;
 pub mod config;
 mod error;
 pub mod limits;
@@ -18,7 +19,9 @@ pub use builder::EngineBuilder;
 pub use config::EngineConfig;
 pub use error::{Error, Result};
 
-pub use checkpoint_transfer::{CheckpointStore, DiskStore, Fault, HostStore, RedisStore};
+pub use checkpoint_transfer::{
+    CheckpointStore, DiskStore, Fault, HostStore, RedisStore, SharedStore,
+};
 pub use engine::{
     CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, Policy, RejectReason,
     RequestMetrics, RequestPhase, RequestSpec, RequestView, RunMetrics, STOP_TOKEN, StepReport,

@@ -29,6 +29,10 @@ pub const SCENARIO_STEPS_MAX: u32 = 1_000_000;
 /// before it is read whole.
 pub const TRACE_LINE_BYTES_MAX: usize = 1 << 20;
 
+/// Engines of a cluster replay (`--engines`) at most: each holds its own pool and page storage, all stepped
+/// on one thread.
+pub const ENGINES_MAX: u32 = 64;
+
 /// `--time-scale` of a replay at most.
 pub const TIME_SCALE_MAX: f64 = 1e6;
 

@@ -37,7 +37,7 @@ use engine::{Policy, RunMetrics};
 use kvgate::plot::{self, Timeline};
 use kvgate::workload::agents::AgentsSpec;
 use kvgate::workload::mooncake;
-use kvgate::{EngineConfig, metrics, report, run};
+use kvgate::{EngineConfig, cluster, metrics, report, run};
 
 /// kvgate: restore-admission for LLM serving, on a simulated engine.
 #[derive(Debug, Parser)]
@@ -149,6 +149,15 @@ struct ReplayArgs {
     /// engine keeps up with it only stretched).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Replay on this many engines sharing one simulated clock and one checkpoint store (1 to 64); with more
+    /// than one, the report has a column per engine and the cluster's total, and says whether the cluster
+    /// kept up with the trace's arrivals.
+    #[arg(long, default_value_t = 1)]
+    engines: u32,
+    /// How a request picks its engine: round-robin, least-loaded (fewest live requests) or cache-aware (the
+    /// engine whose pool, or the shared store, holds most of its prompt; ties to the least loaded).
+    #[arg(long, default_value = "cache-aware")]
+    router: String,
 }
 
 fn main() -> ExitCode {
@@ -319,6 +328,11 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
 fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let config = load_config(&args.run)?;
     run::check_time_scale(args.time_scale)?;
+    let router: cluster::Router = args.router.parse()?;
+    cluster::check_engines(args.engines)?;
+    if args.engines > 1 {
+        return replay_cluster(args, &config, router);
+    }
     let mut trace = mooncake::read_trace(&args.trace)?;
     if let Some(limit) = args.limit {
         trace.truncate(limit.max(1));
@@ -393,6 +407,87 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             ranks_suffix(config.model.context_parallel)
         );
         out!("{}", report::table(&runs));
+    }
+    Ok(())
+}
+
+/// `replay` on a cluster of `args.engines` engines: a table per policy with a column per engine and the
+/// total, and whether the cluster kept up with the trace.
+fn replay_cluster(
+    args: &ReplayArgs,
+    config: &EngineConfig,
+    router: cluster::Router,
+) -> kvgate::Result<()> {
+    if args.run.plot.is_some() {
+        return Err(kvgate::Error::InvalidArgument {
+            name: "--plot",
+            value: format!("with --engines {}", args.engines),
+            allowed: "a chart of a replay on one engine (--engines 1)",
+        });
+    }
+    let mut trace = mooncake::read_trace(&args.trace)?;
+    if let Some(limit) = args.limit {
+        trace.truncate(limit.max(1));
+    }
+    let max_hit_pct = mooncake::theoretical_max_hit_pct(&trace);
+    let later = run::later_turns(&trace);
+    let policies = policies(&args.run.policy)?;
+    let spec = cluster::ClusterSpec {
+        n_engines: args.engines,
+        router,
+    };
+    let runs = run_policies(&policies, |policy, progress| {
+        let config = config_of(config, policy, policies.len());
+        cluster::run_cluster_replay(
+            &config,
+            &trace,
+            &later,
+            args.time_scale,
+            policy,
+            spec,
+            progress,
+        )
+    })?;
+    for run in &runs {
+        let rejected: u32 = run.total.rejected_requests.values().sum();
+        if rejected > 0 {
+            errln!(
+                "kvgate: {}: {rejected} request(s) rejected as never runnable; the trace's maximum counts them",
+                run.total.policy
+            );
+        } else if run.total.prompt_tokens_from_cache_pct > max_hit_pct + 1e-9 {
+            return Err(kvgate::Error::Internal(format!(
+                "{} reports {:.3}% from cache, above the trace's maximum {max_hit_pct:.3}%: a counting bug",
+                run.total.policy, run.total.prompt_tokens_from_cache_pct
+            )));
+        }
+    }
+    if args.run.json {
+        let runs: Vec<serde_json::Value> = runs.iter().map(report::cluster_json).collect();
+        outln!(
+            "{}",
+            serde_json::json!({
+                "theoretical_max_hit_pct": (max_hit_pct * 1000.0).round() / 1000.0,
+                "engines": args.engines,
+                "router": router.name(),
+                "time_scale": args.time_scale,
+                "runs": runs,
+            })
+        );
+    } else {
+        outln!(
+            "{} requests, arrivals stretched {}x, {} engines sharing one checkpoint store, router {router}, \
+             pool {} pages of {} tokens{} each; theoretical maximum prompt cache hit {max_hit_pct:.1}%\n",
+            trace.len(),
+            args.time_scale,
+            args.engines,
+            config.pool.pages,
+            config.model.tokens_per_page,
+            ranks_suffix(config.model.context_parallel)
+        );
+        for run in &runs {
+            outln!("{}", report::cluster_table(run));
+        }
     }
     Ok(())
 }

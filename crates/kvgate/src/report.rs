@@ -4,6 +4,8 @@
 use engine::RunMetrics;
 use serde_json::{Map, Value, json};
 
+use crate::cluster::{ClusterRun, KEEP_UP_DRAIN_S_MAX, KEEP_UP_P99_TTFT_S_MAX};
+
 /// One run as a JSON object: `policy` and every metric by its name.
 pub fn run_json(run: &RunMetrics) -> Value {
     let by_reason = |counts: &std::collections::BTreeMap<String, u32>| -> Map<String, Value> {
@@ -52,8 +54,90 @@ pub fn runs_json(runs: &[RunMetrics], extra: &[(&str, Value)]) -> Value {
     Value::Object(object)
 }
 
-/// The side-by-side table, one column per run, one row per headline metric.
+/// The side-by-side table, one column per run (headed by its policy), one row per headline metric.
 pub fn table(runs: &[RunMetrics]) -> String {
+    let columns: Vec<(&str, &RunMetrics)> =
+        runs.iter().map(|run| (run.policy.as_str(), run)).collect();
+    table_of(&columns)
+}
+
+/// A cluster replay's JSON: the cluster's metrics by their names (as [`run_json`]), plus `router`,
+/// `engines` (each engine's metrics and `routed`, the requests sent to it) and `keep_up`.
+pub fn cluster_json(run: &ClusterRun) -> Value {
+    let mut object = run_json(&run.total);
+    let engines: Vec<Value> = run
+        .engines
+        .iter()
+        .zip(&run.routed)
+        .map(|(engine, routed)| {
+            let mut value = run_json(engine);
+            value["routed"] = json!(routed);
+            value
+        })
+        .collect();
+    let keep_up = &run.keep_up;
+    object["router"] = json!(run.router.name());
+    object["engines"] = Value::Array(engines);
+    object["keep_up"] = json!({
+        "trace_requests": keep_up.trace_requests,
+        "trace_prompt_tokens": keep_up.trace_prompt_tokens,
+        "trace_span_s": round(keep_up.trace_span_s, 3),
+        "needed_requests_per_s": round(keep_up.needed_requests_per_s, 3),
+        "needed_prompt_tok_per_s": round(keep_up.needed_prompt_tok_per_s, 1),
+        "served_span_s": round(keep_up.served_span_s, 3),
+        "sustained_requests_per_s": round(keep_up.sustained_requests_per_s, 3),
+        "sustained_prompt_tok_per_s": round(keep_up.sustained_prompt_tok_per_s, 1),
+        "drain_s": round(keep_up.drain_s, 3),
+        "p99_ttft_s": round(keep_up.p99_ttft_s, 3),
+        "kept_up": keep_up.kept_up,
+    });
+    object
+}
+
+/// A cluster replay as a person reads it: the table with one column per engine and one for the cluster,
+/// then the throughput the trace needs against what the cluster sustained.
+pub fn cluster_table(run: &ClusterRun) -> String {
+    let names: Vec<String> = (0..run.engines.len())
+        .map(|index| format!("engine {index}"))
+        .collect();
+    let mut columns: Vec<(&str, &RunMetrics)> =
+        names.iter().map(String::as_str).zip(&run.engines).collect();
+    columns.push(("total", &run.total));
+    let routed: Vec<String> = run.routed.iter().map(u64::to_string).collect();
+    let keep_up = &run.keep_up;
+    format!(
+        "{policy}, {n} engines, router {router} (requests routed: {routed})\n{table}\
+         trace: {requests} requests over {span:.1} s: needs {need_rps:.2} requests/s, {need_tps:.0} prompt tok/s\n\
+         cluster: served them by {served:.1} s: sustained {rps:.2} requests/s, {tps:.0} prompt tok/s; last \
+         finish {drain:.1} s after the last arrival, p99 ttft {p99:.2} s: {verdict} (keeping up: within \
+         {drain_max} s and {p99_max} s)\n",
+        policy = run.total.policy,
+        n = run.engines.len(),
+        router = run.router,
+        routed = routed.join(" / "),
+        table = table_of(&columns),
+        requests = keep_up.trace_requests,
+        span = keep_up.trace_span_s,
+        need_rps = keep_up.needed_requests_per_s,
+        need_tps = keep_up.needed_prompt_tok_per_s,
+        served = keep_up.served_span_s,
+        rps = keep_up.sustained_requests_per_s,
+        tps = keep_up.sustained_prompt_tok_per_s,
+        drain = keep_up.drain_s,
+        p99 = keep_up.p99_ttft_s,
+        verdict = if keep_up.kept_up {
+            "kept up"
+        } else {
+            "fell behind"
+        },
+        drain_max = KEEP_UP_DRAIN_S_MAX,
+        p99_max = KEEP_UP_P99_TTFT_S_MAX,
+    )
+}
+
+/// The side-by-side table of `columns` (header, run).
+fn table_of(columns: &[(&str, &RunMetrics)]) -> String {
+    let runs: Vec<&RunMetrics> = columns.iter().map(|(_, run)| *run).collect();
     type Row = (&'static str, fn(&RunMetrics) -> String);
     let rows: [Row; 16] = [
         ("prompt tokens from cache", |r| {
@@ -95,21 +179,21 @@ pub fn table(runs: &[RunMetrics]) -> String {
     let label_width = rows.iter().map(|(label, _)| label.len()).max().unwrap_or(0);
     let cells: Vec<Vec<String>> = rows
         .iter()
-        .map(|(_, cell)| runs.iter().map(cell).collect())
+        .map(|(_, cell)| runs.iter().map(|run| cell(run)).collect())
         .collect();
     let widths: Vec<usize> = (0..runs.len())
         .map(|col| {
             cells
                 .iter()
                 .map(|row| row[col].len())
-                .chain([runs[col].policy.len()])
+                .chain([columns[col].0.len()])
                 .max()
                 .unwrap_or(0)
         })
         .collect();
     let mut out = format!("{:label_width$}", "");
-    for (run, width) in runs.iter().zip(&widths) {
-        out.push_str(&format!("  {:>width$}", run.policy));
+    for ((header, _), width) in columns.iter().zip(&widths) {
+        out.push_str(&format!("  {header:>width$}"));
     }
     out.push('\n');
     for ((label, _), row) in rows.iter().zip(&cells) {

@@ -144,18 +144,7 @@ pub fn run_replay_observed(
     progress: Progress<'_>,
     observer: &mut dyn Observer,
 ) -> Result<RunMetrics> {
-    check_time_scale(time_scale)?;
-    if trace.len() != later_turn.len() {
-        return Err(Error::InvalidArgument {
-            name: "later_turn",
-            value: format!("{} flags for {} requests", later_turn.len(), trace.len()),
-            allowed: "one flag per request of the trace (`later_turns`)",
-        });
-    }
-    let arrivals = trace
-        .iter()
-        .map(|request| arrival(request.timestamp, time_scale))
-        .collect::<Result<Vec<_>>>()?;
+    let arrivals = replay_arrivals(trace, later_turn, time_scale)?;
     let mut engine = Engine::new(config.engine_params(policy)?)?;
     let total = trace.len() as u64;
     let mut next = 0usize;
@@ -198,6 +187,27 @@ pub fn run_replay_observed(
     progress(total, total);
     observer.finish(&engine);
     Ok(engine.metrics())
+}
+
+/// When each request of `trace` arrives on the engine clock, stretched by `time_scale`, after checking the
+/// time scale and that `later_turn` has one flag per request.
+pub(crate) fn replay_arrivals(
+    trace: &[TraceRequest],
+    later_turn: &[bool],
+    time_scale: f64,
+) -> Result<Vec<Timestamp>> {
+    check_time_scale(time_scale)?;
+    if trace.len() != later_turn.len() {
+        return Err(Error::InvalidArgument {
+            name: "later_turn",
+            value: format!("{} flags for {} requests", later_turn.len(), trace.len()),
+            allowed: "one flag per request of the trace (`later_turns`)",
+        });
+    }
+    trace
+        .iter()
+        .map(|request| arrival(request.timestamp, time_scale))
+        .collect()
 }
 
 /// Refuses a replay's time scale unless it is a number above 0, at most [`TIME_SCALE_MAX`].
@@ -267,7 +277,10 @@ fn submit_turn<E: Executor>(
 
 /// Submits `request`; a request that can never run is rejected alone (K1: the engine counts it and logs
 /// why) and the run goes on. Any other error ends the run.
-fn submit_or_reject<E: Executor>(engine: &mut Engine<E>, request: RequestSpec) -> Result<()> {
+pub(crate) fn submit_or_reject<E: Executor>(
+    engine: &mut Engine<E>,
+    request: RequestSpec,
+) -> Result<()> {
     match engine.submit(request) {
         Ok(()) | Err(engine::Error::Rejected { .. }) => Ok(()),
         Err(error) => Err(error.into()),

@@ -1,13 +1,14 @@
 //! The external checkpoint store behind the `CheckpointStore` trait, with its tiers: `HostStore` (host
 //! memory, the embedded default) and `DiskStore` (a directory of checksummed manifests and payload files that
 //! survives restarts) and `RedisStore` (a Redis server several engines share). All are capacity-bounded and
-//! evict the least recently used checkpoint.
+//! evict the least recently used checkpoint. `SharedStore` lets several engines of one process use one store.
 
 mod catalog;
 mod disk;
 mod host;
 mod manifest;
 mod redis;
+mod shared;
 
 use std::sync::Arc;
 
@@ -17,6 +18,7 @@ pub use self::redis::{
 pub use disk::{DiskStore, RejectedFile};
 pub use host::HostStore;
 pub use manifest::{MANIFEST_BYTES_MAX, MANIFEST_FORMAT_VERSION};
+pub use shared::SharedStore;
 
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, PrefixQuery};
 use crate::error::Result;

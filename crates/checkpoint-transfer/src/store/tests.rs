@@ -417,3 +417,18 @@ fn disk_store_evicts_to_capacity_and_supersedes_generations() {
         "the lock file, one manifest and one payload"
     );
 }
+
+#[test]
+fn shared_store_handles_see_each_others_checkpoints() {
+    use crate::store::SharedStore;
+    let mut a = SharedStore::new(Box::new(HostStore::new(1 << 20)));
+    let mut b = a.clone();
+    assert_eq!(a.n_handles(), 2);
+    a.put(checkpoint("from-a", 1, &tokens(10))).unwrap();
+    assert_eq!(find(&mut b, &tokens(12)).as_deref(), Some("from-a"));
+    let id = CheckpointId::new("from-a").unwrap();
+    assert_eq!(b.get(&id).unwrap().meta.n_tokens, 10);
+    assert_eq!(b.stats(), a.stats());
+    assert!(b.remove(&id).unwrap());
+    assert!(a.meta(&id).is_none());
+}

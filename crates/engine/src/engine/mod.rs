@@ -128,12 +128,29 @@ impl Engine<SimExecutor> {
         let executor = SimExecutor::new(params.cost.clone());
         Engine::with_executor(params, executor)
     }
+
+    /// An engine with the simulated executor whose checkpoints go to `store` instead of the store `params`
+    /// asks for (`store_dir`, `store_url` and `store_capacity_pages` are not used to open one): engines built
+    /// with clones of one `SharedStore` restore each other's checkpoints.
+    pub fn with_store(params: EngineParams, store: Box<dyn CheckpointStore>) -> Result<Self> {
+        let executor = SimExecutor::new(params.cost.clone());
+        Engine::build(params, executor, Some(store))
+    }
 }
 
 impl<E: Executor> Engine<E> {
     /// An engine driving `executor`. An executor that needs pages of its own size (a real model) sets
     /// `sim_bytes_per_page` to it; it checks the rest of `params` itself (`Executor::check_params`).
-    pub fn with_executor(mut params: EngineParams, executor: E) -> Result<Self> {
+    pub fn with_executor(params: EngineParams, executor: E) -> Result<Self> {
+        Engine::build(params, executor, None)
+    }
+
+    /// `with_executor`, with `store` in place of the store `params` asks for when given.
+    fn build(
+        mut params: EngineParams,
+        executor: E,
+        store: Option<Box<dyn CheckpointStore>>,
+    ) -> Result<Self> {
         if let Some(bytes_per_page) = executor.bytes_per_page() {
             params.sim_bytes_per_page = bytes_per_page;
         }
@@ -161,7 +178,10 @@ impl<E: Executor> Engine<E> {
             latency,
         };
         let copies = open_copy_engine(&params, model, &storage)?;
-        let store = open_store(&params)?;
+        let store = match store {
+            Some(store) => store,
+            None => open_store(&params)?,
+        };
         let groups = GroupPlan::new(&params.geometry)?;
         let layout = GroupPlan::layout(&params.geometry, u64::from(params.sim_bytes_per_page));
         let ledger = params.policy.uses_reservations().then(|| {
@@ -435,6 +455,11 @@ impl<E: Executor> Engine<E> {
         self.now = self.now.max(to);
     }
 
+    /// Live requests: submitted and not yet finished, cancelled or rejected (paused streams included).
+    pub fn n_live_requests(&self) -> usize {
+        self.reqs.len()
+    }
+
     /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
     pub fn is_idle(&self) -> bool {
         self.reqs.values().all(|req| req.phase == Phase::Paused) && self.index.n_staged() == 0
@@ -530,7 +555,7 @@ fn store_capacity_bytes(params: &EngineParams) -> u64 {
 
 /// The checkpoint store `params` asks for: a `RedisStore` at `store_url` (sharing what the server holds), a
 /// `DiskStore` in `store_dir` (reopened with what it holds), else a `HostStore`.
-fn open_store(params: &EngineParams) -> Result<Box<dyn CheckpointStore>> {
+pub fn open_store(params: &EngineParams) -> Result<Box<dyn CheckpointStore>> {
     let capacity = store_capacity_bytes(params);
     Ok(match (&params.store_url, &params.store_dir) {
         (Some(url), None) => Box::new(RedisStore::open(

@@ -1,0 +1,378 @@
+//! Cluster replay: a trace replayed on N engines that share one simulated clock and one checkpoint store. A
+//! router sends each request to one engine at its arrival time; the driver always steps the engine whose
+//! clock is earliest (ties to the lowest index), so the run is deterministic. The report has each engine's
+//! metrics, the cluster's, and whether the cluster kept up with the trace's own arrival rate ([`KeepUp`]).
+
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use checkpoint_transfer::{CheckpointStore, PrefixQuery, SharedStore};
+use engine::{Engine, Policy, RequestSpec, RunMetrics};
+use kv_pool::{BlockKey, Timestamp};
+
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::limits::ENGINES_MAX;
+use crate::run::{Progress, replay_arrivals, submit_or_reject};
+use crate::workload::mooncake::TraceRequest;
+
+/// How a cluster replay picks the engine of each request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Router {
+    /// Engines in turn: request `i` goes to engine `i mod N` (counting only the requests routed so far).
+    RoundRobin,
+    /// The engine with the fewest live requests; ties to the lowest index.
+    LeastLoaded,
+    /// The engine that serves most of the prompt from cache: the longest run of its leading blocks that the
+    /// engine's pool holds, or that the shared store's block-prefix lookup restores (the same for every
+    /// engine), whichever is longer. Ties go to the least loaded, then to the engine holding more of it in
+    /// its pool (a local hit needs no copy), then to the lowest index. So a prompt the store covers goes to
+    /// the least loaded engine unless an engine holds more of it locally.
+    CacheAware,
+}
+
+impl Router {
+    /// Every router, in the order the help lists them.
+    pub const ALL: [Router; 3] = [Router::RoundRobin, Router::LeastLoaded, Router::CacheAware];
+
+    /// The router's name on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Router::RoundRobin => "round-robin",
+            Router::LeastLoaded => "least-loaded",
+            Router::CacheAware => "cache-aware",
+        }
+    }
+}
+
+impl std::fmt::Display for Router {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Router {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Router> {
+        Router::ALL
+            .into_iter()
+            .find(|router| router.name() == name)
+            .ok_or_else(|| Error::InvalidArgument {
+                name: "--router",
+                value: name.to_owned(),
+                allowed: "round-robin, least-loaded or cache-aware",
+            })
+    }
+}
+
+/// Refuses a cluster of no engine or of more than [`ENGINES_MAX`].
+pub fn check_engines(n_engines: u32) -> Result<()> {
+    if (1..=ENGINES_MAX).contains(&n_engines) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument {
+        name: "--engines",
+        value: n_engines.to_string(),
+        allowed: "a number of engines from 1 to 64",
+    })
+}
+
+/// The shape of a cluster: how many engines and how requests are routed to them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClusterSpec {
+    /// Engines, 1 to [`ENGINES_MAX`].
+    pub n_engines: u32,
+    /// How each request picks its engine.
+    pub router: Router,
+}
+
+/// The longest the last request may finish after the last arrival for the cluster to have kept up: a
+/// cluster that falls behind ends the trace with a backlog that takes as long to drain as it took to build
+/// (minutes to an hour on the shipped trace), while one that keeps up ends with the last requests' own
+/// service times (prefill and a few hundred decode steps: seconds).
+pub const KEEP_UP_DRAIN_S_MAX: f64 = 60.0;
+
+/// The highest p99 time to first token of a cluster that kept up: queueing grows it without bound when the
+/// engines fall behind (hundreds to thousands of seconds on the shipped trace), while the longest prompts'
+/// own prefill keeps it near 10 s however many engines serve them, so the bound is loose.
+pub const KEEP_UP_P99_TTFT_S_MAX: f64 = 60.0;
+
+/// The throughput a trace asks for at its own arrival times, what the cluster sustained, and whether it
+/// kept up: its last request finished within [`KEEP_UP_DRAIN_S_MAX`] of the last arrival and its p99 time
+/// to first token is at most [`KEEP_UP_P99_TTFT_S_MAX`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeepUp {
+    /// Requests of the trace.
+    pub trace_requests: u64,
+    /// Prompt tokens of the trace.
+    pub trace_prompt_tokens: u64,
+    /// First to last arrival, in seconds (stretched by the time scale).
+    pub trace_span_s: f64,
+    /// Requests per second the trace asks for over its span.
+    pub needed_requests_per_s: f64,
+    /// Prompt tokens per second the trace asks for over its span.
+    pub needed_prompt_tok_per_s: f64,
+    /// First arrival to last finish, in seconds.
+    pub served_span_s: f64,
+    /// Requests finished per second over the served span.
+    pub sustained_requests_per_s: f64,
+    /// Prompt tokens of finished requests per second over the served span.
+    pub sustained_prompt_tok_per_s: f64,
+    /// Last finish minus last arrival, in seconds: the backlog left when arrivals stopped.
+    pub drain_s: f64,
+    /// The cluster's p99 time to first token.
+    pub p99_ttft_s: f64,
+    /// Whether the cluster kept up (see the type's doc).
+    pub kept_up: bool,
+}
+
+/// A cluster replay's results under one policy.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClusterRun {
+    /// The router used.
+    pub router: Router,
+    /// The whole cluster: every engine's requests aggregated, simulated time to the last engine's end,
+    /// wall time of the whole replay.
+    pub total: RunMetrics,
+    /// Each engine's own metrics, by index.
+    pub engines: Vec<RunMetrics>,
+    /// Requests routed to each engine, by index.
+    pub routed: Vec<u64>,
+    /// The trace's throughput against the cluster's.
+    pub keep_up: KeepUp,
+}
+
+/// Replays `trace` under `policy` on `cluster.n_engines` engines sharing one checkpoint store (the one the
+/// config names, opened once), as [`run_replay`](crate::run::run_replay) does on one: each request is routed
+/// when every busy engine's clock has reached its arrival, and the engine with the earliest clock steps next.
+/// Errors: those of `run_replay`, an engine count out of range ([`check_engines`]).
+pub fn run_cluster_replay(
+    config: &EngineConfig,
+    trace: &[TraceRequest],
+    later_turn: &[bool],
+    time_scale: f64,
+    policy: Policy,
+    cluster: ClusterSpec,
+    progress: Progress<'_>,
+) -> Result<ClusterRun> {
+    check_engines(cluster.n_engines)?;
+    let arrivals = replay_arrivals(trace, later_turn, time_scale)?;
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "wall time feeds only the wall_seconds metric and paces the progress report"
+    )]
+    let started = Instant::now();
+    let params = config.engine_params(policy)?;
+    let mut store = SharedStore::new(engine::open_store(&params)?);
+    let mut engines = (0..cluster.n_engines)
+        .map(|_| Engine::with_store(params.clone(), Box::new(store.clone())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut busy = vec![false; engines.len()];
+    let mut routed = vec![0u64; engines.len()];
+    let mut router = RouterState::new(cluster.router);
+    let total = trace.len() as u64;
+    let mut next = 0usize;
+    let mut finished = 0u64;
+    loop {
+        // Route every request that has arrived on every busy engine's clock; with none busy, the next one.
+        while next < trace.len() {
+            let arrival = arrivals[next];
+            if earliest_busy(&engines, &busy).is_some_and(|index| arrival > engines[index].now()) {
+                break;
+            }
+            let request = &trace[next];
+            let prompt = request.prompt();
+            let target = router.choose(&engines, &mut store, &prompt);
+            let mut spec =
+                RequestSpec::new(next as u64, prompt, request.output_length.max(1), arrival);
+            spec.is_later_turn = later_turn[next];
+            submit_or_reject(&mut engines[target], spec)?;
+            busy[target] = !engines[target].is_idle();
+            routed[target] += 1;
+            next += 1;
+        }
+        let Some(index) = earliest_busy(&engines, &busy) else {
+            break;
+        };
+        let engine = &mut engines[index];
+        let _report = engine.step()?;
+        busy[index] = !engine.is_idle();
+        for _ in engine.take_finished() {
+            finished += 1;
+            if finished.is_multiple_of(64) || started.elapsed() > Duration::from_secs(1) {
+                progress(finished, total);
+            }
+        }
+    }
+    debug_assert_eq!(next, trace.len(), "every request is routed");
+    progress(total, total);
+    let total_metrics = cluster_metrics(policy, &engines, &store, started.elapsed());
+    let keep_up = keep_up(trace, &arrivals, &engines, &total_metrics);
+    Ok(ClusterRun {
+        router: cluster.router,
+        total: total_metrics,
+        engines: engines.iter().map(Engine::metrics).collect(),
+        routed,
+        keep_up,
+    })
+}
+
+/// The busy engine whose clock is earliest (ties to the lowest index), if any is busy.
+fn earliest_busy(engines: &[Engine], busy: &[bool]) -> Option<usize> {
+    (0..engines.len())
+        .filter(|&index| busy[index])
+        .min_by_key(|&index| (engines[index].now(), index))
+}
+
+/// The cluster's metrics: every engine's finished requests aggregated, simulated time to the last engine's
+/// end, the counts the engines keep apart summed, the shared store's write failures once.
+fn cluster_metrics(
+    policy: Policy,
+    engines: &[Engine],
+    store: &SharedStore,
+    wall: Duration,
+) -> RunMetrics {
+    let per_engine: Vec<RunMetrics> = engines.iter().map(Engine::metrics).collect();
+    let sim = engines
+        .iter()
+        .map(|engine| engine.now().0)
+        .max()
+        .unwrap_or_default();
+    let leaked: u32 = per_engine.iter().map(|run| run.leaked_pages).sum();
+    let mut total = RunMetrics::aggregate(
+        policy.name(),
+        engines.iter().flat_map(Engine::request_metrics),
+        sim,
+        wall,
+        leaked,
+    );
+    total.capacity_waits = per_engine.iter().map(|run| run.capacity_waits).sum();
+    for run in &per_engine {
+        for (reason, n) in &run.rejected_requests {
+            *total.rejected_requests.entry(reason.clone()).or_default() += n;
+        }
+    }
+    total.store_write_failures = store.stats().n_write_failures;
+    total
+}
+
+/// What the trace asked for against what the cluster served.
+fn keep_up(
+    trace: &[TraceRequest],
+    arrivals: &[Timestamp],
+    engines: &[Engine],
+    total: &RunMetrics,
+) -> KeepUp {
+    let first = arrivals.first().copied().unwrap_or(Timestamp::ZERO);
+    let last = arrivals.last().copied().unwrap_or(Timestamp::ZERO);
+    let last_finish = engines
+        .iter()
+        .flat_map(Engine::request_metrics)
+        .filter_map(|request| request.finished)
+        .max()
+        .unwrap_or(last)
+        .max(last);
+    let trace_span_s = last.since(first).as_secs_f64();
+    let served_span_s = last_finish.since(first).as_secs_f64();
+    let per_s = |count: f64, span_s: f64| if span_s > 0.0 { count / span_s } else { 0.0 };
+    let trace_prompt_tokens: u64 = trace
+        .iter()
+        .map(|request| u64::from(request.input_length))
+        .sum();
+    let drain_s = last_finish.since(last).as_secs_f64();
+    KeepUp {
+        trace_requests: trace.len() as u64,
+        trace_prompt_tokens,
+        trace_span_s,
+        needed_requests_per_s: per_s(trace.len() as f64, trace_span_s),
+        needed_prompt_tok_per_s: per_s(trace_prompt_tokens as f64, trace_span_s),
+        served_span_s,
+        sustained_requests_per_s: per_s(f64::from(total.requests_finished), served_span_s),
+        sustained_prompt_tok_per_s: per_s(total.prompt_tokens as f64, served_span_s),
+        drain_s,
+        p99_ttft_s: total.p99_ttft_s,
+        kept_up: drain_s <= KEEP_UP_DRAIN_S_MAX && total.p99_ttft_s <= KEEP_UP_P99_TTFT_S_MAX,
+    }
+}
+
+/// A router and what it remembers between requests.
+#[derive(Debug)]
+struct RouterState {
+    router: Router,
+    /// Requests routed so far (round-robin's turn).
+    n_routed: u64,
+}
+
+impl RouterState {
+    fn new(router: Router) -> RouterState {
+        RouterState {
+            router,
+            n_routed: 0,
+        }
+    }
+
+    /// The index of the engine `prompt` goes to.
+    fn choose(&mut self, engines: &[Engine], store: &mut SharedStore, prompt: &[u32]) -> usize {
+        let n_routed = self.n_routed;
+        self.n_routed += 1;
+        let load = |index: usize| engines[index].n_live_requests();
+        match self.router {
+            Router::RoundRobin => (n_routed % engines.len() as u64) as usize,
+            Router::LeastLoaded => (0..engines.len())
+                .min_by_key(|&index| (load(index), index))
+                .unwrap_or(0),
+            Router::CacheAware => {
+                let Some(first) = engines.first() else {
+                    return 0;
+                };
+                let block_tokens = first.params().geometry.block_tokens() as usize;
+                let keys = BlockKey::chain_all(prompt, block_tokens, &[]);
+                let stored = stored_blocks(store, &keys, prompt, block_tokens);
+                let local: Vec<usize> = engines
+                    .iter()
+                    .map(|engine| resident_blocks(engine, &keys))
+                    .collect();
+                (0..engines.len())
+                    .min_by_key(|&index| {
+                        let covered = local[index].max(stored);
+                        (
+                            std::cmp::Reverse(covered),
+                            load(index),
+                            std::cmp::Reverse(local[index]),
+                            index,
+                        )
+                    })
+                    .unwrap_or(0)
+            }
+        }
+    }
+}
+
+/// Leading blocks of `keys` that `engine`'s pool holds (in use or cached free): what a local hit would find.
+fn resident_blocks(engine: &Engine, keys: &[BlockKey]) -> usize {
+    let pool = engine.pool();
+    keys.iter()
+        .take_while(|key| pool.lookup(key).is_some())
+        .count()
+}
+
+/// Leading blocks of `keys` that the store's block-prefix lookup restores (the lookup refreshes the
+/// checkpoint's recency, as the engine's own lookup does moments later).
+fn stored_blocks(
+    store: &mut SharedStore,
+    keys: &[BlockKey],
+    prompt: &[u32],
+    block_tokens: usize,
+) -> usize {
+    let query = PrefixQuery {
+        block_keys: keys,
+        tokens: &prompt[..keys.len() * block_tokens],
+    };
+    store
+        .find_longest_prefix(&query)
+        .map_or(0, |(_, blocks)| blocks as usize)
+}
+
+#[cfg(test)]
+mod tests;

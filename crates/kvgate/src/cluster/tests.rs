@@ -1,0 +1,322 @@
+//! Tests of the cluster replay: each router's decisions, engines sharing a store restore each other's
+//! checkpoints, every request runs exactly once, the run is deterministic, one engine replays as
+//! `run_replay` does, and bad engine counts and router names are refused.
+
+use std::path::Path;
+
+use checkpoint_transfer::HostStore;
+use engine::EngineParams;
+
+use super::*;
+use crate::run::{later_turns, run_replay};
+use crate::workload::mooncake::read_trace;
+
+/// A small pool's config: 512 pages of 16 tokens.
+fn small_config() -> EngineConfig {
+    let mut config = EngineConfig::default();
+    config.pool.pages = 512;
+    config
+}
+
+fn params() -> EngineParams {
+    small_config().engine_params(Policy::Reserved).unwrap()
+}
+
+/// An engine with a private store of its own.
+fn engine_alone() -> Engine {
+    Engine::with_store(params(), Box::new(HostStore::new(1 << 30))).unwrap()
+}
+
+/// `n` tokens from `first` on.
+fn tokens(first: u32, n: u32) -> Vec<u32> {
+    (first..first + n).collect()
+}
+
+/// Runs `prompt` on `engine` to its end.
+fn serve(engine: &mut Engine, id: u64, prompt: Vec<u32>) {
+    let arrival = engine.now();
+    engine
+        .submit(RequestSpec::new(id, prompt, 4, arrival))
+        .unwrap();
+    engine.run_until_idle(100_000).unwrap();
+    assert!(engine.is_idle());
+}
+
+/// Makes `engine` one request busier: a request arriving in a day.
+fn load(engine: &mut Engine, id: u64) {
+    let arrival = Timestamp(engine.now().0 + Duration::from_secs(86_400));
+    engine
+        .submit(RequestSpec::new(id, tokens(90_000, 32), 4, arrival))
+        .unwrap();
+}
+
+fn empty_store() -> SharedStore {
+    SharedStore::new(Box::new(HostStore::new(1 << 30)))
+}
+
+#[test]
+fn round_robin_takes_engines_in_turn() {
+    let engines = vec![engine_alone(), engine_alone(), engine_alone()];
+    let mut router = RouterState::new(Router::RoundRobin);
+    let chosen: Vec<usize> = (0..7)
+        .map(|_| router.choose(&engines, &mut empty_store(), &tokens(0, 64)))
+        .collect();
+    assert_eq!(chosen, vec![0, 1, 2, 0, 1, 2, 0]);
+}
+
+#[test]
+fn least_loaded_takes_the_engine_with_fewest_live_requests_ties_to_the_lowest_index() {
+    let mut engines = vec![engine_alone(), engine_alone(), engine_alone()];
+    let mut router = RouterState::new(Router::LeastLoaded);
+    let mut store = empty_store();
+    assert_eq!(router.choose(&engines, &mut store, &tokens(0, 64)), 0);
+    load(&mut engines[0], 1);
+    assert_eq!(router.choose(&engines, &mut store, &tokens(0, 64)), 1);
+    load(&mut engines[1], 2);
+    load(&mut engines[1], 3);
+    assert_eq!(router.choose(&engines, &mut store, &tokens(0, 64)), 2);
+    load(&mut engines[2], 4);
+    assert_eq!(router.choose(&engines, &mut store, &tokens(0, 64)), 0);
+}
+
+#[test]
+fn cache_aware_follows_the_longest_resident_prefix_over_load() {
+    let mut engines = vec![engine_alone(), engine_alone(), engine_alone()];
+    let context = tokens(1_000, 256);
+    serve(&mut engines[2], 1, context.clone());
+    load(&mut engines[2], 2);
+    let mut router = RouterState::new(Router::CacheAware);
+    let mut store = empty_store();
+    let mut next_turn = context.clone();
+    next_turn.extend(tokens(5_000, 40));
+    // Engine 2 holds the context in its pool: it wins although it is the busiest.
+    assert_eq!(router.choose(&engines, &mut store, &next_turn), 2);
+    // Nothing resident anywhere: the least loaded, ties to the lowest index.
+    assert_eq!(router.choose(&engines, &mut store, &tokens(7_000, 300)), 0);
+    load(&mut engines[0], 3);
+    assert_eq!(router.choose(&engines, &mut store, &tokens(7_000, 300)), 1);
+}
+
+#[test]
+fn cache_aware_sends_a_prompt_the_store_covers_to_the_least_loaded() {
+    let store = empty_store();
+    let context = tokens(1_000, 256);
+    // Engine 0 holds only the first block of the context, and is busy.
+    let mut engines = vec![engine_alone(), engine_alone()];
+    let mut first_block_only = context[..16].to_vec();
+    first_block_only.extend(tokens(60_000, 64));
+    serve(&mut engines[0], 1, first_block_only);
+    load(&mut engines[0], 2);
+    // A third engine captured the whole context into the shared store.
+    let mut capturer = Engine::with_store(params(), Box::new(store.clone())).unwrap();
+    serve(&mut capturer, 3, context.clone());
+    assert!(store.stats().n_checkpoints > 0);
+    let mut next_turn = context;
+    next_turn.extend(tokens(5_000, 40));
+    let mut router = RouterState::new(Router::CacheAware);
+    // Without the store, engine 0's one resident block decides.
+    assert_eq!(router.choose(&engines, &mut empty_store(), &next_turn), 0);
+    // With it, both engines can serve the context (one by restoring it): the least loaded takes it.
+    assert_eq!(router.choose(&engines, &mut store.clone(), &next_turn), 1);
+}
+
+#[test]
+fn engines_sharing_a_store_restore_each_others_checkpoints() {
+    let store = empty_store();
+    let mut params = params();
+    params.verify_restores = true;
+    let mut a = Engine::with_store(params.clone(), Box::new(store.clone())).unwrap();
+    let mut b = Engine::with_store(params, Box::new(store.clone())).unwrap();
+    let context = tokens(1_000, 640);
+    serve(&mut a, 1, context.clone());
+    assert!(store.stats().n_checkpoints > 0, "a captured its context");
+    let mut next_turn = context;
+    next_turn.extend(tokens(5_000, 40));
+    let mut spec = RequestSpec::new(2, next_turn, 4, b.now());
+    spec.is_later_turn = true;
+    b.submit(spec).unwrap();
+    b.run_until_idle(100_000).unwrap();
+    let metrics = b.metrics();
+    assert_eq!(metrics.requests_finished, 1);
+    assert_eq!(metrics.later_turns_restored, 1, "{metrics:?}");
+    assert_eq!(metrics.prompt_tokens_restored, 640);
+    assert_eq!(metrics.prompt_tokens_local_hit, 0);
+    assert!(
+        b.pages_verified() > 0,
+        "restored pages checked against recompute"
+    );
+    assert_eq!(metrics.leaked_pages, 0);
+}
+
+fn trace_slice(n: usize) -> Vec<TraceRequest> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/workloads/mooncake/conversation_trace_head.jsonl");
+    let mut trace = read_trace(&path).unwrap();
+    trace.truncate(n);
+    trace
+}
+
+/// A config for the trace slice: 8192 pages, enough for its longest prompt (87 169 tokens).
+fn trace_config() -> EngineConfig {
+    let mut config = EngineConfig::default();
+    config.pool.pages = 8192;
+    config
+}
+
+fn replay(trace: &[TraceRequest], n_engines: u32, router: Router) -> ClusterRun {
+    let later = later_turns(trace);
+    let spec = ClusterSpec { n_engines, router };
+    let mut run = run_cluster_replay(
+        &trace_config(),
+        trace,
+        &later,
+        1.0,
+        Policy::Reserved,
+        spec,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    run.total.wall_seconds = 0.0;
+    for engine in &mut run.engines {
+        engine.wall_seconds = 0.0;
+    }
+    run
+}
+
+#[test]
+fn a_cluster_replay_runs_every_request_once_and_is_deterministic() {
+    let trace = trace_slice(60);
+    for router in Router::ALL {
+        let run = replay(&trace, 3, router);
+        assert_eq!(run.routed.iter().sum::<u64>(), 60, "{router}");
+        assert_eq!(run.total.requests_finished, 60, "{router}");
+        assert_eq!(run.total.requests_cancelled, 0, "{router}");
+        let per_engine: Vec<u64> = run
+            .engines
+            .iter()
+            .map(|engine| u64::from(engine.requests_finished))
+            .collect();
+        assert_eq!(
+            per_engine, run.routed,
+            "{router}: each engine ran what it was sent"
+        );
+        assert_eq!(
+            run.total.prompt_tokens,
+            trace
+                .iter()
+                .map(|request| u64::from(request.input_length))
+                .sum::<u64>()
+        );
+        assert_eq!(run.total.leaked_pages, 0);
+        assert_eq!(run, replay(&trace, 3, router), "{router}: same run twice");
+    }
+    let round_robin = replay(&trace, 3, Router::RoundRobin);
+    assert_eq!(round_robin.routed, vec![20, 20, 20]);
+}
+
+#[test]
+fn one_engine_replays_as_run_replay_does() {
+    let trace = trace_slice(40);
+    let later = later_turns(&trace);
+    let mut alone = run_replay(
+        &trace_config(),
+        &trace,
+        &later,
+        1.0,
+        Policy::Reserved,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    alone.wall_seconds = 0.0;
+    for router in Router::ALL {
+        let cluster = replay(&trace, 1, router);
+        assert_eq!(cluster.engines, vec![alone.clone()], "{router}");
+        assert_eq!(cluster.total, alone, "{router}");
+        assert_eq!(cluster.routed, vec![40]);
+    }
+}
+
+#[test]
+fn keep_up_compares_the_traces_rate_with_the_clusters() {
+    let trace = trace_slice(40);
+    let run = replay(&trace, 2, Router::LeastLoaded);
+    let keep_up = &run.keep_up;
+    let span_s = (trace[39].timestamp - trace[0].timestamp) as f64 / 1000.0;
+    assert!((keep_up.trace_span_s - span_s).abs() < 1e-9);
+    assert_eq!(keep_up.trace_requests, 40);
+    assert!((keep_up.needed_requests_per_s - 40.0 / span_s).abs() < 1e-9);
+    assert!(keep_up.served_span_s >= keep_up.trace_span_s);
+    assert!(
+        (keep_up.drain_s - (keep_up.served_span_s - keep_up.trace_span_s)).abs() < 1e-6,
+        "{keep_up:?}"
+    );
+    assert_eq!(
+        keep_up.kept_up,
+        keep_up.drain_s <= KEEP_UP_DRAIN_S_MAX && keep_up.p99_ttft_s <= KEEP_UP_P99_TTFT_S_MAX
+    );
+    let table = crate::report::cluster_table(&run);
+    let header = table.lines().nth(1).unwrap();
+    assert!(
+        header.contains("engine 0") && header.contains("engine 1"),
+        "{table}"
+    );
+    assert!(header.trim_end().ends_with("total"), "{table}");
+    assert!(table.contains("trace: 40 requests over"), "{table}");
+    let verdict = if keep_up.kept_up {
+        "kept up"
+    } else {
+        "fell behind"
+    };
+    assert!(table.contains(verdict), "{table}");
+}
+
+#[test]
+fn routers_parse_by_name_and_an_unknown_one_is_refused() {
+    for router in Router::ALL {
+        assert_eq!(router.name().parse::<Router>().unwrap(), router);
+    }
+    let error = "random".parse::<Router>().unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "--router random is invalid; allowed: round-robin, least-loaded or cache-aware"
+    );
+}
+
+#[test]
+fn engine_counts_out_of_range_are_refused() {
+    assert!(check_engines(1).is_ok());
+    assert!(check_engines(ENGINES_MAX).is_ok());
+    for bad in [0, ENGINES_MAX + 1, u32::MAX] {
+        let error = check_engines(bad).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            format!(
+                "--engines {bad} is invalid; allowed: a number of engines from 1 to {ENGINES_MAX}"
+            )
+        );
+    }
+}
+
+#[test]
+fn a_cluster_replay_refuses_zero_engines_before_building_any() {
+    let trace = trace_slice(2);
+    let later = later_turns(&trace);
+    let spec = ClusterSpec {
+        n_engines: 0,
+        router: Router::RoundRobin,
+    };
+    let error = run_cluster_replay(
+        &trace_config(),
+        &trace,
+        &later,
+        1.0,
+        Policy::Reserved,
+        spec,
+        &mut |_, _| {},
+    )
+    .unwrap_err();
+    assert!(
+        error.to_string().starts_with("--engines 0 is invalid"),
+        "{error}"
+    );
+}
