@@ -60,6 +60,17 @@ fn new_rejects_every_zero_and_oversize() {
     check_new(full.clone(), 4, 0, 64, &Error::ZeroContextParallel);
     check_new(full.clone(), 4, 1, 0, &Error::ZeroMaxModelLen);
     check_new(Vec::new(), 4, 1, 64, &Error::NoCacheGroups);
+    check_new(
+        full.clone(),
+        u32::MAX,
+        2,
+        64,
+        &Error::BlockTooLarge {
+            tokens_per_page: u32::MAX,
+            context_parallel: 2,
+            max: u32::MAX,
+        },
+    );
     let zero_bytes = vec![
         group(GroupKind::Full),
         CacheGroup {
