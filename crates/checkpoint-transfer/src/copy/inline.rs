@@ -87,6 +87,9 @@ pub struct InlineCopyEngine {
     in_flight: BTreeMap<CopyJobId, InlineJob>,
     next_job: u64,
     next_on_rank: Vec<Fault>,
+    /// When each rank's link is free again: copies on one rank share its bandwidth, one after the other
+    /// (first come, first served), instead of each getting all of it.
+    link_free_at: BTreeMap<u32, Timestamp>,
 }
 
 impl std::fmt::Debug for InlineCopyEngine {
@@ -110,6 +113,7 @@ impl InlineCopyEngine {
             in_flight: BTreeMap::new(),
             next_job: 0,
             next_on_rank: Vec::new(),
+            link_free_at: BTreeMap::new(),
         }
     }
 
@@ -227,7 +231,11 @@ impl CopyEngine for InlineCopyEngine {
         let id = CopyJobId(self.next_job);
         self.next_job += 1;
         let n_bytes = job.n_pages() as u64 * self.bytes_per_page;
-        let mut complete_at = now.after(self.model.duration(n_bytes));
+        // The rank's link carries one copy at a time: this one starts when the copies before it are done.
+        let link = self.link_free_at.entry(job.rank).or_insert(now);
+        let start = (*link).max(now);
+        let mut complete_at = start.after(self.model.duration(n_bytes));
+        *link = complete_at;
         let mut failure = None;
         let mut corrupt_byte = None;
         let is_restore = matches!(job.work, CopyWork::Restore { .. });

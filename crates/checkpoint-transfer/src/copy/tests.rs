@@ -107,7 +107,8 @@ fn inline_engine_faults_fail_delay_and_evict() {
         .submit(restore_job(1, &[2]), Timestamp::ZERO)
         .unwrap();
     copies.inject(Fault::EvictDestination(PageId(2)));
-    let done = copies.poll(at_ms(2));
+    // Rank 1's two copies share its link: the second ends at 4 ms.
+    let done = copies.poll(at_ms(4));
     assert_eq!(done.len(), 2);
     let by_job = |id| done.iter().find(|c: &&CopyCompletion| c.job == id).unwrap();
     assert!(matches!(by_job(failed).outcome, CopyOutcome::Failed { .. }));
@@ -119,6 +120,24 @@ fn inline_engine_faults_fail_delay_and_evict() {
         "a cancelled copy still drains until its completion time"
     );
     assert_eq!(copies.poll(at_ms(7))[0].outcome, CopyOutcome::Cancelled);
+}
+
+#[test]
+fn inline_copies_on_one_rank_share_its_link_and_ranks_copy_in_parallel() {
+    // 2 ms a copy (1 page at 256 bytes a ms, plus 1 ms): two on rank 0 end at 2 and 4 ms, one on rank 1 at 2.
+    let mut copies = InlineCopyEngine::new(model(), BYTES_PER_PAGE as u64);
+    let first = copies.submit(restore_job(0, &[1]), Timestamp::ZERO).unwrap();
+    let second = copies.submit(restore_job(0, &[2]), Timestamp::ZERO).unwrap();
+    let other_rank = copies.submit(restore_job(1, &[3]), Timestamp::ZERO).unwrap();
+    let done: Vec<super::CopyJobId> = copies.poll(at_ms(2)).iter().map(|c| c.job).collect();
+    assert_eq!(done.len(), 2);
+    assert!(done.contains(&first) && done.contains(&other_rank));
+    assert_eq!(copies.next_completion_at(), Some(at_ms(4)));
+    assert_eq!(copies.poll(at_ms(4))[0].job, second);
+    // An idle link starts a copy at once.
+    let later = copies.submit(restore_job(0, &[4]), at_ms(10)).unwrap();
+    assert_eq!(copies.next_completion_at(), Some(at_ms(12)));
+    assert_eq!(copies.poll(at_ms(12))[0].job, later);
 }
 
 #[test]
