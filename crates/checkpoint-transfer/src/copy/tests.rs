@@ -126,9 +126,15 @@ fn inline_engine_faults_fail_delay_and_evict() {
 fn inline_copies_on_one_rank_share_its_link_and_ranks_copy_in_parallel() {
     // 2 ms a copy (1 page at 256 bytes a ms, plus 1 ms): two on rank 0 end at 2 and 4 ms, one on rank 1 at 2.
     let mut copies = InlineCopyEngine::new(model(), BYTES_PER_PAGE as u64);
-    let first = copies.submit(restore_job(0, &[1]), Timestamp::ZERO).unwrap();
-    let second = copies.submit(restore_job(0, &[2]), Timestamp::ZERO).unwrap();
-    let other_rank = copies.submit(restore_job(1, &[3]), Timestamp::ZERO).unwrap();
+    let first = copies
+        .submit(restore_job(0, &[1]), Timestamp::ZERO)
+        .unwrap();
+    let second = copies
+        .submit(restore_job(0, &[2]), Timestamp::ZERO)
+        .unwrap();
+    let other_rank = copies
+        .submit(restore_job(1, &[3]), Timestamp::ZERO)
+        .unwrap();
     let done: Vec<super::CopyJobId> = copies.poll(at_ms(2)).iter().map(|c| c.job).collect();
     assert_eq!(done.len(), 2);
     assert!(done.contains(&first) && done.contains(&other_rank));
