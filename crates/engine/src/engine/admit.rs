@@ -334,6 +334,19 @@ impl<E: Executor> Engine<E> {
             // Its replay page, if any, comes with its next allocation.
             self.begin_draft_replay(id)?;
         }
+        self.run_first_chunk(id, start, chunk, plan, report)
+    }
+
+    /// Admits `id`, whose pages for its first chunk `[start, start + chunk)` are allocated, into the running
+    /// set and schedules the chunk; its blocks are visible to requests considered later in the step.
+    fn run_first_chunk(
+        &mut self,
+        id: RequestId,
+        start: u32,
+        chunk: u32,
+        plan: &mut Plan,
+        report: &mut StepReport,
+    ) -> Result<()> {
         self.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         plan.entries.push((
@@ -344,8 +357,7 @@ impl<E: Executor> Engine<E> {
             },
         ));
         plan.budget -= chunk;
-        self.register_blocks_upto(id, start + chunk)?;
-        Ok(())
+        self.register_blocks_upto(id, start + chunk)
     }
 
     /// The rest of `admit_cold` for a hybrid request whose `hits` (a published import found again, or none)
@@ -384,18 +396,7 @@ impl<E: Executor> Engine<E> {
                 "{id}: admitted, but its first chunk's pages were not there"
             )));
         }
-        self.move_to(id, Phase::Running)?;
-        report.admitted.push(id);
-        plan.entries.push((
-            id,
-            Work::Prefill {
-                first_pos: start,
-                n: chunk,
-            },
-        ));
-        plan.budget -= chunk;
-        self.register_blocks_upto(id, start + chunk)?;
-        Ok(())
+        self.run_first_chunk(id, start, chunk, plan, report)
     }
 
     /// `ordinary`: restores the checkpoint's missing blocks with the first chunk's pages (they fit); the

@@ -113,11 +113,7 @@ impl<E: Executor> Engine<E> {
         } else {
             0
         };
-        blocks
-            + window_blocks
-            + fixed
-            + held.copy_on_write_pages(block_tokens)
-            + held.replay_pages(block_tokens)
+        blocks + window_blocks + fixed + held.copied_on_write(block_tokens).len() as u32
     }
 
     /// Whether a draft replay follows a restore of `n_tokens` (H5): the tokens it replays and whether it needs
@@ -185,68 +181,30 @@ impl<E: Executor> Engine<E> {
         let mut pages = pages.into_iter();
         let mut released = Vec::new();
         let ticket = self.holds_admitted_ticket(id);
+        let copied = self.held(id).copied_on_write(block_tokens);
         let req = super::req::live(&mut self.reqs, id)?;
-        if std::mem::take(&mut req.copy_on_write) {
-            let tail = (!req.n_computed.is_multiple_of(block_tokens))
-                .then(|| (req.n_computed / block_tokens) as usize);
-            let n_pages = req.pages.len();
-            // (the page to copy, whether it is a window page)
-            let mut targets: Vec<(&mut PageId, bool)> = Vec::new();
-            if let Some(idx) = tail {
-                targets.extend(req.pages.get_mut(idx).map(|page| (page, false)));
-                for table in &mut req.windows {
-                    if table.len() == n_pages {
-                        targets.extend(
-                            table
-                                .get_mut(idx)
-                                .filter(|page| !page.is_null())
-                                .map(|page| (page, true)),
-                        );
-                    }
-                }
+        req.copy_on_write = false;
+        req.replay_page = false;
+        for slot in copied {
+            let target = match slot {
+                CopySlot::Block(block) => req.pages.get_mut(block),
+                CopySlot::Window { window, block } => req
+                    .windows
+                    .get_mut(window)
+                    .and_then(|table| table.get_mut(block)),
+                CopySlot::Fixed(idx) => req.fixed.get_mut(idx),
             }
-            targets.extend(req.fixed.iter_mut().map(|page| (page, false)));
-            for (target, in_window) in targets {
-                let fresh = pages.next().ok_or_else(|| {
-                    Error::internal(format!("{id}: too few pages to copy on write"))
-                })?;
-                for rank in 0..self.storage.n_ranks() {
-                    self.storage.copy(rank, *target, fresh)?;
-                }
-                released.push(std::mem::replace(target, fresh));
-                if in_window && ticket {
-                    req.window_credit_pages.push(fresh);
-                }
+            .ok_or_else(|| Error::internal(format!("{id}: no page {slot:?} to copy on write")))?;
+            let fresh = pages
+                .next()
+                .ok_or_else(|| Error::internal(format!("{id}: too few pages to copy on write")))?;
+            for rank in 0..self.storage.n_ranks() {
+                self.storage.copy(rank, *target, fresh)?;
             }
-        }
-        if std::mem::take(&mut req.replay_page)
-            && let Some(last) = ((req.n_computed / block_tokens) as usize).checked_sub(1)
-        {
-            // The replay page: the draft model writes the last page, which may be shared.
-            let n_pages = req.pages.len();
-            let mut targets: Vec<(&mut PageId, bool)> = Vec::new();
-            targets.extend(req.pages.get_mut(last).map(|page| (page, false)));
-            for table in &mut req.windows {
-                if table.len() == n_pages {
-                    targets.extend(
-                        table
-                            .get_mut(last)
-                            .filter(|page| !page.is_null())
-                            .map(|page| (page, true)),
-                    );
-                }
-            }
-            for (target, in_window) in targets {
-                let fresh = pages
-                    .next()
-                    .ok_or_else(|| Error::internal(format!("{id}: too few pages to replay")))?;
-                for rank in 0..self.storage.n_ranks() {
-                    self.storage.copy(rank, *target, fresh)?;
-                }
-                released.push(std::mem::replace(target, fresh));
-                if in_window && ticket {
-                    req.window_credit_pages.push(fresh);
-                }
+            released.push(std::mem::replace(target, fresh));
+            if ticket && matches!(slot, CopySlot::Window { .. }) {
+                // Its credits come back when it leaves the window (C4).
+                req.window_credit_pages.push(fresh);
             }
         }
         if req.fixed.is_empty() && n_fixed > 0 {
@@ -982,40 +940,54 @@ pub(crate) struct Held<'a> {
 }
 
 impl Held<'_> {
-    /// Pages the copies on write of the imported partial last pages and fixed pages take.
-    fn copy_on_write_pages(&self, block_tokens: u32) -> u32 {
-        if !self.copy_on_write {
-            return 0;
+    /// The pages the next allocation copies on write, in the order it takes them: the imported partial last
+    /// page of the block table and of every windowed table holding it and the imported fixed pages (C3, H6),
+    /// then a pending draft replay's page: the last full page of every attention table (H5).
+    fn copied_on_write(&self, block_tokens: u32) -> Vec<CopySlot> {
+        let mut slots = Vec::new();
+        if !self.copy_on_write && !self.replay_page {
+            return slots;
         }
-        let partial = !self.n_computed.is_multiple_of(block_tokens);
-        // The partial last page of the block table and of every windowed table holding it, the fixed pages.
-        let partial_pages = if partial {
-            1 + self
-                .windows
-                .iter()
-                .filter(|table| {
-                    table.len() == self.pages.len()
-                        && table.last().is_some_and(|page| !page.is_null())
-                })
-                .count() as u32
-        } else {
-            0
+        let at_block = |block: usize, slots: &mut Vec<CopySlot>| {
+            if block < self.pages.len() {
+                slots.push(CopySlot::Block(block));
+            }
+            for (window, table) in self.windows.iter().enumerate() {
+                if table.len() == self.pages.len()
+                    && table.get(block).is_some_and(|page| !page.is_null())
+                {
+                    slots.push(CopySlot::Window { window, block });
+                }
+            }
         };
-        partial_pages + self.fixed_len as u32
+        let n = self.n_computed;
+        if self.copy_on_write {
+            if !n.is_multiple_of(block_tokens) {
+                at_block((n / block_tokens) as usize, &mut slots);
+            }
+            slots.extend((0..self.fixed_len).map(CopySlot::Fixed));
+        }
+        if self.replay_page
+            && let Some(last) = ((n / block_tokens) as usize).checked_sub(1)
+        {
+            at_block(last, &mut slots);
+        }
+        slots
     }
+}
 
-    /// Pages a pending draft replay copies on write: the last full page of every attention table (H5).
-    fn replay_pages(&self, block_tokens: u32) -> u32 {
-        if !self.replay_page {
-            return 0;
-        }
-        let Some(last) = ((self.n_computed / block_tokens) as usize).checked_sub(1) else {
-            return 0;
-        };
-        1 + self
-            .windows
-            .iter()
-            .filter(|table| table.get(last).is_some_and(|page| !page.is_null()))
-            .count() as u32
-    }
+/// A page of a request's tables: the next allocation copies it on write (`Held::copied_on_write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum CopySlot {
+    /// A block of the block table.
+    Block(usize),
+    /// Block `block` of windowed table `window`.
+    Window {
+        /// The windowed table.
+        window: usize,
+        /// The block.
+        block: usize,
+    },
+    /// A fixed page, by its index.
+    Fixed(usize),
 }
