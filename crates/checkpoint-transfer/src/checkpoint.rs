@@ -59,6 +59,8 @@ pub enum CheckpointKind {
     Response,
     /// The tail of a prefill chunk.
     PrefillTail,
+    /// What a running request had computed when it was preempted (offloaded instead of recomputed).
+    Preemption,
 }
 
 /// One page of a checkpoint: the cache group it belongs to and, for pages that are prefix-cache blocks, the

@@ -109,6 +109,14 @@ pub struct RequestMetrics {
     pub longest_capacity_wait_s: f64,
     /// Times the request was preempted.
     pub preemptions: u32,
+    /// Of which its computed KV was offloaded to the store first (`Preemption::Offload`).
+    pub preemptions_offloaded: u32,
+    /// Tokens it had computed when preempted that a later admission found in the local prefix cache.
+    pub preempted_tokens_local_hit: u32,
+    /// Tokens it had computed when preempted that a later admission restored from the store.
+    pub preempted_tokens_restored: u32,
+    /// Tokens it had computed when preempted that it computed again.
+    pub preempted_tokens_recomputed: u32,
     /// Tokens the draft model replayed after restores whose checkpoints carried no draft state (H5).
     pub draft_replay_tokens: u32,
     /// Output tokens produced.
@@ -174,8 +182,16 @@ pub struct RunMetrics {
     pub capacity_waits: u32,
     /// Longest capacity wait in seconds.
     pub longest_capacity_wait_s: f64,
-    /// Preemptions by recompute.
+    /// Preemptions of running requests for pages (Q6).
     pub preemptions: u32,
+    /// Of which offloaded their computed KV to the store first.
+    pub preemptions_offloaded: u32,
+    /// Tokens computed before a preemption that came back from the local prefix cache.
+    pub preempted_tokens_local_hit: u64,
+    /// Tokens computed before a preemption that came back from the store.
+    pub preempted_tokens_restored: u64,
+    /// Tokens computed before a preemption that were computed again.
+    pub preempted_tokens_recomputed: u64,
     /// Tokens the draft model replayed after restores whose checkpoints carried no draft state (H5).
     pub draft_replay_tokens: u64,
     /// Output tokens produced.
@@ -219,6 +235,10 @@ impl RunMetrics {
         let mut turn_total_s = 0.0;
         for request in requests {
             run.preemptions += request.preemptions;
+            run.preemptions_offloaded += request.preemptions_offloaded;
+            run.preempted_tokens_local_hit += u64::from(request.preempted_tokens_local_hit);
+            run.preempted_tokens_restored += u64::from(request.preempted_tokens_restored);
+            run.preempted_tokens_recomputed += u64::from(request.preempted_tokens_recomputed);
             run.draft_replay_tokens += u64::from(request.draft_replay_tokens);
             run.capacity_waits += request.capacity_waits;
             run.longest_capacity_wait_s = run

@@ -39,6 +39,46 @@ pub enum CopyEngineKind {
     Cuda,
 }
 
+/// What a running request preempted for pages (Q6) leaves behind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Preemption {
+    /// Its KV is dropped (its full blocks stay in the prefix cache until evicted) and it computes again
+    /// what the cache and its earlier checkpoints no longer hold.
+    Recompute,
+    /// Its computed KV is first captured to the checkpoint store when copying it out and back costs less
+    /// than recomputing it (`Executor::recompute_time` against `Executor::copy_time` twice plus the lookup
+    /// latency); it then comes back through the restore path of its policy. The default.
+    #[default]
+    Offload,
+}
+
+impl Preemption {
+    /// Both, in the order the command line lists them.
+    pub const ALL: [Preemption; 2] = [Preemption::Offload, Preemption::Recompute];
+
+    /// Its name in configs and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Preemption::Recompute => "recompute",
+            Preemption::Offload => "offload",
+        }
+    }
+}
+
+impl std::str::FromStr for Preemption {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self> {
+        Preemption::ALL
+            .into_iter()
+            .find(|kind| kind.name() == name)
+            .ok_or_else(|| Error::InvalidParam {
+                name: "preemption",
+                reason: format!("unknown preemption {name:?}; use offload or recompute"),
+            })
+    }
+}
+
 /// Which clock the engine runs on (L1).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ClockKind {
@@ -108,6 +148,8 @@ pub struct EngineParams {
     pub capture_prefill_tail: bool,
     /// The clock (L1). Default `Simulated`.
     pub clock: ClockKind,
+    /// What a preemption leaves behind (Q6). Default `Offload`.
+    pub preemption: Preemption,
     /// The liveness watchdog (K3): when live requests exist and none produced a token or ended for this long
     /// on the engine clock, or for `STALL_STEPS_MAX` steps, `Engine::step` fails with `Error::Stalled`
     /// naming the stuck requests. Default 1 hour.
@@ -153,6 +195,7 @@ impl Default for EngineParams {
             capture_prefill_tail: false,
             copy_engine: CopyEngineKind::Inline,
             clock: ClockKind::Simulated,
+            preemption: Preemption::Offload,
         }
     }
 }

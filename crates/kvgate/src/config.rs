@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use engine::{CopyEngineKind, CostModel, EngineParams, Policy};
+use engine::{CopyEngineKind, CostModel, EngineParams, Policy, Preemption};
 use kv_pool::{CacheGroup, Geometry, GroupKind};
 use serde::{Deserialize, Serialize};
 
@@ -130,6 +130,10 @@ pub struct SchedulerConfig {
     /// The liveness watchdog: a run in which no request produces a token or ends for this many seconds of
     /// engine time stops with an error naming the stuck requests. Default 3600; more than 0.
     pub stall_timeout_s: f64,
+    /// What a running request preempted for pages leaves behind: `offload` (its computed KV is captured to
+    /// the store when copying it out and back costs less than recomputing it) or `recompute`. Default
+    /// `offload`.
+    pub preemption: String,
 }
 
 /// Restores.
@@ -213,6 +217,7 @@ impl Default for SchedulerConfig {
             draft_tokens: 0,
             watermark_pages: 0,
             stall_timeout_s: 3600.0,
+            preemption: Preemption::default().name().to_string(),
         }
     }
 }
@@ -366,6 +371,7 @@ impl EngineConfig {
             return invalid("model.preset", &self.model.preset, PRESETS_ALLOWED);
         }
         check_range("model.tokens_per_page", self.model.tokens_per_page, 1, 4096)?;
+        self.preemption()?;
         check_range(
             "model.max_model_len",
             self.model.max_model_len,
@@ -571,6 +577,18 @@ impl EngineConfig {
         }
     }
 
+    /// The preemption `[scheduler] preemption` names.
+    fn preemption(&self) -> Result<Preemption> {
+        self.scheduler.preemption.parse().or_else(|_| {
+            invalid(
+                "scheduler.preemption",
+                &self.scheduler.preemption,
+                "offload or recompute",
+            )?;
+            Ok(Preemption::default())
+        })
+    }
+
     /// The engine parameters for a run of `policy`. Errors: any field out of range, and page storage above its
     /// limit under `policy` (the `oracle` policy's pool is larger).
     pub fn engine_params(&self, policy: Policy) -> Result<EngineParams> {
@@ -620,6 +638,7 @@ impl EngineConfig {
             copy_engine: self.copy_engine_kind()?,
             capture_prefill_tail: self.restore.capture_prefill_tail,
             clock: engine::ClockKind::Simulated,
+            preemption: self.preemption()?,
             seed: self.seed,
             stall_timeout: seconds(
                 "scheduler.stall_timeout_s",

@@ -83,6 +83,10 @@ struct RunArgs {
     /// Seed of the run.
     #[arg(long)]
     seed: Option<u64>,
+    /// What a running request preempted for pages leaves behind: offload (its KV goes to the store when that
+    /// is cheaper than recomputing it; the default) or recompute ([scheduler] preemption).
+    #[arg(long)]
+    preemption: Option<String>,
     /// Policies to run (repeat or comma-separate): ordinary, pages-only, reserved, oracle. Default: all.
     #[arg(long, value_delimiter = ',')]
     policy: Vec<String>,
@@ -531,6 +535,9 @@ fn load_config(args: &RunArgs) -> kvgate::Result<EngineConfig> {
     }
     if let Some(seed) = args.seed {
         config.seed = seed;
+    }
+    if let Some(preemption) = &args.preemption {
+        config.scheduler.preemption.clone_from(preemption);
     }
     config.validate()?;
     Ok(config)

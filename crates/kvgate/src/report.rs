@@ -29,6 +29,10 @@ pub fn run_json(run: &RunMetrics) -> Value {
         "capacity_waits": run.capacity_waits,
         "longest_capacity_wait_s": round(run.longest_capacity_wait_s, 3),
         "preemptions": run.preemptions,
+        "preemptions_offloaded": run.preemptions_offloaded,
+        "preempted_tokens_local_hit": run.preempted_tokens_local_hit,
+        "preempted_tokens_restored": run.preempted_tokens_restored,
+        "preempted_tokens_recomputed": run.preempted_tokens_recomputed,
         "decode_tokens": run.decode_tokens,
         "aggregate_decode_tok_s": round(run.aggregate_decode_tok_s, 3),
         "mean_turn_s": round(run.mean_turn_s, 3),
@@ -139,7 +143,7 @@ pub fn cluster_table(run: &ClusterRun) -> String {
 fn table_of(columns: &[(&str, &RunMetrics)]) -> String {
     let runs: Vec<&RunMetrics> = columns.iter().map(|(_, run)| *run).collect();
     type Row = (&'static str, fn(&RunMetrics) -> String);
-    let rows: [Row; 16] = [
+    let rows: [Row; 18] = [
         ("prompt tokens from cache", |r| {
             format!("{:.1}%", r.prompt_tokens_from_cache_pct)
         }),
@@ -168,7 +172,18 @@ fn table_of(columns: &[(&str, &RunMetrics)]) -> String {
         ("capacity waits (longest)", |r| {
             format!("{} ({:.1} s)", r.capacity_waits, r.longest_capacity_wait_s)
         }),
-        ("preemptions", |r| r.preemptions.to_string()),
+        ("preemptions (offloaded)", |r| {
+            format!("{} ({})", r.preemptions, r.preemptions_offloaded)
+        }),
+        ("  their tokens cached / restored", |r| {
+            format!(
+                "{} / {}",
+                r.preempted_tokens_local_hit, r.preempted_tokens_restored
+            )
+        }),
+        ("  their tokens recomputed", |r| {
+            r.preempted_tokens_recomputed.to_string()
+        }),
         ("leaked pages", |r| r.leaked_pages.to_string()),
         ("store write failures", |r| {
             r.store_write_failures.to_string()

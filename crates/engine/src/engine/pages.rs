@@ -13,6 +13,7 @@ use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, PageWrite};
 use crate::metrics::FallbackReason;
+use crate::params::Preemption;
 
 /// Failed store writes per warning after the first: a full disk fails every capture, the log stays short.
 const STORE_WRITE_FAILURES_PER_WARNING: u64 = 100;
@@ -334,8 +335,8 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Captures `id`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
-    /// always, whatever ended the response.
-    pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<()> {
+    /// always, whatever ended the response. `true` when the store took it.
+    pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<bool> {
         if self.groups.is_hybrid() {
             return self.capture_hybrid(id, kind);
         }
@@ -343,7 +344,7 @@ impl<E: Executor> Engine<E> {
         let req = &self.reqs[&id];
         let n_blocks = (req.n_computed / block_tokens).min(req.pages.len() as u32) as usize;
         if n_blocks == 0 {
-            return Ok(());
+            return Ok(false);
         }
         let n_tokens = n_blocks * block_tokens as usize;
         let last_key = req.keys[n_blocks - 1];
@@ -363,7 +364,7 @@ impl<E: Executor> Engine<E> {
             self.layout.clone(),
         );
         if self.too_large_for_the_store(id, &meta) {
-            return Ok(());
+            return Ok(false);
         }
         // One buffer per rank for the whole checkpoint, one shared view per page: one allocation per rank.
         let bytes_per_page = self.page_buf.len();
@@ -378,14 +379,13 @@ impl<E: Executor> Engine<E> {
             }
             ranks.push(PageBuf::split(bytes, bytes_per_page));
         }
-        self.put_checkpoint(
+        Ok(self.put_checkpoint(
             id,
             Checkpoint {
                 meta,
                 payload: CheckpointPayload { ranks },
             },
-        );
-        Ok(())
+        ))
     }
 
     /// Whether a checkpoint of `meta` is larger than the whole store: `put` would refuse it
@@ -408,7 +408,7 @@ impl<E: Executor> Engine<E> {
     /// last one included, every windowed table's live pages and its fixed pages (state, auxiliary). The
     /// partial pages and the fixed pages are written first with what recompute writes at `n` (see
     /// `groups.rs`).
-    fn capture_hybrid(&mut self, id: RequestId, kind: CheckpointKind) -> Result<()> {
+    fn capture_hybrid(&mut self, id: RequestId, kind: CheckpointKind) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let n_tokens = req.n_computed;
@@ -418,7 +418,7 @@ impl<E: Executor> Engine<E> {
             || req.fixed.len() != self.groups.n_fixed() as usize
             || req.windows.len() != self.groups.n_windows()
         {
-            return Ok(());
+            return Ok(false);
         }
         let n_full = (n_tokens / block_tokens) as usize;
         let boundary = self.groups.boundary(
@@ -461,7 +461,7 @@ impl<E: Executor> Engine<E> {
             pages: boundary.slots.clone(),
         };
         if self.too_large_for_the_store(id, &meta) {
-            return Ok(());
+            return Ok(false);
         }
         let bytes_per_page = self.page_buf.len();
         let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
@@ -483,14 +483,13 @@ impl<E: Executor> Engine<E> {
             }
             ranks.push(PageBuf::split(bytes, bytes_per_page));
         }
-        self.put_checkpoint(
+        Ok(self.put_checkpoint(
             id,
             Checkpoint {
                 meta,
                 payload: CheckpointPayload { ranks },
             },
-        );
-        Ok(())
+        ))
     }
 
     /// `id`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupPlan::slots` order: the
@@ -575,10 +574,10 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Puts a captured checkpoint into the store; a store that cannot take it is counted and logged, never
-    /// an error of the step.
-    fn put_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) {
+    /// an error of the step. `true` when the store took it.
+    fn put_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) -> bool {
         match self.store.put(checkpoint) {
-            Ok(_outcome) => {}
+            Ok(_outcome) => return true,
             // The store could not write (disk full, read-only file system, permission; a Redis server
             // unreachable, slow or full): the engine goes on without this checkpoint; `store_write_failures`
             // counts it, the log says so rate-limited.
@@ -601,6 +600,7 @@ impl<E: Executor> Engine<E> {
             // A capture too large for the store, or an older generation: nothing to restore later.
             Err(error) => tracing::debug!(request = %id, %error, "checkpoint not stored"),
         }
+        false
     }
 
     /// E3: checks that every page of `id`'s published import of `tokens` tokens (its blocks from `first_block`
@@ -775,9 +775,33 @@ impl<E: Executor> Engine<E> {
     /// cached), its ticket released, and it asks the store again as a newly arrived request would (its
     /// prompt-end checkpoint may restore it; within its lookup budget, K3), at its place in the order.
     pub(crate) fn preempt(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
+        let offloaded = self.offload(id)?;
+        let req = super::req::live(&mut self.reqs, id)?;
+        req.preempted_tokens += req.n_computed;
+        req.metrics.preemptions_offloaded += u32::from(offloaded);
         self.give_up_running(id)?;
         report.preempted.push(id);
         self.on_arrival(id)
+    }
+
+    /// Preemption by offload: captures what running `id` computed into the store (as a checkpoint of kind
+    /// `Preemption`) when `Preemption::Offload` is on and copying it out and back, with a lookup between,
+    /// costs less than recomputing it. `true` when the store took it. A request whose copy is still landing
+    /// has nothing valid to capture.
+    fn offload(&mut self, id: RequestId) -> Result<bool> {
+        let req = &self.reqs[&id];
+        if self.params.preemption != Preemption::Offload || req.loading.is_some() {
+            return Ok(false);
+        }
+        let n_tokens = req.n_computed;
+        let copy = self.executor.copy_time(n_tokens);
+        let offload = copy
+            .saturating_add(copy)
+            .saturating_add(self.params.lookup_latency);
+        if n_tokens == 0 || offload >= self.executor.recompute_time(n_tokens) {
+            return Ok(false);
+        }
+        self.capture(id, CheckpointKind::Preemption)
     }
 
     /// Preempts running `id` for a forced reset (X1): as `preempt`, but straight back to the waiting queue,

@@ -142,6 +142,9 @@ pub(crate) struct Req {
     pub(crate) lookups: u32,
     /// Whether the request was admitted once.
     pub(crate) admitted_once: bool,
+    /// Tokens it had computed when last preempted, not yet accounted: its next admission says how many came
+    /// back from the prefix cache, from the store, or are computed again.
+    pub(crate) preempted_tokens: u32,
     /// Pages a pages-only import published for it (unowned), to count restored hits at admission.
     pub(crate) published_unowned: Vec<PageId>,
     /// An `ordinary` restore copying into pages of this admitted request: it is not scheduled until then.
@@ -204,6 +207,7 @@ impl Req {
             arrival_key: (arrival, seq),
             lookups: 0,
             admitted_once: false,
+            preempted_tokens: 0,
             published_unowned: Vec::new(),
             loading: None,
             copy_failed: false,
@@ -265,6 +269,7 @@ impl Req {
     /// preemption counts as recomputed, and a request restoring what it computed itself before a preemption
     /// does not count its own work as a cache hit. A restore that served it clears an earlier fallback.
     pub(crate) fn record_served(&mut self, local_tokens: u32, restored_tokens: u32) {
+        self.account_preempted(local_tokens, restored_tokens);
         let prompt = self.metrics.prompt_tokens;
         let local = local_tokens.min(prompt);
         let restored = restored_tokens.min(prompt - local);
@@ -280,6 +285,18 @@ impl Req {
         if self.metrics.restored {
             self.metrics.fallback = None;
         }
+    }
+
+    /// Splits what it computed before its last preemption by where this admission takes it from: the
+    /// local prefix cache first, then the restore, the rest computed again.
+    fn account_preempted(&mut self, local_tokens: u32, restored_tokens: u32) {
+        let preempted = std::mem::take(&mut self.preempted_tokens);
+        let local = local_tokens.min(preempted);
+        let restored = restored_tokens.min(preempted - local);
+        let metrics = &mut self.metrics;
+        metrics.preempted_tokens_local_hit += local;
+        metrics.preempted_tokens_restored += restored;
+        metrics.preempted_tokens_recomputed += preempted - local - restored;
     }
 
     /// Records a restore fallback (the first reason wins). A store without a checkpoint for a request that is

@@ -476,7 +476,8 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         super::req::live(&mut self.reqs, id)?.prompt_captured = true;
-        self.capture(id, CheckpointKind::Prompt)
+        self.capture(id, CheckpointKind::Prompt)?;
+        Ok(())
     }
 
     /// Captures the instruction and prefill-tail slots (H7) that `id`'s computed tokens just reached.

@@ -146,6 +146,10 @@ pub trait Executor {
     /// Time to copy `n_tokens` tokens of checkpointed KV cache into the pool.
     fn copy_time(&self, n_tokens: u32) -> Duration;
 
+    /// Time to compute a context of `n_tokens` tokens again from its first token: what a preemption by
+    /// recompute costs, weighed against offloading (`Preemption::Offload`).
+    fn recompute_time(&self, n_tokens: u32) -> Duration;
+
     /// Whether `execute` writes the pages itself; when `false` the engine fills them with
     /// [`Executor::fill_page`] once full (and partial and fixed pages at a capture).
     fn writes_pages(&self) -> bool {

@@ -36,6 +36,9 @@ pub struct ReferenceExecutor {
     /// Bytes of one pool page: the larger of the model's attention and recurrent pages.
     bytes_per_page: u32,
     steps: u64,
+    /// Tokens computed and wall seconds spent over every step so far: the measured cost of a token.
+    tokens_computed: u64,
+    seconds_spent: f64,
 }
 
 impl ReferenceExecutor {
@@ -61,6 +64,8 @@ impl ReferenceExecutor {
             model,
             bytes_per_page,
             steps: 0,
+            tokens_computed: 0,
+            seconds_spent: 0.0,
         })
     }
 
@@ -213,6 +218,11 @@ impl Executor for ReferenceExecutor {
             recurrent: recurrent.as_ref().map(|r| r as &dyn PageStorage),
         };
         let next_tokens = self.forward_in_waves(model_storage, &entries)?;
+        self.tokens_computed += entries
+            .iter()
+            .map(|entry| entry.tokens.len() as u64)
+            .sum::<u64>();
+        self.seconds_spent += started.elapsed().as_secs_f64();
         let tokens = works
             .iter()
             .zip(next_tokens)
@@ -234,6 +244,16 @@ impl Executor for ReferenceExecutor {
         let bytes = f64::from(n_tokens) * config.bytes_per_page() as f64
             / f64::from(config.tokens_per_page);
         Duration::from_secs_f64(COPY_LATENCY_S + bytes / COPY_BYTES_PER_S)
+    }
+
+    /// Measured: the wall seconds per token of every step so far. Before the first step nothing is known,
+    /// and a copy of bytes is taken to be cheaper than running the model over them.
+    fn recompute_time(&self, n_tokens: u32) -> Duration {
+        if self.tokens_computed == 0 {
+            return Duration::MAX;
+        }
+        let s_per_token = self.seconds_spent / self.tokens_computed as f64;
+        Duration::try_from_secs_f64(s_per_token * f64::from(n_tokens)).unwrap_or(Duration::MAX)
     }
 
     fn writes_pages(&self) -> bool {

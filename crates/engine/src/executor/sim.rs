@@ -56,6 +56,10 @@ impl Executor for SimExecutor {
     fn copy_time(&self, n_tokens: u32) -> Duration {
         self.cost.copy_time(n_tokens)
     }
+
+    fn recompute_time(&self, n_tokens: u32) -> Duration {
+        Duration::from_secs_f64(self.cost.prefill_s(0, n_tokens))
+    }
 }
 
 impl SimExecutor {

@@ -12,6 +12,7 @@ mod contract;
 mod credits;
 mod hybrid;
 mod live;
+mod offload;
 mod prefix;
 mod restart;
 mod reuse;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use checkpoint_transfer::Fault;
-use engine::{Engine, EngineParams, Policy, RequestSpec};
+use engine::{Engine, EngineParams, Policy, Preemption, RequestSpec};
 use kv_pool::RequestId;
 
 use crate::agents::tokens;
@@ -97,6 +97,13 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         watermark_pages: rng.below(4) as u32,
         copy_task_limit: 1 + rng.below(4) as u32,
         capture_prefill_tail: rng.below(2) == 0,
+        // Every third seed preempts by recompute, the others offload (drawn outside `rng`, so that the other
+        // draws of a seed stay what they were).
+        preemption: if seed.is_multiple_of(3) {
+            Preemption::Recompute
+        } else {
+            Preemption::Offload
+        },
         // Draft decoding: restores without draft state replay their last page (H5).
         draft_tokens,
         seed,

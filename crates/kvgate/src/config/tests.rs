@@ -75,6 +75,21 @@ fn unknown_fields_and_bad_syntax_are_rejected() {
 }
 
 #[test]
+fn preemption_by_offload_is_the_default_and_recompute_can_be_chosen() {
+    let params = EngineConfig::default()
+        .engine_params(Policy::Reserved)
+        .unwrap();
+    assert_eq!(params.preemption, engine::Preemption::Offload);
+    let config = EngineConfig::from_toml("[scheduler]\npreemption = \"recompute\"").unwrap();
+    let params = config.engine_params(Policy::Reserved).unwrap();
+    assert_eq!(params.preemption, engine::Preemption::Recompute);
+    assert_eq!(
+        err("[scheduler]\npreemption = \"Offload\""),
+        "config: `scheduler.preemption` = Offload is out of range; allowed: offload or recompute"
+    );
+}
+
+#[test]
 fn a_missing_file_is_named() {
     let error = EngineConfig::load(Path::new("/nonexistent/kvgate.toml"))
         .unwrap_err()
