@@ -19,6 +19,9 @@ pub enum Candidate {
     },
     /// The step's token budget is spent: the request waits, and blocks the head.
     OutOfBudget,
+    /// The request waits for an earlier one this step cannot admit yet (one whose store lookup is not
+    /// answered, or itself, preempted by this step's running pass), and blocks the head: FCFS (Q1).
+    WaitsBehind,
     /// The host took the request out of the waiting queue (its local prefix was evicted since its lookup: it
     /// asks the store again). The step records it and goes on.
     Withdrawn,

@@ -105,6 +105,8 @@ pub enum BlockReason {
     },
     /// The step's token budget is spent.
     OutOfBudget,
+    /// It waits for an earlier request that cannot be admitted yet (`Candidate::WaitsBehind`).
+    WaitsBehind,
     /// The step reached `max_admissions`.
     AdmissionLimit,
 }
@@ -231,6 +233,7 @@ impl Step<'_> {
         match candidate {
             Candidate::Cold { need_pages } => self.try_cold(host, order, request, need_pages),
             Candidate::OutOfBudget => Ok(Some(BlockReason::OutOfBudget)),
+            Candidate::WaitsBehind => Ok(Some(BlockReason::WaitsBehind)),
             Candidate::Withdrawn => {
                 let state = host.state();
                 for queue in [state.waiting, state.ready] {

@@ -86,7 +86,7 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
         if self.report.preempted.contains(&id) {
             // Preempted by this step's running pass (Q6): it waits for the next step, as the head of the
             // queue, like vLLM's scheduler, which admits nothing after a preemption in the same step.
-            return Ok(Candidate::OutOfBudget);
+            return Ok(Candidate::WaitsBehind);
         }
         self.engine.examine(id, free_slots, self.plan)
     }
@@ -147,6 +147,14 @@ impl<E: Executor> Engine<E> {
         }
         if plan.budget == 0 {
             return Ok(Candidate::OutOfBudget);
+        }
+        if self
+            .earliest_lookup
+            .is_some_and(|earliest| earliest < self.reqs[&id].order)
+        {
+            // FCFS (Q1): an earlier request still waits for its store lookup; it is considered first once
+            // answered (a lookup latency later), and only ready imports pass it.
+            return Ok(Candidate::WaitsBehind);
         }
         let block_tokens = self.params.geometry.block_tokens();
         let cold = self.cold_start(id, plan.budget);

@@ -83,6 +83,10 @@ impl<E: Executor> Engine<E> {
             return Ok(false);
         }
         req.lookups += 1;
+        self.earliest_lookup = Some(
+            self.earliest_lookup
+                .map_or(req.order, |at| at.min(req.order)),
+        );
         req.restore = Restore::Lookup {
             sent: now,
             answer_at: now.after(latency),
@@ -136,6 +140,7 @@ impl<E: Executor> Engine<E> {
     /// Polls every pending restore once (Q8).
     pub(crate) fn poll_restores(&mut self, report: &mut StepReport) -> Result<()> {
         let pending: Vec<RequestId> = self.restoring.values().copied().collect();
+        self.earliest_lookup = None;
         for id in pending {
             report.restore_polls += 1;
             match self.reqs[&id].restore.clone() {
@@ -190,6 +195,12 @@ impl<E: Executor> Engine<E> {
                 }
             }
         }
+        // The earliest lookup still unanswered holds back later cold admissions (Q1); `send_lookup` lowers it.
+        self.earliest_lookup = self
+            .restoring
+            .iter()
+            .find(|(_, id)| matches!(self.reqs[*id].restore, Restore::Lookup { .. }))
+            .map(|(order, _)| *order);
         Ok(())
     }
 

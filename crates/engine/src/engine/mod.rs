@@ -22,6 +22,7 @@
 //! read-only accessors; `invariants.rs` `check_invariants` and the leak count.
 
 mod admit;
+mod capture_link;
 mod clock;
 mod coordinator;
 mod groups;
@@ -108,6 +109,10 @@ pub struct Engine<E: Executor = SimExecutor> {
     clock: Box<dyn Clock>,
     /// The tokens the executor's model sampled this step, taken by `sample` (L3).
     model_tokens: HashMap<RequestId, u32>,
+    /// Captures on their way to the store (simulated clock).
+    captures: capture_link::CaptureLink,
+    /// The earliest request whose store lookup is unanswered: later cold requests wait behind it (Q1).
+    earliest_lookup: Option<AdmissionOrder>,
 }
 
 impl<E: Executor> std::fmt::Debug for Engine<E> {
@@ -228,6 +233,8 @@ impl<E: Executor> Engine<E> {
             between_steps: StepReport::default(),
             pages_verified: 0,
             model_tokens: HashMap::new(),
+            captures: capture_link::CaptureLink::default(),
+            earliest_lookup: None,
             clock: match clock_kind {
                 ClockKind::Simulated => Box::new(SimClock),
                 ClockKind::Wall => Box::new(WallClock::new()),
@@ -462,7 +469,9 @@ impl<E: Executor> Engine<E> {
 
     /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
     pub fn is_idle(&self) -> bool {
-        self.reqs.values().all(|req| req.phase == Phase::Paused) && self.index.n_staged() == 0
+        self.reqs.values().all(|req| req.phase == Phase::Paused)
+            && self.index.n_staged() == 0
+            && self.captures.len() == 0
     }
 
     /// Shuts the engine down (L6): cancels every live request (restores release their tickets and cancel
@@ -477,6 +486,10 @@ impl<E: Executor> Engine<E> {
         for (_, id) in live {
             self.cancel(id)?;
             report.cancelled.push(id);
+        }
+        // Nothing captured is lost: the captures still on the link reach the store now.
+        for (id, checkpoint) in self.captures.take_all() {
+            let _stored = self.store_checkpoint(id, checkpoint);
         }
         report.copies_drained = self.copies.n_in_flight();
         for event in self.index.drain_all(&mut self.pool, &mut *self.copies) {

@@ -13,7 +13,7 @@ use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, PageWrite};
 use crate::metrics::FallbackReason;
-use crate::params::Preemption;
+use crate::params::{ClockKind, Preemption};
 
 /// Failed store writes per warning after the first: a full disk fails every capture, the log stays short.
 const STORE_WRITE_FAILURES_PER_WARNING: u64 = 100;
@@ -573,9 +573,29 @@ impl<E: Executor> Engine<E> {
         Ok((table, windows, fixed))
     }
 
+    /// Sends a captured checkpoint to the store: on the simulated clock over the capture link, arriving once
+    /// its copy out is through (`CaptureLink`); on the wall clock at once. `true` when it is on its way (or,
+    /// on the wall clock, stored).
+    fn put_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) -> bool {
+        if self.params.clock == ClockKind::Wall {
+            return self.store_checkpoint(id, checkpoint);
+        }
+        let n_tokens = u32::try_from(checkpoint.meta.n_tokens).unwrap_or(u32::MAX);
+        let duration = self.executor.copy_time(n_tokens);
+        let _arrives_at = self.captures.send(self.now, duration, id, checkpoint);
+        true
+    }
+
+    /// Puts the captures that reached the store by now into it.
+    pub(crate) fn deliver_captures(&mut self) {
+        while let Some((id, checkpoint)) = self.captures.arrived(self.now) {
+            let _stored = self.store_checkpoint(id, checkpoint);
+        }
+    }
+
     /// Puts a captured checkpoint into the store; a store that cannot take it is counted and logged, never
     /// an error of the step. `true` when the store took it.
-    fn put_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) -> bool {
+    pub(crate) fn store_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) -> bool {
         match self.store.put(checkpoint) {
             Ok(_outcome) => return true,
             // The store could not write (disk full, read-only file system, permission; a Redis server
@@ -781,7 +801,17 @@ impl<E: Executor> Engine<E> {
         req.metrics.preemptions_offloaded += u32::from(offloaded);
         self.give_up_running(id)?;
         report.preempted.push(id);
-        self.on_arrival(id)
+        self.on_arrival(id)?;
+        if offloaded {
+            // Its own capture is still on the link: the lookup answers once it is in the store.
+            let capture_arrives_at = self.captures.free_at();
+            if let Restore::Lookup { answer_at, .. } =
+                &mut super::req::live(&mut self.reqs, id)?.restore
+            {
+                *answer_at = (*answer_at).max(capture_arrives_at);
+            }
+        }
+        Ok(())
     }
 
     /// Preemption by offload: captures what running `id` computed into the store (as a checkpoint of kind

@@ -122,15 +122,7 @@ impl<E: Executor> Engine<E> {
     /// The liveness watchdog (K3): fails when requests are active (not arriving later, not paused) and none
     /// produced a token or ended for `stall_timeout` on the engine clock or for `stall_steps_max` steps.
     fn watch_progress(&mut self) -> Result<()> {
-        // Active: in any container but the arriving queue (paused streams are in none). O(1), from the
-        // containers the lifecycle keeps in step with the phases.
-        let active = !(self.waiting.is_empty()
-            && self.restoring.is_empty()
-            && self.ready.is_empty()
-            && self.ready_logits.is_empty()
-            && self.running.is_empty()
-            && self.resuming.is_empty());
-        if !active {
+        if !self.is_active() {
             self.note_progress();
             return Ok(());
         }
@@ -146,6 +138,17 @@ impl<E: Executor> Engine<E> {
             steps: self.steps_without_progress,
             requests: self.describe_stuck(),
         })
+    }
+
+    /// Whether a request is active: in any container but the arriving queue (paused streams are in none).
+    /// O(1), from the containers the lifecycle keeps in step with the phases.
+    fn is_active(&self) -> bool {
+        !(self.waiting.is_empty()
+            && self.restoring.is_empty()
+            && self.ready.is_empty()
+            && self.ready_logits.is_empty()
+            && self.running.is_empty()
+            && self.resuming.is_empty())
     }
 
     /// Steps without progress the watchdog tolerates: `STALL_STEPS_MIN`, or four times the steps the longest
@@ -194,6 +197,7 @@ impl<E: Executor> Engine<E> {
 
     fn step_inner(&mut self, report: &mut StepReport) -> Result<()> {
         self.now = self.clock.step_start(self.now);
+        self.deliver_captures();
         self.process_arrivals()?;
         self.poll_imports(report)?;
         self.poll_restores(report)?;
@@ -246,6 +250,11 @@ impl<E: Executor> Engine<E> {
                 break;
             }
             self.arriving.remove(&(at, seq));
+            if !self.is_active() {
+                // Nothing was active until now: the watchdog counts from this arrival, not from the last
+                // progress before an idle stretch.
+                self.note_progress();
+            }
             self.on_arrival(id)?;
         }
         Ok(())
@@ -564,12 +573,15 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// When something happens by itself next: an arrival, a copy completion, a lookup answer or timeout, or a
-    /// capacity wait's expiry.
+    /// When something happens by itself next: an arrival, a copy completion, a capture reaching the store, a
+    /// lookup answer or timeout, or a capacity wait's expiry.
     fn next_event_at(&self) -> Option<Timestamp> {
         let mut next: Option<Timestamp> = self.arriving.keys().next().map(|(at, _)| *at);
         let mut consider = |at: Timestamp| next = Some(next.map_or(at, |current| current.min(at)));
         if let Some(at) = self.copies.next_completion_at() {
+            consider(at);
+        }
+        if let Some(at) = self.captures.next_arrival_at() {
             consider(at);
         }
         for id in self.restoring.values() {

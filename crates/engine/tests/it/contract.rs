@@ -122,7 +122,8 @@ fn q4_full_prompt_restore_with_saved_logits_gets_logits_only_step_behind_blocked
     engine
         .submit(spec(3, tokens(1, 3, 0, 20 * TPP), 4, engine.now()))
         .unwrap();
-    engine.step().expect("step");
+    // Its lookup answers a lookup latency later: nothing in the store.
+    step_until(&mut engine, 10, |engine, _| phase(engine, 3) != "restoring");
     assert_eq!(phase(&engine, 3), "waiting", "the cold head is blocked");
     let mut restore = spec(4, prompt, 4, engine.now());
     restore.saved_logits = true;
@@ -537,8 +538,9 @@ fn g2_copy_tasks_at_their_limit_wait_for_a_copy_slot() {
     engine
         .submit(spec(4, [b, vec![7; 8]].concat(), 4, engine.now()))
         .unwrap();
-    engine.step().expect("step");
-    assert!(engine.request(RequestId(3)).unwrap().has_ticket);
+    step_until(&mut engine, 10, |engine, _| {
+        engine.request(RequestId(3)).unwrap().has_ticket
+    });
     assert!(
         !engine.request(RequestId(4)).unwrap().has_ticket,
         "waits for a copy slot"
@@ -636,12 +638,23 @@ fn g5_capacity_waits_are_counted_with_the_longest_wait() {
 
 #[test]
 fn e1_sessions_rotating_through_a_small_pool_restore_every_later_turn_in_fifo_order() {
-    for seed in [1, 2, 3] {
+    // Lookups answered within the step, a network's latency later, and several steps later: a session whose
+    // prefix is still resident asks no lookup, and must not pass the earlier ones still waiting for theirs.
+    let latencies = [
+        Duration::ZERO,
+        engine::LOOKUP_LATENCY_DEFAULT,
+        Duration::from_millis(20),
+    ];
+    let cases = [1, 2, 3]
+        .into_iter()
+        .flat_map(|seed| latencies.map(|latency| (seed, latency)));
+    for (seed, lookup_latency) in cases {
         let n_sessions = 8u64;
         let params = EngineParams {
             n_pages: 129,
             max_running: 1,
             seed,
+            lookup_latency,
             ..params(Policy::Reserved, 129)
         };
         let mut engine = Engine::new(params).unwrap();
@@ -832,11 +845,10 @@ fn g2_a_complete_local_hit_evicted_before_admission_asks_the_store_again() {
     engine
         .submit(spec(2, tokens(98, 2, 0, 42 * TPP - 1), 100, engine.now()))
         .unwrap();
-    engine.step().expect("step");
-    assert_eq!(phase(&engine, 2), "running");
+    step_until(&mut engine, 10, |engine, _| phase(engine, 2) == "running");
     let turn = [prompt, output, tokens(7, 0, 1, 3 * TPP)].concat();
     engine.submit(spec(3, turn, 2, engine.now())).unwrap();
-    engine.step().expect("step");
+    step_until(&mut engine, 10, |engine, _| phase(engine, 3) != "restoring");
     assert_eq!(
         phase(&engine, 3),
         "waiting",

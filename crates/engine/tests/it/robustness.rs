@@ -453,7 +453,13 @@ fn restore_gauges_see_copies_waiters_and_owned_imports_under_every_policy() {
         let mut restore = history;
         restore.extend(tokens(6, 0, 1, 8));
         engine.submit(spec(2, restore, 4, engine.now())).unwrap();
-        engine.step().unwrap();
+        // The lookup answers a lookup latency after the first step; the copy starts then.
+        for _ in 0..10 {
+            engine.step().unwrap();
+            if engine.restore_gauges().copies_in_flight > 0 {
+                break;
+            }
+        }
         let gauges = engine.restore_gauges();
         assert_eq!(gauges.importing, [RequestId(2)], "{policy}: {gauges:?}");
         assert_eq!(gauges.copies_in_flight, 1, "{policy}");
