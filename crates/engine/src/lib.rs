@@ -16,7 +16,7 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use executor::{CostModel, Executor, ReferenceConfig, ReferenceExecutor, SimExecutor};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
-pub use params::{ClockKind, CopyEngineKind, EngineParams};
+pub use params::{ClockKind, CopyEngineKind, EngineParams, StorageKind};
 pub use policy::Policy;
 pub use request::{FinishedRequest, RequestSpec, STOP_TOKEN, output_token};
 
