@@ -113,7 +113,8 @@ pub enum GroupConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolConfig {
-    /// Usable pages per rank (the null page not counted). Default 4095; 1..=4194303.
+    /// Usable pages per rank (the null page not counted). Default 4095; 1..=4194303. An agents run from the
+    /// command line uses its own pool (`run::agents_pool_pages`) unless the file sets this (`ConfigFile::sets`).
     pub pages: u32,
     /// Bytes each simulated page really holds and copies (a fingerprint; the cost model uses the model's real
     /// bytes). Default 32; 8..=1048576, and the pool's pages times this at most 1 GiB (the `oracle` policy's

@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaEvent, CudaStream, DriverError, PinnedHostSlice};
 use kv_pool::Timestamp;
 use kv_pool::{CudaStorage, PageId, PageStorage};
@@ -293,7 +294,8 @@ impl CopyEngine for CudaCopyEngine {
             CopyWork::Restore { pages } => {
                 record.failure = self.enqueue_restore(job.rank, pages, &mut record).err();
                 let stream = &self.stream;
-                match guarded_str("recording an event", || stream.record_event(None)) {
+                let no_timing = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+                match guarded_str("recording an event", || stream.record_event(no_timing)) {
                     Ok(event) => record.event = Some(event),
                     Err(reason) => {
                         // No event: wait for the stream, so nothing of the job can write once it is reported.
