@@ -80,11 +80,6 @@ impl CudaCopyEngine {
         })
     }
 
-    /// The storage the engine copies into.
-    pub fn storage(&self) -> &Arc<CudaStorage> {
-        &self.storage
-    }
-
     /// Baseline for benchmarks: the time to upload `pages` of `rank` straight from one pinned page with
     /// `cudaMemcpyAsync`-equivalent calls on the engine's stream, waiting for the last one. Nothing may be
     /// in flight.
@@ -139,11 +134,16 @@ impl CudaCopyEngine {
             return Ok(self.spare_staging.swap_remove(idx));
         }
         let context = Arc::clone(self.storage.context());
-        // SAFETY: the buffer is uninitialized; `stage` writes the bytes of every page a transfer reads
-        // before the transfer is queued, and nothing reads the rest.
-        guarded("allocating pinned staging", || unsafe {
-            context.alloc_pinned_with_flags::<u8>(n_bytes.next_power_of_two(), 0)
-        })
+        let len = n_bytes.next_power_of_two();
+        // SAFETY: the buffer comes back uninitialized; it is zeroed below through its raw pointer before
+        // any slice of it is made.
+        let mut staging = guarded("allocating pinned staging", || unsafe {
+            context.alloc_pinned_with_flags::<u8>(len, 0)
+        })?;
+        let ptr = guarded("zeroing pinned staging", || staging.as_mut_ptr())?;
+        // SAFETY: `ptr` points to the `len` bytes just allocated, which nothing else uses yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, len) };
+        Ok(staging)
     }
 
     /// Keeps a staging buffer nothing reads any more for reuse, freeing the smallest beyond the limit.

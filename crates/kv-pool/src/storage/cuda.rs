@@ -93,11 +93,6 @@ impl CudaStorage {
         })
     }
 
-    /// The device the pages live on.
-    pub fn device_ordinal(&self) -> usize {
-        self.device_ordinal
-    }
-
     /// The CUDA context the pages live in: a copy engine makes its stream and pinned staging here.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.context
