@@ -10,7 +10,7 @@ use kvgate::{report, run};
 use crate::without_wall_time;
 
 fn small() -> (EngineConfig, AgentsSpec) {
-    let mut config = EngineConfig::default();
+    let mut config = crate::verified_config();
     config.pool.pages = 256;
     let spec = AgentsSpec {
         n_agents: 4,

@@ -182,7 +182,9 @@ fn logs_written_to_a_file_carry_no_colour_codes() {
     std::fs::write(dir.path().join("store/ckpt-61.manifest"), b"foreign").unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args(["agents", "--config", config.to_str().unwrap()])
-        .args(["--policy", "reserved", "--agents", "1", "--turns", "1"])
+        .args([
+            "--policy", "reserved", "--agents", "1", "--turns", "1", "--verify",
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -207,6 +209,7 @@ fn policies_run_at_once_each_keep_their_own_store_directory() {
         "--turns",
         "2",
         "--json",
+        "--verify",
     ];
     // Twice: the second run reopens what the first left, policy by policy.
     for run in 0..2 {
@@ -270,6 +273,7 @@ fn k1_replay_rejects_requests_that_can_never_run_alone_and_counts_them() {
         "--policy",
         "reserved",
         "--json",
+        "--verify",
     ]);
     assert!(ok, "{stderr}");
     assert!(stderr.contains("request rejected"), "{stderr}");
@@ -283,7 +287,7 @@ fn k1_replay_rejects_requests_that_can_never_run_alone_and_counts_them() {
 fn a_closed_output_pipe_ends_the_run_quietly() {
     // `kvgate agents | head -1`: the reader goes away before the table is written.
     let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
-        .args(["agents", "--agents", "2", "--turns", "2"])
+        .args(["agents", "--agents", "2", "--turns", "2", "--verify"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -310,6 +314,7 @@ fn l1_agents_runs_live_with_the_reference_executor_and_reserved_restores_every_l
         "--pool-pages",
         "96",
         "--json",
+        "--verify",
     ];
     let (ok, stdout, stderr) = kvgate(&args);
     assert!(ok, "{stderr}");
@@ -440,4 +445,73 @@ fn a_live_agents_run_serves_metrics_while_it_runs_and_draws_its_chart() {
     assert_eq!(report["runs"][0]["leaked_pages"], 0);
     let chart = std::fs::read_to_string(plot.path().join("agents.svg")).expect("the chart");
     assert!(chart.contains("reserved"), "the chart names the policy");
+}
+
+#[test]
+fn an_agents_pool_comes_from_the_config_file_when_it_sets_one_else_from_the_run() {
+    let pool_of = |config_text: &str| {
+        let dir = temp_file("c.toml", config_text);
+        let path = dir.path().join("c.toml");
+        let (ok, stdout, stderr) = kvgate(&[
+            "agents",
+            "--config",
+            path.to_str().unwrap(),
+            "--agents",
+            "1",
+            "--turns",
+            "1",
+            "--policy",
+            "reserved",
+            "--verify",
+        ]);
+        assert!(ok, "{stderr}");
+        stdout.lines().next().unwrap_or_default().to_string()
+    };
+    // Silent about the pool: the agents run's own (16384 tokens of 16-token pages), as without --config.
+    let header = pool_of("seed = 1\n");
+    assert!(header.contains("pool 1024 pages of 16 tokens"), "{header}");
+    let header = pool_of("[pool]\npages = 300\n");
+    assert!(header.contains("pool 300 pages of 16 tokens"), "{header}");
+}
+
+#[test]
+#[allow(
+    clippy::print_stderr,
+    reason = "a GPU test says on stderr that it skipped and why"
+)]
+fn cuda_storage_on_the_command_line_runs_or_fails_naming_storage_without_a_driver() {
+    let args = [
+        "agents",
+        "--agents",
+        "2",
+        "--turns",
+        "2",
+        "--policy",
+        "reserved",
+        "--storage",
+        "cuda",
+        "--copy-engine",
+        "cuda",
+        "--verify",
+        "--json",
+    ];
+    let (ok, stdout, stderr) = kvgate(&args);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if stderr.contains("libcuda could not be loaded") || stderr.contains("no CUDA device") {
+        assert!(!ok);
+        assert!(
+            std::env::var("KVGATE_REQUIRE_GPU").as_deref() != Ok("1"),
+            "KVGATE_REQUIRE_GPU=1 but CUDA is unavailable: {stderr}"
+        );
+        assert!(
+            stderr.contains("invalid engine parameter storage")
+                && stderr.contains("use host storage"),
+            "{stderr}"
+        );
+        eprintln!("skipped: the CUDA run: {stderr}");
+    } else {
+        assert!(ok, "{stderr}");
+        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(report["runs"][0]["leaked_pages"], 0, "{report}");
+    }
 }

@@ -12,7 +12,14 @@ fn replay_json(extra: &[&str]) -> Value {
     let trace = repo_root().join("tests/workloads/mooncake/conversation_trace_head.jsonl");
     let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args(["replay", trace.to_str().unwrap()])
-        .args(["--limit", "60", "--pool-pages", "8192", "--json"])
+        .args([
+            "--limit",
+            "60",
+            "--pool-pages",
+            "8192",
+            "--json",
+            "--verify",
+        ])
         .args(extra)
         .output()
         .expect("the binary runs");

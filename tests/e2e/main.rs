@@ -1,6 +1,7 @@
 //! The workspace's end-to-end tests: scenario traces and a small agents run as insta snapshots, the cluster
 //! replay through the binary, and the `kvgate` binary's answers to bad input (a few by hand, and the corpus
-//! under `tests/bad_inputs/`).
+//! under `tests/bad_inputs/`). Every run verifies every restored page against recompute (E3, L5), in release
+//! builds too: configs start from [`verified_config`], and runs of the binary pass `--verify`.
 #![allow(
     clippy::disallowed_methods,
     reason = "end-to-end tests time the binary and set its environment"
@@ -15,6 +16,13 @@ mod redis;
 mod scenarios;
 
 use serde_json::Value;
+
+/// `EngineConfig::default()` with restore verification on (L5): the default verifies only in debug builds.
+fn verified_config() -> kvgate::EngineConfig {
+    let mut config = kvgate::EngineConfig::default();
+    config.restore.verify = true;
+    config
+}
 
 /// The repository root (this binary is built from `crates/kvgate`).
 fn repo_root() -> std::path::PathBuf {

@@ -4,7 +4,6 @@
 //! their consumer is admitted).
 
 use engine::{FallbackReason, Policy};
-use kvgate::EngineConfig;
 use kvgate::config::MODEL_PRESETS;
 use kvgate::run;
 use kvgate::workload::agents::AgentsSpec;
@@ -12,7 +11,7 @@ use kvgate::workload::agents::AgentsSpec;
 #[test]
 fn h8_every_model_preset_serves_at_least_98_percent_from_cache_under_reserved() {
     for name in MODEL_PRESETS {
-        let mut config = EngineConfig::default();
+        let mut config = crate::verified_config();
         config.apply_preset(name).unwrap();
         config.pool.pages = run::agents_pool_pages(&config);
         let spec = AgentsSpec::default();

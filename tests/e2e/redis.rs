@@ -14,7 +14,7 @@ mod redis_server;
 use redis_server::RedisServer;
 
 fn config(server: &RedisServer) -> EngineConfig {
-    let mut config = EngineConfig::default();
+    let mut config = crate::verified_config();
     config.pool.pages = 256;
     config.store.url = Some(server.url());
     config.restore.lookup_timeout_s = 1.0;

@@ -10,8 +10,10 @@ fn check(name: &str) {
         .join("tests/scenarios")
         .join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let scenario: Scenario =
+    let mut scenario: Scenario =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // Every restore of the trace is verified against recompute (L5), in release builds too.
+    scenario.config.restore.verify = true;
     let trace = without_wall_time(run(&scenario).unwrap_or_else(|e| panic!("{name}: {e}")));
     insta::with_settings!({ snapshot_path => repo_root().join("tests/snapshots"), prepend_module_to_snapshot => false }, {
         insta::assert_json_snapshot!(name, trace);

@@ -1,5 +1,6 @@
 //! The tidy check: every Rust module starts with a `//!` doc saying what it owns, no test is ignored or
-//! expected to panic (assert the error value instead), and `docs/contract.md` stays true to the contract
+//! expected to panic (assert the error value instead), integration tests build engines from parameters
+//! that verify every restore (L5, in release builds too), and `docs/contract.md` stays true to the contract
 //! and the tests (see `contract`).
 
 mod contract;
@@ -11,6 +12,20 @@ use std::path::{Path, PathBuf};
 /// Test attributes that are not allowed: a test that cannot fail, or passes by panicking. Spelled in two
 /// pieces so that this file does not match its own check.
 const FORBIDDEN_ATTRIBUTES: [&str; 2] = [concat!("#", "[ignore"), concat!("#", "[should_panic")];
+
+/// Defaults an integration test may not build an engine from, since they verify restores only in debug
+/// builds (L5): each test binary's `main.rs` holds a helper with verification on. Split like
+/// `FORBIDDEN_ATTRIBUTES`.
+const UNVERIFIED_DEFAULTS: [&str; 2] = [
+    concat!("..EngineParams", "::default()"),
+    concat!("EngineConfig", "::default()"),
+];
+
+/// Whether `shown` (a path from the root) is an integration test file other than its binary's `main.rs`.
+fn is_integration_test(shown: &str) -> bool {
+    let in_tests = shown.starts_with("tests/") || shown.contains("/tests/it/");
+    in_tests && !shown.ends_with("main.rs")
+}
 
 pub(crate) fn check(root: &Path) -> Result<(), String> {
     let mut problems = Vec::new();
@@ -35,6 +50,15 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
                 {
                     problems.push(format!(
                         "{shown}:{}: `{line}` is not allowed; assert the error value",
+                        line_idx + 1
+                    ));
+                }
+                if is_integration_test(&shown)
+                    && let Some(default) = UNVERIFIED_DEFAULTS.iter().find(|d| line.contains(**d))
+                {
+                    problems.push(format!(
+                        "{shown}:{}: `{default}` verifies restores only in debug builds; start from the \
+                         helper in the test binary's main.rs, which turns verification on (L5)",
                         line_idx + 1
                     ));
                 }

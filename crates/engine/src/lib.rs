@@ -16,7 +16,9 @@ pub use engine::{
 pub use error::{Error, Result};
 pub use executor::{CostModel, Executor, ReferenceConfig, ReferenceExecutor, SimExecutor};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
-pub use params::{ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption};
+pub use params::{
+    ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption, StorageKind,
+};
 pub use policy::Policy;
 pub use request::{FinishedRequest, RequestSpec, STOP_TOKEN, output_token};
 

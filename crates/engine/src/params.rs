@@ -41,8 +41,9 @@ pub enum CopyEngineKind {
         /// The seed of the delays and the order.
         seed: u64,
     },
-    /// CUDA streams: needs CUDA page storage, which the engine does not use yet (issue 11); refused when
-    /// the engine is built, with the reason.
+    /// CUDA streams: a restore's pages go from pinned host staging straight into the pool's device pages
+    /// (`checkpoint_transfer::CudaCopyEngine` over the engine's `CudaStorage`), completions polled per step
+    /// through events. Needs `StorageKind::Cuda`: with host storage it is refused when the engine is built.
     Cuda,
 }
 
@@ -83,6 +84,31 @@ impl std::str::FromStr for Preemption {
                 name: "preemption",
                 reason: format!("unknown preemption {name:?}; use offload or recompute"),
             })
+    }
+}
+
+/// Where the pool's page bytes live (L1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StorageKind {
+    /// Aligned host memory (`kv_pool::HostStorage`). The default.
+    #[default]
+    Host,
+    /// Device memory of a CUDA GPU (`kv_pool::CudaStorage`), one arena per rank. Every copy engine works
+    /// with it through `PageStorage`; the `Cuda` copy engine needs it. Without an NVIDIA driver or with no
+    /// such device, building the engine fails with an error naming `storage`.
+    Cuda {
+        /// The device ordinal (0 to 63).
+        device: u32,
+    },
+}
+
+impl StorageKind {
+    /// Its name in configuration: `host` or `cuda`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageKind::Host => "host",
+            StorageKind::Cuda { .. } => "cuda",
+        }
     }
 }
 
@@ -144,12 +170,15 @@ pub struct EngineParams {
     pub sim_bytes_per_page: u32,
     /// The step-time cost model. Default `CostModel::small_8b_gpu()`.
     pub cost: CostModel,
-    /// Verify every restored page against what recompute would write (E3). Default: on in debug builds.
+    /// Verify every restored page against what recompute would write (E3, L5). Default: on in debug builds
+    /// and in the crate's own tests; integration tests turn it on explicitly.
     pub verify_restores: bool,
     /// Seed of the run (fault injection and anything random in the engine). Default 0.
     pub seed: u64,
     /// The copy engine (L1). Default `Inline`.
     pub copy_engine: CopyEngineKind,
+    /// Where page bytes live (L1). Default `Host`.
+    pub storage: StorageKind,
     /// Whether a prompt computed in several chunks publishes a checkpoint where its last chunk starts (the
     /// prefill-tail slot, H7). Default false: the instruction slot (`RequestSpec::instruction_tokens`), the
     /// prompt end and the response end are captured always.
@@ -197,11 +226,12 @@ impl Default for EngineParams {
             store_key_prefix: checkpoint_transfer::store::DEFAULT_KEY_PREFIX.to_string(),
             sim_bytes_per_page: 32,
             cost,
-            verify_restores: cfg!(debug_assertions),
+            verify_restores: cfg!(any(debug_assertions, test)),
             seed: 0,
             stall_timeout: Duration::from_secs(3600),
             capture_prefill_tail: false,
             copy_engine: CopyEngineKind::Inline,
+            storage: StorageKind::Host,
             clock: ClockKind::Simulated,
             preemption: Preemption::Offload,
         }
@@ -217,6 +247,8 @@ impl EngineParams {
     /// Bytes of simulated page storage at most: the pool's pages (`pool_pages`, so the oracle's larger pool
     /// counts) times `sim_bytes_per_page`, 1 GiB. The storage is allocated when the engine is built.
     pub const SIM_STORAGE_BYTES_MAX: u64 = 1 << 30;
+    /// Largest CUDA device ordinal `StorageKind::Cuda` may name.
+    pub const CUDA_DEVICE_MAX: u32 = 63;
 
     /// Pages the engine's pool holds, the null page included: `n_pages`, except under `Policy::Oracle`, whose
     /// pool has room for every running slot at the model's length (at least `n_pages`, at most 1 Mi pages).
@@ -298,6 +330,21 @@ impl EngineParams {
             && !(1..=64).contains(&workers)
         {
             return invalid("copy_engine", "threaded with 1 to 64 workers");
+        }
+        if self.copy_engine == CopyEngineKind::Cuda && self.storage == StorageKind::Host {
+            return invalid(
+                "copy_engine",
+                "cuda copies write into CUDA page storage, and storage is host; set storage to cuda \
+                 ([pool] storage = \"cuda\", --storage cuda) or use inline, threaded or reordering copies",
+            );
+        }
+        if let StorageKind::Cuda { device } = self.storage
+            && device > Self::CUDA_DEVICE_MAX
+        {
+            return invalid(
+                "storage",
+                &format!("cuda device {device}; at most {}", Self::CUDA_DEVICE_MAX),
+            );
         }
         if self.stall_timeout.is_zero() {
             return invalid("stall_timeout", "more than 0 s");

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use engine::{CopyEngineKind, CostModel, EngineParams, Policy, Preemption};
+use engine::{CopyEngineKind, CostModel, EngineParams, Policy, Preemption, StorageKind};
 use kv_pool::{CacheGroup, Geometry, GroupKind};
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +16,14 @@ pub use presets::{MODEL_PRESETS, ModelPreset, model_preset};
 
 /// What `model.preset` may name: a cost preset or a model preset.
 const PRESETS_ALLOWED: &str = "one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid, sliding-window (model presets)";
+
+/// The fields a model preset sets, as (section, key): a text naming a model preset leaves them out.
+const MODEL_PRESET_FIELDS: [(&str, &str); 4] = [
+    ("model", "groups"),
+    ("model", "tokens_per_page"),
+    ("model", "context_parallel"),
+    ("scheduler", "draft_tokens"),
+];
 
 /// The environment variable that overrides `restore.max_wait_s` (contract W1).
 pub const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
@@ -105,12 +113,18 @@ pub enum GroupConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolConfig {
-    /// Usable pages per rank (the null page not counted). Default 4095; 1..=4194303.
+    /// Usable pages per rank (the null page not counted). Default 4095; 1..=4194303. An agents run from the
+    /// command line uses its own pool (`run::agents_pool_pages`) unless the file sets this (`ConfigFile::sets`).
     pub pages: u32,
     /// Bytes each simulated page really holds and copies (a fingerprint; the cost model uses the model's real
     /// bytes). Default 32; 8..=1048576, and the pool's pages times this at most 1 GiB (the `oracle` policy's
     /// pool counts when it runs).
     pub sim_bytes_per_page: u32,
+    /// Where page bytes live: `host` (aligned host memory, the default) or `cuda` (device memory of GPU
+    /// `cuda_device`; needs an NVIDIA driver: without one, building the engine fails naming `storage`).
+    pub storage: String,
+    /// The GPU of `storage = "cuda"`. Default 0; 0..=63.
+    pub cuda_device: u32,
 }
 
 /// The step scheduler.
@@ -152,10 +166,14 @@ pub struct RestoreConfig {
     pub copy_task_limit: u32,
     /// The copy engine: `inline` (modeled time, deterministic; the default), `threaded` (worker threads doing
     /// real memcpy while steps go on; on the simulated clock a copy lasts as many steps as it takes in real
-    /// time, so figures depend on the machine) or `cuda` (refused until the engine uses CUDA page storage).
+    /// time, so figures depend on the machine), `reordering` (threaded copies whose starts and completions a
+    /// seeded adversary delays and reorders, checking that nobody else writes a page a copy owns: L2) or
+    /// `cuda` (CUDA streams into the pool's device pages; needs `pool.storage = "cuda"`).
     pub copy_engine: String,
-    /// Worker threads of the `threaded` copy engine. Default 2; 1..=64.
+    /// Worker threads of the `threaded` and `reordering` copy engines. Default 2; 1..=64.
     pub copy_workers: u32,
+    /// Seed of the `reordering` copy engine's delays and order. Default 0.
+    pub copy_seed: u64,
     /// Check every restored page byte for byte against what recompute writes, stopping the run with the
     /// request, page and byte on a mismatch (E3, L5). Default false; debug builds always check.
     pub verify: bool,
@@ -205,6 +223,8 @@ impl Default for PoolConfig {
         PoolConfig {
             pages: 4095,
             sim_bytes_per_page: 32,
+            storage: "host".to_string(),
+            cuda_device: 0,
         }
     }
 }
@@ -232,6 +252,7 @@ impl Default for RestoreConfig {
             copy_task_limit: 32,
             copy_engine: "inline".to_string(),
             copy_workers: 2,
+            copy_seed: 0,
             verify: false,
             capture_prefill_tail: false,
         }
@@ -252,37 +273,75 @@ impl Default for StoreConfig {
 impl EngineConfig {
     /// Reads, parses and validates a TOML file; the environment override of the restore wait applies.
     pub fn load(path: &Path) -> Result<EngineConfig> {
+        Ok(Self::load_file(path)?.config)
+    }
+
+    /// `load`, remembering which fields the file set (`ConfigFile::sets`): a driver whose own default
+    /// differs from a field's (the agents run's pool) uses it only where the file is silent.
+    pub fn load_file(path: &Path) -> Result<ConfigFile> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {
             path: shown.clone(),
             source,
         })?;
-        let config = Self::from_toml(&text).map_err(|error| match error {
+        let (config, table) = Self::parse(&text).map_err(|error| match error {
             Error::ConfigSyntax { message, .. } => Error::ConfigSyntax {
                 path: shown,
                 message,
             },
             other => other,
         })?;
-        config.with_env_overrides()
+        Ok(ConfigFile {
+            config: config.with_env_overrides()?,
+            table,
+        })
     }
 
     /// Parses and validates TOML text (no environment override).
     pub fn from_toml(text: &str) -> Result<EngineConfig> {
+        Ok(Self::parse(text)?.0)
+    }
+
+    /// Parses and validates TOML text, returning the config and the table as written.
+    fn parse(text: &str) -> Result<(EngineConfig, toml::Table)> {
         let syntax = |e: toml::de::Error| Error::ConfigSyntax {
             path: "<config>".to_string(),
             message: e.to_string(),
         };
         let table: toml::Table = toml::from_str(text).map_err(syntax)?;
         let config: EngineConfig = toml::from_str(text).map_err(syntax)?;
-        let config = config.with_model_preset(&|section, key| {
-            table
-                .get(section)
-                .and_then(toml::Value::as_table)
-                .is_some_and(|section| section.contains_key(key))
-        })?;
+        let config = config.with_model_preset(&|section, key| table_sets(&table, section, key))?;
         config.validate()?;
-        Ok(config)
+        Ok((config, table))
+    }
+
+    /// This config as TOML text that `from_toml` reads back to an equal config. Under a model preset the
+    /// fields the preset sets (`MODEL_PRESET_FIELDS`) are left out, as a file naming one must; a config
+    /// whose fields no longer match its model preset cannot be written so and is refused, naming
+    /// `model.preset`.
+    pub fn to_toml(&self) -> Result<String> {
+        let unserializable =
+            |e: toml::ser::Error| Error::Internal(format!("a config that TOML cannot hold: {e}"));
+        let mut table = toml::Table::try_from(self).map_err(unserializable)?;
+        if let Some(preset) = model_preset(&self.model.preset) {
+            let mut applied = self.clone();
+            applied.apply_preset(preset.name)?;
+            if applied != *self {
+                return Err(Error::InvalidConfig {
+                    field: "model.preset",
+                    value: preset.name.to_string(),
+                    allowed: "a config whose groups, tokens_per_page, context_parallel and draft_tokens are the \
+                              model preset's; name its cost preset to write other values"
+                        .to_string(),
+                });
+            }
+            for (section, key) in MODEL_PRESET_FIELDS {
+                if let Some(section) = table.get_mut(section).and_then(toml::Value::as_table_mut) {
+                    section.remove(key);
+                }
+            }
+        }
+        toml::to_string(&table).map_err(unserializable)
     }
 
     /// This config as parsed, with the model preset it names applied (`apply_preset`). `set(section, key)`
@@ -293,12 +352,7 @@ impl EngineConfig {
         let Some(preset) = model_preset(&self.model.preset) else {
             return Ok(self);
         };
-        for (section, key) in [
-            ("model", "groups"),
-            ("model", "tokens_per_page"),
-            ("model", "context_parallel"),
-            ("scheduler", "draft_tokens"),
-        ] {
+        for (section, key) in MODEL_PRESET_FIELDS {
             if set(section, key) {
                 return Err(Error::InvalidConfig {
                     field: "model.preset",
@@ -570,9 +624,30 @@ impl EngineConfig {
             "threaded" => Ok(CopyEngineKind::Threaded {
                 workers: self.restore.copy_workers,
             }),
-            "cuda" => Ok(CopyEngineKind::Cuda),
+            "reordering" => Ok(CopyEngineKind::Reordering {
+                workers: self.restore.copy_workers,
+                seed: self.restore.copy_seed,
+            }),
+            "cuda" => {
+                if self.pool.storage != "cuda" {
+                    invalid(
+                        "restore.copy_engine",
+                        "cuda",
+                        &format!(
+                            "cuda copies write into CUDA page storage, and pool.storage is {:?}: set \
+                             pool.storage = \"cuda\" (--storage cuda), or use inline, threaded or reordering",
+                            self.pool.storage
+                        ),
+                    )?;
+                }
+                Ok(CopyEngineKind::Cuda)
+            }
             other => {
-                invalid("restore.copy_engine", other, "inline, threaded or cuda")?;
+                invalid(
+                    "restore.copy_engine",
+                    other,
+                    "inline, threaded, reordering or cuda",
+                )?;
                 Ok(CopyEngineKind::Inline)
             }
         }
@@ -588,6 +663,28 @@ impl EngineConfig {
             )?;
             Ok(Preemption::default())
         })
+    }
+
+    /// The page storage `[pool] storage` and `cuda_device` name.
+    fn storage_kind(&self) -> Result<StorageKind> {
+        match self.pool.storage.as_str() {
+            "host" => Ok(StorageKind::Host),
+            "cuda" => {
+                check_range(
+                    "pool.cuda_device",
+                    self.pool.cuda_device,
+                    0,
+                    EngineParams::CUDA_DEVICE_MAX,
+                )?;
+                Ok(StorageKind::Cuda {
+                    device: self.pool.cuda_device,
+                })
+            }
+            other => {
+                invalid("pool.storage", other, "host or cuda")?;
+                Ok(StorageKind::Host)
+            }
+        }
     }
 
     /// The engine parameters for a run of `policy`. Errors: any field out of range, and page storage above its
@@ -635,7 +732,8 @@ impl EngineConfig {
             store_key_prefix: self.store.key_prefix.clone(),
             sim_bytes_per_page: self.pool.sim_bytes_per_page,
             cost: self.cost()?,
-            verify_restores: self.restore.verify || cfg!(debug_assertions),
+            verify_restores: self.restore.verify || cfg!(any(debug_assertions, test)),
+            storage: self.storage_kind()?,
             copy_engine: self.copy_engine_kind()?,
             capture_prefill_tail: self.restore.capture_prefill_tail,
             clock: engine::ClockKind::Simulated,
@@ -648,6 +746,30 @@ impl EngineConfig {
             )?,
         })
     }
+}
+
+/// A config file as loaded: the config, and which fields the file set.
+#[derive(Clone, Debug)]
+pub struct ConfigFile {
+    /// The config (validated, the environment override applied).
+    pub config: EngineConfig,
+    /// The file's text as a table.
+    table: toml::Table,
+}
+
+impl ConfigFile {
+    /// Whether the file set field `key` of `section` (a field left out takes its default).
+    pub fn sets(&self, section: &str, key: &str) -> bool {
+        table_sets(&self.table, section, key)
+    }
+}
+
+/// Whether `table` holds `key` in its table `section`.
+fn table_sets(table: &toml::Table, section: &str, key: &str) -> bool {
+    table
+        .get(section)
+        .and_then(toml::Value::as_table)
+        .is_some_and(|section| section.contains_key(key))
 }
 
 fn invalid(field: &'static str, value: &str, allowed: &str) -> Result<()> {

@@ -16,7 +16,7 @@ pub mod scenario;
 pub mod workload;
 
 pub use builder::EngineBuilder;
-pub use config::EngineConfig;
+pub use config::{ConfigFile, EngineConfig};
 pub use error::{Error, Result};
 
 pub use checkpoint_transfer::{

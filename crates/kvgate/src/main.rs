@@ -70,7 +70,9 @@ struct RunArgs {
     /// Engine config (TOML, see `EngineConfig`); options below override it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Usable pages in the KV pool.
+    /// Usable pages in the KV pool. Default: the config file's [pool] pages when it sets them, else the
+    /// run's own: for agents 16384 tokens of the model's pages per rank (1024 pages of 16 tokens), 192
+    /// pages with --executor reference; for replay 4095.
     #[arg(long)]
     pool_pages: Option<u32>,
     /// Checkpoint store capacity in pages.
@@ -87,6 +89,14 @@ struct RunArgs {
     /// is cheaper than recomputing it; the default) or recompute ([scheduler] preemption).
     #[arg(long)]
     preemption: Option<String>,
+    /// Where page bytes live ([pool] storage): host (the default) or cuda (device memory of the GPU [pool]
+    /// cuda_device names; needs an NVIDIA driver, and says so without one).
+    #[arg(long, value_name = "host|cuda")]
+    storage: Option<String>,
+    /// The copy engine ([restore] copy_engine): inline (the default), threaded, reordering or cuda (needs
+    /// --storage cuda).
+    #[arg(long, value_name = "NAME")]
+    copy_engine: Option<String>,
     /// Policies to run (repeat or comma-separate): ordinary, pages-only, reserved, oracle. Default: all.
     #[arg(long, value_delimiter = ',')]
     policy: Vec<String>,
@@ -228,8 +238,9 @@ fn init_logging() -> kvgate::Result<()> {
 
 fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     let live = args.executor == ExecutorArg::Reference;
-    let mut config = load_config(&args.run)?;
-    if args.run.config.is_none() && args.run.pool_pages.is_none() {
+    let (mut config, pool_pages_set) = load_config(&args.run)?;
+    // The agents run's own pool unless --pool-pages or the config file's [pool] pages sets one.
+    if !pool_pages_set {
         config.pool.pages = if live {
             run::LIVE_POOL_PAGES
         } else {
@@ -330,7 +341,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
 }
 
 fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
-    let config = load_config(&args.run)?;
+    let (config, _) = load_config(&args.run)?;
     run::check_time_scale(args.time_scale)?;
     let router: cluster::Router = args.router.parse()?;
     cluster::check_engines(args.engines)?;
@@ -515,13 +526,26 @@ fn write_plot(
     Ok(metrics)
 }
 
-fn load_config(args: &RunArgs) -> kvgate::Result<EngineConfig> {
-    let mut config = match &args.config {
-        Some(path) => EngineConfig::load(path)?,
-        None => EngineConfig::default().with_env_overrides()?,
+/// The config of a run: the file's (or the default), the options applied; and whether `--pool-pages` or
+/// the file set the pool's pages.
+fn load_config(args: &RunArgs) -> kvgate::Result<(EngineConfig, bool)> {
+    let (mut config, mut pool_pages_set) = match &args.config {
+        Some(path) => {
+            let file = EngineConfig::load_file(path)?;
+            let set = file.sets("pool", "pages");
+            (file.config, set)
+        }
+        None => (EngineConfig::default().with_env_overrides()?, false),
     };
     if let Some(pages) = args.pool_pages {
         config.pool.pages = pages;
+        pool_pages_set = true;
+    }
+    if let Some(storage) = &args.storage {
+        storage.clone_into(&mut config.pool.storage);
+    }
+    if let Some(copy_engine) = &args.copy_engine {
+        copy_engine.clone_into(&mut config.restore.copy_engine);
     }
     if let Some(pages) = args.store_pages {
         config.store.capacity_pages = pages;
@@ -540,7 +564,7 @@ fn load_config(args: &RunArgs) -> kvgate::Result<EngineConfig> {
         config.scheduler.preemption.clone_from(preemption);
     }
     config.validate()?;
-    Ok(config)
+    Ok((config, pool_pages_set))
 }
 
 /// The config of `policy`'s engine when `n_policies` run at once: with several, each has its own store

@@ -1,5 +1,5 @@
 //! Tests of the tidy parsers: contract ids of the specification, rows and test references of
-//! `docs/contract.md`, and test function names of Rust sources.
+//! `docs/contract.md`, test function names of Rust sources, and which files are integration tests.
 
 use super::contract::{TestRef, row_refs, spec_ids, test_fns, test_refs};
 
@@ -108,4 +108,14 @@ fn after_an_item() {}
             "prop_model"
         ]
     );
+}
+
+#[test]
+fn integration_tests_are_the_files_beside_each_test_binarys_main() {
+    use super::is_integration_test;
+    assert!(is_integration_test("tests/e2e/agents.rs"));
+    assert!(is_integration_test("crates/engine/tests/it/contract.rs"));
+    assert!(!is_integration_test("tests/e2e/main.rs"));
+    assert!(!is_integration_test("crates/engine/tests/it/main.rs"));
+    assert!(!is_integration_test("crates/kvgate/src/config/tests.rs"));
 }

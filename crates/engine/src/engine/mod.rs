@@ -40,17 +40,18 @@ use std::time::Duration;
 
 use admission::WaitingQueue;
 use checkpoint_transfer::{
-    CheckpointStore, CopyEngine, CopyModel, DiskStore, Fault, HostStore, InlineCopyEngine,
-    LayoutDescriptor, RedisStore, ReorderingCopyEngine, ResidentIndex, ThreadedCopyEngine,
+    CheckpointStore, CopyEngine, CopyModel, CudaCopyEngine, DiskStore, Fault, HostStore,
+    InlineCopyEngine, LayoutDescriptor, RedisStore, ReorderingCopyEngine, ResidentIndex,
+    ThreadedCopyEngine,
 };
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
-use kv_pool::{HostStorage, PageId, PagePool};
+use kv_pool::{CudaStorage, HostStorage, PageId, PagePool, PageStorage};
 use reservation::{Ledger, LedgerConfig};
 
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
 use crate::metrics::{FallbackReason, RejectReason, RequestMetrics};
-use crate::params::{ClockKind, CopyEngineKind, EngineParams};
+use crate::params::{ClockKind, CopyEngineKind, EngineParams, StorageKind};
 use crate::request::{FinishedRequest, RequestSpec};
 
 use self::groups::GroupPlan;
@@ -64,7 +65,8 @@ pub struct Engine<E: Executor = SimExecutor> {
     params: EngineParams,
     executor: E,
     pool: PagePool,
-    storage: Arc<HostStorage>,
+    /// The page bytes: host or CUDA memory (`EngineParams::storage`).
+    storage: Arc<dyn PageStorage>,
     copies: Box<dyn CopyEngine>,
     store: Box<dyn CheckpointStore>,
     layout: LayoutDescriptor,
@@ -167,11 +169,7 @@ impl<E: Executor> Engine<E> {
         let n_pages = params.pool_pages();
         let pool = PagePool::new(n_pages)?;
         // One shard per rank: a page id names that page on every rank (`Geometry::block_tokens`).
-        let storage = Arc::new(HostStorage::new(
-            n_ranks,
-            n_pages,
-            params.sim_bytes_per_page as usize,
-        )?);
+        let storage = open_storage(&params, n_ranks, n_pages)?;
         let latency = executor.copy_time(0);
         let per_page = executor
             .copy_time(tokens_per_page)
@@ -203,7 +201,7 @@ impl<E: Executor> Engine<E> {
             params,
             executor,
             pool,
-            storage,
+            storage: storage.as_dyn(),
             copies,
             store,
             ledger,
@@ -588,34 +586,76 @@ pub fn open_store(params: &EngineParams) -> Result<Box<dyn CheckpointStore>> {
     })
 }
 
-/// The copy engine `params` asks for (L1), moving bytes into `storage`.
+/// The page storage `params` asks for, before its use is decided: the cuda copy engine needs the
+/// `CudaStorage` itself, everything else the `PageStorage` trait.
+enum Storage {
+    Host(Arc<HostStorage>),
+    Cuda(Arc<CudaStorage>),
+}
+
+impl Storage {
+    fn as_dyn(&self) -> Arc<dyn PageStorage> {
+        match self {
+            Storage::Host(host) => Arc::clone(host) as Arc<dyn PageStorage>,
+            Storage::Cuda(cuda) => Arc::clone(cuda) as Arc<dyn PageStorage>,
+        }
+    }
+}
+
+/// The page storage `params` asks for (L1): `n_ranks` shards of `n_pages` pages of `sim_bytes_per_page`.
+/// CUDA storage without a driver or device is `InvalidParam` naming `storage`, with the driver's reason.
+fn open_storage(params: &EngineParams, n_ranks: u32, n_pages: u32) -> Result<Storage> {
+    let bytes_per_page = params.sim_bytes_per_page as usize;
+    Ok(match params.storage {
+        StorageKind::Host => Storage::Host(Arc::new(HostStorage::new(
+            n_ranks,
+            n_pages,
+            bytes_per_page,
+        )?)),
+        StorageKind::Cuda { device } => {
+            match CudaStorage::new(device as usize, n_ranks, n_pages, bytes_per_page) {
+                Ok(cuda) => Storage::Cuda(Arc::new(cuda)),
+                Err(kv_pool::Error::CudaUnavailable { reason }) => {
+                    return Err(Error::InvalidParam {
+                        name: "storage",
+                        reason: format!(
+                            "cuda page storage on device {device} needs an NVIDIA driver and that device: \
+                             {reason}; use host storage ([pool] storage = \"host\", --storage host) on a \
+                             machine without one"
+                        ),
+                    });
+                }
+                Err(other) => return Err(other.into()),
+            }
+        }
+    })
+}
+
+/// The copy engine `params` asks for (L1), moving bytes into `storage`. `validate` refused cuda copies on
+/// host storage already; the check here keeps the refusal an error should that change.
 fn open_copy_engine(
     params: &EngineParams,
     model: CopyModel,
-    storage: &Arc<HostStorage>,
+    storage: &Storage,
 ) -> Result<Box<dyn CopyEngine>> {
-    let storage = Arc::clone(storage) as Arc<dyn kv_pool::PageStorage>;
+    let shared = storage.as_dyn();
     Ok(match params.copy_engine {
-        CopyEngineKind::Inline => Box::new(InlineCopyEngine::with_storage(model, storage)),
+        CopyEngineKind::Inline => Box::new(InlineCopyEngine::with_storage(model, shared)),
         CopyEngineKind::Threaded { workers } => {
-            Box::new(ThreadedCopyEngine::new(storage, workers as usize)?)
+            Box::new(ThreadedCopyEngine::new(shared, workers as usize)?)
         }
         CopyEngineKind::Reordering { workers, seed } => {
-            Box::new(ReorderingCopyEngine::new(storage, workers as usize, seed)?)
+            Box::new(ReorderingCopyEngine::new(shared, workers as usize, seed)?)
         }
-        CopyEngineKind::Cuda => {
-            let reason = match kv_pool::cuda_available() {
-                Err(reason) => format!("cuda copies need an NVIDIA driver: {reason}"),
-                Ok(()) => {
-                    "cuda copies write into CUDA page storage, which the engine does not use yet \
-                           (issue 11)"
-                        .to_owned()
-                }
-            };
-            return Err(Error::InvalidParam {
-                name: "copy_engine",
-                reason: format!("{reason}; use inline or threaded"),
-            });
-        }
+        CopyEngineKind::Cuda => match storage {
+            Storage::Cuda(cuda) => Box::new(CudaCopyEngine::new(Arc::clone(cuda))?),
+            Storage::Host(_) => {
+                return Err(Error::InvalidParam {
+                    name: "copy_engine",
+                    reason: "cuda copies write into CUDA page storage; set storage to cuda"
+                        .to_string(),
+                });
+            }
+        },
     })
 }

@@ -6,7 +6,7 @@ use checkpoint_transfer::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageBuf, PageSlot,
 };
 use kv_pool::RequestId;
-use kv_pool::{BlockKey, PageId, PageStorage};
+use kv_pool::{BlockKey, PageId};
 
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};

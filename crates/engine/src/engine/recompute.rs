@@ -2,7 +2,7 @@
 //! same prefix into scratch storage writes, byte for byte; a mismatch names the request, the page and the
 //! first differing byte.
 
-use kv_pool::{PageId, PageStorage, RequestId};
+use kv_pool::{PageId, RequestId};
 
 use super::Engine;
 use crate::error::{Error, Result};

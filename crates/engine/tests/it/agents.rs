@@ -122,7 +122,7 @@ pub(crate) fn comparison_workload() -> (EngineParams, Agents) {
     let params = EngineParams {
         n_pages: 512,
         max_running: 16,
-        ..EngineParams::default()
+        ..crate::verified_defaults()
     };
     (params, agents)
 }
@@ -233,7 +233,7 @@ fn same_seed_and_config_give_an_identical_run() {
         let params = EngineParams {
             policy,
             n_pages: 64,
-            ..EngineParams::default()
+            ..crate::verified_defaults()
         };
         let mut first = run_agents(params.clone(), agents, 7).metrics;
         let mut second = run_agents(params, agents, 7).metrics;

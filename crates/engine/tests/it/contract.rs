@@ -16,7 +16,7 @@ pub(crate) fn params(policy: Policy, n_pages: u32) -> EngineParams {
         n_pages,
         max_running: 4,
         chunk_tokens: 512,
-        ..EngineParams::default()
+        ..crate::verified_defaults()
     }
 }
 
@@ -766,7 +766,7 @@ fn e3_every_restored_page_equals_what_recompute_writes() {
             policy,
             n_pages: 48,
             verify_restores: true,
-            ..EngineParams::default()
+            ..crate::verified_defaults()
         };
         let run = run_agents(params, agents, 1);
         assert!(

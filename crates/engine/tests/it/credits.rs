@@ -59,7 +59,7 @@ fn consumer_keeps_its_credits_on(
         n_pages: n_usable + 1,
         max_running: 4,
         chunk_tokens,
-        ..EngineParams::default()
+        ..crate::verified_defaults()
     };
     let mut engine = Engine::new(params).expect("valid params");
     let history = tokens(7, 1, 0, restored_pages * TPP);

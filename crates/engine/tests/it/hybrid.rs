@@ -45,7 +45,7 @@ fn geometry_params(
     n_ranks: u32,
     groups: Vec<CacheGroup>,
 ) -> EngineParams {
-    let defaults = EngineParams::default();
+    let defaults = crate::verified_defaults();
     EngineParams {
         geometry: Geometry::new(groups, TPP, n_ranks, defaults.geometry.max_model_len())
             .expect("a valid geometry"),

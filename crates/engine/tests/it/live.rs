@@ -35,7 +35,7 @@ fn ref_params(policy: Policy, config: &ReferenceConfig, n_pages: u32) -> EngineP
         chunk_tokens: 48,
         max_batched_tokens: 96,
         verify_restores: true,
-        ..EngineParams::default()
+        ..crate::verified_defaults()
     }
 }
 

@@ -1,6 +1,8 @@
 //! The engine's integration tests: contract behaviours through the public API (Q4-Q7, X1, X2, G1-G5,
 //! E1-E3), restores of a longer checkpoint's matching blocks (G2, O7, E3), the deterministic simulation under
-//! every policy, and the agents comparison of the policies.
+//! every policy, the agents comparison of the policies, and the engine on CUDA page storage (skipped, saying
+//! why, without a driver). Every engine these tests build verifies every restored page against recompute
+//! (E3, L5), in release builds too: parameters start from [`verified_defaults`].
 #![allow(
     clippy::disallowed_methods,
     reason = "tests read their seeds and case counts from the environment"
@@ -10,6 +12,7 @@ mod admission;
 mod agents;
 mod contract;
 mod credits;
+mod cuda;
 mod hybrid;
 mod live;
 mod offload;
@@ -18,3 +21,13 @@ mod restart;
 mod reuse;
 mod robustness;
 mod sim;
+
+/// `EngineParams::default()` with restore verification on (L5): every engine these tests build checks every
+/// restored page byte for byte against recompute, in release builds too (the default verifies only in
+/// debug builds).
+pub(crate) fn verified_defaults() -> engine::EngineParams {
+    engine::EngineParams {
+        verify_restores: true,
+        ..engine::EngineParams::default()
+    }
+}

@@ -48,8 +48,7 @@ fn params(policy: Policy, preemption: Preemption) -> EngineParams {
         n_pages: 41,
         max_running: 4,
         chunk_tokens: 64,
-        verify_restores: true,
-        ..EngineParams::default()
+        ..crate::verified_defaults()
     }
 }
 

@@ -409,7 +409,7 @@ fn a_geometry_the_step_loop_cannot_run_is_refused_naming_the_group_and_why() {
     let refusal = |groups: Vec<CacheGroup>, ranks: u32| {
         let params = EngineParams {
             geometry: Geometry::new(groups, TPP, ranks, 8192).unwrap(),
-            ..EngineParams::default()
+            ..crate::verified_defaults()
         };
         Engine::new(params).unwrap_err().to_string()
     };
@@ -418,7 +418,7 @@ fn a_geometry_the_step_loop_cannot_run_is_refused_naming_the_group_and_why() {
     assert!(
         Engine::new(EngineParams {
             geometry: Geometry::new(vec![full, window], TPP, 1, 8192).unwrap(),
-            ..EngineParams::default()
+            ..crate::verified_defaults()
         })
         .is_ok()
     );
@@ -509,7 +509,7 @@ fn an_unavailable_copy_engine_is_refused_when_the_engine_is_built() {
     };
     let message = Engine::new(cuda).unwrap_err().to_string();
     assert!(
-        message.contains("copy_engine") && message.contains("use inline or threaded"),
+        message.contains("copy_engine") && message.contains("use inline, threaded or reordering"),
         "{message}"
     );
     let threaded = EngineParams {

@@ -39,7 +39,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
     let mut n_ranks = 1 + rng.below(3) as u32;
     let mut tokens_per_page = 16;
     let mut draft_tokens = [0, 0, 1, 3][rng.below(4) as usize];
-    let defaults = EngineParams::default();
+    let defaults = crate::verified_defaults();
     let group = |kind| kv_pool::CacheGroup {
         kind,
         bytes_per_page: 1024,

@@ -29,6 +29,7 @@ pub fn cuda_available() -> std::result::Result<(), String> {
 pub struct CudaStorage {
     shape: Shape,
     device_ordinal: usize,
+    context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     /// Rank `r`'s arena; page `p` at byte offset `p * bytes_per_page`.
     shards: Vec<RwLock<CudaSlice<u8>>>,
@@ -86,14 +87,53 @@ impl CudaStorage {
         Ok(CudaStorage {
             shape,
             device_ordinal,
+            context,
             stream,
             shards,
         })
     }
 
-    /// The device the pages live on.
-    pub fn device_ordinal(&self) -> usize {
-        self.device_ordinal
+    /// The CUDA context the pages live in: a copy engine makes its stream and pinned staging here.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
+    }
+
+    /// Queues a copy of `src` (exactly `bytes_per_page` long) into page `page` of `rank` on `stream`, a
+    /// stream of this storage's context, and returns without waiting for it: the copy has happened once
+    /// work recorded on `stream` after this call has completed (an event). It runs after every earlier use
+    /// of the shard on any stream. Errors: a bad page, rank or length, the null page, a stream of another
+    /// context (nothing queued), or the driver's refusal (`CudaFailed`).
+    ///
+    /// # Safety
+    ///
+    /// `src` must stay allocated and unchanged until the copy has completed: from page-locked (pinned)
+    /// memory the device reads it asynchronously, after this call returned. (From pageable memory the driver
+    /// stages it before returning, but the caller cannot tell the two apart by type.)
+    pub unsafe fn enqueue_write(
+        &self,
+        stream: &Arc<CudaStream>,
+        rank: u32,
+        page: PageId,
+        src: &[u8],
+    ) -> Result<()> {
+        self.shape.check_len(src.len())?;
+        self.shape.check_writable(rank, page)?;
+        if **stream.context() != *self.context {
+            return Err(Error::CudaFailed {
+                operation: "enqueue a write",
+                reason: "the stream belongs to another CUDA context than the storage".to_string(),
+            });
+        }
+        let mut shard = self.shards[rank as usize]
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut view = shard.slice_mut(self.page_range(page));
+        guarded("enqueue a write", || stream.memcpy_htod(src, &mut view)).map_err(|reason| {
+            Error::CudaFailed {
+                operation: "enqueue a write",
+                reason,
+            }
+        })
     }
 
     fn page_range(&self, page: PageId) -> Range<usize> {

@@ -334,3 +334,107 @@ fn a_model_preset_with_its_own_geometry_fields_is_refused_naming_them() {
         "a refused preset changes nothing"
     );
 }
+
+#[test]
+fn l1_storage_and_every_copy_engine_reach_the_engine_params() {
+    let params = |text: &str| {
+        EngineConfig::from_toml(text)
+            .unwrap()
+            .engine_params(Policy::Reserved)
+            .unwrap()
+    };
+    let default = params("");
+    assert_eq!(default.storage, StorageKind::Host);
+    assert_eq!(default.copy_engine, CopyEngineKind::Inline);
+    let cuda =
+        params("[pool]\nstorage = \"cuda\"\ncuda_device = 1\n[restore]\ncopy_engine = \"cuda\"\n");
+    assert_eq!(cuda.storage, StorageKind::Cuda { device: 1 });
+    assert_eq!(cuda.copy_engine, CopyEngineKind::Cuda);
+    let reordering =
+        params("[restore]\ncopy_engine = \"reordering\"\ncopy_workers = 3\ncopy_seed = 9\n");
+    assert_eq!(
+        reordering.copy_engine,
+        CopyEngineKind::Reordering {
+            workers: 3,
+            seed: 9
+        }
+    );
+    let threaded = params("[pool]\nstorage = \"cuda\"\n[restore]\ncopy_engine = \"threaded\"\n");
+    assert_eq!(
+        threaded.copy_engine,
+        CopyEngineKind::Threaded { workers: 2 }
+    );
+    assert_eq!(threaded.storage, StorageKind::Cuda { device: 0 });
+}
+
+#[test]
+fn bad_storage_and_copy_engines_name_the_field_and_what_to_do() {
+    assert_eq!(
+        err("[pool]\nstorage = \"gpu\""),
+        "config: `pool.storage` = gpu is out of range; allowed: host or cuda"
+    );
+    assert_eq!(
+        err("[pool]\nstorage = \"cuda\"\ncuda_device = 64"),
+        "config: `pool.cuda_device` = 64 is out of range; allowed: 0..=63"
+    );
+    let message = err("[restore]\ncopy_engine = \"cuda\"");
+    assert!(
+        message.starts_with("config: `restore.copy_engine` = cuda is out of range")
+            && message.contains("set pool.storage = \"cuda\" (--storage cuda)"),
+        "{message}"
+    );
+    assert_eq!(
+        err("[restore]\ncopy_engine = \"dma\""),
+        "config: `restore.copy_engine` = dma is out of range; allowed: inline, threaded, reordering or cuda"
+    );
+    assert_eq!(
+        err("[restore]\ncopy_engine = \"reordering\"\ncopy_workers = 0"),
+        "config: `restore.copy_workers` = 0 is out of range; allowed: 1..=64"
+    );
+}
+
+#[test]
+fn every_model_preset_round_trips_through_to_toml() {
+    let mut configs = vec![EngineConfig::default()];
+    for name in MODEL_PRESETS.iter().chain(&["glm-like-moe"]) {
+        let mut config = EngineConfig::default();
+        config.apply_preset(name).unwrap();
+        config.pool.pages = 1000;
+        config.pool.storage = "cuda".to_string();
+        config.restore.copy_engine = "reordering".to_string();
+        config.restore.copy_seed = 5;
+        configs.push(config);
+    }
+    for config in configs {
+        let text = config.to_toml().unwrap();
+        assert_eq!(
+            EngineConfig::from_toml(&text).unwrap(),
+            config,
+            "{}:\n{text}",
+            config.model.preset
+        );
+    }
+    // A config changed after its model preset was applied has no text that names the preset.
+    let mut changed = EngineConfig::default();
+    changed.apply_preset("linear-hybrid").unwrap();
+    changed.model.tokens_per_page = 32;
+    let message = changed.to_toml().unwrap_err().to_string();
+    assert!(
+        message.starts_with("config: `model.preset` = linear-hybrid is out of range"),
+        "{message}"
+    );
+}
+
+#[test]
+fn a_loaded_file_says_which_fields_it_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.toml");
+    std::fs::write(&path, "[pool]\npages = 300\n[restore]\nverify = true\n").unwrap();
+    let file = EngineConfig::load_file(&path).unwrap();
+    assert_eq!(file.config.pool.pages, 300);
+    assert!(file.sets("pool", "pages"));
+    assert!(file.sets("restore", "verify"));
+    assert!(!file.sets("pool", "sim_bytes_per_page"));
+    assert!(!file.sets("scheduler", "max_running"));
+    assert_eq!(EngineConfig::load(&path).unwrap(), file.config);
+}

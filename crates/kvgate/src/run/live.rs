@@ -1,5 +1,6 @@
 //! The live agents run (L1, L3): the reference model computing real KV and recurrent state into the pool's
-//! pages, threaded copies moving real bytes from the host store while steps run, on the wall clock. Sized
+//! pages (host or CUDA storage), threaded or CUDA copies moving real bytes from the host store while steps
+//! run, on the wall clock. Sized
 //! for a couple of cores: fewer, shorter sessions than the simulated run, a pool they still outgrow.
 
 use engine::{
@@ -44,7 +45,9 @@ pub fn reference_model(config: &EngineConfig) -> ReferenceConfig {
 }
 
 /// The engine parameters of a live run of `policy`: `config`'s, on the model's own geometry (one rank,
-/// its page width, `LIVE_MAX_MODEL_LEN` tokens), the wall clock and the threaded copy engine. Errors: a
+/// its page width, `LIVE_MAX_MODEL_LEN` tokens) and the wall clock; its copy engine, except that `inline`
+/// (modeled time) becomes `threaded`, since a live run copies real bytes while steps run; its page
+/// storage (`cuda` with the cuda copy engine: the restores go straight into device pages). Errors: a
 /// model preset in `config` (its geometry is not the reference model's), and anything `engine_params`
 /// refuses.
 pub fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams> {
@@ -70,9 +73,11 @@ pub fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams
     .map_err(engine::Error::from)?;
     params.draft_tokens = 0;
     params.clock = ClockKind::Wall;
-    params.copy_engine = CopyEngineKind::Threaded {
-        workers: config.restore.copy_workers,
-    };
+    if params.copy_engine == CopyEngineKind::Inline {
+        params.copy_engine = CopyEngineKind::Threaded {
+            workers: config.restore.copy_workers,
+        };
+    }
     Ok(params)
 }
 

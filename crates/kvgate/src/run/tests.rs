@@ -18,3 +18,49 @@ fn later_turns_extend_an_earlier_context_not_just_the_shared_first_block() {
     // Request 2 extends request 0's two full blocks; request 3 shares only request 1's partial block.
     assert_eq!(later_turns(&trace), vec![false, false, true, false]);
 }
+
+#[test]
+fn l2_reordering_copies_from_the_config_run_agents_with_every_restore_verified() {
+    let (mut config, spec) = small_agents();
+    config.restore.copy_engine = "reordering".to_string();
+    config.restore.copy_workers = 2;
+    config.restore.copy_seed = 3;
+    config.restore.verify = true;
+    let params = config.engine_params(Policy::Reserved).unwrap();
+    assert!(params.verify_restores);
+    let mut engine = Engine::new(params).unwrap();
+    let mut checked = Ok(());
+    drive_agents(&mut engine, &spec, &mut |_, _| {}, &mut |engine, _| {
+        if checked.is_ok() {
+            // The reordering engine's write check (L2) runs with the other invariants.
+            checked = engine.check_invariants();
+        }
+    })
+    .unwrap();
+    checked.unwrap();
+    let metrics = engine.metrics();
+    assert!(metrics.later_turns_restored > 0, "{metrics:?}");
+    assert_eq!(metrics.leaked_pages, 0);
+}
+
+#[test]
+fn cuda_storage_runs_or_without_a_driver_fails_naming_storage() {
+    let (mut config, mut spec) = small_agents();
+    config.pool.storage = "cuda".to_string();
+    config.restore.copy_engine = "cuda".to_string();
+    spec.n_agents = 2;
+    spec.turns = 2;
+    let run = run_agents(&config, &spec, Policy::Reserved, &mut |_, _| {});
+    match kv_pool::cuda_available() {
+        Err(reason) => {
+            let message = run.unwrap_err().to_string();
+            assert!(
+                message.contains("invalid engine parameter storage")
+                    && message.contains(&reason)
+                    && message.contains("--storage host"),
+                "{message}"
+            );
+        }
+        Ok(()) => assert_eq!(run.unwrap().leaked_pages, 0),
+    }
+}
