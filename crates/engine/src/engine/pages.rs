@@ -335,7 +335,7 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Captures `id`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
-    /// always, whatever ended the response. `true` when the store took it.
+    /// always, whatever ended the response. `true` when it was sent to the store (`put_checkpoint`).
     pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<bool> {
         if self.groups.is_hybrid() {
             return self.capture_hybrid(id, kind);
@@ -582,7 +582,7 @@ impl<E: Executor> Engine<E> {
         }
         let n_tokens = u32::try_from(checkpoint.meta.n_tokens).unwrap_or(u32::MAX);
         let duration = self.executor.copy_time(n_tokens);
-        let _arrives_at = self.captures.send(self.now, duration, id, checkpoint);
+        self.captures.send(self.now, duration, id, checkpoint);
         true
     }
 
