@@ -8,8 +8,8 @@
 //! the query's first `i + 1` keys reach, so a lookup walks the query's keys down the trie (one hash probe per
 //! node, a comparison per key) and answers from the newest serial below the node it stopped in, never scanning
 //! the stored checkpoints. A put, supersede, eviction or rejected disk checkpoint goes through `insert` /
-//! `remove`, which walk the checkpoint's chain the same way: a hash probe per trie node on the path, not per
-//! block key. Memory: per stored checkpoint at most two trie nodes (about 120 bytes each with their
+//! `remove`: an insert walks the checkpoint's chain the same way (at most a hash probe per trie node on the
+//! path, not one per block key), a removal starts at the end node the entry recorded. Memory: per stored checkpoint at most two trie nodes (about 120 bytes each with their
 //! hash-map edge), plus one copy of every distinct block key in the trie (32 bytes), plus one serial-to-id
 //! entry.
 
@@ -24,7 +24,7 @@ use kv_pool::BlockKey;
 use crate::checkpoint::{CheckpointId, CheckpointMeta, PrefixQuery};
 use crate::error::{Error, Result};
 use crate::store::{PutOutcome, StoreStats};
-use trie::BlockTrie;
+use trie::{BlockTrie, NodeIdx};
 
 #[derive(Debug)]
 struct Entry {
@@ -34,6 +34,8 @@ struct Entry {
     /// Names the entry in `blocks`; unique for the catalog's lifetime (a superseding generation gets a new
     /// one), and larger than every serial before it.
     serial: u64,
+    /// The trie node its block-key chain ends at (`None` without a full block).
+    end_node: Option<NodeIdx>,
 }
 
 /// Index of stored checkpoints.
@@ -225,7 +227,7 @@ impl Catalog {
             .push(id.clone());
         let serial = self.next_serial;
         self.next_serial += 1;
-        self.blocks.insert(&meta.block_keys, serial);
+        let end_node = self.blocks.insert(&meta.block_keys, serial);
         self.by_serial.insert(serial, id.clone());
         self.recency.insert(self.tick, id.clone());
         self.n_bytes += n_bytes;
@@ -236,6 +238,7 @@ impl Catalog {
                 n_bytes,
                 tick: self.tick,
                 serial,
+                end_node,
             },
         );
     }
@@ -253,7 +256,9 @@ impl Catalog {
             }
         }
         self.by_serial.remove(&entry.serial);
-        self.blocks.remove(&entry.meta.block_keys, entry.serial);
+        if let Some(end_node) = entry.end_node {
+            self.blocks.remove(end_node, entry.serial);
+        }
         Some(entry.meta)
     }
 
@@ -263,7 +268,7 @@ impl Catalog {
         let mut chains = Vec::new();
         for entry in self.entries.values() {
             assert_eq!(self.by_serial.get(&entry.serial), Some(&entry.meta.id));
-            chains.push((&entry.meta.block_keys[..], entry.serial));
+            chains.push((&entry.meta.block_keys[..], entry.serial, entry.end_node));
         }
         assert_eq!(self.by_serial.len(), self.entries.len(), "stale serials");
         self.blocks.check_invariants(&chains);

@@ -1,8 +1,11 @@
 //! `BlockTrie`: the catalog's block-prefix index, a compressed trie of the stored checkpoints' block-key
 //! chains. A node holds a run of keys that every checkpoint through it shares; a checkpoint's chain ends at
-//! the end of a node's run (`ends`). Inserting or removing a checkpoint walks its chain node by node (one
-//! hash probe per node, a sequential comparison of the keys within a node's run) instead of probing a map once
-//! per block key; a lookup walks the query's keys the same way.
+//! the end of a node's run (`ends`). Inserting a checkpoint walks its chain node by node (a node's first child
+//! checked directly, other children by one hash probe, then a sequential comparison of the keys within the
+//! child's run) instead of probing a map once per block key; a lookup walks the query's keys the same way.
+//! Removing one starts at its end node, which keeps its identity from insert to removal (a split gives the
+//! head of a run to a new node, a merge keeps the child), and goes up only while nodes are left without a
+//! checkpoint or had its serial as their newest.
 //!
 //! Shape: every node but the root holds at least one key and either ends a checkpoint or has two children or
 //! more (a node left with neither is deleted, one left with a single child merges into it), so there are at
@@ -74,17 +77,19 @@ impl BlockTrie {
     }
 
     /// Records that the checkpoint `serial` (larger than every serial inserted before) holds the chain
-    /// `keys`. A chain without a full block is not indexed.
-    pub(super) fn insert(&mut self, keys: &[BlockKey], serial: u64) {
+    /// `keys`, and returns the node its chain ends at: it stays that checkpoint's end node until `remove`
+    /// (splits and merges keep the identity of a node that ends a chain). A chain without a full block is not
+    /// indexed (`None`).
+    pub(super) fn insert(&mut self, keys: &[BlockKey], serial: u64) -> Option<NodeIdx> {
         if keys.is_empty() {
-            return;
+            return None;
         }
         let (mut node, mut pos) = (ROOT, 0);
         let end = loop {
             if pos == keys.len() {
                 break node;
             }
-            let Some(&child) = self.edges.get(&(node, keys[pos])) else {
+            let Some(child) = self.child(node, &keys[pos]) else {
                 let leaf = self.alloc(Node::new(keys[pos..].to_vec(), pos, node));
                 self.link_child(node, leaf);
                 let _previous = self.edges.insert((node, keys[pos]), leaf);
@@ -105,15 +110,18 @@ impl BlockTrie {
             self.nodes[at].newest = serial;
             at = self.nodes[at].parent;
         }
+        Some(end)
     }
 
-    /// Forgets that the checkpoint `serial` holds the chain `keys` (as inserted); nothing when it is not
-    /// indexed.
-    pub(super) fn remove(&mut self, keys: &[BlockKey], serial: u64) {
-        let Some(end) = self.find_end(keys) else {
-            return;
-        };
-        if !self.nodes[end].ends.remove(serial) {
+    /// Forgets the checkpoint `serial`, whose chain ends at `end` (what `insert` returned); nothing when
+    /// `end` does not end it.
+    pub(super) fn remove(&mut self, end: NodeIdx, serial: u64) {
+        if end == ROOT
+            || !self
+                .nodes
+                .get_mut(end)
+                .is_some_and(|node| node.ends.remove(serial))
+        {
             return;
         }
         // Delete the nodes left without a checkpoint, from the end up, then merge a node left with one child.
@@ -141,7 +149,7 @@ impl BlockTrie {
         let (mut node, mut pos) = (ROOT, 0);
         let mut found = None;
         while pos < keys.len() {
-            let Some(&child) = self.edges.get(&(node, keys[pos])) else {
+            let Some(child) = self.child(node, &keys[pos]) else {
                 break;
             };
             let run = &self.nodes[child].keys;
@@ -179,9 +187,10 @@ impl BlockTrie {
         serials
     }
 
-    /// Asserts the trie's shape and that it indexes exactly `chains` (`(keys, serial)`, serials unique).
+    /// Asserts the trie's shape and that it indexes exactly `chains` (`(keys, serial, end node)`, serials
+    /// unique).
     #[cfg(test)]
-    pub(super) fn check_invariants(&self, chains: &[(&[BlockKey], u64)]) {
+    pub(super) fn check_invariants(&self, chains: &[(&[BlockKey], u64, Option<NodeIdx>)]) {
         let mut n_live = 0;
         for (idx, node) in self.nodes.iter().enumerate() {
             if idx == ROOT || self.free.contains(&idx) {
@@ -207,10 +216,19 @@ impl BlockTrie {
         }
         assert_eq!(self.edges.len(), n_live, "edges out of step");
         let n_ends: usize = self.nodes.iter().map(|node| node.ends.iter().count()).sum();
-        let indexed: Vec<_> = chains.iter().filter(|(keys, _)| !keys.is_empty()).collect();
+        let indexed: Vec<_> = chains
+            .iter()
+            .filter(|(keys, ..)| !keys.is_empty())
+            .collect();
         assert_eq!(n_ends, indexed.len(), "ends out of step");
-        for (keys, serial) in indexed {
+        assert!(
+            chains
+                .iter()
+                .all(|(keys, _, end)| keys.is_empty() == end.is_none())
+        );
+        for (keys, serial, recorded) in indexed {
             let end = self.find_end(keys).expect("an indexed chain's end node");
+            assert_eq!(Some(end), *recorded, "end node of serial {serial}");
             let node = &self.nodes[end];
             assert_eq!(node.start + node.keys.len(), keys.len());
             assert!(node.ends.iter().any(|other| other == serial));
@@ -226,7 +244,24 @@ impl BlockTrie {
         }
     }
 
+    /// The child of `node` whose run starts with `key`: its first child when that one matches (a node with
+    /// one child, the common case along a conversation's chain, needs no hash probe), else by the edge map.
+    fn child(&self, node: NodeIdx, key: &BlockKey) -> Option<NodeIdx> {
+        let first = self.nodes[node].first_child;
+        if first == NONE {
+            return None;
+        }
+        if self.nodes[first].keys.first() == Some(key) {
+            return Some(first);
+        }
+        if self.nodes[node].n_children == 1 {
+            return None;
+        }
+        self.edges.get(&(node, *key)).copied()
+    }
+
     /// The node whose run ends with the last key of `keys` on the path they spell, if the trie holds them.
+    #[cfg(test)]
     fn find_end(&self, keys: &[BlockKey]) -> Option<NodeIdx> {
         let (mut node, mut pos) = (ROOT, 0);
         while pos < keys.len() {
