@@ -1,40 +1,41 @@
 //! `Catalog`: the in-memory index both store tiers share: entries by id, whole-checkpoint lookup by the last
-//! block key of the token prefix, block-prefix lookup by any block key, recency order for LRU eviction, and
-//! byte accounting against the capacity.
+//! block key of the token prefix, block-prefix lookup over every stored checkpoint's block keys, recency order
+//! for LRU eviction, and byte accounting against the capacity.
 //!
-//! Block-key index (`find_longest_prefix`): for every block key of every stored checkpoint, the serials of
-//! the checkpoints holding it, in insertion order. Block keys are chained (a key hashes its parent key), so
-//! the longest query key found in the index names a checkpoint sharing every block up to it; a lookup finds
-//! that key by bisection over the query's keys and verifies the candidate's keys, never scanning the stored
-//! checkpoints. Every insert and remove (put, supersede, eviction, a rejected disk
-//! checkpoint) goes through `insert` / `remove`, which keep it in step. Memory: 8 bytes (one `u64` serial)
-//! per full block of every stored checkpoint beyond the first two holders of its key, plus per distinct block
-//! key one hash-map slot (32-byte key and a 40-byte `Holders` with two serials inline, about 80 bytes with
-//! the table's overhead), plus one serial-to-id entry per checkpoint. Checkpoints of one conversation share their leading keys, so a store of 10,000 checkpoints of
-//! 256 blocks on average costs at most about 20 MiB of serials plus 80 bytes per distinct block.
+//! Block-prefix index (`find_longest_prefix`): a compressed trie of the stored checkpoints' block-key chains
+//! (`trie::BlockTrie`), each chain ending at a node with its checkpoint's serial. The checkpoints holding a
+//! query's key `i` with the same keys before it are exactly those whose chains pass through the trie position
+//! the query's first `i + 1` keys reach, so a lookup walks the query's keys down the trie (one hash probe per
+//! node, a comparison per key) and answers from the newest serial below the node it stopped in, never scanning
+//! the stored checkpoints. A put, supersede, eviction or rejected disk checkpoint goes through `insert` /
+//! `remove`: an insert walks the checkpoint's chain the same way (at most a hash probe per trie node on the
+//! path, not one per block key), a removal starts at the end node the entry recorded. Memory: per stored checkpoint at most two trie nodes (about 120 bytes each with their
+//! hash-map edge), plus one copy of every distinct block key in the trie (32 bytes), plus one serial-to-id
+//! entry.
 
 mod holders;
+mod trie;
 
-use std::collections::hash_map::Entry as MapEntry;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::BuildHasher;
 use std::sync::Arc;
 
-use kv_pool::{BlockKey, BlockKeyHashBuilder};
+use kv_pool::BlockKey;
 
 use crate::checkpoint::{CheckpointId, CheckpointMeta, PrefixQuery};
 use crate::error::{Error, Result};
 use crate::store::{PutOutcome, StoreStats};
-use holders::Holders;
+use trie::{BlockTrie, NodeIdx};
 
 #[derive(Debug)]
 struct Entry {
     meta: Arc<CheckpointMeta>,
     n_bytes: u64,
     tick: u64,
-    /// Names the entry in `by_block_key`; unique for the catalog's lifetime (a superseding generation gets a
-    /// new one).
+    /// Names the entry in `blocks`; unique for the catalog's lifetime (a superseding generation gets a new
+    /// one), and larger than every serial before it.
     serial: u64,
+    /// The trie node its block-key chain ends at (`None` without a full block).
+    end_node: Option<NodeIdx>,
 }
 
 /// Index of stored checkpoints.
@@ -42,10 +43,8 @@ struct Entry {
 pub(crate) struct Catalog {
     entries: HashMap<CheckpointId, Entry>,
     by_last_key: HashMap<Option<BlockKey>, Vec<CheckpointId>>,
-    /// Per block key, the serials of the entries holding it, ascending (serials only grow, so an insert
-    /// appends and the newest holder is last; an eviction removes the least recently used, usually among the
-    /// oldest, near the front, where a spilled `Holders` removes without moving the rest).
-    by_block_key: HashMap<BlockKey, Holders, BlockKeyHashBuilder>,
+    /// Every entry's block-key chain, by serial.
+    blocks: BlockTrie,
     by_serial: HashMap<u64, CheckpointId>,
     next_serial: u64,
     recency: BTreeMap<u64, CheckpointId>,
@@ -60,7 +59,7 @@ impl Catalog {
         Self {
             entries: HashMap::new(),
             by_last_key: HashMap::new(),
-            by_block_key: HashMap::with_hasher(BlockKeyHashBuilder::new()),
+            blocks: BlockTrie::new(),
             by_serial: HashMap::new(),
             next_serial: 0,
             recency: BTreeMap::new(),
@@ -126,43 +125,56 @@ impl Catalog {
     /// checkpoint of their own (`CheckpointMeta::restores_block_prefix`), with that run's length; among the
     /// holders of the same run the newest inserted. Refreshes its recency.
     ///
-    /// Keys are chained, so whenever the index holds the query's key `i` it holds every key before it: the
-    /// longest held key is found by bisection (`log2(query blocks)` hash probes). From there it walks down
-    /// only while no holder qualifies (a sliding window whose pages a checkpoint does not hold); each
-    /// candidate costs a comparison of its first blocks and a pass over its pages.
+    /// The query's keys are walked down the block trie to the longest run any entry shares; the newest entry
+    /// below that point answers unless its blocks there are no checkpoint of their own (a sliding window whose
+    /// pages it does not hold). Only then does it walk down the run, trying every holder of each shorter run,
+    /// newest first; each candidate costs a comparison of its first blocks and a pass over its pages.
     pub(crate) fn find_longest_prefix(
         &mut self,
         query: &PrefixQuery<'_>,
     ) -> Option<(Arc<CheckpointMeta>, u32)> {
-        let (mut held, mut not_held) = (0, query.block_keys.len() + 1);
-        while not_held - held > 1 {
-            let mid = held + (not_held - held) / 2;
-            if self.by_block_key.contains_key(&query.block_keys[mid - 1]) {
-                held = mid;
-            } else {
-                not_held = mid;
+        let (mut node, held) = self.blocks.deepest(query.block_keys)?;
+        let found = match self.qualifying(self.blocks.newest(node), query, held) {
+            Some(meta) => Some((meta, held)),
+            None => {
+                let mut found = None;
+                let mut n_blocks = held;
+                'nodes: loop {
+                    let (start, parent) = self.blocks.start_and_parent(node);
+                    let serials = self.blocks.holders_newest_first(node);
+                    while n_blocks > start {
+                        for &serial in &serials {
+                            if let Some(meta) = self.qualifying(serial, query, n_blocks) {
+                                found = Some((meta, n_blocks));
+                                break 'nodes;
+                            }
+                        }
+                        n_blocks -= 1;
+                    }
+                    match parent {
+                        Some(parent) => node = parent,
+                        None => break,
+                    }
+                }
+                found
             }
-        }
-        for n_blocks in (1..=held).rev() {
-            let Some(serials) = self.by_block_key.get(&query.block_keys[n_blocks - 1]) else {
-                continue;
-            };
-            let found = serials
-                .iter()
-                .rev()
-                .filter_map(|serial| self.by_serial.get(serial))
-                .filter_map(|id| self.entries.get(id))
-                .find(|entry| {
-                    entry.meta.common_blocks(query) >= n_blocks
-                        && entry.meta.restores_block_prefix(n_blocks)
-                })
-                .map(|entry| Arc::clone(&entry.meta));
-            if let Some(meta) = found {
-                self.touch(&meta.id);
-                return Some((meta, n_blocks as u32));
-            }
-        }
-        None
+        };
+        let (meta, n_blocks) = found?;
+        self.touch(&meta.id);
+        Some((meta, n_blocks as u32))
+    }
+
+    /// The entry `serial` when it shares the query's first `n_blocks` blocks and they are a checkpoint of
+    /// their own.
+    fn qualifying(
+        &self,
+        serial: u64,
+        query: &PrefixQuery<'_>,
+        n_blocks: usize,
+    ) -> Option<Arc<CheckpointMeta>> {
+        let entry = self.entries.get(self.by_serial.get(&serial)?)?;
+        (entry.meta.common_blocks(query) >= n_blocks && entry.meta.restores_block_prefix(n_blocks))
+            .then(|| Arc::clone(&entry.meta))
     }
 
     /// Makes room for `meta` (`n_bytes` of payload): refuses a stale generation or a checkpoint larger than
@@ -215,9 +227,7 @@ impl Catalog {
             .push(id.clone());
         let serial = self.next_serial;
         self.next_serial += 1;
-        for key in &meta.block_keys {
-            add_holder(&mut self.by_block_key, *key, serial);
-        }
+        let end_node = self.blocks.insert(&meta.block_keys, serial);
         self.by_serial.insert(serial, id.clone());
         self.recency.insert(self.tick, id.clone());
         self.n_bytes += n_bytes;
@@ -228,6 +238,7 @@ impl Catalog {
                 n_bytes,
                 tick: self.tick,
                 serial,
+                end_node,
             },
         );
     }
@@ -245,58 +256,27 @@ impl Catalog {
             }
         }
         self.by_serial.remove(&entry.serial);
-        for key in &entry.meta.block_keys {
-            if let MapEntry::Occupied(mut holders) = self.by_block_key.entry(*key) {
-                holders.get_mut().remove(entry.serial);
-                if holders.get().is_empty() {
-                    holders.remove();
-                }
-            }
+        if let Some(end_node) = entry.end_node {
+            self.blocks.remove(end_node, entry.serial);
         }
         Some(entry.meta)
     }
 
-    /// Asserts that the block-key index holds exactly the block keys of the stored entries.
+    /// Asserts that the block trie holds exactly the block keys of the stored entries.
     #[cfg(test)]
     pub(crate) fn check_invariants(&self) {
-        let mut expected: HashMap<BlockKey, Holders> = HashMap::new();
-        let mut by_serial: Vec<(u64, &Entry)> = self
-            .entries
-            .values()
-            .map(|entry| (entry.serial, entry))
-            .collect();
-        by_serial.sort_by_key(|(serial, _)| *serial);
-        for (serial, entry) in by_serial {
-            assert_eq!(self.by_serial.get(&serial), Some(&entry.meta.id));
-            for key in &entry.meta.block_keys {
-                add_holder(&mut expected, *key, serial);
-            }
+        let mut chains = Vec::new();
+        for entry in self.entries.values() {
+            assert_eq!(self.by_serial.get(&entry.serial), Some(&entry.meta.id));
+            chains.push((&entry.meta.block_keys[..], entry.serial, entry.end_node));
         }
         assert_eq!(self.by_serial.len(), self.entries.len(), "stale serials");
-        assert_eq!(
-            self.by_block_key.len(),
-            expected.len(),
-            "block-key index out of step"
-        );
-        for (key, serials) in &expected {
-            assert_eq!(
-                self.by_block_key.get(key),
-                Some(serials),
-                "block-key index out of step"
-            );
-        }
+        self.blocks.check_invariants(&chains);
         assert_eq!(self.recency.len(), self.entries.len());
         let bytes: u64 = self.entries.values().map(|entry| entry.n_bytes).sum();
         assert_eq!(self.n_bytes, bytes);
     }
 }
 
-/// Records that the entry `serial` (newer than every holder so far) holds `key`.
-fn add_holder<S: BuildHasher>(map: &mut HashMap<BlockKey, Holders, S>, key: BlockKey, serial: u64) {
-    match map.entry(key) {
-        MapEntry::Occupied(mut holders) => holders.get_mut().push(serial),
-        MapEntry::Vacant(slot) => {
-            slot.insert(Holders::one(serial));
-        }
-    }
-}
+#[cfg(test)]
+mod tests;

@@ -1,7 +1,8 @@
 //! The prefix index of the page pool: which page holds which cached block (`BlockKey -> PageId`) and, per
 //! page, the key it holds. The two maps are kept inverse to each other; the pool decides when keys come and
 //! go (and queues the eviction notices). Keys are stored out of line: per page only a 4-byte slot index into
-//! a dense slab of the held keys, so the allocate/free hot path (`holds_key`) reads a small array.
+//! a dense slab of the held keys and the 32 hash bits of its key, so the allocate/free hot path (`holds_key`)
+//! reads a small array and a removal finds the key's table entry without first reading the key.
 //!
 //! Key to page: an open-addressing table of 8-byte entries (the page and 32 bits of the key's hash), linear
 //! probing, deletion by backward shift (no tombstones). The index never holds more keys than the pool has
@@ -19,6 +20,22 @@ const NO_SLOT: u32 = u32::MAX;
 /// A free entry of the key table (page 0, the null page, never holds a key).
 const EMPTY: u64 = 0;
 
+/// A page's place in the key slab and its key's hash bits.
+#[derive(Debug, Clone, Copy)]
+struct PageSlot {
+    /// Slot in the key slab; `NO_SLOT` when the page holds no key.
+    slot: u32,
+    /// The low 32 bits of its key's hash (meaningless without a slot).
+    bits: u32,
+}
+
+impl PageSlot {
+    const NONE: PageSlot = PageSlot {
+        slot: NO_SLOT,
+        bits: 0,
+    };
+}
+
 /// Cached block keys, both ways.
 #[derive(Debug, Clone)]
 pub(crate) struct PrefixIndex {
@@ -28,8 +45,8 @@ pub(crate) struct PrefixIndex {
     /// `table.len() - 1`.
     mask: usize,
     hasher: BlockKeyHashBuilder,
-    /// Per page, its slot in `keys` (`NO_SLOT` when it holds no key).
-    slot_by_page: Vec<u32>,
+    /// Per page, its slot in `keys` (`NO_SLOT` when it holds no key) and its key's hash bits.
+    slot_by_page: Vec<PageSlot>,
     /// The held keys, dense; `pages[slot]` holds `keys[slot]`.
     keys: Vec<BlockKey>,
     pages: Vec<PageId>,
@@ -45,7 +62,7 @@ impl PrefixIndex {
             table: vec![EMPTY; n_entries],
             mask: n_entries - 1,
             hasher: BlockKeyHashBuilder::new(),
-            slot_by_page: vec![NO_SLOT; n_pages as usize],
+            slot_by_page: vec![PageSlot::NONE; n_pages as usize],
             keys: Vec::new(),
             pages: Vec::new(),
         }
@@ -83,14 +100,14 @@ impl PrefixIndex {
     /// The key `page` holds, if any.
     #[inline]
     pub(crate) fn key_of(&self, page: PageId) -> Option<BlockKey> {
-        let slot = self.slot_by_page[page.idx()];
+        let slot = self.slot_by_page[page.idx()].slot;
         (slot != NO_SLOT).then(|| self.keys[slot as usize])
     }
 
     /// Whether `page` holds a key.
     #[inline]
     pub(crate) fn holds_key(&self, page: PageId) -> bool {
-        self.slot_by_page[page.idx()] != NO_SLOT
+        self.slot_by_page[page.idx()].slot != NO_SLOT
     }
 
     /// Register `page` (which holds no key) as holding `key` (which no page holds).
@@ -103,7 +120,10 @@ impl PrefixIndex {
             at = (at + 1) & self.mask;
         }
         self.table[at] = (u64::from(bits) << 32) | u64::from(page.0);
-        self.slot_by_page[page.idx()] = self.keys.len() as u32;
+        self.slot_by_page[page.idx()] = PageSlot {
+            slot: self.keys.len() as u32,
+            bits,
+        };
         self.keys.push(key);
         self.pages.push(page);
     }
@@ -111,23 +131,25 @@ impl PrefixIndex {
     /// Drop the key `page` holds, returning it.
     #[inline]
     pub(crate) fn remove_page(&mut self, page: PageId) -> Option<BlockKey> {
-        let slot = self.slot_by_page[page.idx()];
+        let PageSlot { slot, bits } = self.slot_by_page[page.idx()];
         if slot == NO_SLOT {
             return None;
         }
-        self.slot_by_page[page.idx()] = NO_SLOT;
+        self.slot_by_page[page.idx()] = PageSlot::NONE;
+        // The table entry is found from the stored hash bits, so its probe does not wait for the key's read.
+        self.remove_entry(bits, page);
         let key = self.keys.swap_remove(slot as usize);
         self.pages.swap_remove(slot as usize);
         if let Some(&moved) = self.pages.get(slot as usize) {
-            self.slot_by_page[moved.idx()] = slot;
+            self.slot_by_page[moved.idx()].slot = slot;
         }
-        self.remove_entry(&key, page);
         Some(key)
     }
 
-    /// Drops the table entry of `page`, which holds `key`, shifting back the entries probed past it.
-    fn remove_entry(&mut self, key: &BlockKey, page: PageId) {
-        let mut hole = self.hash_bits(key) as usize & self.mask;
+    /// Drops the table entry of `page`, whose key's hash bits are `bits`, shifting back the entries probed
+    /// past it.
+    fn remove_entry(&mut self, bits: u32, page: PageId) {
+        let mut hole = bits as usize & self.mask;
         loop {
             let entry = self.table[hole];
             debug_assert_ne!(entry, EMPTY, "index and page keys disagree for {page:?}");
@@ -162,8 +184,8 @@ impl PrefixIndex {
         self.slot_by_page
             .iter()
             .enumerate()
-            .filter(|&(_, &slot)| slot != NO_SLOT)
-            .map(|(idx, &slot)| (PageId(idx as u32), self.keys[slot as usize]))
+            .filter(|&(_, slot)| slot.slot != NO_SLOT)
+            .map(|(idx, slot)| (PageId(idx as u32), self.keys[slot.slot as usize]))
     }
 
     /// Assert the two maps are inverse to each other and the slab is consistent. O(n).
@@ -172,9 +194,14 @@ impl PrefixIndex {
         assert_eq!(self.keys.len(), self.pages.len(), "key slab halves differ");
         for (slot, page) in self.pages.iter().enumerate() {
             assert_eq!(
-                self.slot_by_page[page.idx()] as usize,
+                self.slot_by_page[page.idx()].slot as usize,
                 slot,
                 "slot of {page:?} disagrees with the slab"
+            );
+            assert_eq!(
+                self.slot_by_page[page.idx()].bits,
+                self.hash_bits(&self.keys[slot]),
+                "hash bits of {page:?} disagree with its key"
             );
         }
         let mut n_keyed = 0;

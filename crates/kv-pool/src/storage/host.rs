@@ -1,9 +1,15 @@
-//! `HostStorage`: page bytes in aligned host memory, safe code only. Every page is behind its own `RwLock`,
-//! so copy workers writing different pages never wait on each other: a page of at most a cache line sits
-//! inside its lock, a larger one is its own allocation. A page starts on a 4096-byte boundary when pages are
-//! at least 16 KiB, else on a 64-byte (cache line) boundary: a larger buffer is over-allocated by the
-//! alignment and the page view starts at the first aligned byte.
+//! `HostStorage`: page bytes in aligned host memory, safe code only. Copy workers writing different pages
+//! never wait on each other. A page of at most a cache line is one cache line of eight atomic words, read
+//! and written word by word without a lock: a write stores into the line without first taking a lock word,
+//! so a simulation writing pages of a pool too large for the cache is not held up by a cache miss per page.
+//! A page written while it is read may then be read half old, half new; nothing reads a page while a copy
+//! or a step may write it (the engine's ownership rules, checked by the reordering copy engine), so nothing
+//! sees that. A larger page is its own allocation behind its own `RwLock`. A page starts on a 4096-byte
+//! boundary when pages are at least 16 KiB, else on a 64-byte (cache line) boundary: a larger buffer is
+//! over-allocated by the alignment and the page view starts at the first aligned byte; the closures of
+//! `with_page` and `with_page_mut` see a line page through an aligned copy.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{PageStorage, Shape};
@@ -29,7 +35,7 @@ pub struct HostStorage {
 enum Pages {
     /// Pages of at most one cache line (the simulator's): the bytes sit inside the lock, so an access touches
     /// one 128-byte block instead of a lock and a separate buffer, and the storage is one allocation.
-    Lines(Vec<RwLock<Line>>),
+    Lines(Vec<AtomicLine>),
     /// Larger pages: one over-allocated buffer each.
     Buffers(Vec<RwLock<AlignedPage>>),
 }
@@ -46,11 +52,7 @@ impl HostStorage {
         };
         let n_buffers = n_ranks as usize * n_pages as usize;
         let pages = if bytes_per_page <= LINE_ALIGN_BYTES {
-            Pages::Lines(
-                (0..n_buffers)
-                    .map(|_| RwLock::new(Line([0; LINE_ALIGN_BYTES])))
-                    .collect(),
-            )
+            Pages::Lines((0..n_buffers).map(|_| AtomicLine::default()).collect())
         } else {
             Pages::Buffers(
                 (0..n_buffers)
@@ -76,7 +78,7 @@ impl HostStorage {
         self.shape.check_page(rank, page)?;
         let (idx, len) = (self.index(rank, page), self.shape.bytes_per_page);
         Ok(match &self.pages {
-            Pages::Lines(pages) => f(read_lock(pages, idx).view(len)),
+            Pages::Lines(pages) => f(pages[idx].load().view(len)),
             Pages::Buffers(pages) => f(read_lock(pages, idx).view(len)),
         })
     }
@@ -92,7 +94,12 @@ impl HostStorage {
         self.shape.check_writable(rank, page)?;
         let (idx, len) = (self.index(rank, page), self.shape.bytes_per_page);
         Ok(match &self.pages {
-            Pages::Lines(pages) => f(write_lock(pages, idx).view_mut(len)),
+            Pages::Lines(pages) => {
+                let mut line = pages[idx].load();
+                let result = f(line.view_mut(len));
+                pages[idx].store(&line.0);
+                result
+            }
             Pages::Buffers(pages) => f(write_lock(pages, idx).view_mut(len)),
         })
     }
@@ -148,11 +155,24 @@ impl PageStorage for HostStorage {
 
     fn read(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
         self.shape.check_len(dst.len())?;
+        if let Pages::Lines(pages) = &self.pages {
+            self.shape.check_page(rank, page)?;
+            pages[self.index(rank, page)].read_into(dst);
+            return Ok(());
+        }
         self.with_page(rank, page, |bytes| dst.copy_from_slice(bytes))
     }
 
     fn write(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()> {
         self.shape.check_len(src.len())?;
+        if let Pages::Lines(pages) = &self.pages {
+            self.shape.check_writable(rank, page)?;
+            // The bytes past the page's length are never read: whatever a partial word holds there is fine.
+            let mut line = Line([0; LINE_ALIGN_BYTES]);
+            line.0[..src.len()].copy_from_slice(src);
+            pages[self.index(rank, page)].store_prefix(&line.0, src.len());
+            return Ok(());
+        }
         self.with_page_mut(rank, page, |bytes| bytes.copy_from_slice(src))
     }
 
@@ -165,7 +185,7 @@ impl PageStorage for HostStorage {
         let (from, to) = (self.index(rank, src), self.index(rank, dst));
         let len = self.shape.bytes_per_page;
         match &self.pages {
-            Pages::Lines(pages) => copy_page(pages, from, to, len),
+            Pages::Lines(pages) => pages[to].store(&pages[from].load().0),
             Pages::Buffers(pages) => copy_page(pages, from, to, len),
         }
         Ok(())
@@ -176,6 +196,50 @@ impl PageStorage for HostStorage {
 #[derive(Debug)]
 #[repr(align(64))]
 struct Line([u8; LINE_ALIGN_BYTES]);
+
+/// Words of one line page.
+const LINE_WORDS: usize = LINE_ALIGN_BYTES / 8;
+
+/// A page of at most a cache line: eight words read and written one by one (little-endian bytes).
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct AtomicLine([AtomicU64; LINE_WORDS]);
+
+impl AtomicLine {
+    /// A copy of the line.
+    fn load(&self) -> Line {
+        let mut line = Line([0; LINE_ALIGN_BYTES]);
+        self.read_into(&mut line.0);
+        line
+    }
+
+    /// Copies the line's first `dst.len()` bytes into `dst`.
+    fn read_into(&self, dst: &mut [u8]) {
+        for (word, chunk) in self.0.iter().zip(dst.chunks_mut(8)) {
+            let bytes = word.load(Ordering::Relaxed).to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+    }
+
+    /// Stores the whole line.
+    fn store(&self, line: &[u8; LINE_ALIGN_BYTES]) {
+        self.store_prefix(line, LINE_ALIGN_BYTES);
+    }
+
+    /// Stores the words that hold `line`'s first `len` bytes.
+    fn store_prefix(&self, line: &[u8; LINE_ALIGN_BYTES], len: usize) {
+        for (word, chunk) in self
+            .0
+            .iter()
+            .zip(line.chunks_exact(8))
+            .take(len.div_ceil(8))
+        {
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(chunk);
+            word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+        }
+    }
+}
 
 impl PageBytes for Line {
     fn view(&self, len: usize) -> &[u8] {

@@ -100,8 +100,9 @@ fn check_backend(storage: &dyn PageStorage) {
 
 #[test]
 fn host_storage_round_trips_copies_and_errors() {
-    // Pages inside their lock (up to a cache line) and pages in their own buffer.
-    for bytes_per_page in [1, 32, 64, 65, 100] {
+    // Line pages of atomic words (up to a cache line; whole and partial last words) and pages in their own
+    // buffer.
+    for bytes_per_page in [1, 7, 8, 13, 32, 64, 65, 100] {
         let storage = HostStorage::new(2, 4, bytes_per_page).unwrap();
         assert_eq!(
             (

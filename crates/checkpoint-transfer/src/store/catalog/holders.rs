@@ -1,11 +1,10 @@
-//! `Holders`: the serials of the catalog entries holding one block key, ascending. Almost every key is held
-//! by one or two entries (a request's prompt-end and response-end checkpoints), so up to two are kept inline:
-//! no heap buffer to allocate, free or miss in cache on the catalog's insert and remove paths, which a replay
-//! runs for every block of every capture and eviction.
+//! `Holders`: the serials of the catalog entries whose block-key chain ends at one node of the block trie,
+//! ascending. Almost every node ends one checkpoint or two (a conversation's checkpoints at the same
+//! boundary), so up to two are kept inline: no heap buffer to allocate, free or miss in cache.
 
 use std::collections::VecDeque;
 
-/// Serials holding one block key, ascending.
+/// Serials ending at one trie node, ascending.
 #[derive(Clone, Debug)]
 pub(super) enum Holders {
     /// Up to two serials, `serials[..len]`.
@@ -15,11 +14,11 @@ pub(super) enum Holders {
 }
 
 impl Holders {
-    /// One serial.
-    pub(super) fn one(serial: u64) -> Holders {
+    /// No serial.
+    pub(super) fn none() -> Holders {
         Holders::Inline {
-            len: 1,
-            serials: [serial, 0],
+            len: 0,
+            serials: [0, 0],
         }
     }
 
@@ -41,26 +40,27 @@ impl Holders {
         }
     }
 
-    /// Removes `serial` if held.
-    pub(super) fn remove(&mut self, serial: u64) {
+    /// Removes `serial`; `false` when it was not held.
+    pub(super) fn remove(&mut self, serial: u64) -> bool {
         match self {
             Holders::Inline { len, serials } => {
                 let held = &serials[..usize::from(*len)];
-                if let Some(pos) = held.iter().position(|&other| other == serial) {
-                    serials.copy_within(pos + 1..usize::from(*len), pos);
-                    *len -= 1;
-                }
+                let Some(pos) = held.iter().position(|&other| other == serial) else {
+                    return false;
+                };
+                serials.copy_within(pos + 1..usize::from(*len), pos);
+                *len -= 1;
+                true
             }
             // An eviction removes the least recently used, most often the oldest holder: the front, found
-            // without a bisection over a long deque (one cache miss per step).
+            // without a bisection over a long deque.
             Holders::Spilled(deque) if deque.front() == Some(&serial) => {
-                let _removed = deque.pop_front();
+                deque.pop_front().is_some()
             }
-            Holders::Spilled(deque) => {
-                if let Ok(pos) = deque.binary_search(&serial) {
-                    let _removed = deque.remove(pos);
-                }
-            }
+            Holders::Spilled(deque) => match deque.binary_search(&serial) {
+                Ok(pos) => deque.remove(pos).is_some(),
+                Err(_) => false,
+            },
         }
     }
 
@@ -93,24 +93,32 @@ mod tests {
 
     #[test]
     fn holders_keep_serials_ascending_inline_and_spilled() {
-        let mut holders = Holders::one(1);
+        let mut holders = Holders::none();
+        assert!(holders.is_empty());
+        holders.push(1);
         holders.push(4);
         assert!(matches!(holders, Holders::Inline { len: 2, .. }));
         holders.push(9);
         assert!(matches!(holders, Holders::Spilled(_)));
-        holders.remove(4);
-        holders.remove(7);
+        assert!(holders.remove(4));
+        assert!(!holders.remove(7));
         assert_eq!(holders.iter().copied().collect::<Vec<_>>(), [1, 9]);
         assert_eq!(holders.iter().rev().copied().collect::<Vec<_>>(), [9, 1]);
-        let mut inline = Holders::one(3);
+        assert!(holders.remove(1), "the front of a spilled list");
+        holders.push(11);
+        assert_eq!(holders.iter().copied().collect::<Vec<_>>(), [9, 11]);
+        let mut inline = Holders::none();
+        inline.push(3);
         inline.push(5);
-        inline.remove(3);
+        assert!(inline.remove(3));
         assert_eq!(inline.iter().copied().collect::<Vec<_>>(), [5]);
-        inline.remove(5);
+        assert!(inline.remove(5));
+        assert!(!inline.remove(5));
         assert!(inline.is_empty());
         assert_eq!(holders, {
-            let mut again = Holders::one(1);
+            let mut again = Holders::none();
             again.push(9);
+            again.push(11);
             again
         });
     }
