@@ -143,6 +143,12 @@ impl ReferenceModel {
                     )
                 },
                 |(bytes, rank_page), (block_out, &page)| -> ModelResult<()> {
+                    if self.config.context_parallel == 1 {
+                        // One rank holds the whole block in the block's own layout.
+                        storage.read(0, page, bytes)?;
+                        floats_from_bytes(bytes, block_out);
+                        return Ok(());
+                    }
                     for rank in 0..self.config.context_parallel {
                         storage.read(rank, page, bytes)?;
                         floats_from_bytes(bytes, rank_page);
@@ -191,6 +197,11 @@ impl ReferenceModel {
                     )
                 },
                 |(bytes, rank_page), (block_in, &page)| -> ModelResult<()> {
+                    if self.config.context_parallel == 1 {
+                        floats_to_bytes(block_in, bytes);
+                        storage.write(0, page, bytes)?;
+                        return Ok(());
+                    }
                     for rank in 0..self.config.context_parallel {
                         self.for_each_rank_row(kv.n_layers, rank, |block_at, rank_at| {
                             rank_page[rank_at..][..inner]
