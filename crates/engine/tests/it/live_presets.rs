@@ -278,3 +278,85 @@ fn l5_a_corrupted_copy_on_the_second_rank_is_caught_by_verification() {
         other => panic!("expected a restore mismatch, got {other}"),
     }
 }
+
+/// Steps `engine` until idle (`Error`s are returned, not panicked on); the outputs of what finished.
+fn run_checked(
+    engine: &mut Engine<ReferenceExecutor>,
+) -> Result<Vec<(RequestId, Vec<u32>)>, Error> {
+    for _ in 0..100_000 {
+        if engine.is_idle() {
+            break;
+        }
+        let _report = engine.step()?;
+    }
+    let mut outputs: Vec<_> = engine
+        .take_finished()
+        .into_iter()
+        .map(|done| (done.id, done.output))
+        .collect();
+    outputs.sort();
+    Ok(outputs)
+}
+
+#[test]
+fn l4_a_chunked_local_block_restored_at_a_chunk_boundary_inside_it_restores_again_equal_to_recompute()
+ {
+    // 24-token chunks, 16-token blocks: turn 2 restores at 168, a chunk boundary inside block 10, so block 10
+    // comes fresh from the pool with nothing live in it; turn 3 restores a checkpoint inside the same chunk,
+    // block 10 included, whose bytes before 168 must be what a recompute writes (zeros: no query reads them).
+    let shape = Shape {
+        name: "chunked-local, 24-token chunks",
+        model: ReferenceConfig {
+            n_attention_layers: 1,
+            local: Some(LocalAttention {
+                n_layers: 1,
+                window: LocalWindow::Chunked { chunk_tokens: 24 },
+            }),
+            n_recurrent_layers: 0,
+            seed: 17,
+            ..ReferenceConfig::tiny()
+        },
+        draft_tokens: 0,
+    };
+    for policy in Policy::ALL {
+        let case = format!("{} under {}", shape.name, policy.name());
+        let mut engine = shape_engine(policy, &shape);
+        let prompt = tokens(5, 0, 0, 164);
+        engine
+            .submit(spec(1, prompt.clone(), 5, engine.now()))
+            .expect("turn 1");
+        let first = run_checked(&mut engine).expect("turn 1 runs");
+        let mut turn = [prompt, first[0].1.clone()].concat();
+        let mut outputs = Vec::new();
+        for id in [2, 3] {
+            engine.reset_prefix_cache().expect("nothing staged");
+            turn.extend(tokens(5, 0, id as u32, 20));
+            let mut later = spec(id, turn.clone(), 8, engine.now());
+            later.is_later_turn = true;
+            engine.submit(later.clone()).expect("a later turn");
+            let restored =
+                run_checked(&mut engine).unwrap_or_else(|error| panic!("{case}: {error}"));
+            let mut fresh = shape_engine(policy, &shape);
+            fresh
+                .submit(RequestSpec {
+                    arrival: fresh.now(),
+                    ..later
+                })
+                .expect("the turn, fresh");
+            assert_eq!(
+                restored[0].1,
+                run_checked(&mut fresh).expect("fresh")[0].1,
+                "{case}: turn {id}"
+            );
+            outputs.push(restored[0].1.clone());
+        }
+        let restored: Vec<u32> = engine
+            .request_metrics()
+            .iter()
+            .map(|m| m.prompt_tokens_restored)
+            .collect();
+        assert_eq!(restored[1], 168, "{case}: {restored:?}");
+        assert!((169..192).contains(&restored[2]), "{case}: {restored:?}");
+        assert!(engine.pages_verified() > 0, "{case}");
+    }
+}

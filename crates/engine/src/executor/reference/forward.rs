@@ -100,7 +100,10 @@ impl ReferenceModel {
             span.full,
             &full_kv,
         )?;
-        if let (Some((slots, kv)), Some(local)) = (&local_kv, storage.local) {
+        if let (Some((slots, kv)), Some(local), Some(window)) =
+            (&mut local_kv, storage.local, window)
+        {
+            self.forget_before_window(kv, *slots, span, window);
             self.store_kv(local, entry.local_pages, *slots, kv)?;
         }
         self.store_states(storage, entry.state_pages, span.end, &states)?;
@@ -213,6 +216,38 @@ impl ReferenceModel {
                     Ok(())
                 },
             )
+    }
+
+    /// Zeroes, in every block the entry writes, the positions before the window of the block's last written
+    /// position: no later query reads them, and a page's bytes are then a function of the tokens alone,
+    /// whatever a page held before (a block the engine allocates after a restore at a chunk boundary inside
+    /// it, with nothing live in it, holds another request's bytes before that boundary). A recompute writes
+    /// the same zeros. Only a chunk that is not a multiple of the block, or a window shorter than the block,
+    /// has such positions.
+    fn forget_before_window(
+        &self,
+        kv: &mut KvPages,
+        slots: Slots,
+        span: &Span,
+        window: LocalWindow,
+    ) {
+        let block = self.config.block_tokens() as usize;
+        let inner = self.config.inner_dim();
+        for slot in slots.write_lo..slots.page_hi {
+            let block_start = slot * block;
+            let last = span.end.min(block_start + block) - 1;
+            let n_forgotten = window
+                .first_key(last)
+                .saturating_sub(block_start)
+                .min(block);
+            if n_forgotten == 0 {
+                continue;
+            }
+            let page = &mut kv.floats[(slot - slots.page_lo) * kv.page_floats..][..kv.page_floats];
+            for part in page.chunks_exact_mut(block * inner) {
+                part[..n_forgotten * inner].fill(0.0);
+            }
+        }
     }
 
     /// Calls `f(block_offset, rank_offset)` for every token row (a key or a value of one token and layer)
