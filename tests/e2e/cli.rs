@@ -335,16 +335,41 @@ fn l1_agents_runs_live_with_the_reference_executor_and_reserved_restores_every_l
     for policy in ["ordinary", "pages-only"] {
         assert!(pct("reserved") >= pct(policy), "{policy}: {stdout}");
     }
-    assert_fails_with(
-        &[
+}
+
+#[test]
+fn l4_agents_runs_live_in_every_model_presets_shape_and_reserved_restores_every_later_turn() {
+    for preset in ["glm-mla-hybrid", "linear-hybrid", "sliding-window"] {
+        let args = [
             "agents",
             "--executor",
             "reference",
             "--preset",
-            "linear-hybrid",
-        ],
-        "the reference executor runs its own model's geometry",
-    );
+            preset,
+            "--policy",
+            "reserved",
+            "--agents",
+            "2",
+            "--turns",
+            "3",
+            "--think-s",
+            "0.05",
+            "--json",
+            "--verify",
+        ];
+        let (ok, stdout, stderr) = kvgate(&args);
+        assert!(ok, "{preset}: {stderr}");
+        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let run = &report["runs"][0];
+        assert_eq!(run["policy"], "reserved", "{preset}: {run}");
+        assert_eq!(run["later_turns_restored"], 4, "{preset}: {run}");
+        assert_eq!(run["leaked_pages"], 0, "{preset}: {run}");
+        assert_eq!(
+            run["rejected_requests"],
+            serde_json::json!({}),
+            "{preset}: {run}"
+        );
+    }
 }
 
 /// `GET /metrics` on `addr`: (status line, body).

@@ -33,7 +33,7 @@ struct Sizes {
 struct Request {
     tokens: Vec<u32>,
     pages: Vec<PageId>,
-    state_page: PageId,
+    state_pages: [PageId; 1],
 }
 
 impl Request {
@@ -48,7 +48,7 @@ impl Request {
         Request {
             tokens: tokens(id, n_tokens, config.vocab),
             pages: (first_page..first_page + n_pages).map(PageId).collect(),
-            state_page: PageId(id as u32 + 1),
+            state_pages: [PageId(id as u32 + 1)],
         }
     }
 
@@ -57,7 +57,8 @@ impl Request {
             tokens: &self.tokens[first_pos as usize..(first_pos + n) as usize],
             first_pos,
             attention_pages: &self.pages,
-            recurrent_page: Some(self.state_page),
+            local_pages: &[],
+            state_pages: &self.state_pages,
             want_logits: true,
         }
     }
@@ -91,6 +92,7 @@ impl Storages {
     fn view(&self) -> ModelStorage<'_> {
         ModelStorage {
             attention: &self.attention,
+            local: None,
             recurrent: Some(&self.recurrent),
         }
     }
@@ -218,11 +220,11 @@ fn restore_and_recompute_s(model: &ReferenceModel, sizes: Sizes) -> (f64, f64) {
         }
         source
             .recurrent
-            .read(0, request.state_page, &mut state)
+            .read(0, request.state_pages[0], &mut state)
             .expect("read");
         target
             .recurrent
-            .write(0, request.state_page, &state)
+            .write(0, request.state_pages[0], &state)
             .expect("write");
         let restore_s = start.elapsed().as_secs_f64();
         let target = Storages::new(config, n_pages + 1);

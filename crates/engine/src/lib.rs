@@ -14,7 +14,10 @@ pub use engine::{
     WALL_IDLE_WAIT, WallClock, open_store,
 };
 pub use error::{Error, Result};
-pub use executor::{CostModel, Executor, ReferenceConfig, ReferenceExecutor, SimExecutor};
+pub use executor::{
+    CostModel, Executor, LocalAttention, LocalWindow, ReferenceConfig, ReferenceExecutor,
+    SimExecutor,
+};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
 pub use params::{
     ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption, StorageKind,

@@ -131,8 +131,9 @@ struct AgentsArgs {
     /// The executor: `sim` (the default: modeled step times on a simulated clock, fingerprint page bytes) or
     /// `reference` (a live run: a small seeded transformer computes real KV and recurrent state into the
     /// pool, threaded copies move real bytes from the host store, on the wall clock, decode tok/s measured;
-    /// its own geometry, 192 pages unless --pool-pages, shorter sessions by default: 8 x 8 turns of
-    /// 1024-token first prompts, 48-token responses, well under a minute on 2 cores).
+    /// its own geometry, or a model preset's shape scaled down with --preset, 192 16-token pages' worth of
+    /// tokens unless --pool-pages, shorter sessions by default: 8 x 8 turns of 1024-token first prompts,
+    /// 48-token responses, well under a minute on 2 cores).
     #[arg(long, value_enum, default_value_t = ExecutorArg::Sim)]
     executor: ExecutorArg,
     /// Serve Prometheus metrics of the running engines at http://ADDR/metrics while the run lasts (for
@@ -242,7 +243,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     // The agents run's own pool unless --pool-pages or the config file's [pool] pages sets one.
     if !pool_pages_set {
         config.pool.pages = if live {
-            run::LIVE_POOL_PAGES
+            run::live_pool_pages(&run::reference_model(&config))
         } else {
             kvgate::run::agents_pool_pages(&config)
         };
@@ -274,6 +275,25 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             Some(server)
         }
         None => None,
+    };
+    // A live run's pages are the reference model's (a model preset's shape, scaled down).
+    let model = run::reference_model(&config);
+    let (tokens_per_page, context_parallel) = if live {
+        (model.tokens_per_page, model.context_parallel)
+    } else {
+        (config.model.tokens_per_page, config.model.context_parallel)
+    };
+    let preset_label = match (live, kvgate::config::model_preset(&config.model.preset)) {
+        (false, _) => config.model.preset.clone(),
+        (true, None) => {
+            "none: the reference executor, live on the wall clock (decode tok/s measured)"
+                .to_owned()
+        }
+        (true, Some(preset)) => format!(
+            "{} on the reference executor (its shape scaled down), live on the wall clock (decode tok/s \
+             measured)",
+            preset.name
+        ),
     };
     let runs = run_policies(&policies, |policy, progress| {
         let config = config_of(&config, policy, policies.len());
@@ -309,7 +329,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         "agents",
         &format!(
             "kvgate agents: {} sessions x {} turns, pool {} pages of {} tokens",
-            spec.n_agents, spec.turns, config.pool.pages, config.model.tokens_per_page
+            spec.n_agents, spec.turns, config.pool.pages, tokens_per_page
         ),
         "turn",
         runs,
@@ -326,13 +346,9 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             spec.turn_input_tokens,
             spec.response_tokens,
             config.pool.pages,
-            config.model.tokens_per_page,
-            ranks_suffix(config.model.context_parallel),
-            if live {
-                "none: the reference executor, live on the wall clock (decode tok/s measured)"
-            } else {
-                config.model.preset.as_str()
-            },
+            tokens_per_page,
+            ranks_suffix(context_parallel),
+            preset_label,
             spec.max_from_cache_pct()
         );
         out!("{}", report::table(&runs));

@@ -330,6 +330,7 @@ mod live;
 mod tests;
 
 pub use live::{
-    LIVE_MAX_MODEL_LEN, LIVE_MAX_RUNNING, LIVE_POOL_PAGES, live_agents_spec, live_params,
-    reference_model, run_agents_live, run_agents_live_observed,
+    LIVE_MAX_MODEL_LEN, LIVE_MAX_RUNNING, LIVE_POOL_PAGES, LIVE_SLIDING_WINDOW_TOKENS,
+    live_agents_spec, live_params, live_pool_pages, reference_model, run_agents_live,
+    run_agents_live_observed,
 };

@@ -10,8 +10,8 @@ use crate::executor::Executor;
 
 impl<E: Executor> Engine<E> {
     /// Checks every page of `id`'s published import of `tokens` tokens (its blocks from `first_block` on;
-    /// hybrid: the whole checkpoint, its fixed pages included) against a recompute of its first `tokens`
-    /// tokens.
+    /// hybrid: the whole checkpoint, its windowed groups' live pages and its fixed pages included), on every
+    /// rank, against a recompute of its first `tokens` tokens.
     pub(crate) fn verify_by_recompute(
         &mut self,
         id: RequestId,
@@ -36,8 +36,8 @@ impl<E: Executor> Engine<E> {
                 self.executor.name()
             )));
         };
-        // (slot index for the error, page, expected bytes)
-        let mut checks: Vec<(u32, PageId, &[u8])> = Vec::with_capacity(dest.len());
+        // (slot index for the error, page, expected bytes on every rank)
+        let mut checks: Vec<(u32, PageId, &[Vec<u8>])> = Vec::with_capacity(dest.len());
         if self.groups.is_hybrid() {
             let slots = self.groups.slots(tokens, block_tokens);
             let mut fixed = expected.fixed.iter();
@@ -46,7 +46,10 @@ impl<E: Executor> Engine<E> {
                     Some(block) if slot.group == self.groups.full() => {
                         expected.blocks.get(*block as usize)
                     }
-                    Some(_) => None,
+                    Some(block) => (0..self.groups.n_windows())
+                        .position(|window| self.groups.window_group(window) == slot.group)
+                        .and_then(|window| expected.windows.get(window))
+                        .and_then(|pages| pages.get(*block as usize)),
                     None => fixed.next(),
                 };
                 let bytes = bytes.ok_or_else(|| {
@@ -64,18 +67,27 @@ impl<E: Executor> Engine<E> {
                 checks.push((block, page, bytes));
             }
         }
-        for (block, page, bytes) in checks {
-            self.storage.read(0, page, &mut self.page_buf)?;
-            if let Some(byte) = self.page_buf.iter().zip(bytes).position(|(a, b)| a != b) {
-                return Err(Error::RestoreMismatch {
-                    request: id,
-                    block,
-                    rank: 0,
-                    page,
-                    byte,
-                });
+        let n_ranks = self.storage.n_ranks();
+        for (block, page, ranks) in checks {
+            if ranks.len() != n_ranks as usize {
+                return Err(Error::internal(format!(
+                    "{id}: recompute gave {} ranks of page {page:?}, the storage has {n_ranks}",
+                    ranks.len()
+                )));
             }
-            self.pages_verified += 1;
+            for (rank, bytes) in (0..n_ranks).zip(ranks) {
+                self.storage.read(rank, page, &mut self.page_buf)?;
+                if let Some(byte) = self.page_buf.iter().zip(bytes).position(|(a, b)| a != b) {
+                    return Err(Error::RestoreMismatch {
+                        request: id,
+                        block,
+                        rank,
+                        page,
+                        byte,
+                    });
+                }
+                self.pages_verified += 1;
+            }
         }
         Ok(())
     }

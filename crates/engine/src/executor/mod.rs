@@ -9,7 +9,8 @@ mod sim;
 pub use content::page_content;
 pub use cost::CostModel;
 pub use reference::{
-    ForwardEntry, Logits, ModelError, ModelResult, ModelStorage, ReferenceConfig, ReferenceModel,
+    ForwardEntry, LocalAttention, LocalWindow, Logits, ModelError, ModelResult, ModelStorage,
+    ReferenceConfig, ReferenceModel,
 };
 pub use reference_executor::ReferenceExecutor;
 pub use sim::SimExecutor;
@@ -117,14 +118,20 @@ pub struct StepOutput {
     pub tokens: Vec<(RequestId, u32)>,
 }
 
-/// The pages a recompute of a prefix writes, in the storage's page size: what a restore of that prefix must
-/// hold byte for byte (E3, L4).
+/// One page's bytes on every context-parallel rank, in rank order.
+pub type RankPages = Vec<Vec<u8>>;
+
+/// The pages a recompute of a prefix writes, in the storage's page size, on every rank: what a restore of
+/// that prefix must hold byte for byte (E3, L4).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecomputedPages {
     /// The full-attention group's pages, one per block of the prefix (a partial last one included).
-    pub blocks: Vec<Vec<u8>>,
+    pub blocks: Vec<RankPages>,
+    /// Each windowed group's pages (sliding window, chunked local), in group order: one per block of the
+    /// prefix, those that left the window included (a checkpoint holds only the live ones).
+    pub windows: Vec<Vec<RankPages>>,
     /// The fixed pages (recurrent state), in group order.
-    pub fixed: Vec<Vec<u8>>,
+    pub fixed: Vec<RankPages>,
 }
 
 /// Does the model's work for a step and says how long it took. Implementations: [`SimExecutor`] (the

@@ -3,10 +3,16 @@
 //! next token of every entry that samples, and measures its steps on the wall clock. Verification of a
 //! restore (E3, L5) recomputes the same prefix into scratch storage and compares bytes.
 //!
-//! Geometry: the model's own (`ReferenceConfig::cache_groups`): one full-attention group and, with recurrent
-//! layers, one recurrent group, on one rank, with the model's page width; the engine refuses anything else at
-//! build. The pool's pages are as large as the larger of the model's two page kinds; a recurrent state page
-//! uses its first `recurrent_bytes_per_page` bytes and the rest stays zero.
+//! Geometry: the model's own (`ReferenceConfig::cache_groups`): one full-attention group, with local layers
+//! one sliding-window or chunked-local group, and one recurrent group per state page, on the model's
+//! context-parallel ranks, with its page width; the engine refuses anything else at build. The pool's pages
+//! are as large as the largest of the model's page kinds; a smaller page uses its first bytes and the rest
+//! stays zero.
+//!
+//! Draft decoding: the model has no draft head, so it proposes no draft token. The engine budgets and
+//! allocates the lookahead slots of a decode (and a restore's replay page, H5) as for any drafting model;
+//! the model computes the pending token alone, which is what greedy speculative decoding accepts when every
+//! draft is rejected: the tokens are those of plain greedy decoding.
 //!
 //! Token ids: the model reads a token `t` as `t % vocab` (workloads draw ids from all of `u32`, and the stop
 //! token is `u32::MAX`); the tokens it samples are below `vocab`.
@@ -17,7 +23,7 @@ use std::time::{Duration, Instant};
 use kv_pool::{GroupKind, HostStorage, PageId, PageStorage};
 
 use super::{
-    Executor, ForwardEntry, ModelStorage, PageTables, PageWrite, RecomputedPages, ReferenceConfig,
+    Executor, ForwardEntry, ModelStorage, PageWrite, RankPages, RecomputedPages, ReferenceConfig,
     ReferenceModel, StepBatch, StepOutput,
 };
 use crate::error::{Error, Result};
@@ -33,7 +39,7 @@ const COPY_LATENCY_S: f64 = 10e-6;
 #[derive(Debug)]
 pub struct ReferenceExecutor {
     model: ReferenceModel,
-    /// Bytes of one pool page: the larger of the model's attention and recurrent pages.
+    /// Bytes of one pool page: the largest of the model's page kinds.
     bytes_per_page: u32,
     steps: u64,
     /// Tokens computed and wall seconds spent over every step so far: the measured cost of a token.
@@ -46,9 +52,7 @@ impl ReferenceExecutor {
     /// `Error::InvalidParam` when its pages are larger than a pool page may be.
     pub fn new(config: ReferenceConfig) -> Result<ReferenceExecutor> {
         let model = ReferenceModel::new(config)?;
-        let bytes = config
-            .bytes_per_page()
-            .max(config.recurrent_bytes_per_page());
+        let bytes = config.max_bytes_per_page();
         let bytes_per_page = u32::try_from(bytes)
             .ok()
             .filter(|&bytes| bytes <= EngineParams::SIM_BYTES_PER_PAGE_MAX)
@@ -84,21 +88,22 @@ impl ReferenceExecutor {
         token % self.model.config().vocab
     }
 
-    /// The model's view of the pool storage: attention and recurrent pages of their own sizes.
-    fn storages<'a>(
-        &self,
-        storage: &'a dyn PageStorage,
-    ) -> (PagePrefix<'a>, Option<PagePrefix<'a>>) {
+    /// The model's view of the pool storage: full-attention, local and recurrent pages of their own sizes.
+    fn storages<'a>(&self, storage: &'a dyn PageStorage) -> GroupViews<'a> {
         let config = self.model.config();
-        let attention = PagePrefix {
+        let view = |bytes_per_page| PagePrefix {
             inner: storage,
-            bytes_per_page: config.bytes_per_page(),
+            bytes_per_page,
         };
-        let recurrent = (config.n_recurrent_layers > 0).then(|| PagePrefix {
-            inner: storage,
-            bytes_per_page: config.recurrent_bytes_per_page(),
-        });
-        (attention, recurrent)
+        GroupViews {
+            attention: view(config.bytes_per_page()),
+            local: config
+                .local
+                .is_some()
+                .then(|| view(config.local_bytes_per_page())),
+            recurrent: (config.n_recurrent_layers > 0)
+                .then(|| view(config.recurrent_bytes_per_page())),
+        }
     }
 
     /// Runs `entries` in waves: an entry that reads a page an earlier entry of its wave writes (a block
@@ -109,7 +114,7 @@ impl ReferenceExecutor {
         storage: ModelStorage<'_>,
         entries: &[ForwardEntry<'_>],
     ) -> Result<Vec<Option<u32>>> {
-        let tpp = self.model.config().tokens_per_page;
+        let tpp = self.model.config().block_tokens();
         let mut next_tokens = Vec::with_capacity(entries.len());
         let mut wave_start = 0;
         let mut written: HashSet<PageId> = HashSet::new();
@@ -207,17 +212,15 @@ impl Executor for ReferenceExecutor {
                     tokens,
                     first_pos,
                     attention_pages: pages.block_table,
-                    recurrent_page: recurrent_page(self.model.config(), pages),
+                    local_pages: pages.windows.first().map_or(&[], Vec::as_slice),
+                    // The model's geometry has no auxiliary group: the fixed pages are the state pages.
+                    state_pages: pages.fixed,
                     want_logits: samples,
                 },
             )
             .collect();
-        let (attention, recurrent) = self.storages(storage);
-        let model_storage = ModelStorage {
-            attention: &attention,
-            recurrent: recurrent.as_ref().map(|r| r as &dyn PageStorage),
-        };
-        let next_tokens = self.forward_in_waves(model_storage, &entries)?;
+        let views = self.storages(storage);
+        let next_tokens = self.forward_in_waves(views.model_storage(), &entries)?;
         self.tokens_computed += entries
             .iter()
             .map(|entry| entry.tokens.len() as u64)
@@ -241,7 +244,8 @@ impl Executor for ReferenceExecutor {
 
     fn copy_time(&self, n_tokens: u32) -> Duration {
         let config = self.model.config();
-        let bytes = f64::from(n_tokens) * config.bytes_per_page() as f64
+        let bytes = f64::from(n_tokens)
+            * (config.bytes_per_page() + config.local_bytes_per_page()) as f64
             / f64::from(config.tokens_per_page);
         Duration::from_secs_f64(COPY_LATENCY_S + bytes / COPY_BYTES_PER_S)
     }
@@ -280,8 +284,8 @@ impl Executor for ReferenceExecutor {
             .collect();
         if kinds != expected {
             return unsupported(format!(
-                "cache groups {kinds:?}, but the model has {expected:?} (one full-attention group, and one \
-                 recurrent group when it has recurrent layers)"
+                "cache groups {kinds:?}, but the model has {expected:?} (one full-attention group, a local group \
+                 with local layers, and one recurrent group per state page)"
             ));
         }
         if geometry.tokens_per_page() != config.tokens_per_page {
@@ -291,20 +295,12 @@ impl Executor for ReferenceExecutor {
                 config.tokens_per_page
             ));
         }
-        if geometry.context_parallel() != 1 {
+        if geometry.context_parallel() != config.context_parallel {
             return unsupported(format!(
-                "{} context-parallel ranks, but the model runs on one",
-                geometry.context_parallel()
+                "{} context-parallel ranks, but the model runs on {}",
+                geometry.context_parallel(),
+                config.context_parallel
             ));
-        }
-        if params.draft_tokens != 0 {
-            return Err(Error::InvalidParam {
-                name: "draft_tokens",
-                reason: format!(
-                    "{} draft tokens, but the reference model has no draft head; use 0",
-                    params.draft_tokens
-                ),
-            });
         }
         Ok(())
     }
@@ -338,50 +334,80 @@ impl Executor for ReferenceExecutor {
             reason: format!("{} tokens do not fit a position", prefix.len()),
         })?;
         let n_blocks = config.pages_for_tokens(n_tokens);
-        let attention = HostStorage::new(1, n_blocks + 1, config.bytes_per_page())?;
-        let recurrent = (config.n_recurrent_layers > 0)
-            .then(|| HostStorage::new(1, 2, config.recurrent_bytes_per_page()))
+        let n_ranks = config.context_parallel;
+        let attention = HostStorage::new(n_ranks, n_blocks + 1, config.bytes_per_page())?;
+        let local = config
+            .local
+            .map(|_| HostStorage::new(n_ranks, n_blocks + 1, config.local_bytes_per_page()))
+            .transpose()?;
+        let n_states = config.n_state_pages() as u32;
+        let recurrent = (n_states > 0)
+            .then(|| HostStorage::new(n_ranks, n_states + 1, config.recurrent_bytes_per_page()))
             .transpose()?;
         let tokens: Vec<u32> = prefix
             .iter()
             .map(|&token| self.model_token(token))
             .collect();
         let table: Vec<PageId> = (1..=n_blocks).map(PageId).collect();
+        let state_pages: Vec<PageId> = (1..=n_states).map(PageId).collect();
         let entry = ForwardEntry {
             tokens: &tokens,
             first_pos: 0,
             attention_pages: &table,
-            recurrent_page: recurrent.as_ref().map(|_| PageId(1)),
+            local_pages: if local.is_some() { &table } else { &[] },
+            state_pages: &state_pages,
             want_logits: false,
         };
         let storage = ModelStorage {
             attention: &attention,
+            local: local.as_ref().map(|l| l as &dyn PageStorage),
             recurrent: recurrent.as_ref().map(|r| r as &dyn PageStorage),
         };
         self.model.forward(storage, &[entry])?;
-        let read_padded = |storage: &dyn PageStorage, page: PageId| -> Result<Vec<u8>> {
-            let mut bytes = vec![0u8; storage.bytes_per_page()];
-            storage.read(0, page, &mut bytes)?;
-            bytes.resize(bytes_per_page, 0);
-            Ok(bytes)
+        let read_padded = |storage: &dyn PageStorage, page: PageId| -> Result<RankPages> {
+            (0..n_ranks)
+                .map(|rank| {
+                    let mut bytes = vec![0u8; storage.bytes_per_page()];
+                    storage.read(rank, page, &mut bytes)?;
+                    bytes.resize(bytes_per_page, 0);
+                    Ok(bytes)
+                })
+                .collect()
         };
         for &page in &table {
             pages.blocks.push(read_padded(&attention, page)?);
         }
+        if let Some(local) = &local {
+            let window = table
+                .iter()
+                .map(|&page| read_padded(local, page))
+                .collect::<Result<Vec<_>>>()?;
+            pages.windows.push(window);
+        }
         if let Some(recurrent) = &recurrent {
-            pages.fixed.push(read_padded(recurrent, PageId(1))?);
+            for &page in &state_pages {
+                pages.fixed.push(read_padded(recurrent, page)?);
+            }
         }
         Ok(Some(pages))
     }
 }
 
-/// The recurrent state page of an entry: its first fixed page when the model has recurrent layers.
-fn recurrent_page(config: &ReferenceConfig, pages: PageTables<'_>) -> Option<PageId> {
-    if config.n_recurrent_layers == 0 {
-        return None;
+/// The model's views of the pool storage, one per page kind.
+struct GroupViews<'a> {
+    attention: PagePrefix<'a>,
+    local: Option<PagePrefix<'a>>,
+    recurrent: Option<PagePrefix<'a>>,
+}
+
+impl GroupViews<'_> {
+    fn model_storage(&self) -> ModelStorage<'_> {
+        ModelStorage {
+            attention: &self.attention,
+            local: self.local.as_ref().map(|l| l as &dyn PageStorage),
+            recurrent: self.recurrent.as_ref().map(|r| r as &dyn PageStorage),
+        }
     }
-    // A missing page is refused by the model's batch check (`RecurrentPage`).
-    pages.fixed.first().copied()
 }
 
 /// The first `bytes_per_page` bytes of every page of `inner`: a model's page kind inside larger pool pages.

@@ -15,6 +15,7 @@ mod credits;
 mod cuda;
 mod hybrid;
 mod live;
+mod live_presets;
 mod offload;
 mod prefix;
 mod restart;

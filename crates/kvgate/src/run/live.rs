@@ -1,22 +1,28 @@
 //! The live agents run (L1, L3): the reference model computing real KV and recurrent state into the pool's
 //! pages (host or CUDA storage), threaded or CUDA copies moving real bytes from the host store while steps
 //! run, on the wall clock. Sized
-//! for a couple of cores: fewer, shorter sessions than the simulated run, a pool they still outgrow.
+//! for a couple of cores: fewer, shorter sessions than the simulated run, a pool they still outgrow. With a
+//! model preset, the reference model takes the preset's shape, scaled down (`reference_model`).
 
 use engine::{
-    ClockKind, CopyEngineKind, Engine, EngineParams, Policy, ReferenceConfig, ReferenceExecutor,
-    RunMetrics,
+    ClockKind, CopyEngineKind, Engine, EngineParams, LocalAttention, LocalWindow, Policy,
+    ReferenceConfig, ReferenceExecutor, RunMetrics,
 };
-use kv_pool::Geometry;
 
 use super::{NoObserver, Observer, Progress, drive_agents};
 use crate::config::{EngineConfig, model_preset};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::workload::agents::AgentsSpec;
 
-/// Usable pages of the live run's pool unless told otherwise: 3 072 tokens of 16-token pages, which eight
-/// live sessions of up to ~1 900 tokens outgrow about five times over by their last turns.
+/// Usable pages of the live run's pool unless told otherwise, for the tiny model: 3 072 tokens of 16-token
+/// pages, which eight live sessions of up to ~1 900 tokens outgrow about five times over by their last
+/// turns. Other shapes: `live_pool_pages`.
 pub const LIVE_POOL_PAGES: u32 = 192;
+/// Sessions whose state and window pages a live pool holds besides its `LIVE_POOL_PAGES` pages of tokens.
+const LIVE_POOL_SESSIONS: u32 = 4;
+/// The sliding window of the `sliding-window` preset's live model, in tokens (the preset's is 1024: the live
+/// sessions' contexts of 1-2k tokens would hardly leave it).
+pub const LIVE_SLIDING_WINDOW_TOKENS: u32 = 256;
 /// Longest context of the live run's model, in tokens.
 pub const LIVE_MAX_MODEL_LEN: u32 = 4096;
 /// Running slots of the live run (the `oracle` pool has room for each at the model's length).
@@ -36,42 +42,80 @@ pub fn live_agents_spec() -> AgentsSpec {
     }
 }
 
-/// The reference model of a live run: the tiny model with the run's seed.
+/// The reference model of a live run: the tiny model with the run's seed, in the shape of the model preset
+/// `config` names, scaled down (the tiny model's widths; the preset's page width unless noted):
+/// `glm-mla-hybrid`, one full-attention group (plain keys and values, not an MLA latent), three recurrent
+/// groups of one layer and two context-parallel ranks, with 16-token pages where the preset has 64;
+/// `linear-hybrid`, a full-attention layer and a recurrent group of three layers; `sliding-window`, a
+/// full-attention layer and two sliding-window layers of `LIVE_SLIDING_WINDOW_TOKENS` tokens. The tiny
+/// model itself otherwise.
 pub fn reference_model(config: &EngineConfig) -> ReferenceConfig {
-    ReferenceConfig {
+    let tiny = ReferenceConfig {
         seed: config.seed,
         ..ReferenceConfig::tiny()
+    };
+    match model_preset(&config.model.preset).map(|preset| preset.name) {
+        Some("glm-mla-hybrid") => ReferenceConfig {
+            n_recurrent_groups: 3,
+            context_parallel: 2,
+            ..tiny
+        },
+        Some("linear-hybrid") => ReferenceConfig {
+            n_attention_layers: 1,
+            n_recurrent_layers: 3,
+            ..tiny
+        },
+        Some("sliding-window") => ReferenceConfig {
+            n_attention_layers: 1,
+            local: Some(LocalAttention {
+                n_layers: 2,
+                window: LocalWindow::Sliding {
+                    window_tokens: LIVE_SLIDING_WINDOW_TOKENS,
+                },
+            }),
+            n_recurrent_layers: 0,
+            ..tiny
+        },
+        _ => tiny,
     }
 }
 
-/// The engine parameters of a live run of `policy`: `config`'s, on the model's own geometry (one rank,
-/// its page width, `LIVE_MAX_MODEL_LEN` tokens) and the wall clock; its copy engine, except that `inline`
-/// (modeled time) becomes `threaded`, since a live run copies real bytes while steps run; its page
-/// storage (`cuda` with the cuda copy engine: the restores go straight into device pages). Errors: a
-/// model preset in `config` (its geometry is not the reference model's), and anything `engine_params`
-/// refuses.
+/// Usable pages of a live run's pool for `model` unless told otherwise: `LIVE_POOL_PAGES` 16-token pages'
+/// worth of tokens in the model's blocks, plus the state pages and live window pages of
+/// `LIVE_POOL_SESSIONS` sessions (`LIVE_POOL_PAGES` for the tiny model).
+pub fn live_pool_pages(model: &ReferenceConfig) -> u32 {
+    let block_tokens = model.block_tokens().max(1);
+    let tokens = LIVE_POOL_PAGES * 16;
+    let window_pages = model.local.map_or(0, |local| match local.window {
+        LocalWindow::Sliding { window_tokens } => window_tokens.div_ceil(block_tokens) + 1,
+        LocalWindow::Chunked { chunk_tokens } => chunk_tokens.div_ceil(block_tokens),
+    });
+    let state_pages = model.n_state_pages() as u32;
+    let extra = if model.local.is_none() && state_pages <= 1 {
+        0
+    } else {
+        LIVE_POOL_SESSIONS * (window_pages + state_pages)
+    };
+    tokens.div_ceil(block_tokens) + extra
+}
+
+/// The engine parameters of a live run of `policy`: `config`'s, on the reference model's geometry
+/// (`reference_model`: its groups, page width and ranks, `LIVE_MAX_MODEL_LEN` tokens; a model preset's draft
+/// tokens, which the reference model leaves unused) and the wall clock; its copy engine, except that
+/// `inline` (modeled time) becomes `threaded`, since a live run copies real bytes while steps run; its page
+/// storage (`cuda` with the cuda copy engine: the restores go straight into device pages). Errors: anything
+/// `engine_params` refuses.
 pub fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams> {
-    if model_preset(&config.model.preset).is_some() {
-        return Err(Error::InvalidArgument {
-            name: "--executor",
-            value: format!("reference with model preset {}", config.model.preset),
-            allowed: "the reference executor runs its own model's geometry; drop the model preset or use \
-                      --executor sim",
-        });
-    }
     let model = reference_model(config);
+    let preset = model_preset(&config.model.preset);
     let mut config = config.clone();
     config.model.max_model_len = LIVE_MAX_MODEL_LEN;
     config.scheduler.max_running = config.scheduler.max_running.min(LIVE_MAX_RUNNING);
     let mut params = config.engine_params(policy)?;
-    params.geometry = Geometry::new(
-        model.cache_groups(),
-        model.tokens_per_page,
-        1,
-        LIVE_MAX_MODEL_LEN,
-    )
-    .map_err(engine::Error::from)?;
-    params.draft_tokens = 0;
+    params.geometry = model
+        .geometry(LIVE_MAX_MODEL_LEN)
+        .map_err(engine::Error::from)?;
+    params.draft_tokens = preset.map_or(0, |preset| preset.draft_tokens);
     params.clock = ClockKind::Wall;
     if params.copy_engine == CopyEngineKind::Inline {
         params.copy_engine = CopyEngineKind::Threaded {

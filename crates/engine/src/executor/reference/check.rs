@@ -1,6 +1,6 @@
-//! Checks a forward batch whole before anything runs: storages match the model's page sizes, every entry's
-//! tokens, positions and pages are valid, and no entry writes a page another entry reads or writes (the
-//! entries run in parallel). Returns each entry's `Span`: which page table slots it reads and writes.
+//! Checks a forward batch whole before anything runs: storages match the model's page sizes and ranks, every
+//! entry's tokens, positions and pages are valid, and no entry writes a page another entry reads or writes
+//! (the entries run in parallel). Returns each entry's `Span`: which page table slots it reads and writes.
 
 use std::collections::HashMap;
 
@@ -10,17 +10,28 @@ use super::config::ReferenceConfig;
 use super::error::{ModelError, ModelResult};
 use super::{ForwardEntry, ModelStorage};
 
-const ATTENTION: &str = "attention";
-const RECURRENT: &str = "recurrent";
+pub(crate) const ATTENTION: &str = "attention";
+pub(crate) const LOCAL: &str = "local";
+pub(crate) const RECURRENT: &str = "recurrent";
 
-/// The positions and page table slots of one entry.
+/// The positions and the page table slots of one entry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Span {
     /// First new position.
     pub(crate) first: usize,
     /// End (exclusive) of the new positions.
     pub(crate) end: usize,
-    /// First slot the entry reads (0 for full attention; the slot of `first - window` with a window).
+    /// The full-attention table's slots.
+    pub(crate) full: Slots,
+    /// The local table's slots (models with local layers).
+    pub(crate) local: Option<Slots>,
+}
+
+/// The slots (blocks) of one attention table an entry uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slots {
+    /// First slot the entry reads (0 for full attention; the slot of the first key of `first` with a
+    /// window).
     pub(crate) page_lo: usize,
     /// First slot the entry writes: the slot of `first`.
     pub(crate) write_lo: usize,
@@ -48,7 +59,30 @@ pub(crate) fn check_batch(
 }
 
 fn check_storage(config: &ReferenceConfig, storage: ModelStorage<'_>) -> ModelResult<()> {
-    check_page_size(ATTENTION, storage.attention, config.bytes_per_page())?;
+    check_page_size(
+        config,
+        ATTENTION,
+        storage.attention,
+        config.bytes_per_page(),
+    )?;
+    match (config.local.is_some(), storage.local) {
+        (false, None) => {}
+        (false, Some(_)) => {
+            return Err(ModelError::LocalStorage {
+                has: "has no",
+                reason: "a local storage was given; pass None",
+            });
+        }
+        (true, None) => {
+            return Err(ModelError::LocalStorage {
+                has: "has",
+                reason: "no local storage was given",
+            });
+        }
+        (true, Some(local)) => {
+            check_page_size(config, LOCAL, local, config.local_bytes_per_page())?;
+        }
+    }
     match (config.n_recurrent_layers, storage.recurrent) {
         (0, None) => Ok(()),
         (0, Some(_)) => Err(ModelError::RecurrentStorage {
@@ -59,26 +93,36 @@ fn check_storage(config: &ReferenceConfig, storage: ModelStorage<'_>) -> ModelRe
             n_recurrent_layers,
             reason: "no recurrent storage was given",
         }),
-        (_, Some(recurrent)) => {
-            check_page_size(RECURRENT, recurrent, config.recurrent_bytes_per_page())
-        }
+        (_, Some(recurrent)) => check_page_size(
+            config,
+            RECURRENT,
+            recurrent,
+            config.recurrent_bytes_per_page(),
+        ),
     }
 }
 
 fn check_page_size(
+    config: &ReferenceConfig,
     group: &'static str,
     storage: &dyn PageStorage,
     expected: usize,
 ) -> ModelResult<()> {
-    if storage.bytes_per_page() == expected {
-        Ok(())
-    } else {
-        Err(ModelError::StoragePageSize {
+    if storage.bytes_per_page() != expected {
+        return Err(ModelError::StoragePageSize {
             group,
             bytes_per_page: storage.bytes_per_page(),
             expected,
-        })
+        });
     }
+    if storage.n_ranks() != config.context_parallel {
+        return Err(ModelError::StorageRanks {
+            group,
+            n_ranks: storage.n_ranks(),
+            context_parallel: config.context_parallel,
+        });
+    }
+    Ok(())
 }
 
 fn check_entry(
@@ -105,64 +149,96 @@ fn check_entry(
             first_pos: entry.first_pos,
             n_tokens: entry.tokens.len(),
         })?;
-    let tpp = config.tokens_per_page as usize;
+    let block = config.block_tokens() as usize;
     let (first, end) = (entry.first_pos as usize, end_pos as usize);
-    let key_lo = config
-        .window_tokens
-        .map_or(0, |window| first.saturating_sub(window as usize));
-    let span = Span {
+    let slots = |key_lo: usize| Slots {
+        page_lo: key_lo / block,
+        write_lo: first / block,
+        read_hi: first.div_ceil(block),
+        page_hi: end.div_ceil(block),
+    };
+    let full = slots(0);
+    check_table(
+        entry_idx,
+        ATTENTION,
+        entry.attention_pages,
+        full,
+        storage.attention,
+        end_pos,
+    )?;
+    let local = match (config.local, storage.local) {
+        (Some(local), Some(local_storage)) => {
+            let local_slots = slots(local.window.first_key(first));
+            check_table(
+                entry_idx,
+                LOCAL,
+                entry.local_pages,
+                local_slots,
+                local_storage,
+                end_pos,
+            )?;
+            Some(local_slots)
+        }
+        _ if !entry.local_pages.is_empty() => {
+            return Err(ModelError::LocalPages { entry: entry_idx });
+        }
+        _ => None,
+    };
+    check_state_pages(config, storage, entry_idx, entry.state_pages)?;
+    Ok(Span {
         first,
         end,
-        page_lo: key_lo / tpp,
-        write_lo: first / tpp,
-        read_hi: first.div_ceil(tpp),
-        page_hi: end.div_ceil(tpp),
-    };
-    let table = entry.attention_pages;
-    if table.len() < span.page_hi {
+        full,
+        local,
+    })
+}
+
+/// A table covers the entry's slots; every page is in range, and those it uses are not the null page.
+fn check_table(
+    entry_idx: usize,
+    group: &'static str,
+    table: &[PageId],
+    slots: Slots,
+    storage: &dyn PageStorage,
+    end_pos: u32,
+) -> ModelResult<()> {
+    if table.len() < slots.page_hi {
         return Err(ModelError::PageTableTooShort {
             entry: entry_idx,
+            group,
             len: table.len(),
-            needed: span.page_hi,
+            needed: slots.page_hi,
             end_pos,
         });
     }
-    let n_pages = storage.attention.n_pages();
-    for (slot, &page) in table[..span.page_hi].iter().enumerate() {
-        check_page(
-            entry_idx,
-            ATTENTION,
-            page,
-            n_pages,
-            slot,
-            slot >= span.page_lo,
-        )?;
+    let n_pages = storage.n_pages();
+    for (slot, &page) in table[..slots.page_hi].iter().enumerate() {
+        check_page(entry_idx, group, page, n_pages, slot, slot >= slots.page_lo)?;
     }
-    check_recurrent_page(config, storage, entry_idx, entry.recurrent_page)?;
-    Ok(span)
+    Ok(())
 }
 
-fn check_recurrent_page(
+fn check_state_pages(
     config: &ReferenceConfig,
     storage: ModelStorage<'_>,
     entry_idx: usize,
-    page: Option<PageId>,
+    pages: &[PageId],
 ) -> ModelResult<()> {
-    match (storage.recurrent, page) {
-        (None, None) => Ok(()),
-        (None, Some(_)) => Err(ModelError::RecurrentPage {
+    if pages.len() != config.n_state_pages() {
+        return Err(ModelError::RecurrentPage {
             entry: entry_idx,
-            reason: "a recurrent state page was given to a model without recurrent layers",
-        }),
-        (Some(_), None) => Err(ModelError::RecurrentPage {
-            entry: entry_idx,
-            reason: "no recurrent state page was given to a model with recurrent layers",
-        }),
-        (Some(recurrent), Some(page)) => {
-            debug_assert!(config.n_recurrent_layers > 0);
-            check_page(entry_idx, RECURRENT, page, recurrent.n_pages(), 0, true)
-        }
+            n_given: pages.len(),
+            n_groups: config.n_state_pages(),
+        });
     }
+    let Some(recurrent) = storage.recurrent else {
+        // No recurrent layers (`check_storage`), and no page given.
+        return Ok(());
+    };
+    for (slot, &page) in pages.iter().enumerate() {
+        check_page(entry_idx, RECURRENT, page, recurrent.n_pages(), slot, true)?;
+    }
+    Ok(())
 }
 
 /// A page must be in its storage's range, and not the null page when the entry uses it.
@@ -192,8 +268,19 @@ fn check_page(
     Ok(())
 }
 
-/// No page is written twice, and no page written by one entry is read by an entry (itself included: a
-/// table naming a page twice).
+/// The attention and local tables of an entry with the slots it uses.
+fn tables<'a>(
+    entry: &ForwardEntry<'a>,
+    span: &Span,
+) -> impl Iterator<Item = (&'static str, &'a [PageId], Slots)> {
+    let local = span.local.map(|slots| (LOCAL, entry.local_pages, slots));
+    [(ATTENTION, entry.attention_pages, span.full)]
+        .into_iter()
+        .chain(local)
+}
+
+/// No page of a group is written twice, and no page written by one entry is read by an entry (itself
+/// included: a table naming a page twice).
 fn check_conflicts(batch: &[ForwardEntry<'_>], spans: &[Span]) -> ModelResult<()> {
     let conflict = |group, page, writer, other| ModelError::PageConflict {
         group,
@@ -201,24 +288,27 @@ fn check_conflicts(batch: &[ForwardEntry<'_>], spans: &[Span]) -> ModelResult<()
         writer,
         other,
     };
-    let mut attention_writers: HashMap<PageId, usize> = HashMap::new();
-    let mut recurrent_writers: HashMap<PageId, usize> = HashMap::new();
+    let mut writers: HashMap<(&'static str, PageId), usize> = HashMap::new();
     for (entry_idx, (entry, span)) in batch.iter().zip(spans).enumerate() {
-        for &page in &entry.attention_pages[span.write_lo..span.page_hi] {
-            if let Some(writer) = attention_writers.insert(page, entry_idx) {
-                return Err(conflict(ATTENTION, page, writer, entry_idx));
+        for (group, table, slots) in tables(entry, span) {
+            for &page in &table[slots.write_lo..slots.page_hi] {
+                if let Some(writer) = writers.insert((group, page), entry_idx) {
+                    return Err(conflict(group, page, writer, entry_idx));
+                }
             }
         }
-        if let Some(page) = entry.recurrent_page
-            && let Some(writer) = recurrent_writers.insert(page, entry_idx)
-        {
-            return Err(conflict(RECURRENT, page, writer, entry_idx));
+        for &page in entry.state_pages {
+            if let Some(writer) = writers.insert((RECURRENT, page), entry_idx) {
+                return Err(conflict(RECURRENT, page, writer, entry_idx));
+            }
         }
     }
     for (entry_idx, (entry, span)) in batch.iter().zip(spans).enumerate() {
-        for page in &entry.attention_pages[span.page_lo..span.write_lo] {
-            if let Some(&writer) = attention_writers.get(page) {
-                return Err(conflict(ATTENTION, *page, writer, entry_idx));
+        for (group, table, slots) in tables(entry, span) {
+            for page in &table[slots.page_lo..slots.write_lo] {
+                if let Some(&writer) = writers.get(&(group, *page)) {
+                    return Err(conflict(group, *page, writer, entry_idx));
+                }
             }
         }
     }

@@ -44,13 +44,15 @@ pub enum ModelError {
         /// New tokens.
         n_tokens: usize,
     },
-    /// The attention page table does not cover the entry's positions.
+    /// An attention or local page table does not cover the entry's positions.
     #[error(
-        "batch entry {entry}: page table has {len} pages but positions up to {end_pos} need {needed}"
+        "batch entry {entry}: {group} page table has {len} pages but positions up to {end_pos} need {needed}"
     )]
     PageTableTooShort {
         /// Index of the entry in the batch.
         entry: usize,
+        /// `"attention"` or `"local"`.
+        group: &'static str,
         /// Pages in the table.
         len: usize,
         /// Pages needed.
@@ -65,7 +67,7 @@ pub enum ModelError {
     PageOutOfRange {
         /// Index of the entry in the batch.
         entry: usize,
-        /// `"attention"` or `"recurrent"`.
+        /// `"attention"`, `"local"` or `"recurrent"`.
         group: &'static str,
         /// The page.
         page: PageId,
@@ -79,7 +81,7 @@ pub enum ModelError {
     NullPage {
         /// Index of the entry in the batch.
         entry: usize,
-        /// `"attention"` or `"recurrent"`.
+        /// `"attention"`, `"local"` or `"recurrent"`.
         group: &'static str,
         /// Index in the page table (0 for the recurrent state page).
         slot: usize,
@@ -87,7 +89,7 @@ pub enum ModelError {
     /// Two entries of a batch write the same page, or one reads a page another writes.
     #[error("{group} page {page:?} is written by batch entry {writer} and used by entry {other}")]
     PageConflict {
-        /// `"attention"` or `"recurrent"`.
+        /// `"attention"`, `"local"` or `"recurrent"`.
         group: &'static str,
         /// The page.
         page: PageId,
@@ -99,7 +101,7 @@ pub enum ModelError {
     /// A storage's page size is not the model's.
     #[error("{group} storage has {bytes_per_page}-byte pages but the model's are {expected} bytes")]
     StoragePageSize {
-        /// `"attention"` or `"recurrent"`.
+        /// `"attention"`, `"local"` or `"recurrent"`.
         group: &'static str,
         /// The storage's page size.
         bytes_per_page: usize,
@@ -114,13 +116,44 @@ pub enum ModelError {
         /// What is missing or extra.
         reason: &'static str,
     },
-    /// The entry's recurrent state page is missing (the model has recurrent layers) or given in vain.
-    #[error("batch entry {entry}: {reason}")]
+    /// The entry does not give one state page per recurrent group.
+    #[error(
+        "batch entry {entry}: {n_given} recurrent state page(s) given, but the model has {n_groups} recurrent \
+         group(s), one state page each"
+    )]
     RecurrentPage {
         /// Index of the entry in the batch.
         entry: usize,
+        /// State pages given.
+        n_given: usize,
+        /// Recurrent groups of the model.
+        n_groups: usize,
+    },
+    /// The model has local layers and no local storage was given, or the reverse.
+    #[error("the model {has} local layers: {reason}")]
+    LocalStorage {
+        /// `"has"` or `"has no"`.
+        has: &'static str,
         /// What is missing or extra.
         reason: &'static str,
+    },
+    /// The entry's local page table is given to a model without local layers.
+    #[error("batch entry {entry}: a local page table was given to a model without local layers")]
+    LocalPages {
+        /// Index of the entry in the batch.
+        entry: usize,
+    },
+    /// A storage has another rank count than the model's context-parallel ranks.
+    #[error(
+        "{group} storage has {n_ranks} rank(s) but the model runs on {context_parallel} context-parallel rank(s)"
+    )]
+    StorageRanks {
+        /// `"attention"`, `"local"` or `"recurrent"`.
+        group: &'static str,
+        /// The storage's ranks.
+        n_ranks: u32,
+        /// The model's ranks.
+        context_parallel: u32,
     },
     /// The recurrent state page holds the state at another position than the entry's first position.
     #[error(

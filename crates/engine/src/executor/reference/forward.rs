@@ -1,30 +1,36 @@
-//! One entry's forward pass: load the pages it reads (attention pages in their byte layout, the recurrent
-//! state), run the layers over its new tokens, write the pages of its new positions and its state, and
-//! compute its logits. Rayon splits work across tokens and heads only; every value is computed by one
-//! fixed sequence of operations (see `kernels`).
+//! One entry's forward pass: load the pages it reads (the full-attention and local pages in their byte
+//! layout, every rank's share of a block gathered into one block, and the recurrent states), run the layers
+//! over its new tokens, write the pages of its new positions (each rank its share) and its states, and
+//! compute its logits. Rayon splits work across tokens and heads only; every value is computed by one fixed
+//! sequence of operations (see `kernels`).
 
-use kv_pool::PageId;
+use kv_pool::{PageId, PageStorage};
 use rayon::prelude::*;
 
-use super::check::Span;
-use super::config::{F32_BYTES, STATE_HEADER_BYTES};
+use super::check::{Slots, Span};
+use super::config::{F32_BYTES, LocalWindow, STATE_HEADER_BYTES};
 use super::error::{ModelError, ModelResult};
 use super::kernels::{
     PagedKv, argmax, attend, axpy, floats_from_bytes, floats_to_bytes, rms_norm, rope, sigmoid,
     silu, vec_mat,
 };
-use super::weights::{AttentionWeights, Block, Mlp, RecurrentWeights};
+use super::weights::{AttentionGroup, AttentionWeights, Block, Mlp, RecurrentWeights};
 use super::{ForwardEntry, Logits, ModelStorage, ReferenceModel};
 
-/// Only rank 0 of the storages is used.
-const RANK: u32 = 0;
+/// The rank whose copy of a state page is read (every rank holds the same bytes).
+const STATE_RANK: u32 = 0;
 /// Fewest tokens (or heads) one rayon task takes: small tasks cost more to schedule than to compute.
 const MIN_TASK_LEN: usize = 4;
 
-/// An entry's attention pages in memory, slots `span.page_lo..span.page_hi` in their byte layout as `f32`.
+/// An entry's pages of one attention group in memory, slots `page_lo..page_hi`, each block in the page byte
+/// layout of one rank holding the whole block (for each layer, the keys of `block_tokens` tokens, then their
+/// values), as `f32`.
 struct KvPages {
     floats: Vec<f32>,
+    /// Floats of one block.
     page_floats: usize,
+    /// Layers of the group.
+    n_layers: usize,
 }
 
 impl ReferenceModel {
@@ -37,28 +43,70 @@ impl ReferenceModel {
         span: &Span,
     ) -> ModelResult<Option<Logits>> {
         let d = self.config.d_model as usize;
-        let mut kv = self.load_kv(storage, entry, span)?;
-        let mut state = self.load_state(storage, entry_idx, entry)?;
+        let n_full = self.config.n_attention_layers as usize;
+        let mut full_kv = self.load_kv(
+            storage.attention,
+            entry.attention_pages,
+            span,
+            span.full,
+            n_full,
+        )?;
+        let mut local_kv = match (span.local, storage.local) {
+            (Some(slots), Some(local)) => {
+                let n_local = self.config.n_local_layers() as usize;
+                Some((
+                    slots,
+                    self.load_kv(local, entry.local_pages, span, slots, n_local)?,
+                ))
+            }
+            _ => None,
+        };
+        let mut states = self.load_states(storage, entry_idx, entry)?;
         let mut x = vec![0.0f32; entry.tokens.len() * d];
         for (x_t, &token) in x.chunks_exact_mut(d).zip(entry.tokens) {
             let row = token as usize * d;
             x_t.copy_from_slice(&self.weights.embedding[row..row + d]);
         }
+        let window = self.config.local.map(|local| local.window);
         for layer in &self.weights.layers {
             match &layer.block {
-                Block::Attention(w) => self.attention_layer(w, span, &mut kv, &mut x),
+                Block::Attention(w) => match (w.group, local_kv.as_mut(), window) {
+                    (AttentionGroup::Full, _, _) => {
+                        self.attention_layer(w, span, span.full, None, &mut full_kv, &mut x);
+                    }
+                    (AttentionGroup::Local, Some((slots, kv)), Some(window)) => {
+                        self.attention_layer(w, span, *slots, Some(window), kv, &mut x);
+                    }
+                    // `check_batch` made sure a model with local layers has its local storage.
+                    (AttentionGroup::Local, _, _) => {
+                        return Err(ModelError::LocalStorage {
+                            has: "has",
+                            reason: "no local storage was given",
+                        });
+                    }
+                },
                 Block::Recurrent(w) => {
                     let n = self.config.state_floats_per_layer();
-                    let layer_state = &mut state[w.recurrent_idx * n..][..n];
-                    self.recurrent_layer(w, layer_state, &mut x);
+                    let layer =
+                        w.state_group * self.config.n_recurrent_layers as usize + w.recurrent_idx;
+                    self.recurrent_layer(w, &mut states[layer * n..][..n], &mut x);
                 }
             }
             self.mlp(&layer.mlp, &mut x);
         }
-        self.store_kv(storage, entry, span, &kv)?;
-        if let Some(page) = entry.recurrent_page {
-            self.store_state(storage, page, span.end, &state)?;
+        self.store_kv(
+            storage.attention,
+            entry.attention_pages,
+            span.full,
+            &full_kv,
+        )?;
+        if let (Some((slots, kv)), Some(local), Some(window)) =
+            (&mut local_kv, storage.local, window)
+        {
+            self.forget_before_window(kv, *slots, span, window);
+            self.store_kv(local, entry.local_pages, *slots, kv)?;
         }
+        self.store_states(storage, entry.state_pages, span.end, &states)?;
         if !entry.want_logits {
             return Ok(None);
         }
@@ -71,126 +119,238 @@ impl ReferenceModel {
         Ok(Some(Logits { values, next_token }))
     }
 
-    /// Reads slots `page_lo..read_hi` and zeroes the positions from `first` on in the last of them (a
-    /// partial page may hold anything there).
+    /// Reads slots `page_lo..read_hi` of `table` (every rank's share of each block) and zeroes the positions
+    /// from `first` on in the last of them (a partial page may hold anything there).
     fn load_kv(
         &self,
-        storage: ModelStorage<'_>,
-        entry: &ForwardEntry<'_>,
+        storage: &dyn PageStorage,
+        table: &[PageId],
         span: &Span,
+        slots: Slots,
+        n_layers: usize,
     ) -> ModelResult<KvPages> {
-        let page_floats = self.config.bytes_per_page() / F32_BYTES;
-        let mut floats = vec![0.0f32; (span.page_hi - span.page_lo) * page_floats];
-        let n_read = span.read_hi - span.page_lo;
+        let block = self.config.block_tokens() as usize;
+        let inner = self.config.inner_dim();
+        let page_floats = n_layers * 2 * block * inner;
+        let rank_floats = page_floats / self.config.context_parallel as usize;
+        let mut floats = vec![0.0f32; (slots.page_hi - slots.page_lo) * page_floats];
+        let n_read = slots.read_hi - slots.page_lo;
         floats[..n_read * page_floats]
             .par_chunks_mut(page_floats)
-            .zip(&entry.attention_pages[span.page_lo..span.read_hi])
+            .zip(&table[slots.page_lo..slots.read_hi])
             .try_for_each_init(
-                || vec![0u8; page_floats * F32_BYTES],
-                |bytes, (page_floats_out, &page)| -> ModelResult<()> {
-                    storage.attention.read(RANK, page, bytes)?;
-                    floats_from_bytes(bytes, page_floats_out);
+                || {
+                    (
+                        vec![0u8; rank_floats * F32_BYTES],
+                        vec![0.0f32; rank_floats],
+                    )
+                },
+                |(bytes, rank_page), (block_out, &page)| -> ModelResult<()> {
+                    if self.config.context_parallel == 1 {
+                        // One rank holds the whole block in the block's own layout.
+                        storage.read(0, page, bytes)?;
+                        floats_from_bytes(bytes, block_out);
+                        return Ok(());
+                    }
+                    for rank in 0..self.config.context_parallel {
+                        storage.read(rank, page, bytes)?;
+                        floats_from_bytes(bytes, rank_page);
+                        self.for_each_rank_row(n_layers, rank, |block_at, rank_at| {
+                            block_out[block_at..][..inner]
+                                .copy_from_slice(&rank_page[rank_at..][..inner]);
+                        });
+                    }
                     Ok(())
                 },
             )?;
-        let tpp = self.config.tokens_per_page as usize;
-        let first_slot = span.first % tpp;
+        let first_slot = span.first % block;
         if first_slot != 0 {
-            let inner = self.config.inner_dim();
-            let page = &mut floats[(span.write_lo - span.page_lo) * page_floats..][..page_floats];
-            for block in page.chunks_exact_mut(tpp * inner) {
-                block[first_slot * inner..].fill(0.0);
+            let page = &mut floats[(slots.write_lo - slots.page_lo) * page_floats..][..page_floats];
+            for part in page.chunks_exact_mut(block * inner) {
+                part[first_slot * inner..].fill(0.0);
             }
         }
         Ok(KvPages {
             floats,
             page_floats,
+            n_layers,
         })
     }
 
-    /// Writes slots `write_lo..page_hi`: every position before `end` computed, the rest zero.
+    /// Writes slots `write_lo..page_hi` of `table`, each rank its share: every position before `end`
+    /// computed, the rest zero.
     fn store_kv(
         &self,
-        storage: ModelStorage<'_>,
-        entry: &ForwardEntry<'_>,
-        span: &Span,
+        storage: &dyn PageStorage,
+        table: &[PageId],
+        slots: Slots,
         kv: &KvPages,
     ) -> ModelResult<()> {
-        let first_written = (span.write_lo - span.page_lo) * kv.page_floats;
+        let inner = self.config.inner_dim();
+        let rank_floats = kv.page_floats / self.config.context_parallel as usize;
+        let first_written = (slots.write_lo - slots.page_lo) * kv.page_floats;
         kv.floats[first_written..]
             .par_chunks(kv.page_floats)
-            .zip(&entry.attention_pages[span.write_lo..span.page_hi])
+            .zip(&table[slots.write_lo..slots.page_hi])
             .try_for_each_init(
-                || vec![0u8; kv.page_floats * F32_BYTES],
-                |bytes, (page_floats, &page)| -> ModelResult<()> {
-                    floats_to_bytes(page_floats, bytes);
-                    storage.attention.write(RANK, page, bytes)?;
+                || {
+                    (
+                        vec![0u8; rank_floats * F32_BYTES],
+                        vec![0.0f32; rank_floats],
+                    )
+                },
+                |(bytes, rank_page), (block_in, &page)| -> ModelResult<()> {
+                    if self.config.context_parallel == 1 {
+                        floats_to_bytes(block_in, bytes);
+                        storage.write(0, page, bytes)?;
+                        return Ok(());
+                    }
+                    for rank in 0..self.config.context_parallel {
+                        self.for_each_rank_row(kv.n_layers, rank, |block_at, rank_at| {
+                            rank_page[rank_at..][..inner]
+                                .copy_from_slice(&block_in[block_at..][..inner]);
+                        });
+                        floats_to_bytes(rank_page, bytes);
+                        storage.write(rank, page, bytes)?;
+                    }
                     Ok(())
                 },
             )
     }
 
-    /// The recurrent state after `first_pos` tokens: zeros at position 0, else read from the state page and
-    /// checked against its header.
-    fn load_state(
+    /// Zeroes, in every block the entry writes, the positions before the window of the block's last written
+    /// position: no later query reads them, and a page's bytes are then a function of the tokens alone,
+    /// whatever a page held before (a block the engine allocates after a restore at a chunk boundary inside
+    /// it, with nothing live in it, holds another request's bytes before that boundary). A recompute writes
+    /// the same zeros. Only a chunk that is not a multiple of the block, or a window shorter than the block,
+    /// has such positions.
+    fn forget_before_window(
+        &self,
+        kv: &mut KvPages,
+        slots: Slots,
+        span: &Span,
+        window: LocalWindow,
+    ) {
+        let block = self.config.block_tokens() as usize;
+        let inner = self.config.inner_dim();
+        for slot in slots.write_lo..slots.page_hi {
+            let block_start = slot * block;
+            let last = span.end.min(block_start + block) - 1;
+            let n_forgotten = window
+                .first_key(last)
+                .saturating_sub(block_start)
+                .min(block);
+            if n_forgotten == 0 {
+                continue;
+            }
+            let page = &mut kv.floats[(slot - slots.page_lo) * kv.page_floats..][..kv.page_floats];
+            for part in page.chunks_exact_mut(block * inner) {
+                part[..n_forgotten * inner].fill(0.0);
+            }
+        }
+    }
+
+    /// Calls `f(block_offset, rank_offset)` for every token row (a key or a value of one token and layer)
+    /// `rank` holds of a block of a group with `n_layers` layers: block slot `s` lives on rank
+    /// `s % context_parallel` at slot `s / context_parallel` (the offsets are in floats; see `config`).
+    fn for_each_rank_row(&self, n_layers: usize, rank: u32, mut f: impl FnMut(usize, usize)) {
+        let tpp = self.config.tokens_per_page as usize;
+        let n_ranks = self.config.context_parallel as usize;
+        let block = tpp * n_ranks;
+        let inner = self.config.inner_dim();
+        for part in 0..2 * n_layers {
+            for rank_slot in 0..tpp {
+                let slot = rank_slot * n_ranks + rank as usize;
+                f(
+                    (part * block + slot) * inner,
+                    (part * tpp + rank_slot) * inner,
+                );
+            }
+        }
+    }
+
+    /// The recurrent states after `first_pos` tokens, group after group: zeros at position 0, else read from
+    /// the state pages and checked against their headers.
+    fn load_states(
         &self,
         storage: ModelStorage<'_>,
         entry_idx: usize,
         entry: &ForwardEntry<'_>,
     ) -> ModelResult<Vec<f32>> {
-        let n_floats =
+        let group_floats =
             self.config.n_recurrent_layers as usize * self.config.state_floats_per_layer();
-        let mut state = vec![0.0f32; n_floats];
-        let (Some(recurrent), Some(page)) = (storage.recurrent, entry.recurrent_page) else {
-            return Ok(state);
+        let mut states = vec![0.0f32; entry.state_pages.len() * group_floats];
+        let Some(recurrent) = storage.recurrent else {
+            return Ok(states);
         };
         if entry.first_pos == 0 {
-            return Ok(state);
+            return Ok(states);
         }
         let mut bytes = vec![0u8; recurrent.bytes_per_page()];
-        recurrent.read(RANK, page, &mut bytes)?;
-        let (header, body) = bytes.split_at(STATE_HEADER_BYTES);
-        let mut position = [0u8; STATE_HEADER_BYTES];
-        position.copy_from_slice(header);
-        let found = u64::from_le_bytes(position);
-        if found != u64::from(entry.first_pos) {
-            return Err(ModelError::StatePosition {
-                entry: entry_idx,
-                page,
-                expected: entry.first_pos,
-                found,
-            });
+        for (&page, state) in entry
+            .state_pages
+            .iter()
+            .zip(states.chunks_exact_mut(group_floats))
+        {
+            recurrent.read(STATE_RANK, page, &mut bytes)?;
+            let (header, body) = bytes.split_at(STATE_HEADER_BYTES);
+            let mut position = [0u8; STATE_HEADER_BYTES];
+            position.copy_from_slice(header);
+            let found = u64::from_le_bytes(position);
+            if found != u64::from(entry.first_pos) {
+                return Err(ModelError::StatePosition {
+                    entry: entry_idx,
+                    page,
+                    expected: entry.first_pos,
+                    found,
+                });
+            }
+            floats_from_bytes(body, state);
         }
-        floats_from_bytes(body, &mut state);
-        Ok(state)
+        Ok(states)
     }
 
-    /// Writes the state after `end` tokens into `page`.
-    fn store_state(
+    /// Writes each group's state after `end` tokens into its page, the same bytes on every rank.
+    fn store_states(
         &self,
         storage: ModelStorage<'_>,
-        page: PageId,
+        pages: &[PageId],
         end: usize,
-        state: &[f32],
+        states: &[f32],
     ) -> ModelResult<()> {
         let Some(recurrent) = storage.recurrent else {
             return Ok(());
         };
+        let group_floats =
+            self.config.n_recurrent_layers as usize * self.config.state_floats_per_layer();
         let mut bytes = vec![0u8; recurrent.bytes_per_page()];
-        let (header, body) = bytes.split_at_mut(STATE_HEADER_BYTES);
-        header.copy_from_slice(&(end as u64).to_le_bytes());
-        floats_to_bytes(state, body);
-        recurrent.write(RANK, page, &bytes)?;
+        for (&page, state) in pages.iter().zip(states.chunks_exact(group_floats)) {
+            let (header, body) = bytes.split_at_mut(STATE_HEADER_BYTES);
+            header.copy_from_slice(&(end as u64).to_le_bytes());
+            floats_to_bytes(state, body);
+            for rank in 0..self.config.context_parallel {
+                recurrent.write(rank, page, &bytes)?;
+            }
+        }
         Ok(())
     }
 
-    /// An attention layer: project and rotate the new tokens' queries and keys, store their keys and values
-    /// in `kv`, attend (per token and head) over the window in position order, project back into `x`.
-    fn attention_layer(&self, w: &AttentionWeights, span: &Span, kv: &mut KvPages, x: &mut [f32]) {
+    /// An attention layer of the group whose pages `kv` holds (`slots` of its table): project and rotate the
+    /// new tokens' queries and keys, store their keys and values in `kv`, attend (per token and head) over
+    /// every key before the query (`window`: its window) in position order, project back into `x`.
+    fn attention_layer(
+        &self,
+        w: &AttentionWeights,
+        span: &Span,
+        slots: Slots,
+        window: Option<LocalWindow>,
+        kv: &mut KvPages,
+        x: &mut [f32],
+    ) {
         let d = self.config.d_model as usize;
         let inner = self.config.inner_dim();
         let head_dim = self.config.head_dim as usize;
-        let tpp = self.config.tokens_per_page as usize;
+        let block = self.config.block_tokens() as usize;
         let n_tokens = x.len() / d;
         let mut q = vec![0.0f32; n_tokens * inner];
         let mut k = vec![0.0f32; n_tokens * inner];
@@ -213,17 +373,16 @@ impl ReferenceModel {
                     rope(k_t, pos, &self.inv_freq);
                 },
             );
-        let layer_floats = tpp * inner;
+        let layer_floats = block * inner;
         let keys_offset = 2 * w.attention_idx * layer_floats;
         let values_offset = keys_offset + layer_floats;
         for (t, (k_t, v_t)) in k.chunks_exact(inner).zip(v.chunks_exact(inner)).enumerate() {
-            let rel = span.first + t - span.page_lo * tpp;
-            let slot = (rel / tpp) * kv.page_floats + (rel % tpp) * inner;
+            let rel = span.first + t - slots.page_lo * block;
+            let slot = (rel / block) * kv.page_floats + (rel % block) * inner;
             kv.floats[slot + keys_offset..][..inner].copy_from_slice(k_t);
             kv.floats[slot + values_offset..][..inner].copy_from_slice(v_t);
         }
         let n_heads = self.config.n_heads as usize;
-        let window = self.config.window_tokens.map(|window| window as usize);
         let kv = &*kv;
         let mut attended = vec![0.0f32; n_tokens * inner];
         attended
@@ -233,11 +392,11 @@ impl ReferenceModel {
             .for_each_init(Vec::new, |scores, (idx, out)| {
                 let (t, head) = (idx / n_heads, idx % n_heads);
                 let pos = span.first + t;
-                let lo = window.map_or(0, |window| pos.saturating_sub(window));
+                let lo = window.map_or(0, |window| window.first_key(pos));
                 let head_kv = PagedKv {
                     floats: &kv.floats,
-                    base_pos: span.page_lo * tpp,
-                    tokens_per_page: tpp,
+                    base_pos: slots.page_lo * block,
+                    tokens_per_page: block,
                     page_floats: kv.page_floats,
                     inner,
                     key_offset: keys_offset + head * head_dim,

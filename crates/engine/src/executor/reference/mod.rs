@@ -2,9 +2,11 @@
 //! seed. It computes real keys, values and recurrent state into paged storage through each request's page
 //! tables, and real logits; greedy decoding produces real tokens.
 //!
-//! Two cache groups: the attention group (one page table shared by every attention layer, full or sliding
-//! window) and, with recurrent layers, the recurrent group (one state page per request holding every gated
-//! linear recurrence layer's state). Byte layouts: see `config`. Only rank 0 of a storage is used.
+//! Cache groups: the full-attention group (one page table shared by every full-attention layer), with local
+//! layers a windowed group (one page table shared by every sliding-window or chunked-local layer, null pages
+//! before the window), and one recurrent group per state page (each holding its gated linear recurrence
+//! layers' state). A page id names a page on each context-parallel rank; each holds its share of a block's
+//! tokens. Byte layouts: see `config`.
 //!
 //! **Batch invariance.** Every value a token produces (its keys and values, its state update, its logits) is
 //! computed by one fixed sequence of `f32` operations that depends only on the model's shapes and on the
@@ -25,7 +27,7 @@ mod weights;
 #[cfg(test)]
 mod tests;
 
-pub use config::ReferenceConfig;
+pub use config::{LocalAttention, LocalWindow, ReferenceConfig};
 pub use error::{ModelError, ModelResult};
 
 use kv_pool::{PageId, PageStorage};
@@ -45,13 +47,16 @@ pub struct ReferenceModel {
     inv_freq: Vec<f64>,
 }
 
-/// The storages of the model's cache groups (rank 0 of each is used).
+/// The storages of the model's cache groups, each with `context_parallel` ranks.
 #[derive(Clone, Copy)]
 pub struct ModelStorage<'a> {
-    /// Attention pages, of `ReferenceConfig::bytes_per_page` bytes.
+    /// Full-attention pages, of `ReferenceConfig::bytes_per_page` bytes.
     pub attention: &'a dyn PageStorage,
-    /// Recurrent state pages, of `ReferenceConfig::recurrent_bytes_per_page` bytes; `None` exactly when
-    /// the model has no recurrent layer.
+    /// Local attention pages, of `ReferenceConfig::local_bytes_per_page` bytes; `None` exactly when the model
+    /// has no local layer.
+    pub local: Option<&'a dyn PageStorage>,
+    /// Recurrent state pages of every recurrent group, of `ReferenceConfig::recurrent_bytes_per_page` bytes;
+    /// `None` exactly when the model has no recurrent layer.
     pub recurrent: Option<&'a dyn PageStorage>,
 }
 
@@ -59,6 +64,7 @@ impl std::fmt::Debug for ModelStorage<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ModelStorage")
             .field("attention_pages", &self.attention.n_pages())
+            .field("local_pages", &self.local.map(|s| s.n_pages()))
             .field("recurrent_pages", &self.recurrent.map(|s| s.n_pages()))
             .finish()
     }
@@ -71,13 +77,17 @@ pub struct ForwardEntry<'a> {
     pub tokens: &'a [u32],
     /// Position of the first new token; positions before it are read from the pages, not computed.
     pub first_pos: u32,
-    /// Attention page table: slot `i` holds positions `[i * tokens_per_page, (i + 1) * tokens_per_page)`.
-    /// It covers at least `[0, first_pos + tokens.len())`; with a sliding window, slots wholly before
-    /// `first_pos - window` may be the null page. The pages of the new positions are written.
+    /// Full-attention page table: slot `i` holds block `i`, positions `[i * B, (i + 1) * B)` with
+    /// `B = ReferenceConfig::block_tokens`. It covers at least `[0, first_pos + tokens.len())`. The pages of
+    /// the new positions are written.
     pub attention_pages: &'a [PageId],
-    /// Recurrent state page (models with recurrent layers): it holds the state after `first_pos` tokens
-    /// (ignored when `first_pos` is 0) and receives the state after the last new token.
-    pub recurrent_page: Option<PageId>,
+    /// Local page table (models with local layers; empty otherwise), block-indexed as `attention_pages`;
+    /// slots wholly before the window of `first_pos` may be the null page.
+    pub local_pages: &'a [PageId],
+    /// One state page per recurrent group (empty without recurrent layers): each holds its group's state
+    /// after `first_pos` tokens (ignored when `first_pos` is 0) and receives the state after the last new
+    /// token.
+    pub state_pages: &'a [PageId],
     /// Whether to compute the logits of the last new token.
     pub want_logits: bool,
 }
@@ -112,12 +122,13 @@ impl ReferenceModel {
         &self.config
     }
 
-    /// Computes `batch`: for each entry, the keys and values of its new tokens into its attention pages, its
-    /// recurrent state into its state page, and its last token's logits when asked (`None` otherwise), in
-    /// batch order. The batch is checked whole before any page is written; entries must not write a page
-    /// another entry reads or writes. Errors: `StoragePageSize`, `RecurrentStorage`, and per entry
-    /// `EmptyTokens`, `TokenOutOfVocab`, `PositionOverflow`, `PageTableTooShort`, `PageOutOfRange`,
-    /// `NullPage`, `RecurrentPage`, `PageConflict`; while computing, `StatePosition` and `Storage`.
+    /// Computes `batch`: for each entry, the keys and values of its new tokens into its attention and local
+    /// pages, its recurrent states into its state pages, and its last token's logits when asked (`None`
+    /// otherwise), in batch order. The batch is checked whole before any page is written; entries must not
+    /// write a page another entry reads or writes. Errors: `StoragePageSize`, `StorageRanks`,
+    /// `RecurrentStorage`, `LocalStorage`, and per entry `EmptyTokens`, `TokenOutOfVocab`,
+    /// `PositionOverflow`, `PageTableTooShort`, `PageOutOfRange`, `NullPage`, `RecurrentPage`, `LocalPages`,
+    /// `PageConflict`; while computing, `StatePosition` and `Storage`.
     pub fn forward(
         &self,
         storage: ModelStorage<'_>,

@@ -8,7 +8,10 @@ mod props;
 
 use kv_pool::{HostStorage, PageId, PageStorage};
 
-use super::{ForwardEntry, Logits, ModelStorage, ReferenceConfig, ReferenceModel};
+use super::{
+    ForwardEntry, LocalAttention, LocalWindow, Logits, ModelStorage, ReferenceConfig,
+    ReferenceModel,
+};
 
 /// Pages in each test storage, the null page included.
 const N_PAGES: u32 = 256;
@@ -22,32 +25,82 @@ fn tiny_model() -> ReferenceModel {
     .expect("the tiny config is valid")
 }
 
-/// Attention and recurrent storages sized for `model`.
+/// Every shape the model runs, small, each with a name for failures: its own (full attention and one
+/// recurrent group), a sliding window beside full attention and a recurrent group, chunked-local beside full
+/// attention, and the `glm-mla-hybrid` preset's shape (three recurrent groups on two context-parallel ranks).
+fn shapes() -> Vec<(&'static str, ReferenceModel)> {
+    let tiny = ReferenceConfig {
+        seed: 7,
+        ..ReferenceConfig::tiny()
+    };
+    let configs = [
+        ("tiny", tiny),
+        (
+            "sliding-window",
+            ReferenceConfig {
+                local: Some(LocalAttention {
+                    n_layers: 2,
+                    window: LocalWindow::Sliding { window_tokens: 40 },
+                }),
+                ..tiny
+            },
+        ),
+        (
+            "chunked-local",
+            ReferenceConfig {
+                local: Some(LocalAttention {
+                    n_layers: 1,
+                    window: LocalWindow::Chunked { chunk_tokens: 48 },
+                }),
+                n_recurrent_layers: 0,
+                ..tiny
+            },
+        ),
+        (
+            "ranks",
+            ReferenceConfig {
+                n_recurrent_groups: 3,
+                tokens_per_page: 8,
+                context_parallel: 2,
+                ..tiny
+            },
+        ),
+    ];
+    configs
+        .into_iter()
+        .map(|(name, config)| (name, ReferenceModel::new(config).expect("valid shape")))
+        .collect()
+}
+
+/// Attention, local and recurrent storages sized for `model`, with its ranks.
 struct Storages {
     attention: HostStorage,
+    local: Option<HostStorage>,
     recurrent: Option<HostStorage>,
 }
 
 impl Storages {
     fn new(model: &ReferenceModel) -> Storages {
         let config = model.config();
-        let recurrent = (config.n_recurrent_layers > 0).then(|| {
-            HostStorage::new(1, N_PAGES, config.recurrent_bytes_per_page()).expect("storage")
-        });
+        let n_ranks = config.context_parallel;
+        let storage = |bytes| HostStorage::new(n_ranks, N_PAGES, bytes).expect("storage");
         Storages {
-            attention: HostStorage::new(1, N_PAGES, config.bytes_per_page()).expect("storage"),
-            recurrent,
+            attention: storage(config.bytes_per_page()),
+            local: config.local.map(|_| storage(config.local_bytes_per_page())),
+            recurrent: (config.n_recurrent_layers > 0)
+                .then(|| storage(config.recurrent_bytes_per_page())),
         }
     }
 
     fn view(&self) -> ModelStorage<'_> {
         ModelStorage {
             attention: &self.attention,
+            local: self.local.as_ref().map(|s| s as &dyn PageStorage),
             recurrent: self.recurrent.as_ref().map(|s| s as &dyn PageStorage),
         }
     }
 
-    /// The bytes of attention pages `pages`.
+    /// The bytes of attention pages `pages` on every rank.
     fn attention_bytes(&self, pages: &[PageId]) -> Vec<Vec<u8>> {
         pages
             .iter()
@@ -55,33 +108,53 @@ impl Storages {
             .collect()
     }
 
-    /// The bytes of recurrent state page `page` (empty without recurrent layers).
-    fn state_bytes(&self, page: PageId) -> Vec<u8> {
-        self.recurrent
-            .as_ref()
-            .map_or_else(Vec::new, |storage| read(storage, page))
+    /// The bytes of local pages `pages` on every rank (none without local layers); null pages skipped.
+    fn local_bytes(&self, pages: &[PageId]) -> Vec<Vec<u8>> {
+        let Some(local) = &self.local else {
+            return Vec::new();
+        };
+        pages
+            .iter()
+            .filter(|page| !page.is_null())
+            .map(|&page| read(local, page))
+            .collect()
+    }
+
+    /// The bytes of recurrent state pages `pages` on every rank (empty without recurrent layers).
+    fn state_bytes(&self, pages: &[PageId]) -> Vec<u8> {
+        self.recurrent.as_ref().map_or_else(Vec::new, |storage| {
+            pages.iter().flat_map(|&page| read(storage, page)).collect()
+        })
     }
 }
 
+/// The bytes of `page` on every rank of `storage`, rank after rank.
 fn read(storage: &dyn PageStorage, page: PageId) -> Vec<u8> {
-    let mut bytes = vec![0u8; storage.bytes_per_page()];
-    storage.read(0, page, &mut bytes).expect("read");
-    bytes
+    let mut all = Vec::new();
+    for rank in 0..storage.n_ranks() {
+        let mut bytes = vec![0u8; storage.bytes_per_page()];
+        storage.read(rank, page, &mut bytes).expect("read");
+        all.extend(bytes);
+    }
+    all
 }
 
-/// One request's pages: an attention page table and a state page, both from page ids starting at `first_page`.
+/// One request's pages: attention and local page tables and state pages. Its attention pages are
+/// `first_page, first_page + 1, ...`, its local pages the same ids in the local storage, its state pages
+/// `state_page, state_page + 1, ...`.
 #[derive(Clone, Debug)]
 struct Request {
     tokens: Vec<u32>,
     pages: Vec<PageId>,
-    state_page: Option<PageId>,
+    local_pages: Vec<PageId>,
+    state_pages: Vec<PageId>,
     /// Tokens computed so far.
     n_done: usize,
 }
 
 impl Request {
     /// A request over `tokens` whose pages are `first_page, first_page + 1, ...` (enough for `capacity`
-    /// tokens) and whose state page is `state_page`.
+    /// tokens) and whose state pages start at `state_page`.
     fn new(
         model: &ReferenceModel,
         tokens: Vec<u32>,
@@ -89,11 +162,19 @@ impl Request {
         first_page: u32,
         state_page: u32,
     ) -> Request {
-        let n_pages = model.config().pages_for_tokens(capacity);
+        let config = model.config();
+        let n_pages = config.pages_for_tokens(capacity);
+        let pages: Vec<PageId> = (first_page..first_page + n_pages).map(PageId).collect();
+        let n_states = config.n_state_pages() as u32;
         Request {
             tokens,
-            pages: (first_page..first_page + n_pages).map(PageId).collect(),
-            state_page: (model.config().n_recurrent_layers > 0).then_some(PageId(state_page)),
+            local_pages: if config.local.is_some() {
+                pages.clone()
+            } else {
+                Vec::new()
+            },
+            pages,
+            state_pages: (state_page..state_page + n_states).map(PageId).collect(),
             n_done: 0,
         }
     }
@@ -104,7 +185,8 @@ impl Request {
             tokens: &self.tokens[self.n_done..self.n_done + n],
             first_pos: self.n_done as u32,
             attention_pages: &self.pages,
-            recurrent_page: self.state_page,
+            local_pages: &self.local_pages,
+            state_pages: &self.state_pages,
             want_logits: true,
         }
     }
@@ -112,6 +194,14 @@ impl Request {
     /// The pages holding the tokens computed so far.
     fn used_pages(&self, model: &ReferenceModel) -> &[PageId] {
         &self.pages[..model.config().pages_for_tokens(self.n_done as u32) as usize]
+    }
+
+    /// The bytes of the attention and local pages holding the tokens computed so far.
+    fn used_bytes(&self, model: &ReferenceModel, storages: &Storages) -> Vec<Vec<u8>> {
+        let n_used = model.config().pages_for_tokens(self.n_done as u32) as usize;
+        let mut bytes = storages.attention_bytes(&self.pages[..n_used]);
+        bytes.extend(storages.local_bytes(&self.local_pages[..n_used.min(self.local_pages.len())]));
+        bytes
     }
 }
 
@@ -167,7 +257,8 @@ fn tokens(seed: u64, n: usize, vocab: u32) -> Vec<u32> {
         .collect()
 }
 
-/// Everything a prefill leaves: every used page's bytes, the state page's bytes and the last logits.
+/// Everything a prefill leaves: every used page's bytes (attention, then local), the state pages' bytes and
+/// the last logits.
 #[derive(Debug, PartialEq)]
 struct Outcome {
     pages: Vec<Vec<u8>>,
@@ -181,10 +272,8 @@ fn prefill_outcome(model: &ReferenceModel, prompt: &[u32], chunk: usize) -> Outc
     let mut request = Request::new(model, prompt.to_vec(), prompt.len() as u32, 1, 1);
     let logits = prefill(model, &storages, &mut request, chunk);
     Outcome {
-        pages: storages.attention_bytes(request.used_pages(model)),
-        state: request
-            .state_page
-            .map_or_else(Vec::new, |page| storages.state_bytes(page)),
+        pages: request.used_bytes(model, &storages),
+        state: storages.state_bytes(&request.state_pages),
         logits,
     }
 }
@@ -208,18 +297,54 @@ fn the_cache_groups_make_a_geometry_with_the_page_sizes() {
     );
     assert!(Geometry::new(groups, hybrid.tokens_per_page, 1, 1 << 16).is_ok());
     let windowed = ReferenceConfig {
-        window_tokens: Some(64),
+        local: Some(LocalAttention {
+            n_layers: 3,
+            window: LocalWindow::Sliding { window_tokens: 64 },
+        }),
         n_recurrent_layers: 0,
         ..hybrid
     };
     assert_eq!(windowed.recurrent_bytes_per_page(), 0);
+    assert_eq!(windowed.local_bytes_per_page(), 3 * 4096);
+    assert_eq!(windowed.max_bytes_per_page(), 3 * 4096);
     let groups = windowed.cache_groups();
-    assert_eq!(groups.len(), 1);
+    assert_eq!(groups.len(), 2);
     assert_eq!(
-        groups[0].kind,
+        groups[1].kind,
         GroupKind::SlidingWindow {
             window_tokens: 64,
             retained_tail_tokens: 0
         }
+    );
+    // The preset shape: three recurrent groups on two ranks, 64-token pages.
+    let glm = ReferenceConfig {
+        n_recurrent_groups: 3,
+        tokens_per_page: 64,
+        context_parallel: 2,
+        ..hybrid
+    };
+    assert_eq!(glm.block_tokens(), 128);
+    assert_eq!(glm.pages_for_tokens(129), 2);
+    assert_eq!(glm.n_state_pages(), 3);
+    let geometry = glm.geometry(1 << 16).expect("valid");
+    assert_eq!(geometry.block_tokens(), 128);
+    assert_eq!(
+        geometry
+            .groups()
+            .iter()
+            .filter(|group| group.kind == GroupKind::Recurrent)
+            .count(),
+        3
+    );
+    let chunked = ReferenceConfig {
+        local: Some(LocalAttention {
+            n_layers: 1,
+            window: LocalWindow::Chunked { chunk_tokens: 32 },
+        }),
+        ..hybrid
+    };
+    assert_eq!(
+        chunked.cache_groups()[1].kind,
+        GroupKind::ChunkedLocal { chunk_tokens: 32 }
     );
 }

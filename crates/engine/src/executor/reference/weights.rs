@@ -19,10 +19,21 @@ pub(crate) struct Mlp {
     pub(crate) w2: Matrix,
 }
 
+/// Which attention group a layer keeps its keys and values in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum AttentionGroup {
+    /// The full-attention group: the query attends to every key before it.
+    Full,
+    /// The local group: the query attends to its window (`ReferenceConfig::local`).
+    Local,
+}
+
 /// Projections of one attention layer.
 #[derive(Debug)]
 pub(crate) struct AttentionWeights {
-    /// Index among the attention layers (its slot in the attention page).
+    /// The group whose pages hold the layer's keys and values.
+    pub(crate) group: AttentionGroup,
+    /// Index among the group's layers (its slot in the group's page).
     pub(crate) attention_idx: usize,
     pub(crate) wq: Matrix,
     pub(crate) wk: Matrix,
@@ -33,7 +44,9 @@ pub(crate) struct AttentionWeights {
 /// Projections of one gated linear recurrence layer.
 #[derive(Debug)]
 pub(crate) struct RecurrentWeights {
-    /// Index among the recurrent layers (its slot in the state page).
+    /// The recurrent group whose state page holds the layer's state.
+    pub(crate) state_group: usize,
+    /// Index among the group's layers (its slot in the state page).
     pub(crate) recurrent_idx: usize,
     pub(crate) wq: Matrix,
     pub(crate) wk: Matrix,
@@ -72,7 +85,8 @@ pub(crate) struct Weights {
 
 impl Weights {
     /// Generates the weights of a validated `config` from its seed. Recurrent layers are spread evenly
-    /// through the stack (the last layer is recurrent when there is one).
+    /// through the stack (the last layer is recurrent when there is one), group by group; local layers are
+    /// spread evenly among the attention layers (the last attention layer is local when there is one).
     pub(crate) fn generate(config: &ReferenceConfig) -> Weights {
         let mut rng = Generator {
             seed: config.seed,
@@ -83,17 +97,21 @@ impl Weights {
         let ffn = config.ffn_dim as usize;
         let vocab = config.vocab as usize;
         let embedding = rng.tensor(vocab * d, 1.0);
-        let n_layers = (config.n_attention_layers + config.n_recurrent_layers) as usize;
-        let n_recurrent = config.n_recurrent_layers as usize;
+        let n_local = config.n_local_layers() as usize;
+        let n_attention = config.n_attention_layers as usize + n_local;
+        let n_recurrent = config.n_recurrent_layers_total() as usize;
+        let layers_per_group = (config.n_recurrent_layers as usize).max(1);
+        let n_layers = n_attention + n_recurrent;
         let mut layers = Vec::with_capacity(n_layers);
-        let (mut attention_idx, mut recurrent_idx) = (0, 0);
+        let (mut full_idx, mut local_idx, mut attention_idx, mut recurrent_idx) = (0, 0, 0, 0);
         for layer_idx in 0..n_layers {
             let is_recurrent =
                 (layer_idx + 1) * n_recurrent / n_layers > layer_idx * n_recurrent / n_layers;
             let block = if is_recurrent {
                 recurrent_idx += 1;
                 Block::Recurrent(RecurrentWeights {
-                    recurrent_idx: recurrent_idx - 1,
+                    state_group: (recurrent_idx - 1) / layers_per_group,
+                    recurrent_idx: (recurrent_idx - 1) % layers_per_group,
                     wq: rng.matrix(d, inner),
                     wk: rng.matrix(d, inner),
                     wv: rng.matrix(d, inner),
@@ -108,9 +126,19 @@ impl Weights {
                     wo: rng.matrix(inner, d),
                 })
             } else {
+                let a = attention_idx;
                 attention_idx += 1;
+                let is_local = (a + 1) * n_local / n_attention > a * n_local / n_attention;
+                let (group, idx) = if is_local {
+                    local_idx += 1;
+                    (AttentionGroup::Local, local_idx - 1)
+                } else {
+                    full_idx += 1;
+                    (AttentionGroup::Full, full_idx - 1)
+                };
                 Block::Attention(AttentionWeights {
-                    attention_idx: attention_idx - 1,
+                    group,
+                    attention_idx: idx,
                     wq: rng.matrix(d, inner),
                     wk: rng.matrix(d, inner),
                     wv: rng.matrix(d, inner),

@@ -3,7 +3,10 @@
 
 use kv_pool::{HostStorage, PageId, PageStorage};
 
-use super::super::{ForwardEntry, ModelError, ModelStorage, ReferenceConfig, ReferenceModel};
+use super::super::{
+    ForwardEntry, LocalAttention, LocalWindow, ModelError, ModelStorage, ReferenceConfig,
+    ReferenceModel,
+};
 use super::{N_PAGES, Request, Storages, prefill, tiny_model, tokens};
 
 fn config_error(config: ReferenceConfig) -> ModelError {
@@ -20,12 +23,16 @@ fn forward_error(
         .expect_err("the batch is refused")
 }
 
+const STATE_1: &[PageId] = &[PageId(1)];
+const STATE_2: &[PageId] = &[PageId(2)];
+
 fn entry<'a>(tokens: &'a [u32], first_pos: u32, pages: &'a [PageId]) -> ForwardEntry<'a> {
     ForwardEntry {
         tokens,
         first_pos,
         attention_pages: pages,
-        recurrent_page: Some(PageId(1)),
+        local_pages: &[],
+        state_pages: STATE_1,
         want_logits: false,
     }
 }
@@ -81,10 +88,47 @@ fn invalid_configs_name_their_field() {
         ),
         (
             ReferenceConfig {
-                window_tokens: Some(0),
+                local: Some(LocalAttention {
+                    n_layers: 1,
+                    window: LocalWindow::Sliding { window_tokens: 0 },
+                }),
                 ..tiny
             },
-            "window_tokens",
+            "local.window_tokens",
+        ),
+        (
+            ReferenceConfig {
+                local: Some(LocalAttention {
+                    n_layers: 1,
+                    window: LocalWindow::Chunked { chunk_tokens: 0 },
+                }),
+                ..tiny
+            },
+            "local.chunk_tokens",
+        ),
+        (
+            ReferenceConfig {
+                local: Some(LocalAttention {
+                    n_layers: 0,
+                    window: LocalWindow::Chunked { chunk_tokens: 16 },
+                }),
+                ..tiny
+            },
+            "local.n_layers",
+        ),
+        (
+            ReferenceConfig {
+                n_recurrent_groups: 0,
+                ..tiny
+            },
+            "n_recurrent_groups",
+        ),
+        (
+            ReferenceConfig {
+                context_parallel: 0,
+                ..tiny
+            },
+            "context_parallel",
         ),
         (
             ReferenceConfig {
@@ -154,6 +198,7 @@ fn bad_page_tables_are_refused() {
         err,
         ModelError::PageTableTooShort {
             entry: 0,
+            group: "attention",
             len: 2,
             needed: 3,
             end_pos: 40
@@ -182,7 +227,8 @@ fn bad_page_tables_are_refused() {
     ));
     let mut state_out_of_range = entry(&prompt, 0, &out_of_range[..1]);
     state_out_of_range.tokens = &prompt[..3];
-    state_out_of_range.recurrent_page = Some(PageId(N_PAGES + 5));
+    let far = [PageId(N_PAGES + 5)];
+    state_out_of_range.state_pages = &far;
     let err = forward_error(&model, storages.view(), &[state_out_of_range]);
     assert!(matches!(
         err,
@@ -192,7 +238,7 @@ fn bad_page_tables_are_refused() {
         }
     ));
     let mut state_null = state_out_of_range;
-    state_null.recurrent_page = Some(PageId::NULL);
+    state_null.state_pages = &[PageId::NULL];
     let err = forward_error(&model, storages.view(), &[state_null]);
     assert!(matches!(
         err,
@@ -212,7 +258,7 @@ fn entries_that_share_a_written_page_are_refused_and_nothing_is_written() {
     let a: Vec<PageId> = (1..4).map(PageId).collect();
     let b: Vec<PageId> = (3..6).map(PageId).collect();
     let mut second = entry(&prompt, 0, &b);
-    second.recurrent_page = Some(PageId(2));
+    second.state_pages = STATE_2;
     let err = forward_error(&model, storages.view(), &[entry(&prompt, 0, &a), second]);
     assert!(matches!(
         err,
@@ -242,7 +288,7 @@ fn entries_that_share_a_written_page_are_refused_and_nothing_is_written() {
     // Entry 1 reads page 1 (its slot 0, before its first position) while entry 0 writes it.
     let reader_pages = [PageId(1), PageId(10), PageId(11)];
     let mut reader = entry(&prompt[..8], 32, &reader_pages);
-    reader.recurrent_page = Some(PageId(2));
+    reader.state_pages = STATE_2;
     let err = forward_error(&model, storages.view(), &[entry(&prompt, 0, &a), reader]);
     assert!(matches!(
         err,
@@ -272,7 +318,7 @@ fn storages_that_do_not_fit_the_model_are_refused() {
     let wrong = HostStorage::new(1, 8, config.bytes_per_page() + 4).expect("storage");
     let view = ModelStorage {
         attention: &wrong,
-        recurrent: storages.view().recurrent,
+        ..storages.view()
     };
     let err = forward_error(&model, view, &batch);
     assert!(matches!(
@@ -283,8 +329,8 @@ fn storages_that_do_not_fit_the_model_are_refused() {
         }
     ));
     let view = ModelStorage {
-        attention: &storages.attention,
         recurrent: Some(&wrong),
+        ..storages.view()
     };
     let err = forward_error(&model, view, &batch);
     assert!(matches!(
@@ -292,8 +338,8 @@ fn storages_that_do_not_fit_the_model_are_refused() {
         ModelError::StoragePageSize { group: "recurrent", expected, .. } if expected == config.recurrent_bytes_per_page()
     ));
     let view = ModelStorage {
-        attention: &storages.attention,
         recurrent: None,
+        ..storages.view()
     };
     let err = forward_error(&model, view, &batch);
     assert!(matches!(
@@ -304,9 +350,16 @@ fn storages_that_do_not_fit_the_model_are_refused() {
         }
     ));
     let mut no_state = batch[0];
-    no_state.recurrent_page = None;
+    no_state.state_pages = &[];
     let err = forward_error(&model, storages.view(), &[no_state]);
-    assert!(matches!(err, ModelError::RecurrentPage { entry: 0, .. }));
+    assert!(matches!(
+        err,
+        ModelError::RecurrentPage {
+            entry: 0,
+            n_given: 0,
+            n_groups: 1
+        }
+    ));
 
     let attention_only = ReferenceModel::new(ReferenceConfig {
         n_recurrent_layers: 0,
@@ -322,8 +375,8 @@ fn storages_that_do_not_fit_the_model_are_refused() {
         }
     ));
     let view = ModelStorage {
-        attention: &storages.attention,
         recurrent: None,
+        ..storages.view()
     };
     let err = forward_error(&attention_only, view, &batch);
     assert!(matches!(err, ModelError::RecurrentPage { entry: 0, .. }));
@@ -341,7 +394,8 @@ fn a_state_page_at_another_position_is_refused() {
         tokens: &[5],
         first_pos: 32,
         attention_pages: &request.pages,
-        recurrent_page: request.state_page,
+        local_pages: &[],
+        state_pages: &request.state_pages,
         want_logits: true,
     };
     let err = forward_error(&model, storages.view(), &[entry]);
@@ -356,4 +410,70 @@ fn a_state_page_at_another_position_is_refused() {
     ));
     let recurrent: &dyn PageStorage = storages.recurrent.as_ref().expect("hybrid model");
     assert_eq!(recurrent.n_pages(), N_PAGES);
+}
+
+#[test]
+fn local_tables_and_ranks_that_do_not_fit_the_model_are_refused() {
+    let tiny = tiny_model();
+    let storages = Storages::new(&tiny);
+    let pages = [PageId(1)];
+    let given_in_vain = ForwardEntry {
+        local_pages: &pages,
+        ..entry(&[1, 2, 3], 0, &pages)
+    };
+    let err = forward_error(&tiny, storages.view(), &[given_in_vain]);
+    assert!(matches!(err, ModelError::LocalPages { entry: 0 }), "{err}");
+    let two_ranks = HostStorage::new(2, 8, tiny.config().bytes_per_page()).expect("storage");
+    let view = ModelStorage {
+        attention: &two_ranks,
+        ..storages.view()
+    };
+    let err = forward_error(&tiny, view, &[entry(&[1, 2, 3], 0, &pages)]);
+    assert!(
+        matches!(
+            err,
+            ModelError::StorageRanks {
+                group: "attention",
+                n_ranks: 2,
+                context_parallel: 1
+            }
+        ),
+        "{err}"
+    );
+    let windowed = ReferenceModel::new(ReferenceConfig {
+        local: Some(LocalAttention {
+            n_layers: 1,
+            window: LocalWindow::Sliding { window_tokens: 8 },
+        }),
+        ..*tiny.config()
+    })
+    .expect("valid");
+    let err = forward_error(&windowed, storages.view(), &[entry(&[1, 2, 3], 0, &pages)]);
+    assert!(
+        matches!(err, ModelError::LocalStorage { has: "has", .. }),
+        "{err}"
+    );
+    let windowed_storages = Storages::new(&windowed);
+    let err = forward_error(
+        &windowed,
+        windowed_storages.view(),
+        &[entry(&[1, 2, 3], 0, &pages)],
+    );
+    assert!(
+        matches!(
+            err,
+            ModelError::PageTableTooShort {
+                group: "local",
+                len: 0,
+                needed: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = forward_error(&tiny, windowed_storages.view(), &[entry(&[1], 0, &pages)]);
+    assert!(
+        matches!(err, ModelError::LocalStorage { has: "has no", .. }),
+        "{err}"
+    );
 }

@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 
-use super::{Request, Storages, prefill_outcome, tiny_model, tokens};
+use super::{Request, Storages, prefill_outcome, shapes, tokens};
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(
@@ -11,19 +11,21 @@ proptest! {
         std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(16)
     ))]
 
-    /// Prefilling a prompt of any length in chunks of any sizes leaves every page, the state page and the
-    /// last logits bit-identical to prefilling it in one chunk.
+    /// Prefilling a prompt of any length in chunks of any sizes leaves every page (full-attention and
+    /// local, on every rank), the state pages and the last logits bit-identical to prefilling it in one
+    /// chunk, for every shape.
     #[test]
     fn prop_any_chunking_writes_the_bits_of_one_chunk(
         seed in 0u64..1000,
         len in 1usize..160,
         chunks in proptest::collection::vec(1usize..40, 1..12),
     ) {
-        let model = tiny_model();
+        let shapes = shapes();
+        let (name, model) = &shapes[seed as usize % shapes.len()];
         let prompt = tokens(seed, len, model.config().vocab);
-        let whole = prefill_outcome(&model, &prompt, len);
-        let storages = Storages::new(&model);
-        let mut request = Request::new(&model, prompt.clone(), len as u32, 1, 1);
+        let whole = prefill_outcome(model, &prompt, len);
+        let storages = Storages::new(model);
+        let mut request = Request::new(model, prompt.clone(), len as u32, 1, 1);
         let mut logits = None;
         let mut sizes = chunks.iter().cycle();
         while request.n_done < len {
@@ -32,8 +34,8 @@ proptest! {
             logits = out.pop().flatten();
             request.n_done += n;
         }
-        prop_assert_eq!(storages.attention_bytes(request.used_pages(&model)), whole.pages);
-        prop_assert_eq!(storages.state_bytes(request.state_page.expect("hybrid")), whole.state);
-        prop_assert_eq!(logits, Some(whole.logits));
+        prop_assert_eq!(request.used_bytes(model, &storages), whole.pages, "{}", name);
+        prop_assert_eq!(storages.state_bytes(&request.state_pages), whole.state, "{}", name);
+        prop_assert_eq!(logits, Some(whole.logits), "{}", name);
     }
 }
