@@ -46,7 +46,7 @@ fn ref_engine(policy: Policy, recurrent: bool) -> Engine<ReferenceExecutor> {
 }
 
 /// Steps `engine` until idle, checking the invariants after every step; the outputs of what finished.
-pub(crate) fn run(engine: &mut Engine<ReferenceExecutor>) -> Vec<(RequestId, Vec<u32>)> {
+pub(crate) fn run<E: Executor>(engine: &mut Engine<E>) -> Vec<(RequestId, Vec<u32>)> {
     for _ in 0..100_000 {
         if engine.is_idle() {
             break;

@@ -52,17 +52,10 @@ fn params(policy: Policy, preemption: Preemption) -> EngineParams {
     }
 }
 
-/// Runs to idle checking the invariants after every step; the outputs by id, and the run's metrics of
-/// request 2.
+/// Runs to idle checking the invariants after every step (`live::run`); the outputs by id, and request 2's
+/// metrics.
 fn run<E: Executor>(engine: &mut Engine<E>) -> (Vec<(RequestId, Vec<u32>)>, RequestMetrics) {
-    for _ in 0..100_000 {
-        if engine.is_idle() {
-            break;
-        }
-        let _report = engine.step().expect("step");
-        engine.check_invariants().expect("invariants");
-    }
-    assert!(engine.is_idle(), "the run ends");
+    let outputs = crate::live::run(engine);
     assert_eq!(engine.metrics().leaked_pages, 0, "no page leaks");
     let victim = engine
         .request_metrics()
@@ -70,12 +63,6 @@ fn run<E: Executor>(engine: &mut Engine<E>) -> (Vec<(RequestId, Vec<u32>)>, Requ
         .find(|m| m.id == Some(RequestId(2)))
         .cloned()
         .expect("request 2 ran");
-    let mut outputs: Vec<_> = engine
-        .take_finished()
-        .into_iter()
-        .map(|done| (done.id, done.output))
-        .collect();
-    outputs.sort();
     (outputs, victim)
 }
 
