@@ -175,6 +175,37 @@ fn q1_blocked_head_lets_only_ready_imports_pass() {
 }
 
 #[test]
+fn q1_a_request_behind_an_unanswered_lookup_blocks_the_head_and_only_ready_imports_pass() {
+    let mut host = setup(8, 8);
+    for id in 1..=3 {
+        host.push(id);
+    }
+    host.set(1, Candidate::WaitsBehind);
+    host.set(2, Candidate::Cold { need_pages: 1 });
+    host.set(3, Candidate::RestoreReady);
+    host.mark_ready(3);
+    let step = host.step(&StepContext::default());
+    assert_eq!(
+        admitted(&step.decisions),
+        vec![3],
+        "the ready import passes"
+    );
+    let blocked = step.blocked.expect("head blocked");
+    assert_eq!(
+        (blocked.request, blocked.reason),
+        (RequestId(1), BlockReason::WaitsBehind)
+    );
+    assert_eq!(
+        host.waiting
+            .iter()
+            .map(|(_, request)| request.0)
+            .collect::<Vec<_>>(),
+        vec![1, 2],
+        "the cold request behind it waits, though its page would fit"
+    );
+}
+
+#[test]
 fn q1_ready_imports_ahead_of_the_head_are_admitted_in_order_and_a_spent_budget_blocks_the_head() {
     let mut host = setup(8, 8);
     for id in 1..=4 {
@@ -455,27 +486,36 @@ proptest! {
     ))]
 
     /// FCFS holds among requests that do not own capacity: across steps, a cold request is admitted only after
-    /// every cold request pushed before it; ready imports may pass; admitted requests leave the queues; the
-    /// host's admissions never take a page that is not there.
+    /// every cold request pushed before it, also when some wait behind an unanswered lookup for a few steps
+    /// first (`WaitsBehind`); ready imports may pass; admitted requests leave the queues; the host's admissions
+    /// never take a page that is not there.
     #[test]
     fn prop_fcfs_order_holds_among_requests_without_capacity(
-        needs in proptest::collection::vec((1u32..6, proptest::bool::weighted(0.2)), 1..40),
+        needs in proptest::collection::vec((1u32..6, proptest::bool::weighted(0.2), 0usize..3), 1..40),
         frees in proptest::collection::vec(0u32..8, 1..20),
     ) {
         let mut host = setup(16, 64);
         let mut hog = host.pool.allocate(12).expect("pages");
-        for (id, &(need_pages, ready)) in needs.iter().enumerate() {
+        for (id, &(_, ready, _)) in needs.iter().enumerate() {
             let id = id as u64;
             host.push(id);
             if ready {
                 host.set(id, Candidate::RestoreReady);
                 host.mark_ready(id);
-            } else {
-                host.set(id, Candidate::Cold { need_pages });
             }
         }
         let mut cold_admitted: Vec<u64> = Vec::new();
-        for &n_free in &frees {
+        for (step_idx, &n_free) in frees.iter().enumerate() {
+            for (id, &(need_pages, ready, waits)) in needs.iter().enumerate() {
+                if !ready {
+                    let candidate = if step_idx < waits {
+                        Candidate::WaitsBehind
+                    } else {
+                        Candidate::Cold { need_pages }
+                    };
+                    host.set(id as u64, candidate);
+                }
+            }
             let n_free = (n_free as usize).min(hog.len());
             let freed: Vec<_> = hog.drain(..n_free).collect();
             host.pool.free_all(&freed).expect("free");
@@ -493,7 +533,8 @@ proptest! {
             hog.append(&mut host.held);
             host.pool.check_invariants();
         }
-        let cold_order: Vec<u64> = (0..needs.len() as u64).filter(|&id| !needs[id as usize].1).collect();
+        let cold_order: Vec<u64> =
+            (0..needs.len() as u64).filter(|&id| !needs[id as usize].1).collect();
         prop_assert_eq!(&cold_admitted[..], &cold_order[..cold_admitted.len()]);
     }
 }
