@@ -641,11 +641,7 @@ impl<E: Executor> Engine<E> {
             return self.verify_hybrid_import(id, tokens);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let dest = self
-            .index
-            .pages(id)
-            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))?
-            .to_vec();
+        let dest = self.verified_import_pages(id)?;
         let keys = &self.reqs[&id].keys[first_block as usize..];
         let mut expected = vec![0u8; self.page_buf.len()];
         for ((block, page), key) in (first_block..).zip(&dest).zip(keys) {
@@ -679,15 +675,19 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
+    /// The pages of `id`'s import being verified (E3), as the index holds them.
+    pub(crate) fn verified_import_pages(&self, id: RequestId) -> Result<Vec<PageId>> {
+        self.index
+            .pages(id)
+            .map(<[PageId]>::to_vec)
+            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))
+    }
+
     /// E3 for a hybrid import at exact boundary `tokens`: every page, the partial one and the fixed ones
     /// included, on every rank.
     fn verify_hybrid_import(&mut self, id: RequestId, tokens: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let dest = self
-            .index
-            .pages(id)
-            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))?
-            .to_vec();
+        let dest = self.verified_import_pages(id)?;
         let req = &self.reqs[&id];
         let boundary =
             self.groups

@@ -19,11 +19,7 @@ impl<E: Executor> Engine<E> {
         tokens: u32,
     ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let dest = self
-            .index
-            .pages(id)
-            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))?
-            .to_vec();
+        let dest = self.verified_import_pages(id)?;
         let prefix = self.reqs[&id]
             .tokens
             .get(..tokens as usize)
