@@ -319,6 +319,9 @@ impl EngineParams {
         if self.max_running == 0 {
             return invalid("max_running", "at least 1");
         }
+        if let Err((field, reason)) = self.cost.check() {
+            return invalid(field, &reason);
+        }
         if self.max_batched_tokens == 0 {
             return invalid("max_batched_tokens", "at least 1");
         }

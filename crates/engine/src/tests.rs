@@ -41,6 +41,67 @@ fn cost_model_grows_with_work_and_presets_resolve() {
 }
 
 #[test]
+fn a_cost_model_with_hostile_figures_is_refused_naming_the_field_and_never_panics() {
+    let cases: [(fn(&mut CostModel, f64), &str, f64); 6] = [
+        (|c, v| c.copy_bytes_per_s = v, "cost.copy_bytes_per_s", 0.0),
+        (
+            |c, v| c.copy_bytes_per_s = v,
+            "cost.copy_bytes_per_s",
+            f64::NAN,
+        ),
+        (
+            |c, v| c.prefill_s_per_token = v,
+            "cost.prefill_s_per_token",
+            f64::INFINITY,
+        ),
+        (
+            |c, v| c.prefill_s_per_pair = v,
+            "cost.prefill_s_per_pair",
+            -1.0,
+        ),
+        (
+            |c, v| c.copy_latency_s = v,
+            "cost.copy_latency_s",
+            f64::NEG_INFINITY,
+        ),
+        (
+            |c, v| c.decode_weights_s = v,
+            "cost.decode_weights_s",
+            f64::NAN,
+        ),
+    ];
+    for (set, field, value) in cases {
+        let mut cost = CostModel::small_8b_gpu();
+        set(&mut cost, value);
+        let params = EngineParams {
+            cost: cost.clone(),
+            ..EngineParams::default()
+        };
+        let error = params.validate().unwrap_err();
+        assert!(
+            matches!(error, Error::InvalidParam { name, .. } if name == field),
+            "{field} = {value}: {error}"
+        );
+        // An executor built from an unchecked model saturates its times instead of panicking.
+        let executor = SimExecutor::new(cost);
+        for n_tokens in [0, 1, u32::MAX] {
+            let _copy = executor.copy_time(n_tokens);
+            let _recompute = executor.recompute_time(n_tokens);
+        }
+    }
+    // The largest figures a check lets through still give times, the longest a `Duration` holds.
+    let huge = CostModel {
+        prefill_s_per_pair: f64::MAX,
+        copy_latency_s: f64::MAX,
+        ..CostModel::small_8b_gpu()
+    };
+    assert!(huge.check().is_ok());
+    let executor = SimExecutor::new(huge);
+    assert_eq!(executor.recompute_time(u32::MAX), Duration::MAX);
+    assert_eq!(executor.copy_time(u32::MAX), Duration::MAX);
+}
+
+#[test]
 fn sim_executor_is_deterministic_and_empty_steps_take_no_time() {
     let mut executor = SimExecutor::new(CostModel::glm_like_moe());
     let storage = kv_pool::HostStorage::new(1, 2, 32).unwrap();

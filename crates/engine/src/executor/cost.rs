@@ -99,9 +99,46 @@ impl CostModel {
 
     /// Time to copy `n_tokens` tokens of KV cache from the store into the pool.
     pub fn copy_time(&self, n_tokens: u32) -> Duration {
-        let bytes = u64::from(n_tokens) * self.kv_bytes_per_token;
-        Duration::from_secs_f64(self.copy_latency_s + bytes as f64 / self.copy_bytes_per_s)
+        let bytes = u64::from(n_tokens).saturating_mul(self.kv_bytes_per_token);
+        seconds(self.copy_latency_s + bytes as f64 / self.copy_bytes_per_s)
     }
+
+    /// `Err((field, reason))` unless every figure is a finite number of seconds or bytes, not negative, and
+    /// the copy bandwidth is positive.
+    pub fn check(&self) -> Result<(), (&'static str, String)> {
+        let figures = [
+            ("cost.step_overhead_s", self.step_overhead_s),
+            ("cost.prefill_s_per_token", self.prefill_s_per_token),
+            ("cost.prefill_s_per_pair", self.prefill_s_per_pair),
+            ("cost.decode_weights_s", self.decode_weights_s),
+            ("cost.decode_s_per_seq", self.decode_s_per_seq),
+            ("cost.decode_s_per_token_read", self.decode_s_per_token_read),
+            ("cost.copy_bytes_per_s", self.copy_bytes_per_s),
+            ("cost.copy_latency_s", self.copy_latency_s),
+        ];
+        for (field, value) in figures {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err((field, format!("{value} is not a finite number from 0 up")));
+            }
+        }
+        if self.copy_bytes_per_s <= 0.0 {
+            return Err((
+                "cost.copy_bytes_per_s",
+                "copies need a positive bandwidth".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `s` seconds as a `Duration`, saturating: a modeled time too long for a `Duration` (or not a number, from
+/// a cost model nobody checked) is the longest one, never a panic.
+pub(crate) fn seconds(s: f64) -> Duration {
+    Duration::try_from_secs_f64(s).unwrap_or(if s > 0.0 {
+        Duration::MAX
+    } else {
+        Duration::ZERO
+    })
 }
 
 impl Default for CostModel {

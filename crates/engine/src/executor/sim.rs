@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use kv_pool::PageStorage;
 
+use super::cost::seconds;
 use super::{CostModel, Executor, PageWrite, StepBatch, StepOutput, page_content};
 use crate::error::Result;
 
@@ -58,7 +59,7 @@ impl Executor for SimExecutor {
     }
 
     fn recompute_time(&self, n_tokens: u32) -> Duration {
-        Duration::from_secs_f64(self.cost.prefill_s(0, n_tokens))
+        seconds(self.cost.prefill_s(0, n_tokens))
     }
 }
 
@@ -98,6 +99,6 @@ impl SimExecutor {
             seconds += cost.decode_entry_s(decode.context_tokens, decode.n_tokens);
         }
         seconds += batch.logits_only.len() as f64 * cost.decode_s_per_seq;
-        Duration::from_secs_f64(seconds)
+        super::cost::seconds(seconds)
     }
 }
