@@ -42,7 +42,8 @@ fn cost_model_grows_with_work_and_presets_resolve() {
 
 #[test]
 fn a_cost_model_with_hostile_figures_is_refused_naming_the_field_and_never_panics() {
-    let cases: [(fn(&mut CostModel, f64), &str, f64); 6] = [
+    type Set = fn(&mut CostModel, f64);
+    let cases: [(Set, &str, f64); 6] = [
         (|c, v| c.copy_bytes_per_s = v, "cost.copy_bytes_per_s", 0.0),
         (
             |c, v| c.copy_bytes_per_s = v,
