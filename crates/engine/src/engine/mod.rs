@@ -19,7 +19,9 @@
 //! Layout: this file holds the `Engine` type, its construction and the request API (submit, cancel, resume,
 //! reset); `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator;
 //! `pages.rs` page-level work; `req.rs` a live request; `lifecycle.rs` the lifecycle's edges (`move_to`); `report.rs` `StepReport`, `RequestView` and the
-//! read-only accessors; `invariants.rs` `check_invariants` and the leak count.
+//! read-only accessors; `invariants.rs` `check_invariants` and the leak count; `capture_link.rs` the captures
+//! on their way to the store; `clock.rs` the injected clock; `groups.rs` the cache groups' plan;
+//! `recompute.rs` E3 verification by recompute.
 
 mod admit;
 mod capture_link;
