@@ -262,12 +262,7 @@ fn l5_a_corrupted_copy_on_the_second_rank_is_caught_by_verification() {
     );
     later.is_later_turn = true;
     engine.submit(later).expect("turn 2");
-    let error = loop {
-        match engine.step() {
-            Ok(_) => assert!(!engine.is_idle(), "the corruption went unnoticed"),
-            Err(error) => break error,
-        }
-    };
+    let error = crate::first_error(&mut engine, "the corruption");
     match error {
         Error::RestoreMismatch {
             request,

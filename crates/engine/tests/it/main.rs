@@ -32,3 +32,17 @@ pub(crate) fn verified_defaults() -> engine::EngineParams {
         ..engine::EngineParams::default()
     }
 }
+
+/// Steps `engine` until a step fails and returns that error; the engine going idle first fails the test,
+/// saying `what` went unnoticed.
+pub(crate) fn first_error<E: engine::Executor>(
+    engine: &mut engine::Engine<E>,
+    what: &str,
+) -> engine::Error {
+    loop {
+        match engine.step() {
+            Ok(_) => assert!(!engine.is_idle(), "{what} went unnoticed"),
+            Err(error) => return error,
+        }
+    }
+}

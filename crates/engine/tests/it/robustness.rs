@@ -140,12 +140,7 @@ fn k3_a_run_that_stops_progressing_fails_naming_the_stuck_requests() {
         })
         .expect("inline copies take faults");
     engine.submit(spec(7, prompt, 4, engine.now())).unwrap();
-    let error = loop {
-        match engine.step() {
-            Ok(_) => continue,
-            Err(error) => break error,
-        }
-    };
+    let error = crate::first_error(&mut engine, "the stall");
     let Error::Stalled { requests, .. } = &error else {
         panic!("{error}");
     };
@@ -318,12 +313,7 @@ fn l5_a_corrupted_copy_is_caught_naming_the_request_the_page_and_the_byte() {
     let mut prompt = history;
     prompt.extend(tokens(4, 0, 1, 8));
     engine.submit(spec(9, prompt, 4, engine.now())).unwrap();
-    let error = loop {
-        match engine.step() {
-            Ok(report) => assert!(!report.idle, "the restore never completed"),
-            Err(error) => break error,
-        }
-    };
+    let error = crate::first_error(&mut engine, "the corruption");
     let Error::RestoreMismatch {
         request,
         block,
