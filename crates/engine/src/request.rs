@@ -1,7 +1,7 @@
 //! Requests as the facade submits them, their deterministic output tokens, and what a finished request hands
 //! back.
 
-use kv_pool::{RequestId, Timestamp};
+use kv_pool::{BlockKey, RequestId, Timestamp};
 
 use crate::metrics::RequestMetrics;
 
@@ -57,6 +57,56 @@ impl RequestSpec {
             saved_logits: false,
             instruction_tokens: None,
         }
+    }
+}
+
+impl RequestSpec {
+    /// This request with its prompt's block keys computed for blocks of `block_tokens` tokens (the engine's
+    /// `Geometry::block_tokens`), for [`Engine::submit_keyed`](crate::Engine::submit_keyed). Hashing a long
+    /// prompt is most of a submit's cost; a caller that builds requests ahead, on another thread, pays it
+    /// there (the trace replay does). The prompt also gets room for its output (up to its own length again),
+    /// so the engine's first output token does not copy it.
+    pub fn keyed(mut self, block_tokens: u32) -> KeyedRequest {
+        let room = (self.max_output_tokens as usize).min(self.prompt.len());
+        self.prompt.reserve_exact(room);
+        let mut keys = Vec::new();
+        if block_tokens > 0 {
+            let block_tokens = block_tokens as usize;
+            keys.reserve_exact((self.prompt.len() + room) / block_tokens);
+            BlockKey::extend_chain(&mut keys, &self.prompt, block_tokens, &self.salt);
+        }
+        KeyedRequest {
+            spec: self,
+            block_tokens,
+            keys,
+        }
+    }
+}
+
+/// A request with its prompt's block keys ([`RequestSpec::keyed`]). The keys were computed from the spec's own
+/// prompt and salt, and neither can change afterwards, so they always match them; the engine refuses a keyed
+/// request whose block size is not its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyedRequest {
+    spec: RequestSpec,
+    block_tokens: u32,
+    keys: Vec<BlockKey>,
+}
+
+impl KeyedRequest {
+    /// The request.
+    pub fn spec(&self) -> &RequestSpec {
+        &self.spec
+    }
+
+    /// Tokens per block its keys were computed for.
+    pub fn block_tokens(&self) -> u32 {
+        self.block_tokens
+    }
+
+    /// The request and the keys of its prompt's full blocks.
+    pub(crate) fn into_parts(self) -> (RequestSpec, Vec<BlockKey>) {
+        (self.spec, self.keys)
     }
 }
 

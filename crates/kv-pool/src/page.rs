@@ -77,13 +77,26 @@ impl BlockKey {
     /// Keys of every full block of `tokens`, `tokens_per_page` tokens each, in order. A trailing partial
     /// block has no key: only full blocks are cached.
     pub fn chain_all(tokens: &[u32], tokens_per_page: usize, salt: &[u8]) -> Vec<BlockKey> {
+        let mut keys = Vec::with_capacity(tokens.len() / tokens_per_page.max(1));
+        BlockKey::extend_chain(&mut keys, tokens, tokens_per_page, salt);
+        keys
+    }
+
+    /// Extends `keys`, the keys of the first `keys.len()` full blocks of `tokens`, with the keys of the full
+    /// blocks after them: what `chain_all` returns, without hashing again the blocks already keyed (a request
+    /// that grows by a token a step keys each block once).
+    pub fn extend_chain(
+        keys: &mut Vec<BlockKey>,
+        tokens: &[u32],
+        tokens_per_page: usize,
+        salt: &[u8],
+    ) {
         assert!(tokens_per_page > 0, "tokens_per_page must be positive");
-        let mut keys: Vec<BlockKey> = Vec::with_capacity(tokens.len() / tokens_per_page);
-        for block in tokens.chunks_exact(tokens_per_page) {
+        let start = keys.len().saturating_mul(tokens_per_page).min(tokens.len());
+        for block in tokens[start..].chunks_exact(tokens_per_page) {
             let key = BlockKey::chain(keys.last(), block, salt);
             keys.push(key);
         }
-        keys
     }
 }
 

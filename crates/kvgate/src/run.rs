@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use engine::{Engine, Executor, Policy, RequestSpec, RunMetrics, SimExecutor, StepReport};
+use engine::{
+    Engine, Executor, KeyedRequest, Policy, RequestSpec, RunMetrics, SimExecutor, StepReport,
+};
 use kv_pool::{RequestId, Timestamp};
 
 use crate::config::EngineConfig;
@@ -146,7 +148,49 @@ pub fn run_replay_observed(
 ) -> Result<RunMetrics> {
     let arrivals = replay_arrivals(trace, later_turn, time_scale)?;
     let mut engine = Engine::new(config.engine_params(policy)?)?;
-    let total = trace.len() as u64;
+    let block_tokens = engine.params().geometry.block_tokens();
+    // Building a request (its prompt's tokens and block keys) is most of what a submit costs, and it does not
+    // depend on the engine: a second thread builds them ahead, in order, a bounded number at a time.
+    let (sender, requests) = std::sync::mpsc::sync_channel::<KeyedRequest>(REPLAY_BUILD_AHEAD);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            for (idx, request) in trace.iter().enumerate() {
+                let mut spec = RequestSpec::new(
+                    idx as u64,
+                    request.prompt(),
+                    request.output_length.max(1),
+                    arrivals[idx],
+                );
+                spec.is_later_turn = later_turn[idx];
+                // The run stopped early (an error): nothing is waiting for the rest.
+                if sender.send(spec.keyed(block_tokens)).is_err() {
+                    return;
+                }
+            }
+        });
+        // `requests` is dropped when this returns, which stops the builder if the run stopped early.
+        drive_replay(&mut engine, requests, &arrivals, progress, observer)
+    })
+}
+
+/// Requests a replay builds ahead of its engine: enough to keep the builder busy while the engine steps, few
+/// enough that they take no memory to speak of.
+const REPLAY_BUILD_AHEAD: usize = 256;
+
+/// The replay's step loop: hands every request of `requests` (one per entry of `arrivals`, in order) over at
+/// its arrival, and steps until all have finished.
+#[allow(
+    clippy::needless_pass_by_value,
+    reason = "dropping the receiver on return, an error included, is what stops the builder thread"
+)]
+fn drive_replay(
+    engine: &mut Engine,
+    requests: std::sync::mpsc::Receiver<KeyedRequest>,
+    arrivals: &[Timestamp],
+    progress: Progress<'_>,
+    observer: &mut dyn Observer,
+) -> Result<RunMetrics> {
+    let total = arrivals.len() as u64;
     let mut next = 0usize;
     let mut finished = 0u64;
     #[allow(
@@ -156,27 +200,23 @@ pub fn run_replay_observed(
     let started = Instant::now();
     loop {
         // Hand over every request that has arrived; when the engine has nothing to do, the next one.
-        while next < trace.len() {
-            let arrival = arrivals[next];
-            if arrival > engine.now() && !engine.is_idle() {
+        while next < arrivals.len() {
+            if arrivals[next] > engine.now() && !engine.is_idle() {
                 break;
             }
-            let request = &trace[next];
-            let mut spec = RequestSpec::new(
-                next as u64,
-                request.prompt(),
-                request.output_length.max(1),
-                arrival,
-            );
-            spec.is_later_turn = later_turn[next];
-            submit_or_reject(&mut engine, spec)?;
+            let request = requests.recv().map_err(|_| {
+                Error::Internal(format!(
+                    "the replay's request builder stopped after {next} of {total} requests"
+                ))
+            })?;
+            submit_keyed_or_reject(engine, request)?;
             next += 1;
         }
-        if engine.is_idle() && next == trace.len() {
+        if engine.is_idle() && next == arrivals.len() {
             break;
         }
         let report = engine.step()?;
-        observer.step(&engine, &report);
+        observer.step(engine, &report);
         for _ in engine.take_finished() {
             finished += 1;
             if finished.is_multiple_of(64) || started.elapsed() > Duration::from_secs(1) {
@@ -185,7 +225,7 @@ pub fn run_replay_observed(
         }
     }
     progress(total, total);
-    observer.finish(&engine);
+    observer.finish(engine);
     Ok(engine.metrics())
 }
 
@@ -282,6 +322,14 @@ pub(crate) fn submit_or_reject<E: Executor>(
     request: RequestSpec,
 ) -> Result<()> {
     match engine.submit(request) {
+        Ok(()) | Err(engine::Error::Rejected { .. }) => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// `submit_or_reject` for a request keyed ahead (`RequestSpec::keyed`).
+fn submit_keyed_or_reject(engine: &mut Engine, request: KeyedRequest) -> Result<()> {
+    match engine.submit_keyed(request) {
         Ok(()) | Err(engine::Error::Rejected { .. }) => Ok(()),
         Err(error) => Err(error.into()),
     }

@@ -54,7 +54,7 @@ use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
 use crate::metrics::{FallbackReason, RejectReason, RequestMetrics};
 use crate::params::{ClockKind, CopyEngineKind, EngineParams, StorageKind};
-use crate::request::{FinishedRequest, RequestSpec};
+use crate::request::{FinishedRequest, KeyedRequest, RequestSpec};
 
 use self::groups::GroupPlan;
 use self::req::{Phase, Req, Restore};
@@ -250,6 +250,34 @@ impl<E: Executor> Engine<E> {
     /// Submits a request; it is considered from its arrival time on. Errors: an id still live, an empty
     /// prompt, zero output tokens, or a request longer than the model.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<()> {
+        self.check_submit(&spec)?;
+        let block_tokens = self.params.geometry.block_tokens();
+        self.enter(spec.keyed(block_tokens));
+        Ok(())
+    }
+
+    /// `submit`, with the prompt's block keys already computed (`RequestSpec::keyed`, perhaps on another
+    /// thread). Errors: those of `submit`, and keys computed for another block size than the engine's.
+    pub fn submit_keyed(&mut self, request: KeyedRequest) -> Result<()> {
+        let block_tokens = self.params.geometry.block_tokens();
+        if request.block_tokens() != block_tokens {
+            return Err(Error::InvalidParam {
+                name: "block_tokens",
+                reason: format!(
+                    "{} was keyed for blocks of {} tokens; this engine's blocks hold {block_tokens}",
+                    request.spec().id,
+                    request.block_tokens()
+                ),
+            });
+        }
+        self.check_submit(request.spec())?;
+        self.enter(request);
+        Ok(())
+    }
+
+    /// Refuses a request `submit` must not take: a live id, an empty prompt, a bad instruction boundary, zero
+    /// output tokens, or one the executor cannot run; and one that can never run (counted, K1).
+    fn check_submit(&mut self, spec: &RequestSpec) -> Result<()> {
         let id = spec.id;
         if self.reqs.contains_key(&id) {
             return Err(Error::DuplicateRequest { request: id });
@@ -269,7 +297,7 @@ impl<E: Executor> Engine<E> {
                 ),
             });
         }
-        self.executor.check_request(&spec)?;
+        self.executor.check_request(spec)?;
         if spec.max_output_tokens == 0 {
             return Err(Error::InvalidParam {
                 name: "max_output_tokens",
@@ -300,14 +328,20 @@ impl<E: Executor> Engine<E> {
                 limit,
             });
         }
+        Ok(())
+    }
+
+    /// Creates the live request of a checked submission: the one place a request enters a container
+    /// without an edge.
+    fn enter(&mut self, request: KeyedRequest) {
+        let (spec, keys) = request.into_parts();
+        let id = spec.id;
         let seq = self.seq;
         self.seq += 1;
         let arrival = spec.arrival.max(self.now);
-        let req = Req::new(spec, seq, arrival, self.params.geometry.block_tokens());
-        // Creation: the one place a request enters a container without an edge.
+        let req = Req::new(spec, keys, seq, arrival);
         self.arriving.insert(req.arrival_key, id);
         self.reqs.insert(id, req);
-        Ok(())
     }
 
     /// Cancels a live request at any point: waiting, restoring (slot and credits released at once; pages of a

@@ -167,15 +167,14 @@ pub(crate) struct Req {
 }
 
 impl Req {
-    /// A new request from its spec.
+    /// A new request from its spec and its prompt's block keys (`RequestSpec::keyed`).
     pub(crate) fn new(
         mut spec: RequestSpec,
+        keys: Vec<BlockKey>,
         seq: u64,
         arrival: Timestamp,
-        block_tokens: u32,
     ) -> Req {
         let tokens = std::mem::take(&mut spec.prompt);
-        let keys = BlockKey::chain_all(&tokens, block_tokens as usize, &spec.salt);
         let metrics = RequestMetrics {
             id: Some(spec.id),
             prompt_tokens: tokens.len() as u32,
@@ -226,16 +225,12 @@ impl Req {
     /// Appends tokens, extending the block keys.
     pub(crate) fn push_tokens(&mut self, new_tokens: &[u32], block_tokens: u32) {
         self.tokens.extend_from_slice(new_tokens);
-        let block_tokens = block_tokens as usize;
-        while (self.keys.len() + 1) * block_tokens <= self.tokens.len() {
-            let start = self.keys.len() * block_tokens;
-            let key = BlockKey::chain(
-                self.keys.last(),
-                &self.tokens[start..start + block_tokens],
-                &self.spec.salt,
-            );
-            self.keys.push(key);
-        }
+        BlockKey::extend_chain(
+            &mut self.keys,
+            &self.tokens,
+            block_tokens as usize,
+            &self.spec.salt,
+        );
     }
 
     /// Tokens `[first_pos, first_pos + n)` (fewer if the request holds fewer).

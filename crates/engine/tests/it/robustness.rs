@@ -67,6 +67,69 @@ fn k1_a_request_that_can_never_run_is_rejected_alone_and_counted_by_reason() {
         .unwrap();
 }
 
+/// A request keyed ahead (`RequestSpec::keyed`, as the replay does on its builder thread) runs exactly as the
+/// same request submitted plainly; keys made for another block size, or none (size 0), are refused naming the
+/// request and both sizes, and nothing changes.
+#[test]
+fn a_keyed_request_runs_as_submitted_and_keys_for_another_block_size_are_refused() {
+    let run = |keyed: bool| {
+        let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
+        let block_tokens = engine.params().geometry.block_tokens();
+        for id in 0..4u64 {
+            // Two requests share a prefix, so their keys meet in the prefix index.
+            let prompt = tokens(3, (id % 2) as u32, 0, 5 * TPP + 3);
+            let request = spec(id, prompt, 6, Timestamp::ZERO);
+            if keyed {
+                engine.submit_keyed(request.keyed(block_tokens)).unwrap();
+            } else {
+                engine.submit(request).unwrap();
+            }
+        }
+        while !engine.is_idle() {
+            engine.step().unwrap();
+            engine.check_invariants().unwrap();
+        }
+        let outputs: Vec<_> = engine
+            .take_finished()
+            .into_iter()
+            .map(|done| (done.id, done.output))
+            .collect();
+        (outputs, engine.metrics())
+    };
+    let (plain_out, plain) = run(false);
+    let (keyed_out, keyed) = run(true);
+    assert_eq!(plain_out, keyed_out);
+    assert_eq!(plain.prompt_tokens_local_hit, keyed.prompt_tokens_local_hit);
+    assert!(
+        plain.prompt_tokens_local_hit > 0,
+        "the shared prefix was hit"
+    );
+    assert_eq!(plain.requests_finished, keyed.requests_finished);
+
+    let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
+    let block_tokens = engine.params().geometry.block_tokens();
+    for wrong in [0, 1, block_tokens + 1, u32::MAX] {
+        let request = spec(7, tokens(3, 0, 0, 3 * TPP), 4, Timestamp::ZERO).keyed(wrong);
+        let error = engine.submit_keyed(request).unwrap_err();
+        let Error::InvalidParam { name, reason } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*name, "block_tokens");
+        assert!(reason.contains("req-7"), "{reason}");
+        assert!(
+            reason.contains(&format!("blocks of {wrong} tokens")),
+            "{reason}"
+        );
+        assert!(reason.contains(&format!("hold {block_tokens}")), "{reason}");
+    }
+    assert!(engine.is_idle(), "nothing was submitted");
+    // The same request keyed right is taken.
+    engine
+        .submit_keyed(spec(7, tokens(3, 0, 0, 3 * TPP), 4, Timestamp::ZERO).keyed(block_tokens))
+        .unwrap();
+    assert!(!engine.is_idle());
+}
+
 #[test]
 fn k3_lookups_after_preemptions_and_evictions_count_against_one_budget() {
     // The review's livelock: under pages-only every preemption asked the store again, without a cap. A pool
@@ -160,6 +223,8 @@ enum Call {
         out: u32,
         logits: bool,
         stream: bool,
+        /// 0: `submit`; 1: `submit_keyed` with the engine's block size; 2: keyed for another block size.
+        keyed: u8,
     },
     Cancel {
         id: u64,
@@ -189,8 +254,8 @@ enum Call {
 fn call() -> impl Strategy<Value = Call> {
     let id = 0u64..6;
     prop_oneof![
-        3 => (id.clone(), 0u32..300, 0u32..20, any::<bool>(), any::<bool>())
-            .prop_map(|(id, len, out, logits, stream)| Call::Submit { id, len, out, logits, stream }),
+        3 => (id.clone(), 0u32..300, 0u32..20, any::<bool>(), any::<bool>(), 0u8..3)
+            .prop_map(|(id, len, out, logits, stream, keyed)| Call::Submit { id, len, out, logits, stream, keyed }),
         1 => id.clone().prop_map(|id| Call::Cancel { id }),
         1 => (id.clone(), 0u32..40, 0u32..4).prop_map(|(id, len, out)| Call::Resume { id, len, out }),
         1 => id.prop_map(|id| Call::Close { id }),
@@ -252,13 +317,21 @@ fn apply(engine: &mut Engine, call: &Call) {
             out,
             logits,
             stream,
+            keyed,
         } => {
             let mut request =
                 RequestSpec::new(id, tokens(5, id as u32 % 2, 0, len), out, engine.now());
             request.saved_logits = logits;
             request.streaming = stream;
             request.is_later_turn = true;
-            let _result = engine.submit(request);
+            let block_tokens = engine.params().geometry.block_tokens();
+            let _result = match keyed {
+                0 => engine.submit(request),
+                1 => engine.submit_keyed(request.keyed(block_tokens)),
+                _ => {
+                    engine.submit_keyed(request.keyed(u32::from(id % 2 == 0) * (block_tokens + 1)))
+                }
+            };
         }
         Call::Cancel { id } => {
             let _result = engine.cancel(RequestId(id));

@@ -47,6 +47,34 @@ fn chain_fields_cannot_run_into_each_other() {
     );
 }
 
+/// Extending keys a few tokens at a time, in any split, gives `chain_all`'s keys; keys already there are not
+/// hashed again (a wrong first key stays wrong).
+#[test]
+fn extend_chain_equals_chain_all_in_any_split() {
+    let tokens: Vec<u32> = (0..37).collect();
+    let all = BlockKey::chain_all(&tokens, 4, b"t");
+    for step in [1, 3, 4, 5, 37] {
+        let mut keys = Vec::new();
+        let mut end = 0;
+        while end < tokens.len() {
+            end = (end + step).min(tokens.len());
+            BlockKey::extend_chain(&mut keys, &tokens[..end], 4, b"t");
+        }
+        assert_eq!(keys, all, "steps of {step}");
+    }
+    let mut keys = vec![BlockKey([7; 32])];
+    BlockKey::extend_chain(&mut keys, &tokens[..8], 4, b"t");
+    assert_eq!(keys[0], BlockKey([7; 32]));
+    assert_eq!(
+        keys[1],
+        BlockKey::chain(Some(&keys[0]), &tokens[4..8], b"t")
+    );
+    // More keys than full blocks: nothing to add, nothing panics.
+    let mut keys = all.clone();
+    BlockKey::extend_chain(&mut keys, &tokens[..4], 4, b"t");
+    assert_eq!(keys, all);
+}
+
 #[test]
 fn chain_all_keys_full_blocks_only_and_chains_them() {
     let tokens: Vec<u32> = (0..10).collect();

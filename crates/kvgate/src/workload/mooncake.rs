@@ -90,9 +90,12 @@ impl TraceRequest {
         Ok(())
     }
 
-    /// The prompt's token ids: block `i` holds the first tokens of the stream named by `hash_ids[i]`.
+    /// The prompt's token ids: block `i` holds the first tokens of the stream named by `hash_ids[i]`. The
+    /// vector has room for the output as well (up to the prompt's own length, the room
+    /// `RequestSpec::keyed` makes), so the engine appends it without copying the prompt.
     pub fn prompt(&self) -> Vec<u32> {
-        let mut tokens = Vec::with_capacity(self.input_length as usize);
+        let room = self.output_length.max(1).min(self.input_length);
+        let mut tokens = Vec::with_capacity(self.input_length as usize + room as usize);
         for &hash_id in &self.hash_ids {
             let left = self.input_length as usize - tokens.len();
             let n = left.min(TRACE_BLOCK_TOKENS as usize) as u64;
