@@ -167,10 +167,7 @@ impl PageStorage for HostStorage {
         self.shape.check_len(src.len())?;
         if let Pages::Lines(pages) = &self.pages {
             self.shape.check_writable(rank, page)?;
-            // The bytes past the page's length are never read: whatever a partial word holds there is fine.
-            let mut line = Line([0; LINE_ALIGN_BYTES]);
-            line.0[..src.len()].copy_from_slice(src);
-            pages[self.index(rank, page)].store_prefix(&line.0, src.len());
+            pages[self.index(rank, page)].store_bytes(src);
             return Ok(());
         }
         self.with_page_mut(rank, page, |bytes| bytes.copy_from_slice(src))
@@ -223,19 +220,27 @@ impl AtomicLine {
 
     /// Stores the whole line.
     fn store(&self, line: &[u8; LINE_ALIGN_BYTES]) {
-        self.store_prefix(line, LINE_ALIGN_BYTES);
+        self.store_bytes(line);
     }
 
-    /// Stores the words that hold `line`'s first `len` bytes.
-    fn store_prefix(&self, line: &[u8; LINE_ALIGN_BYTES], len: usize) {
-        for (word, chunk) in self
-            .0
-            .iter()
-            .zip(line.chunks_exact(8))
-            .take(len.div_ceil(8))
-        {
+    /// Stores `src` (at most a line) into the line's first words, word by word with no staging copy (the
+    /// simulated executor writes one page a block). The bytes past the page's length are never read:
+    /// whatever a partial word holds there is fine.
+    fn store_bytes(&self, src: &[u8]) {
+        let mut chunks = src.chunks_exact(8);
+        let mut words = self.0.iter();
+        // The chunks lead the zip: when they run out, no word has been taken for nothing.
+        for (chunk, word) in (&mut chunks).zip(words.by_ref()) {
             let mut bytes = [0u8; 8];
             bytes.copy_from_slice(chunk);
+            word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty()
+            && let Some(word) = words.next()
+        {
+            let mut bytes = [0u8; 8];
+            bytes[..rest.len()].copy_from_slice(rest);
             word.store(u64::from_le_bytes(bytes), Ordering::Relaxed);
         }
     }
