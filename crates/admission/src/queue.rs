@@ -2,7 +2,9 @@
 //! (`AdmissionOrder`). A step walks two of them: the waiting requests and the ready imports (published, owning
 //! their ticket), which may pass a blocked head. Every operation is O(log n); nothing here walks the queue.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 
 use kv_pool::{AdmissionOrder, RequestId};
 

@@ -28,7 +28,9 @@ mod publication;
 mod stage;
 mod types;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use kv_pool::RequestId;
@@ -93,11 +95,11 @@ impl ResidentIndex {
         Self {
             layout,
             imports: BTreeMap::new(),
-            by_request: HashMap::new(),
-            by_job: HashMap::new(),
-            page_owner: HashMap::new(),
+            by_request: HashMap::default(),
+            by_job: HashMap::default(),
+            page_owner: HashMap::default(),
             captures: BTreeMap::new(),
-            capture_by_job: HashMap::new(),
+            capture_by_job: HashMap::default(),
             next_import: 0,
             next_capture: 0,
         }

@@ -16,7 +16,9 @@
 mod holders;
 mod trie;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use kv_pool::BlockKey;
@@ -57,10 +59,10 @@ pub(crate) struct Catalog {
 impl Catalog {
     pub(crate) fn new(capacity_bytes: u64) -> Self {
         Self {
-            entries: HashMap::new(),
-            by_last_key: HashMap::new(),
+            entries: HashMap::default(),
+            by_last_key: HashMap::default(),
             blocks: BlockTrie::new(),
-            by_serial: HashMap::new(),
+            by_serial: HashMap::default(),
             next_serial: 0,
             recency: BTreeMap::new(),
             tick: 0,

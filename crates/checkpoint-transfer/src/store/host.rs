@@ -1,7 +1,7 @@
 //! `HostStore`: checkpoints in host memory, capacity-bounded, least recently used evicted first. The
 //! embedded default tier; page buffers are shared with copy engines without copying.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload, PrefixQuery};
@@ -21,7 +21,7 @@ impl HostStore {
     pub fn new(capacity_bytes: u64) -> Self {
         Self {
             catalog: Catalog::new(capacity_bytes),
-            payloads: HashMap::new(),
+            payloads: HashMap::default(),
         }
     }
 

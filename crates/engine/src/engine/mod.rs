@@ -36,7 +36,9 @@ mod report;
 mod req;
 mod step;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -210,7 +212,7 @@ impl<E: Executor> Engine<E> {
             index: ResidentIndex::new(layout.clone()),
             layout,
             groups,
-            reqs: HashMap::new(),
+            reqs: HashMap::default(),
             arriving: BTreeMap::new(),
             waiting: WaitingQueue::default(),
             restoring: BTreeMap::new(),
@@ -232,7 +234,7 @@ impl<E: Executor> Engine<E> {
             last_step_isolated: false,
             between_steps: StepReport::default(),
             pages_verified: 0,
-            model_tokens: HashMap::new(),
+            model_tokens: HashMap::default(),
             captures: capture_link::CaptureLink::default(),
             earliest_lookup: None,
             clock: match clock_kind {

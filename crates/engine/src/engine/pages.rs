@@ -152,8 +152,8 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn take_draft_replays(
         &mut self,
         plan: &super::step::Plan,
-    ) -> Result<std::collections::HashMap<RequestId, u32>> {
-        let mut replays = std::collections::HashMap::new();
+    ) -> Result<foldhash::HashMap<RequestId, u32>> {
+        let mut replays = foldhash::HashMap::default();
         for &(id, work) in &plan.entries {
             if matches!(work, super::step::Work::LogitsOnly) {
                 continue;

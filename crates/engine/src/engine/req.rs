@@ -1,7 +1,7 @@
 //! A live request inside the engine: its tokens and block keys, its page table, where it is in the request
 //! state machine, and its metrics.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use checkpoint_transfer::{CheckpointMeta, ImportId};

@@ -3,7 +3,7 @@
 //! while nothing is scheduled yet, Q5, Q6), streaming resumes (Q7), admissions, and finally the executor's
 //! work, its page bytes, sampling, captures (E2) and completions.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::time::Instant;
 
 use checkpoint_transfer::CheckpointKind;
