@@ -175,7 +175,7 @@ pub fn run_replay_observed(
 
 /// Requests a replay builds ahead of its engine: enough to keep the builder busy while the engine steps, few
 /// enough that they take no memory to speak of.
-const REPLAY_BUILD_AHEAD: usize = 256;
+const REPLAY_BUILD_AHEAD: usize = 32;
 
 /// The replay's step loop: hands every request of `requests` (one per entry of `arrivals`, in order) over at
 /// its arrival, and steps until all have finished.
