@@ -123,6 +123,15 @@ fn a_keyed_request_runs_as_submitted_and_keys_for_another_block_size_are_refused
         assert!(reason.contains(&format!("hold {block_tokens}")), "{reason}");
     }
     assert!(engine.is_idle(), "nothing was submitted");
+    // The largest output cap reserves no more than the prompt's own length again; the engine then rejects
+    // the request as longer than any model (K1) without a huge allocation on the way.
+    let prompt_len = 3 * TPP as usize;
+    let huge = spec(8, tokens(3, 0, 0, 3 * TPP), u32::MAX, Timestamp::ZERO).keyed(block_tokens);
+    assert!(huge.spec().prompt.capacity() <= 2 * prompt_len + 16);
+    assert!(matches!(
+        engine.submit_keyed(huge).unwrap_err(),
+        Error::Rejected { .. }
+    ));
     // The same request keyed right is taken.
     engine
         .submit_keyed(spec(7, tokens(3, 0, 0, 3 * TPP), 4, Timestamp::ZERO).keyed(block_tokens))

@@ -20,6 +20,26 @@ fn reads_records_and_builds_prompts_of_their_length() {
     assert_eq!(a[..512], b[..], "equal hash ids give equal blocks");
 }
 
+/// A prompt has room for its output, but never more than its own length again: the largest output length a
+/// trace can state allocates nothing extra.
+#[test]
+fn a_prompt_has_room_for_its_output_up_to_its_own_length() {
+    let trace = parse(&format!(
+        "{{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2]}}\n\
+         {{\"timestamp\": 0, \"input_length\": 600, \"output_length\": {}, \"hash_ids\": [1, 2]}}\n",
+        u32::MAX
+    ))
+    .unwrap();
+    let (short, huge) = (trace[0].prompt(), trace[1].prompt());
+    assert_eq!(short, huge);
+    assert!(short.capacity() >= 605, "{}", short.capacity());
+    assert!(
+        huge.capacity() >= 1200 && huge.capacity() < 1300,
+        "{}",
+        huge.capacity()
+    );
+}
+
 #[test]
 fn theoretical_max_counts_leading_seen_blocks_capped_at_input() {
     let trace = parse(
