@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 
 use foldhash::HashMap;
-
 use kv_pool::{AdmissionOrder, RequestId};
 
 use crate::error::{Error, Result};

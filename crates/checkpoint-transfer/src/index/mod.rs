@@ -29,10 +29,9 @@ mod stage;
 mod types;
 
 use std::collections::BTreeMap;
-
-use foldhash::HashMap;
 use std::sync::Arc;
 
+use foldhash::HashMap;
 use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId, PagePool};
 

@@ -17,10 +17,9 @@ mod holders;
 mod trie;
 
 use std::collections::BTreeMap;
-
-use foldhash::HashMap;
 use std::sync::Arc;
 
+use foldhash::HashMap;
 use kv_pool::BlockKey;
 
 use crate::checkpoint::{CheckpointId, CheckpointMeta, PrefixQuery};

@@ -1,8 +1,8 @@
 //! `HostStore`: checkpoints in host memory, capacity-bounded, least recently used evicted first. The
 //! embedded default tier; page buffers are shared with copy engines without copying.
+use std::sync::Arc;
 
 use foldhash::HashMap;
-use std::sync::Arc;
 
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload, PrefixQuery};
 use crate::error::{Error, Result};

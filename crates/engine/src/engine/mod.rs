@@ -37,8 +37,6 @@ mod req;
 mod step;
 
 use std::collections::{BTreeMap, VecDeque};
-
-use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,6 +46,7 @@ use checkpoint_transfer::{
     InlineCopyEngine, LayoutDescriptor, RedisStore, ReorderingCopyEngine, ResidentIndex,
     ThreadedCopyEngine,
 };
+use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{CudaStorage, HostStorage, PageId, PagePool, PageStorage};
 use reservation::{Ledger, LedgerConfig};

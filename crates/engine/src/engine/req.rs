@@ -1,10 +1,9 @@
 //! A live request inside the engine: its tokens and block keys, its page table, where it is in the request
 //! state machine, and its metrics.
-
-use foldhash::HashMap;
 use std::sync::Arc;
 
 use checkpoint_transfer::{CheckpointMeta, ImportId};
+use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{BlockKey, PageId};
 

@@ -2,11 +2,10 @@
 //! (decode and chunked prefill under the token budget; preemption by recompute only from this path and only
 //! while nothing is scheduled yet, Q5, Q6), streaming resumes (Q7), admissions, and finally the executor's
 //! work, its page bytes, sampling, captures (E2) and completions.
-
-use foldhash::HashMap;
 use std::time::Instant;
 
 use checkpoint_transfer::CheckpointKind;
+use foldhash::HashMap;
 use kv_pool::{RequestId, Timestamp};
 use reservation::TicketState;
 
