@@ -58,9 +58,7 @@ impl RequestSpec {
             instruction_tokens: None,
         }
     }
-}
 
-impl RequestSpec {
     /// This request with its prompt's block keys computed for blocks of `block_tokens` tokens (the engine's
     /// `Geometry::block_tokens`), for [`Engine::submit_keyed`](crate::Engine::submit_keyed). Hashing a long
     /// prompt is most of a submit's cost; a caller that builds requests ahead, on another thread, pays it

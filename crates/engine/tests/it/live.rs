@@ -47,12 +47,19 @@ fn ref_engine(policy: Policy, recurrent: bool) -> Engine<ReferenceExecutor> {
 
 /// Steps `engine` until idle, checking the invariants after every step; the outputs of what finished.
 pub(crate) fn run<E: Executor>(engine: &mut Engine<E>) -> Vec<(RequestId, Vec<u32>)> {
+    try_run(engine).expect("the run")
+}
+
+/// `run`, returning a failed step or invariant check as its error instead of panicking on it.
+pub(crate) fn try_run<E: Executor>(
+    engine: &mut Engine<E>,
+) -> Result<Vec<(RequestId, Vec<u32>)>, engine::Error> {
     for _ in 0..100_000 {
         if engine.is_idle() {
             break;
         }
-        let _report = engine.step().expect("step");
-        engine.check_invariants().expect("invariants");
+        let _report = engine.step()?;
+        engine.check_invariants()?;
     }
     assert!(engine.is_idle(), "the run ends");
     let mut outputs: Vec<_> = engine
@@ -61,7 +68,7 @@ pub(crate) fn run<E: Executor>(engine: &mut Engine<E>) -> Vec<(RequestId, Vec<u3
         .map(|done| (done.id, done.output))
         .collect();
     outputs.sort();
-    outputs
+    Ok(outputs)
 }
 
 /// Greedy decoding of `prompt` by the model alone, in one contiguous page table: `n` tokens.

@@ -15,7 +15,7 @@ use kv_pool::{HostStorage, PageId, PageStorage, RequestId};
 
 use crate::agents::tokens;
 use crate::contract::spec;
-use crate::live::run;
+use crate::live::{run, try_run};
 
 /// Longest context of these engines.
 const MAX_MODEL_LEN: u32 = 4096;
@@ -274,25 +274,6 @@ fn l5_a_corrupted_copy_on_the_second_rank_is_caught_by_verification() {
     }
 }
 
-/// Steps `engine` until idle (`Error`s are returned, not panicked on); the outputs of what finished.
-fn run_checked(
-    engine: &mut Engine<ReferenceExecutor>,
-) -> Result<Vec<(RequestId, Vec<u32>)>, Error> {
-    for _ in 0..100_000 {
-        if engine.is_idle() {
-            break;
-        }
-        let _report = engine.step()?;
-    }
-    let mut outputs: Vec<_> = engine
-        .take_finished()
-        .into_iter()
-        .map(|done| (done.id, done.output))
-        .collect();
-    outputs.sort();
-    Ok(outputs)
-}
-
 #[test]
 fn l4_a_chunked_local_block_restored_at_a_chunk_boundary_inside_it_restores_again_equal_to_recompute()
  {
@@ -320,7 +301,7 @@ fn l4_a_chunked_local_block_restored_at_a_chunk_boundary_inside_it_restores_agai
         engine
             .submit(spec(1, prompt.clone(), 5, engine.now()))
             .expect("turn 1");
-        let first = run_checked(&mut engine).expect("turn 1 runs");
+        let first = try_run(&mut engine).expect("turn 1 runs");
         let mut turn = [prompt, first[0].1.clone()].concat();
         let mut outputs = Vec::new();
         for id in [2, 3] {
@@ -329,8 +310,7 @@ fn l4_a_chunked_local_block_restored_at_a_chunk_boundary_inside_it_restores_agai
             let mut later = spec(id, turn.clone(), 8, engine.now());
             later.is_later_turn = true;
             engine.submit(later.clone()).expect("a later turn");
-            let restored =
-                run_checked(&mut engine).unwrap_or_else(|error| panic!("{case}: {error}"));
+            let restored = try_run(&mut engine).unwrap_or_else(|error| panic!("{case}: {error}"));
             let mut fresh = shape_engine(policy, &shape);
             fresh
                 .submit(RequestSpec {
@@ -340,7 +320,7 @@ fn l4_a_chunked_local_block_restored_at_a_chunk_boundary_inside_it_restores_agai
                 .expect("the turn, fresh");
             assert_eq!(
                 restored[0].1,
-                run_checked(&mut fresh).expect("fresh")[0].1,
+                try_run(&mut fresh).expect("fresh")[0].1,
                 "{case}: turn {id}"
             );
             outputs.push(restored[0].1.clone());
