@@ -23,7 +23,9 @@ pub use params::{
     ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption, StorageKind,
 };
 pub use policy::Policy;
-pub use request::{FinishedRequest, KeyedRequest, RequestSpec, STOP_TOKEN, output_token};
+pub use request::{
+    FinishedRequest, KeyedRequest, PromptSource, RequestSpec, STOP_TOKEN, output_token,
+};
 
 #[cfg(test)]
 mod tests;

@@ -1,8 +1,11 @@
 //! Requests as the facade submits them, their deterministic output tokens, and what a finished request hands
 //! back.
 
+use std::sync::Arc;
+
 use kv_pool::{BlockKey, RequestId, Timestamp};
 
+use crate::error::{Error, Result};
 use crate::metrics::RequestMetrics;
 
 /// A request (one turn of a session) as submitted.
@@ -77,6 +80,7 @@ impl RequestSpec {
             spec: self,
             block_tokens,
             keys,
+            deferred: None,
         }
     }
 }
@@ -84,15 +88,16 @@ impl RequestSpec {
 /// A request with its prompt's block keys ([`RequestSpec::keyed`]). The keys were computed from the spec's own
 /// prompt and salt, and neither can change afterwards, so they always match them; the engine refuses a keyed
 /// request whose block size is not its own.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct KeyedRequest {
     spec: RequestSpec,
     block_tokens: u32,
     keys: Vec<BlockKey>,
+    deferred: Option<DeferredPrompt>,
 }
 
 impl KeyedRequest {
-    /// The request.
+    /// The request (its prompt empty once deferred: [`KeyedRequest::prompt_len`] is its length).
     pub fn spec(&self) -> &RequestSpec {
         &self.spec
     }
@@ -102,10 +107,70 @@ impl KeyedRequest {
         self.block_tokens
     }
 
-    /// The request and the keys of its prompt's full blocks.
-    pub(crate) fn into_parts(self) -> (RequestSpec, Vec<BlockKey>) {
-        (self.spec, self.keys)
+    /// Tokens in the prompt, held or deferred.
+    pub fn prompt_len(&self) -> usize {
+        self.deferred
+            .as_ref()
+            .map_or(self.spec.prompt.len(), |deferred| deferred.len as usize)
     }
+
+    /// This request holding `source` instead of its prompt's tokens until the engine first needs them (when
+    /// it is admitted, when a hybrid model's store lookup or a restore's verification reads them): a waiting
+    /// request then costs its block keys and what `source` holds, not four bytes a token. `source` is run
+    /// once here and must generate exactly the prompt; the engine checks a fingerprint of what it generates
+    /// again. Errors: `InvalidParam "prompt_source"` when it generates other tokens (nothing is kept).
+    pub fn defer_prompt(mut self, source: Arc<dyn PromptSource>) -> Result<KeyedRequest> {
+        let mut generated = Vec::with_capacity(self.spec.prompt.len());
+        source.generate(&mut generated);
+        if generated != self.spec.prompt {
+            return Err(Error::InvalidParam {
+                name: "prompt_source",
+                reason: format!(
+                    "{}: the source generates {} tokens that are not the prompt's {}",
+                    self.spec.id,
+                    generated.len(),
+                    self.spec.prompt.len()
+                ),
+            });
+        }
+        let prompt = std::mem::take(&mut self.spec.prompt);
+        self.deferred = Some(DeferredPrompt {
+            len: prompt.len() as u32,
+            room: (prompt.capacity() - prompt.len()) as u32,
+            fingerprint: fingerprint(&prompt),
+            source,
+        });
+        Ok(self)
+    }
+
+    /// The request, the keys of its prompt's full blocks, and its deferred prompt if it has one.
+    pub(crate) fn into_parts(self) -> (RequestSpec, Vec<BlockKey>, Option<DeferredPrompt>) {
+        (self.spec, self.keys, self.deferred)
+    }
+}
+
+/// A prompt its caller can generate again, exactly, on demand: a trace request's prompt from its hash ids.
+/// [`KeyedRequest::defer_prompt`] hands one to the engine instead of the tokens.
+pub trait PromptSource: Send + Sync + std::fmt::Debug {
+    /// Appends the prompt's tokens to `out`: the same tokens on every call.
+    fn generate(&self, out: &mut Vec<u32>);
+}
+
+/// A prompt held as its source until first needed: its length, the room its tokens get for the output, and
+/// a fingerprint of the tokens the source generated when it was deferred.
+#[derive(Clone, Debug)]
+pub(crate) struct DeferredPrompt {
+    pub(crate) source: Arc<dyn PromptSource>,
+    pub(crate) len: u32,
+    pub(crate) room: u32,
+    pub(crate) fingerprint: u64,
+}
+
+/// A fixed-seed 64-bit hash of `tokens` (foldhash; not keyed per process, so a deferred prompt's
+/// fingerprint means the same thing on every thread).
+pub(crate) fn fingerprint(tokens: &[u32]) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0x6b76_6761_7465).hash_one(tokens)
 }
 
 /// The stop token the simulated model emits when a request stops early.

@@ -23,8 +23,8 @@ pub use checkpoint_transfer::{
     CheckpointStore, DiskStore, Fault, HostStore, RedisStore, SharedStore,
 };
 pub use engine::{
-    CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, Policy, RejectReason,
-    RequestMetrics, RequestPhase, RequestSpec, RequestView, RunMetrics, STOP_TOKEN, StepReport,
-    output_token,
+    CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, KeyedRequest, Policy,
+    PromptSource, RejectReason, RequestMetrics, RequestPhase, RequestSpec, RequestView, RunMetrics,
+    STOP_TOKEN, StepReport, output_token,
 };
 pub use kv_pool::{BlockKey, CacheGroup, Geometry, GroupKind, PageId, RequestId, Timestamp};

@@ -2,6 +2,7 @@
 //! (each turn submitted a think time after the previous one finished) and the open-loop trace replay (each
 //! request submitted at its timestamp).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::{
@@ -151,7 +152,10 @@ pub fn run_replay_observed(
     let block_tokens = engine.params().geometry.block_tokens();
     // Building a request (its prompt's tokens and block keys) is most of what a submit costs, and it does not
     // depend on the engine: a second thread builds them ahead, in order, a bounded number at a time.
-    let (sender, requests) = std::sync::mpsc::sync_channel::<KeyedRequest>(REPLAY_BUILD_AHEAD);
+    // A waiting request holds its trace record, not its tokens (`KeyedRequest::defer_prompt`): on one engine
+    // at the trace's own rate most of the trace waits at once.
+    let (sender, requests) =
+        std::sync::mpsc::sync_channel::<engine::Result<KeyedRequest>>(REPLAY_BUILD_AHEAD);
     std::thread::scope(|scope| {
         scope.spawn(|| {
             for (idx, request) in trace.iter().enumerate() {
@@ -162,8 +166,11 @@ pub fn run_replay_observed(
                     arrivals[idx],
                 );
                 spec.is_later_turn = later_turn[idx];
+                let keyed = spec
+                    .keyed(block_tokens)
+                    .defer_prompt(Arc::new(request.clone()));
                 // The run stopped early (an error): nothing is waiting for the rest.
-                if sender.send(spec.keyed(block_tokens)).is_err() {
+                if sender.send(keyed).is_err() {
                     return;
                 }
             }
@@ -185,7 +192,7 @@ const REPLAY_BUILD_AHEAD: usize = 32;
 )]
 fn drive_replay(
     engine: &mut Engine,
-    requests: std::sync::mpsc::Receiver<KeyedRequest>,
+    requests: std::sync::mpsc::Receiver<engine::Result<KeyedRequest>>,
     arrivals: &[Timestamp],
     progress: Progress<'_>,
     observer: &mut dyn Observer,
@@ -208,7 +215,7 @@ fn drive_replay(
                 Error::Internal(format!(
                     "the replay's request builder stopped after {next} of {total} requests"
                 ))
-            })?;
+            })??;
             submit_keyed_or_reject(engine, request)?;
             next += 1;
         }

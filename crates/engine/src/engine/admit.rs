@@ -120,7 +120,7 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
         self.report
             .fallbacks
             .push((id, FallbackReason::NoPagesAtOnce));
-        Ok(self.engine.cold_start(id, self.plan.budget).need_pages)
+        Ok(self.engine.cold_start(id, self.plan.budget)?.need_pages)
     }
 }
 
@@ -157,7 +157,7 @@ impl<E: Executor> Engine<E> {
             return Ok(Candidate::WaitsBehind);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let cold = self.cold_start(id, plan.budget);
+        let cold = self.cold_start(id, plan.budget)?;
         let req = &self.reqs[&id];
         if free_slots > 0
             && self.params.policy != Policy::Ordinary
@@ -211,7 +211,7 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Where `id` starts as a cold request with `budget` tokens left in the step.
-    fn cold_start(&self, id: RequestId, budget: u32) -> ColdStart {
+    fn cold_start(&self, id: RequestId, budget: u32) -> Result<ColdStart> {
         if self.groups.is_hybrid() {
             return self.hybrid_cold_start(id, budget);
         }
@@ -223,22 +223,22 @@ impl<E: Executor> Engine<E> {
         let chunk = self.prefill_chunk(id, start, budget);
         let new_pages = (start + chunk).div_ceil(block_tokens) - hits.len() as u32;
         let need_pages = new_pages + self.cached_free(&hits);
-        ColdStart {
+        Ok(ColdStart {
             hits,
             start,
             chunk,
             new_pages,
             need_pages,
-        }
+        })
     }
 
     /// Where hybrid `id` starts: at 0, or at the exact boundary of the pages-only import published for it when
     /// every one of its pages is still cached (`hits` then holds its block table, then its fixed pages). Its
     /// first allocation takes the first chunk's pages, its fixed pages, and the copies on write of an
     /// imported partial page and state (`grow_need`).
-    fn hybrid_cold_start(&self, id: RequestId, budget: u32) -> ColdStart {
+    fn hybrid_cold_start(&self, id: RequestId, budget: u32) -> Result<ColdStart> {
         let req = &self.reqs[&id];
-        let hits = self.published_hits(id).unwrap_or_default();
+        let hits = self.published_hits(id)?.unwrap_or_default();
         let start = if hits.is_empty() {
             0
         } else {
@@ -261,26 +261,27 @@ impl<E: Executor> Engine<E> {
         };
         let new_pages = self.need_of(&held, start + chunk);
         let need_pages = new_pages + self.cached_free(&hits);
-        ColdStart {
+        Ok(ColdStart {
             hits,
             start,
             chunk,
             new_pages,
             need_pages,
-        }
+        })
     }
 
     /// The pages of the pages-only import published for hybrid `id`, found again under their keys, when every
     /// one is still cached; `None` when one was evicted (or nothing was published).
-    fn published_hits(&self, id: RequestId) -> Option<Vec<PageId>> {
+    fn published_hits(&self, id: RequestId) -> Result<Option<Vec<PageId>>> {
         let req = &self.reqs[&id];
         if req.published_unowned.is_empty() {
-            return None;
+            return Ok(None);
         }
-        self.published_slot_keys(id)
+        Ok(self
+            .published_slot_keys(id)?
             .iter()
             .map(|key| self.pool.lookup(key))
-            .collect()
+            .collect())
     }
 
     /// Pages in `hits` that are free now (cached): touching them takes them out of the free count.
@@ -306,7 +307,7 @@ impl<E: Executor> Engine<E> {
             chunk,
             new_pages,
             need_pages: needed,
-        } = self.cold_start(id, plan.budget);
+        } = self.cold_start(id, plan.budget)?;
         debug_assert_eq!(
             needed, need_pages,
             "{id}'s need changed since it was examined"

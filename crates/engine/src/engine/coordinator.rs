@@ -105,26 +105,37 @@ impl<E: Executor> Engine<E> {
         &mut self,
         id: RequestId,
         limit_tokens: u32,
-    ) -> Option<(Arc<CheckpointMeta>, u32)> {
+    ) -> Result<Option<(Arc<CheckpointMeta>, u32)>> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
         let limit = limit_tokens
             .saturating_sub(1)
             .min(self.restorable_tokens(id));
-        let query = PrefixQuery {
-            block_keys: &req.keys[..(limit / block_tokens) as usize],
-            tokens: &req.tokens[..limit as usize],
-        };
-        let (meta, tokens, checked) = if !self.groups.is_hybrid() {
+        let hybrid = self.groups.is_hybrid();
+        if hybrid {
+            // An exact-boundary match compares the checkpoint's partial tail with the prompt's tokens.
+            self.materialize(id)?;
+        }
+        let req = &self.reqs[&id];
+        let block_keys = &req.keys[..(limit / block_tokens) as usize];
+        let (meta, tokens, checked) = if !hybrid {
+            // A block-prefix match reads the keys alone, so a deferred prompt stays deferred.
             let query = PrefixQuery {
-                tokens: &query.tokens[..query.block_keys.len() * block_tokens as usize],
-                ..query
+                block_keys,
+                tokens: &[],
             };
-            let (meta, blocks) = self.store.find_longest_prefix(&query)?;
+            let Some((meta, blocks)) = self.store.find_longest_prefix(&query) else {
+                return Ok(None);
+            };
             let checked = meta.check_block_prefix_restorable(&self.layout, &query, blocks as usize);
             (meta, blocks * block_tokens, checked)
         } else {
-            let meta = self.store.find_longest(&query)?;
+            let query = PrefixQuery {
+                block_keys,
+                tokens: &req.tokens.get(id)?[..limit as usize],
+            };
+            let Some(meta) = self.store.find_longest(&query) else {
+                return Ok(None);
+            };
             let checked = meta.check_restorable(&self.layout, &query);
             let tokens = meta.n_tokens as u32;
             (meta, tokens, checked)
@@ -132,9 +143,9 @@ impl<E: Executor> Engine<E> {
         if let Err(mismatch) = checked {
             // G6: never restored; the request recomputes and the log says why.
             tracing::warn!(request = %id, checkpoint = %meta.id, %mismatch, "checkpoint does not match: recomputing");
-            return None;
+            return Ok(None);
         }
-        Some((meta, tokens))
+        Ok(Some((meta, tokens)))
     }
 
     /// Polls every pending restore once (Q8).
@@ -162,7 +173,7 @@ impl<E: Executor> Engine<E> {
                 } => {
                     if self.now.since(answered) >= self.params.lookup_timeout / 2 {
                         // G4: a non-blocking refresh keeps the checkpoint recent in the store.
-                        match self.find_checkpoint(id, tokens + 1) {
+                        match self.find_checkpoint(id, tokens + 1)? {
                             None => {
                                 self.fall_back(id, FallbackReason::NotInStore, report)?;
                                 continue;
@@ -210,7 +221,7 @@ impl<E: Executor> Engine<E> {
         limit_tokens: u32,
         report: &mut StepReport,
     ) -> Result<()> {
-        let Some((checkpoint, matched_tokens)) = self.find_checkpoint(id, limit_tokens) else {
+        let Some((checkpoint, matched_tokens)) = self.find_checkpoint(id, limit_tokens)? else {
             // After a failed copy the retry found nothing shorter: the copy failure is why it recomputes.
             let reason = if self.reqs[&id].copy_failed {
                 FallbackReason::CopyFailed

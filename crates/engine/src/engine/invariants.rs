@@ -67,6 +67,18 @@ impl<E: Executor> Engine<E> {
                 ));
             }
         }
+        // A request that computes or has computed holds its tokens: only a request that never ran (or that a
+        // preemption sent back before it ran) may defer its prompt.
+        if let Some((id, req)) = self.reqs.iter().find(|(_, req)| {
+            req.tokens.is_deferred()
+                && (req.n_computed > 0
+                    || matches!(req.phase, Phase::Running | Phase::Paused | Phase::Resuming))
+        }) {
+            return broken(format!(
+                "{id} is {:?} with {} tokens computed but its prompt is still deferred",
+                req.phase, req.n_computed
+            ));
+        }
         let slots_held = self.ledger.as_ref().map_or(0, Ledger::slots_held);
         if self.running.len() as u32 + slots_held > self.params.max_running {
             return broken(format!(

@@ -59,6 +59,10 @@ impl<E: Executor> Engine<E> {
                 "{id} cannot move from {from:?} to {to:?}"
             )));
         }
+        if to == Phase::Running {
+            // A running request's tokens are read every step: a deferred prompt is generated now.
+            self.materialize(id)?;
+        }
         self.leave_container(id);
         let req = &self.reqs[&id];
         let order = req.order;
@@ -85,6 +89,11 @@ impl<E: Executor> Engine<E> {
         }
         self.reqs.get_mut(&id).expect("checked live above").phase = to;
         Ok(())
+    }
+
+    /// Generates `id`'s deferred prompt, if it has one (`KeyedRequest::defer_prompt`); a no-op once held.
+    pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
+        super::req::live(&mut self.reqs, id)?.tokens.materialize(id)
     }
 
     /// Takes `id` out of whatever container its phase names (idempotent: a queue the admission walk already

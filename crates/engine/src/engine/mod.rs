@@ -35,6 +35,7 @@ mod recompute;
 mod report;
 mod req;
 mod step;
+mod tokens;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -251,7 +252,7 @@ impl<E: Executor> Engine<E> {
     /// Submits a request; it is considered from its arrival time on. Errors: an id still live, an empty
     /// prompt, zero output tokens, or a request longer than the model.
     pub fn submit(&mut self, spec: RequestSpec) -> Result<()> {
-        self.check_submit(&spec)?;
+        self.check_submit(&spec, spec.prompt.len())?;
         let block_tokens = self.params.geometry.block_tokens();
         self.enter(spec.keyed(block_tokens));
         Ok(())
@@ -271,30 +272,30 @@ impl<E: Executor> Engine<E> {
                 ),
             });
         }
-        self.check_submit(request.spec())?;
+        self.check_submit(request.spec(), request.prompt_len())?;
         self.enter(request);
         Ok(())
     }
 
     /// Refuses a request `submit` must not take: a live id, an empty prompt, a bad instruction boundary, zero
     /// output tokens, or one the executor cannot run; and one that can never run (counted, K1).
-    fn check_submit(&mut self, spec: &RequestSpec) -> Result<()> {
+    fn check_submit(&mut self, spec: &RequestSpec, prompt_len: usize) -> Result<()> {
         let id = spec.id;
         if self.reqs.contains_key(&id) {
             return Err(Error::DuplicateRequest { request: id });
         }
-        if spec.prompt.is_empty() {
+        if prompt_len == 0 {
             return Err(Error::EmptyPrompt { request: id });
         }
         if let Some(at) = spec.instruction_tokens
-            && (at == 0 || at as usize >= spec.prompt.len())
+            && (at == 0 || at as usize >= prompt_len)
         {
             return Err(Error::InvalidParam {
                 name: "instruction_tokens",
                 reason: format!(
                     "{id}: an instruction of {at} tokens in a prompt of {}; between 1 and the prompt's length \
                      minus one",
-                    spec.prompt.len()
+                    prompt_len
                 ),
             });
         }
@@ -305,7 +306,7 @@ impl<E: Executor> Engine<E> {
                 reason: format!("{id} asks for 0 output tokens; at least 1"),
             });
         }
-        let tokens = spec.prompt.len() as u64
+        let tokens = prompt_len as u64
             + u64::from(spec.max_output_tokens)
             + u64::from(self.params.draft_tokens);
         let model_limit = u64::from(self.params.geometry.max_model_len());
@@ -335,12 +336,12 @@ impl<E: Executor> Engine<E> {
     /// Creates the live request of a checked submission: the one place a request enters a container
     /// without an edge.
     fn enter(&mut self, request: KeyedRequest) {
-        let (spec, keys) = request.into_parts();
+        let (spec, keys, deferred) = request.into_parts();
         let id = spec.id;
         let seq = self.seq;
         self.seq += 1;
         let arrival = spec.arrival.max(self.now);
-        let req = Req::new(spec, keys, seq, arrival);
+        let req = Req::new(spec, keys, deferred, seq, arrival);
         self.arriving.insert(req.arrival_key, id);
         self.reqs.insert(id, req);
     }
@@ -378,7 +379,7 @@ impl<E: Executor> Engine<E> {
         if req.phase != Phase::Paused {
             return Err(Error::NotPaused { request: id });
         }
-        req.push_tokens(input, block_tokens);
+        req.push_tokens(input, block_tokens)?;
         req.prompt_end = req.tokens.len() as u32;
         req.prompt_captured = false;
         req.prefill_tail_captured = false;

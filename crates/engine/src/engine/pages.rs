@@ -359,7 +359,7 @@ impl<E: Executor> Engine<E> {
             checkpoint_id,
             self.generation,
             kind,
-            &req.tokens[..n_tokens],
+            &req.tokens.get(id)?[..n_tokens],
             req.keys[..n_blocks].to_vec(),
             self.layout.clone(),
         );
@@ -421,13 +421,10 @@ impl<E: Executor> Engine<E> {
             return Ok(false);
         }
         let n_full = (n_tokens / block_tokens) as usize;
-        let boundary = self.groups.boundary(
-            &req.tokens,
-            &req.keys,
-            &req.spec.salt,
-            n_tokens,
-            block_tokens,
-        );
+        let tokens = req.tokens.get(id)?;
+        let boundary =
+            self.groups
+                .boundary(tokens, &req.keys, &req.spec.salt, n_tokens, block_tokens);
         let exact = boundary.exact;
         let pages = self.boundary_pages(id, n_tokens)?;
         if pages.len() != boundary.slots.len() {
@@ -456,7 +453,7 @@ impl<E: Executor> Engine<E> {
                 0
             },
             block_keys: req.keys[..n_full].to_vec(),
-            tail_tokens: req.tokens[n_full * block_tokens as usize..n_tokens as usize].to_vec(),
+            tail_tokens: tokens[n_full * block_tokens as usize..n_tokens as usize].to_vec(),
             layout: self.layout.clone(),
             pages: boundary.slots.clone(),
         };
@@ -634,6 +631,8 @@ impl<E: Executor> Engine<E> {
         if !self.params.verify_restores {
             return Ok(());
         }
+        // Recompute reads the restored prefix's tokens.
+        self.materialize(id)?;
         if self.executor.writes_pages() {
             return self.verify_by_recompute(id, first_block, tokens);
         }
@@ -689,9 +688,13 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let dest = self.verified_import_pages(id)?;
         let req = &self.reqs[&id];
-        let boundary =
-            self.groups
-                .boundary(&req.tokens, &req.keys, &req.spec.salt, tokens, block_tokens);
+        let boundary = self.groups.boundary(
+            req.tokens.get(id)?,
+            &req.keys,
+            &req.spec.salt,
+            tokens,
+            block_tokens,
+        );
         if boundary.slots.len() != dest.len() {
             return Err(Error::internal(format!(
                 "{id}: an import of {} pages for a boundary of {} pages",
@@ -727,18 +730,18 @@ impl<E: Executor> Engine<E> {
 
     /// The keys a pages-only import published for hybrid `id` is found again under, slot by slot: a full
     /// block's own key, the slot key of every other page (`key_unkeyed_slots`).
-    pub(crate) fn published_slot_keys(&self, id: RequestId) -> Vec<BlockKey> {
+    pub(crate) fn published_slot_keys(&self, id: RequestId) -> Result<Vec<BlockKey>> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.reqs[&id];
         let boundary = self.groups.boundary(
-            &req.tokens,
+            req.tokens.get(id)?,
             &req.keys,
             &req.spec.salt,
             req.published_tokens,
             block_tokens,
         );
         let exact = boundary.exact;
-        boundary
+        Ok(boundary
             .slots
             .iter()
             .enumerate()
@@ -746,7 +749,7 @@ impl<E: Executor> Engine<E> {
                 Some(key_idx) => req.keys[key_idx as usize],
                 None => super::groups::slot_key(exact, slot_idx),
             })
-            .collect()
+            .collect())
     }
 
     /// Registers the unkeyed pages (partial last page, state) of the pages-only import `published` of hybrid
@@ -759,7 +762,9 @@ impl<E: Executor> Engine<E> {
         tokens: u32,
     ) -> Result<()> {
         super::req::live(&mut self.reqs, id)?.published_tokens = tokens;
-        let keys = self.published_slot_keys(id);
+        // Its unkeyed slots are keyed by the exact boundary, which reads the tail's tokens.
+        self.materialize(id)?;
+        let keys = self.published_slot_keys(id)?;
         let slots = self
             .groups
             .slots(tokens, self.params.geometry.block_tokens());

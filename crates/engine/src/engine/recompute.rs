@@ -22,6 +22,7 @@ impl<E: Executor> Engine<E> {
         let dest = self.verified_import_pages(id)?;
         let prefix = self.reqs[&id]
             .tokens
+            .get(id)?
             .get(..tokens as usize)
             .ok_or_else(|| Error::internal(format!("{id}: an import past its tokens")))?
             .to_vec();

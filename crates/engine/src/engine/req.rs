@@ -9,7 +9,9 @@ use kv_pool::{BlockKey, PageId};
 
 use crate::error::{Error, Result};
 use crate::metrics::{FallbackReason, RequestMetrics};
-use crate::request::RequestSpec;
+use crate::request::{DeferredPrompt, RequestSpec};
+
+use super::tokens::Tokens;
 
 /// Position of a request in the waiting order: higher `RequestSpec::priority` first, then arrival.
 pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
@@ -92,8 +94,9 @@ pub(crate) struct Req {
     /// The request as submitted, but for its prompt, which moved into `tokens` (a prompt is a request's largest
     /// allocation: it is held once).
     pub(crate) spec: RequestSpec,
-    /// Prompt, then output tokens (and streamed inputs appended on resume).
-    pub(crate) tokens: Vec<u32>,
+    /// Prompt, then output tokens (and streamed inputs appended on resume); a deferred prompt is generated
+    /// when first read (`Engine::materialize`).
+    pub(crate) tokens: Tokens,
     /// Length of the prompt as submitted: `tokens[..submitted_prompt_len]` is `RequestSpec::prompt`.
     pub(crate) submitted_prompt_len: u32,
     /// End of the current prompt (grows when a streaming session resumes).
@@ -170,10 +173,14 @@ impl Req {
     pub(crate) fn new(
         mut spec: RequestSpec,
         keys: Vec<BlockKey>,
+        deferred: Option<DeferredPrompt>,
         seq: u64,
         arrival: Timestamp,
     ) -> Req {
-        let tokens = std::mem::take(&mut spec.prompt);
+        let tokens = match deferred {
+            Some(deferred) => Tokens::deferred(deferred),
+            None => Tokens::held(std::mem::take(&mut spec.prompt)),
+        };
         let metrics = RequestMetrics {
             id: Some(spec.id),
             prompt_tokens: tokens.len() as u32,
@@ -222,20 +229,22 @@ impl Req {
     }
 
     /// Appends tokens, extending the block keys.
-    pub(crate) fn push_tokens(&mut self, new_tokens: &[u32], block_tokens: u32) {
-        self.tokens.extend_from_slice(new_tokens);
+    pub(crate) fn push_tokens(&mut self, new_tokens: &[u32], block_tokens: u32) -> Result<()> {
+        let tokens = self.tokens.extend(self.spec.id, new_tokens)?;
         BlockKey::extend_chain(
             &mut self.keys,
-            &self.tokens,
+            tokens,
             block_tokens as usize,
             &self.spec.salt,
         );
+        Ok(())
     }
 
     /// Tokens `[first_pos, first_pos + n)` (fewer if the request holds fewer).
-    pub(crate) fn tokens_at(&self, first_pos: u32, n: u32) -> &[u32] {
-        let end = (first_pos as usize + n as usize).min(self.tokens.len());
-        self.tokens.get(first_pos as usize..end).unwrap_or(&[])
+    pub(crate) fn tokens_at(&self, first_pos: u32, n: u32) -> Result<&[u32]> {
+        let tokens = self.tokens.get(self.spec.id)?;
+        let end = (first_pos as usize + n as usize).min(tokens.len());
+        Ok(tokens.get(first_pos as usize..end).unwrap_or(&[]))
     }
 
     /// The request's page tables, as an executor reads them (L3).

@@ -42,7 +42,11 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// The executor's view of the plan: each entry's tokens and page tables, borrowed from `reqs`.
-    fn batch<'a>(&self, reqs: &'a HashMap<RequestId, Req>, draft_tokens: u32) -> StepBatch<'a> {
+    fn batch<'a>(
+        &self,
+        reqs: &'a HashMap<RequestId, Req>,
+        draft_tokens: u32,
+    ) -> Result<StepBatch<'a>> {
         let mut batch = StepBatch::default();
         for &(request, work) in &self.entries {
             let Some(req) = reqs.get(&request) else {
@@ -54,7 +58,7 @@ impl Plan {
                     first_pos,
                     n_tokens: n,
                     draft_replay_tokens: 0,
-                    tokens: req.tokens_at(first_pos, n),
+                    tokens: req.tokens_at(first_pos, n)?,
                     pages: req.page_tables(),
                     samples: first_pos + n >= req.tokens.len() as u32,
                 }),
@@ -64,14 +68,14 @@ impl Plan {
                         context_tokens: context,
                         n_tokens: 1 + draft_tokens,
                         draft_replay_tokens: 0,
-                        tokens: req.tokens_at(context, 1),
+                        tokens: req.tokens_at(context, 1)?,
                         pages: req.page_tables(),
                     });
                 }
                 Work::LogitsOnly => batch.logits_only.push(request),
             }
         }
-        batch
+        Ok(batch)
     }
 }
 
@@ -228,7 +232,7 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         let replays = self.take_draft_replays(&plan)?;
-        let mut batch = plan.batch(&self.reqs, self.params.draft_tokens);
+        let mut batch = plan.batch(&self.reqs, self.params.draft_tokens)?;
         for work in &mut batch.prefills {
             work.draft_replay_tokens = replays.get(&work.request).copied().unwrap_or(0);
         }
@@ -545,11 +549,11 @@ impl<E: Executor> Engine<E> {
         } else if let Some(token) = model_token {
             token
         } else {
-            let prompt = &req.tokens[..req.submitted_prompt_len as usize];
+            let prompt = &req.tokens.get(id)?[..req.submitted_prompt_len as usize];
             output_token(&req.spec.salt, prompt, index)
         };
         req.output.push(token);
-        req.push_tokens(&[token], block_tokens);
+        req.push_tokens(&[token], block_tokens)?;
         self.last_progress = now;
         self.steps_without_progress = 0;
         let req = super::req::live(&mut self.reqs, id)?;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use checkpoint_transfer::{Fault, RESTORE_LOOKUPS_MAX};
-use engine::{Engine, EngineParams, Error, Policy, RejectReason, RequestSpec};
+use engine::{Engine, EngineParams, Error, Policy, PromptSource, RejectReason, RequestSpec};
 use kv_pool::{RequestId, Timestamp};
 use proptest::prelude::*;
 
@@ -137,6 +137,121 @@ fn a_keyed_request_runs_as_submitted_and_keys_for_another_block_size_are_refused
         .submit_keyed(spec(7, tokens(3, 0, 0, 3 * TPP), 4, Timestamp::ZERO).keyed(block_tokens))
         .unwrap();
     assert!(!engine.is_idle());
+}
+
+/// A prompt source for the deferral tests: the tokens it generates, and after how many calls it starts
+/// generating `later` instead (a source that is not deterministic).
+#[derive(Debug)]
+struct Source {
+    tokens: Vec<u32>,
+    later: Vec<u32>,
+    honest_calls: usize,
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl Source {
+    fn new(tokens: Vec<u32>, later: Vec<u32>, honest_calls: usize) -> std::sync::Arc<Source> {
+        std::sync::Arc::new(Source {
+            tokens,
+            later,
+            honest_calls,
+            calls: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+}
+
+impl PromptSource for Source {
+    fn generate(&self, out: &mut Vec<u32>) {
+        let call = self
+            .calls
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        out.extend_from_slice(if call < self.honest_calls {
+            &self.tokens
+        } else {
+            &self.later
+        });
+    }
+}
+
+#[test]
+fn a_prompt_source_that_generates_other_tokens_is_refused_and_one_that_changes_later_fails_the_step()
+ {
+    let prompt = tokens(3, 0, 0, 3 * TPP);
+    let block_tokens = TPP;
+    let mut other = prompt.clone();
+    other[5] ^= 1;
+    let wrong_sources = [
+        Source::new(other.clone(), other.clone(), usize::MAX),
+        Source::new(Vec::new(), Vec::new(), usize::MAX),
+        Source::new(prompt[..prompt.len() - 1].to_vec(), Vec::new(), usize::MAX),
+        Source::new([prompt.as_slice(), &[1]].concat(), Vec::new(), usize::MAX),
+    ];
+    for source in wrong_sources {
+        let keyed = spec(1, prompt.clone(), 4, Timestamp::ZERO).keyed(block_tokens);
+        let error = keyed.defer_prompt(source).unwrap_err();
+        let Error::InvalidParam { name, reason } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*name, "prompt_source");
+        assert!(reason.contains("req-1"), "{reason}");
+    }
+    // Deferred, a prompt is checked by its length like a held one: empty, or an instruction boundary past
+    // it, is refused at submit.
+    let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
+    let empty = spec(2, Vec::new(), 4, Timestamp::ZERO)
+        .keyed(block_tokens)
+        .defer_prompt(Source::new(Vec::new(), Vec::new(), usize::MAX))
+        .unwrap();
+    assert!(matches!(
+        engine.submit_keyed(empty),
+        Err(Error::EmptyPrompt { .. })
+    ));
+    let mut past = spec(3, prompt.clone(), 4, Timestamp::ZERO);
+    past.instruction_tokens = Some(prompt.len() as u32);
+    let past = past
+        .keyed(block_tokens)
+        .defer_prompt(Source::new(prompt.clone(), prompt.clone(), usize::MAX))
+        .unwrap();
+    assert!(matches!(
+        engine.submit_keyed(past),
+        Err(Error::InvalidParam {
+            name: "instruction_tokens",
+            ..
+        })
+    ));
+    assert!(engine.is_idle(), "nothing was taken");
+    // A source that generates other tokens when the engine asks again: the step that admits its request
+    // fails naming the source, and nothing panics.
+    let changing = spec(4, prompt.clone(), 4, Timestamp::ZERO)
+        .keyed(block_tokens)
+        .defer_prompt(Source::new(prompt.clone(), other, 1))
+        .unwrap();
+    assert_eq!(changing.prompt_len(), prompt.len());
+    assert!(changing.spec().prompt.is_empty(), "the tokens are not held");
+    engine.submit_keyed(changing).unwrap();
+    let error = crate::first_error(&mut engine, "a changed prompt");
+    let Error::InvalidParam { name, reason } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(*name, "prompt_source");
+    assert!(reason.contains("req-4"), "{reason}");
+    // A deferred request cancelled while it waits leaves nothing behind.
+    let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
+    let waiting = spec(
+        5,
+        prompt.clone(),
+        4,
+        Timestamp::ZERO.after(Duration::from_secs(5)),
+    )
+    .keyed(block_tokens)
+    .defer_prompt(Source::new(prompt.clone(), prompt, usize::MAX))
+    .unwrap();
+    engine.submit_keyed(waiting).unwrap();
+    engine.step().unwrap();
+    engine.cancel(RequestId(5)).unwrap();
+    engine.check_invariants().unwrap();
+    assert!(engine.is_idle());
+    assert_eq!(engine.pool().n_in_use(), 0);
 }
 
 #[test]

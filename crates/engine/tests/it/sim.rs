@@ -6,10 +6,11 @@
 //! finished or cancelled at the end. The seed is printed on failure.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use checkpoint_transfer::Fault;
-use engine::{Engine, EngineParams, Policy, Preemption, RequestSpec};
+use engine::{Engine, EngineParams, Policy, Preemption, PromptSource, RequestSpec};
 use kv_pool::RequestId;
 
 use crate::agents::tokens;
@@ -30,7 +31,27 @@ impl Rng {
     }
 }
 
-fn simulate(policy: Policy, seed: u64, n_ops: u32) {
+/// A prompt held by the test, handed to the engine as its source (`KeyedRequest::defer_prompt`).
+#[derive(Debug)]
+struct HeldPrompt(Vec<u32>);
+
+impl PromptSource for HeldPrompt {
+    fn generate(&self, out: &mut Vec<u32>) {
+        out.extend_from_slice(&self.0);
+    }
+}
+
+/// Which requests a simulation submits with their prompts deferred to a source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Defer {
+    None,
+    /// Requests with an even id (decided by the id, so every random draw stays what it was).
+    EvenIds,
+}
+
+/// Runs one simulation and returns what it produced: every finished request (outputs and metrics) and the
+/// engine's run metrics, printed.
+fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     // One to three context-parallel ranks (H4): a block is 16 tokens on each rank. One full-attention
     // group, a hybrid model (windows, recurrent state, auxiliary pages, mixed), or the shape of a shipped model
@@ -115,6 +136,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         .collect();
     let mut live: BTreeMap<u64, usize> = BTreeMap::new();
     let mut next_id = 0u64;
+    let mut outcome = String::new();
     for _ in 0..n_ops {
         match rng.below(100) {
             0..=39 => {
@@ -148,7 +170,16 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
                 spec.instruction_tokens = (rng.below(4) == 0 && spec.prompt.len() > 2)
                     .then(|| 1 + rng.below(spec.prompt.len() as u64 - 1) as u32);
                 spec.streaming = rng.below(10) == 0;
-                engine.submit(spec).expect("submit");
+                if defer == Defer::EvenIds && next_id.is_multiple_of(2) {
+                    let source = Arc::new(HeldPrompt(spec.prompt.clone()));
+                    let keyed = spec
+                        .keyed(block_tokens as u32)
+                        .defer_prompt(source)
+                        .expect("the source generates the prompt");
+                    engine.submit_keyed(keyed).expect("submit");
+                } else {
+                    engine.submit(spec).expect("submit");
+                }
                 live.insert(next_id, session);
                 next_id += 1;
             }
@@ -212,6 +243,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
             }
         }
         for finished in engine.take_finished() {
+            outcome.push_str(&format!("{finished:?}\n"));
             let session = live
                 .remove(&finished.id.0)
                 .expect("finished a live request");
@@ -232,6 +264,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
         close_paused_streams(&mut engine, &mut live);
     }
     for finished in engine.take_finished() {
+        outcome.push_str(&format!("{finished:?}\n"));
         live.remove(&finished.id.0);
     }
     assert!(
@@ -240,6 +273,12 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32) {
     );
     assert_eq!(engine.metrics().leaked_pages, 0);
     assert_eq!(engine.pool().n_in_use(), 0, "no page held once idle");
+    let metrics = engine::RunMetrics {
+        wall_seconds: 0.0,
+        ..engine.metrics()
+    };
+    outcome.push_str(&format!("{metrics:?}"));
+    outcome
 }
 
 /// Closes every paused stream among `live` and forgets the requests that ended.
@@ -287,7 +326,13 @@ fn sim_random_requests_cancellations_resets_faults_and_clock_jumps_under_every_p
             continue;
         }
         for seed in seeds.clone() {
-            let result = std::panic::catch_unwind(|| simulate(policy, seed, 3000));
+            // Odd seeds defer the prompts of half their requests (`Defer::EvenIds`).
+            let defer = if seed % 2 == 1 {
+                Defer::EvenIds
+            } else {
+                Defer::None
+            };
+            let result = std::panic::catch_unwind(|| simulate(policy, seed, 3000, defer));
             assert!(
                 result.is_ok(),
                 "simulation failed: policy {policy}, seed {seed} (rerun with this seed)"
@@ -300,5 +345,32 @@ fn sim_random_requests_cancellations_resets_faults_and_clock_jumps_under_every_p
 /// while every copy slot was busy were never polled into expiry, so the clock froze at their expiry time.
 #[test]
 fn w1_capacity_waiters_expire_while_copy_slots_are_busy_sim_seed_1441() {
-    simulate(Policy::Reserved, 1441, 3000);
+    simulate(Policy::Reserved, 1441, 3000, Defer::None);
+}
+
+/// A deferred prompt (`KeyedRequest::defer_prompt`) changes nothing the engine does: the same simulation with
+/// half its prompts deferred finishes every request with the same outputs and metrics, under every policy,
+/// hybrid models, preemptions, restores (verified against recompute), cancellations, resets, faults and
+/// clock jumps included. `KVGATE_SIM_SEEDS=N` runs seeds `0..N / 3` (4 by default).
+#[test]
+fn a_deferred_prompt_changes_no_output_and_no_metric_in_the_simulation() {
+    let seeds = std::env::var("KVGATE_SIM_SEEDS")
+        .ok()
+        .and_then(|value| value.parse::<u64>().ok())
+        .map_or(4, |n| (n / 3).max(1));
+    for policy in [
+        Policy::Ordinary,
+        Policy::PagesOnly,
+        Policy::Reserved,
+        Policy::Oracle,
+    ] {
+        for seed in 0..seeds {
+            let held = simulate(policy, seed, 1500, Defer::None);
+            let deferred = simulate(policy, seed, 1500, Defer::EvenIds);
+            assert!(
+                held == deferred,
+                "policy {policy}, seed {seed}: deferring prompts changed the outcome"
+            );
+        }
+    }
 }

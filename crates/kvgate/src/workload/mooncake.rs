@@ -96,12 +96,20 @@ impl TraceRequest {
     pub fn prompt(&self) -> Vec<u32> {
         let room = self.output_length.max(1).min(self.input_length);
         let mut tokens = Vec::with_capacity(self.input_length as usize + room as usize);
-        for &hash_id in &self.hash_ids {
-            let left = self.input_length as usize - tokens.len();
-            let n = left.min(TRACE_BLOCK_TOKENS as usize) as u64;
-            tokens.extend((0..n).map(|i| token(hash_id.wrapping_add(0x5EED_0000_0000), i)));
-        }
+        engine::PromptSource::generate(self, &mut tokens);
         tokens
+    }
+}
+
+/// A trace request generates its prompt from its hash ids, so a replay's waiting requests hold those
+/// instead of their tokens (`KeyedRequest::defer_prompt`).
+impl engine::PromptSource for TraceRequest {
+    fn generate(&self, out: &mut Vec<u32>) {
+        let end = out.len() + self.input_length as usize;
+        for &hash_id in &self.hash_ids {
+            let n = (end - out.len()).min(TRACE_BLOCK_TOKENS as usize) as u64;
+            out.extend((0..n).map(|i| token(hash_id.wrapping_add(0x5EED_0000_0000), i)));
+        }
     }
 }
 
