@@ -2,6 +2,8 @@
 //! generation, block keys of its token prefix, the layout and the pages it holds) and its page payload
 //! (`CheckpointPayload`: bytes per rank and page). These are the serde types of the system.
 
+use std::sync::Arc;
+
 use kv_pool::BlockKey;
 use serde::{Deserialize, Serialize};
 
@@ -13,9 +15,23 @@ use crate::page_buf::PageBuf;
 pub const CHECKPOINT_ID_BYTES_MAX: usize = 100;
 
 /// Names a checkpoint in a store (for example a session id plus a turn). Any printable text; the disk store
-/// encodes it, so an id can never name a path outside the store's directory.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct CheckpointId(String);
+/// encodes it, so an id can never name a path outside the store's directory. Shared text: a store's indexes
+/// each hold the id, and a clone costs a reference count, not an allocation.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CheckpointId(Arc<str>);
+
+/// Serialized as its text, as a `String` is (manifests written before the id was shared read the same).
+impl Serialize for CheckpointId {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for CheckpointId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer).map(|id| Self(id.into()))
+    }
+}
 
 impl CheckpointId {
     /// A validated id: non-empty, at most `CHECKPOINT_ID_BYTES_MAX` bytes, no control characters.
@@ -32,7 +48,7 @@ impl CheckpointId {
         };
         match reason {
             Some(reason) => Err(Invalid::CheckpointId { id, reason }),
-            None => Ok(Self(id)),
+            None => Ok(Self(id.into())),
         }
     }
 

@@ -432,3 +432,20 @@ fn shared_store_handles_see_each_others_checkpoints() {
     assert!(b.remove(&id).unwrap());
     assert!(a.meta(&id).is_none());
 }
+
+/// A checkpoint id is written as the text a `String` writes, so manifests from before the id became shared
+/// text read back the same, in both directions.
+#[test]
+fn a_checkpoint_id_serializes_as_its_text() {
+    let config = bincode::config::standard();
+    for text in ["a", "0123456789ab-4096", &"x".repeat(100)] {
+        let id = CheckpointId::new(text).unwrap();
+        let as_id = bincode::serde::encode_to_vec(&id, config).unwrap();
+        let as_string = bincode::serde::encode_to_vec(text, config).unwrap();
+        assert_eq!(as_id, as_string);
+        let (back, _): (CheckpointId, usize) =
+            bincode::serde::decode_from_slice(&as_string, config).unwrap();
+        assert_eq!(back, id);
+        assert_eq!(back.as_str(), text);
+    }
+}

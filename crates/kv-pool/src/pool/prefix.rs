@@ -1,37 +1,36 @@
 //! The prefix index of the page pool: which page holds which cached block (`BlockKey -> PageId`) and, per
 //! page, the key it holds. The two maps are kept inverse to each other; the pool decides when keys come and
-//! go (and queues the eviction notices). Keys are stored out of line: per page only a 4-byte slot index into
-//! a dense slab of the held keys and the 32 hash bits of its key, so the allocate/free hot path (`holds_key`)
-//! reads a small array and a removal finds the key's table entry without first reading the key.
+//! go (and queues the eviction notices). Per page the index keeps its key (32 bytes, read only by a lookup
+//! that matched the hash bits, an insert and a removal) and, apart, whether it holds one and the 32 hash bits
+//! of that key (8 bytes), so the allocate/free hot path (`holds_key`) reads a small array and a removal finds
+//! the key's table entry without first reading the key.
 //!
 //! Key to page: an open-addressing table of 8-byte entries (the page and 32 bits of the key's hash), linear
 //! probing, deletion by backward shift (no tombstones). The index never holds more keys than the pool has
-//! pages, so the table is sized once, at most half full, and never grows: 2 MiB for 65,536 pages, where a
-//! hash map of 36-byte entries took 4.7 MiB and a removal read the whole key. A removal knows its page, so
-//! it compares page ids only; a lookup compares the whole key, read from the slab, when the hash bits match.
+//! pages, so the table is sized once, at most half full, and never grows: 1 MiB for 65,536 pages. A removal
+//! knows its page, so it compares page ids only; a lookup compares the whole key when the hash bits match.
+//! A removal touches the page's two per-page records and the table entries it shifts, nothing else (a dense
+//! slab of the held keys cost a swap-remove: two more scattered reads and writes per removal).
 
 use std::hash::BuildHasher;
 
 use crate::page::{BlockKey, BlockKeyHashBuilder, PageId};
 
-/// Slot value of a page that holds no key.
-const NO_SLOT: u32 = u32::MAX;
-
 /// A free entry of the key table (page 0, the null page, never holds a key).
 const EMPTY: u64 = 0;
 
-/// A page's place in the key slab and its key's hash bits.
+/// Whether a page holds a key, and its key's hash bits.
 #[derive(Debug, Clone, Copy)]
 struct PageSlot {
-    /// Slot in the key slab; `NO_SLOT` when the page holds no key.
-    slot: u32,
-    /// The low 32 bits of its key's hash (meaningless without a slot).
+    /// Whether the page holds a key.
+    held: bool,
+    /// The low 32 bits of its key's hash (meaningless unless `held`).
     bits: u32,
 }
 
 impl PageSlot {
     const NONE: PageSlot = PageSlot {
-        slot: NO_SLOT,
+        held: false,
         bits: 0,
     };
 }
@@ -45,11 +44,12 @@ pub(crate) struct PrefixIndex {
     /// `table.len() - 1`.
     mask: usize,
     hasher: BlockKeyHashBuilder,
-    /// Per page, its slot in `keys` (`NO_SLOT` when it holds no key) and its key's hash bits.
+    /// Per page, whether it holds a key and that key's hash bits.
     slot_by_page: Vec<PageSlot>,
-    /// The held keys, dense; `pages[slot]` holds `keys[slot]`.
-    keys: Vec<BlockKey>,
-    pages: Vec<PageId>,
+    /// Per page, the key it holds (meaningless unless its slot is held).
+    key_by_page: Vec<BlockKey>,
+    /// Number of pages holding a key.
+    n_keys: usize,
 }
 
 impl PrefixIndex {
@@ -63,14 +63,14 @@ impl PrefixIndex {
             mask: n_entries - 1,
             hasher: BlockKeyHashBuilder::new(),
             slot_by_page: vec![PageSlot::NONE; n_pages as usize],
-            keys: Vec::new(),
-            pages: Vec::new(),
+            key_by_page: vec![BlockKey([0; 32]); n_pages as usize],
+            n_keys: 0,
         }
     }
 
     /// Number of cached keys.
     pub(crate) fn len(&self) -> usize {
-        self.keys.len()
+        self.n_keys
     }
 
     /// The low 32 bits of `key`'s hash (its home slot is these `& mask`).
@@ -100,14 +100,13 @@ impl PrefixIndex {
     /// The key `page` holds, if any.
     #[inline]
     pub(crate) fn key_of(&self, page: PageId) -> Option<BlockKey> {
-        let slot = self.slot_by_page[page.idx()].slot;
-        (slot != NO_SLOT).then(|| self.keys[slot as usize])
+        self.holds_key(page).then(|| self.key_by_page[page.idx()])
     }
 
     /// Whether `page` holds a key.
     #[inline]
     pub(crate) fn holds_key(&self, page: PageId) -> bool {
-        self.slot_by_page[page.idx()].slot != NO_SLOT
+        self.slot_by_page[page.idx()].held
     }
 
     /// Register `page` (which holds no key) as holding `key` (which no page holds).
@@ -120,30 +119,23 @@ impl PrefixIndex {
             at = (at + 1) & self.mask;
         }
         self.table[at] = (u64::from(bits) << 32) | u64::from(page.0);
-        self.slot_by_page[page.idx()] = PageSlot {
-            slot: self.keys.len() as u32,
-            bits,
-        };
-        self.keys.push(key);
-        self.pages.push(page);
+        self.slot_by_page[page.idx()] = PageSlot { held: true, bits };
+        self.key_by_page[page.idx()] = key;
+        self.n_keys += 1;
     }
 
     /// Drop the key `page` holds, returning it.
     #[inline]
     pub(crate) fn remove_page(&mut self, page: PageId) -> Option<BlockKey> {
-        let PageSlot { slot, bits } = self.slot_by_page[page.idx()];
-        if slot == NO_SLOT {
+        let PageSlot { held, bits } = self.slot_by_page[page.idx()];
+        if !held {
             return None;
         }
         self.slot_by_page[page.idx()] = PageSlot::NONE;
         // The table entry is found from the stored hash bits, so its probe does not wait for the key's read.
         self.remove_entry(bits, page);
-        let key = self.keys.swap_remove(slot as usize);
-        self.pages.swap_remove(slot as usize);
-        if let Some(&moved) = self.pages.get(slot as usize) {
-            self.slot_by_page[moved.idx()].slot = slot;
-        }
-        Some(key)
+        self.n_keys -= 1;
+        Some(self.key_by_page[page.idx()])
     }
 
     /// Drops the table entry of `page`, whose key's hash bits are `bits`, shifting back the entries probed
@@ -183,30 +175,23 @@ impl PrefixIndex {
     pub(crate) fn iter_pages(&self) -> impl Iterator<Item = (PageId, BlockKey)> + '_ {
         self.slot_by_page
             .iter()
+            .zip(&self.key_by_page)
             .enumerate()
-            .filter(|&(_, slot)| slot.slot != NO_SLOT)
-            .map(|(idx, slot)| (PageId(idx as u32), self.keys[slot.slot as usize]))
+            .filter(|&(_, (slot, _))| slot.held)
+            .map(|(idx, (_, key))| (PageId(idx as u32), *key))
     }
 
-    /// Assert the two maps are inverse to each other and the slab is consistent. O(n).
+    /// Assert the two maps are inverse to each other and the per-page records are consistent. O(n).
     pub(crate) fn check_invariants(&self) {
         assert!(!self.holds_key(PageId::NULL), "the null page holds a key");
-        assert_eq!(self.keys.len(), self.pages.len(), "key slab halves differ");
-        for (slot, page) in self.pages.iter().enumerate() {
-            assert_eq!(
-                self.slot_by_page[page.idx()].slot as usize,
-                slot,
-                "slot of {page:?} disagrees with the slab"
-            );
-            assert_eq!(
-                self.slot_by_page[page.idx()].bits,
-                self.hash_bits(&self.keys[slot]),
-                "hash bits of {page:?} disagree with its key"
-            );
-        }
         let mut n_keyed = 0;
         for (page, key) in self.iter_pages() {
             n_keyed += 1;
+            assert_eq!(
+                self.slot_by_page[page.idx()].bits,
+                self.hash_bits(&key),
+                "hash bits of {page:?} disagree with its key"
+            );
             assert_eq!(
                 self.lookup(&key),
                 Some(page),
@@ -215,7 +200,7 @@ impl PrefixIndex {
         }
         let n_entries = self.table.iter().filter(|&&entry| entry != EMPTY).count();
         assert_eq!(n_keyed, n_entries, "index holds keys no page holds");
-        assert_eq!(n_keyed, self.keys.len(), "slab holds keys no page holds");
+        assert_eq!(n_keyed, self.n_keys, "key count disagrees with the pages");
     }
 }
 
