@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use checkpoint_transfer::store::DEFAULT_KEY_PREFIX;
 use checkpoint_transfer::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, CheckpointStore,
-    CopyEngine, CopyJob, CopyOutcome, CopyWork, HostStore, LayoutDescriptor, RedisStore,
+    CopyEngine, CopyJob, CopyOutcome, CopyWork, HostStore, LayoutDescriptor, RankPages, RedisStore,
     ThreadedCopyEngine,
 };
 use kv_pool::Timestamp;
@@ -93,10 +93,10 @@ fn restore_gib_s(
         let job = CopyJob {
             rank: 0,
             work: CopyWork::Restore {
-                pages: read.payload.ranks[0]
-                    .iter()
+                pages: (0..read.payload.ranks[0].len())
+                    .filter_map(|idx| read.payload.ranks[0].page_buf(idx))
                     .enumerate()
-                    .map(|(idx, bytes)| (bytes.clone(), PageId(idx as u32 + 1)))
+                    .map(|(idx, bytes)| (bytes, PageId(idx as u32 + 1)))
                     .collect(),
             },
         };
@@ -129,13 +129,9 @@ fn checkpoint(n_pages: usize) -> Checkpoint {
         layout,
     );
     let pages = (0..n_pages)
-        .map(|page| {
-            (0..BYTES_PER_PAGE)
-                .map(|i| (i ^ page) as u8)
-                .collect::<Vec<u8>>()
-                .into()
-        })
-        .collect();
+        .flat_map(|page| (0..BYTES_PER_PAGE).map(move |i| (i ^ page) as u8))
+        .collect::<Vec<u8>>();
+    let pages = RankPages::new(pages, BYTES_PER_PAGE);
     Checkpoint {
         meta,
         payload: CheckpointPayload { ranks: vec![pages] },

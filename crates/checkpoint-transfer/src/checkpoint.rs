@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Invalid, Mismatch};
 use crate::layout::{GroupKind, LayoutDescriptor, groups_to_string};
-use crate::page_buf::PageBuf;
+use crate::page_buf::RankPages;
 
 /// Longest checkpoint id accepted, in bytes (hex-encoded file names must stay under 255 bytes).
 pub const CHECKPOINT_ID_BYTES_MAX: usize = 100;
@@ -297,22 +297,18 @@ impl CheckpointMeta {
     }
 }
 
-/// Page bytes of a checkpoint: `ranks[rank][page_idx]`, each exactly `bytes_per_page` long. Pages are shared
-/// buffers so a store hands them to a copy engine without copying.
+/// Page bytes of a checkpoint: `ranks[rank].page(page_idx)`, each exactly `bytes_per_page` long. A rank's pages
+/// are one shared buffer, so a store hands them to a copy engine without copying.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointPayload {
-    /// Per rank, per checkpoint page, the page's bytes.
-    pub ranks: Vec<Vec<PageBuf>>,
+    /// Per rank, the checkpoint's pages.
+    pub ranks: Vec<RankPages>,
 }
 
 impl CheckpointPayload {
     /// Total bytes.
     pub fn n_bytes(&self) -> u64 {
-        self.ranks
-            .iter()
-            .flatten()
-            .map(|page| page.len() as u64)
-            .sum()
+        self.ranks.iter().map(|pages| pages.n_bytes() as u64).sum()
     }
 
     /// `Ok` when it holds `meta.layout.n_ranks` ranks of `meta.pages.len()` pages of `bytes_per_page` bytes.
@@ -333,9 +329,12 @@ impl CheckpointPayload {
                     found: pages.len(),
                 });
             }
-            if let Some(bad) = pages
-                .iter()
-                .position(|page| page.len() as u64 != meta.layout.bytes_per_page)
+            let uniform = pages.bytes_per_page() as u64 == meta.layout.bytes_per_page
+                && pages.n_bytes() as u64 == expected as u64 * meta.layout.bytes_per_page;
+            if !uniform
+                && let Some(bad) = pages
+                    .pages()
+                    .position(|page| page.len() as u64 != meta.layout.bytes_per_page)
             {
                 return Err(Invalid::PayloadShape {
                     rank,

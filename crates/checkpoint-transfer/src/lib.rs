@@ -25,7 +25,7 @@ pub use index::{
     RESTORE_LOOKUPS_MAX, ResidentIndex, StageRequest,
 };
 pub use layout::{GroupKind, LayoutDescriptor};
-pub use page_buf::PageBuf;
+pub use page_buf::{PageBuf, RankPages};
 pub use store::{
     CheckpointStore, DiskStore, HostStore, PutOutcome, RedisStore, RejectedFile, RejectedKey,
     SharedStore, StoreStats, check_redis_url,

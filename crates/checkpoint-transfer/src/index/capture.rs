@@ -9,7 +9,7 @@ use crate::checkpoint::{Checkpoint, CheckpointMeta, CheckpointPayload};
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
 use crate::error::{Invalid, Result};
 use crate::index::{CaptureId, ImportEvent, ResidentIndex, release_page};
-use crate::page_buf::PageBuf;
+use crate::page_buf::RankPages;
 
 #[derive(Debug)]
 pub(crate) struct CaptureState {
@@ -18,7 +18,7 @@ pub(crate) struct CaptureState {
     /// Source pages, each pinned by one reference of the index.
     pub(crate) pages: Vec<PageId>,
     jobs: Vec<CopyJobId>,
-    captured: Vec<Vec<PageBuf>>,
+    captured: Vec<RankPages>,
     failure: Option<String>,
 }
 
@@ -62,7 +62,7 @@ impl ResidentIndex {
             meta,
             pages: pages.to_vec(),
             jobs: Vec::with_capacity(n_ranks),
-            captured: vec![Vec::new(); n_ranks],
+            captured: vec![RankPages::default(); n_ranks],
             failure: None,
         };
         for rank in 0..n_ranks as u32 {
@@ -108,7 +108,11 @@ impl ResidentIndex {
         let state = self.captures.get_mut(&capture_id)?;
         state.jobs.retain(|job| *job != completion.job);
         match completion.outcome {
-            CopyOutcome::Done { captured } => state.captured[completion.rank as usize] = captured,
+            CopyOutcome::Done { captured } => {
+                let bytes_per_page = state.meta.layout.bytes_per_page as usize;
+                state.captured[completion.rank as usize] =
+                    RankPages::from_pages(captured.iter().map(|page| &page[..]), bytes_per_page);
+            }
             CopyOutcome::Failed { reason } => {
                 if state.failure.is_none() {
                     state.failure = Some(format!("rank {}: {reason}", completion.rank));

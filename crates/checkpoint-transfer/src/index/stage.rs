@@ -77,9 +77,8 @@ impl ResidentIndex {
             let job = CopyJob {
                 rank: rank as u32,
                 work: CopyWork::Restore {
-                    pages: rank_pages
-                        .iter()
-                        .cloned()
+                    pages: (0..rank_pages.len())
+                        .filter_map(|idx| rank_pages.page_buf(idx))
                         .zip(import.pages.iter().copied())
                         .collect(),
                 },

@@ -19,7 +19,7 @@ use crate::index::{
     StageRequest,
 };
 use crate::layout::LayoutDescriptor;
-use crate::page_buf::PageBuf;
+use crate::page_buf::RankPages;
 use crate::store::{CheckpointStore, HostStore};
 
 const BYTES_PER_PAGE: usize = 64;
@@ -56,10 +56,11 @@ fn checkpoint(id: &str, n_tokens: u32) -> Checkpoint {
                     let bytes: Vec<u8> = (0..BYTES_PER_PAGE)
                         .map(|i| (i as u32 * 7 + rank * 13 + page as u32 * 29 + n_tokens) as u8)
                         .collect();
-                    PageBuf::from(bytes)
+                    bytes
                 })
-                .collect()
+                .collect::<Vec<_>>()
         })
+        .map(|pages| RankPages::from_pages(pages.iter().map(Vec::as_slice), BYTES_PER_PAGE))
         .collect();
     Checkpoint {
         meta,
@@ -327,7 +328,7 @@ fn o4_consumer_acquires_through_prefix_hits_and_pages_enter_the_lru() {
             let bytes = rig.storage.with_page(rank, page, <[u8]>::to_vec).unwrap();
             assert_eq!(
                 bytes[..],
-                ckpt.payload.ranks[rank as usize][pos][..],
+                ckpt.payload.ranks[rank as usize].page(pos).unwrap()[..],
                 "restored bytes differ"
             );
         }
@@ -631,7 +632,8 @@ fn r4_invalid_stage_input_names_the_problem_and_changes_nothing() {
         "{err}"
     );
     let mut short_payload = good.clone();
-    short_payload.payload.ranks[1].pop();
+    let short = short_payload.payload.ranks[1].len() - 1;
+    short_payload.payload.ranks[1] = short_payload.payload.ranks[1].range(0..short);
     check(
         &mut rig,
         &short_payload,
@@ -705,7 +707,10 @@ fn capture_pins_source_pages_until_every_rank_copied() {
         panic!("expected a capture, got {events:?}");
     };
     assert_eq!(checkpoint.meta, meta);
-    assert_eq!(checkpoint.payload.ranks[1][2][..], [12u8; BYTES_PER_PAGE]);
+    assert_eq!(
+        checkpoint.payload.ranks[1].page(2).unwrap()[..],
+        [12u8; BYTES_PER_PAGE]
+    );
     assert_eq!(rig.pool.n_in_use(), 0);
 }
 
@@ -855,7 +860,10 @@ fn o4_stage_into_caller_pages_keeps_one_reference_per_holder() {
     for rank in 0..N_RANKS {
         for (pos, &page) in ticket.iter().enumerate() {
             let bytes = rig.storage.with_page(rank, page, <[u8]>::to_vec).unwrap();
-            assert_eq!(bytes[..], ckpt.payload.ranks[rank as usize][pos][..]);
+            assert_eq!(
+                bytes[..],
+                ckpt.payload.ranks[rank as usize].page(pos).unwrap()[..]
+            );
         }
     }
     // The consumer acquires (its own references), then the caller drops the ticket's.

@@ -282,7 +282,7 @@ impl DiskStore {
                 .payload
                 .ranks
                 .iter()
-                .flatten()
+                .flat_map(crate::page_buf::RankPages::pages)
                 .try_for_each(|page| file.write_all(page))
         })?;
         // The payload's rename is durable before a manifest names it.

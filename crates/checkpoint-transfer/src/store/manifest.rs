@@ -6,7 +6,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload};
-use crate::page_buf::PageBuf;
+use crate::page_buf::RankPages;
 
 /// Manifest format this build writes and reads (2: the manifest carries a checksum of its own bytes).
 pub const MANIFEST_FORMAT_VERSION: u32 = 2;
@@ -131,7 +131,7 @@ impl ManifestBody {
             .payload
             .ranks
             .iter()
-            .flatten()
+            .flat_map(RankPages::pages)
             .map(|page| *blake3::hash(page).as_bytes())
             .collect();
         Self {
@@ -154,18 +154,19 @@ impl ManifestBody {
         let layout = &self.meta.layout;
         let n_pages = self.meta.pages.len();
         let mut ranks = Vec::with_capacity(layout.n_ranks as usize);
-        let mut chunks = bytes.chunks_exact((layout.bytes_per_page as usize).max(1));
+        let bytes_per_page = (layout.bytes_per_page as usize).max(1);
+        let mut chunks = bytes.chunks_exact(bytes_per_page);
         for rank in 0..layout.n_ranks as usize {
-            let mut pages: Vec<PageBuf> = Vec::with_capacity(n_pages);
+            let mut pages: Vec<&[u8]> = Vec::with_capacity(n_pages);
             for page_idx in 0..n_pages {
                 let flat_idx = rank * n_pages + page_idx;
                 let page = chunks.next().unwrap_or_default();
                 if Some(blake3::hash(page).as_bytes()) != self.page_checksums.get(flat_idx) {
                     return Err(format!("page {page_idx} of rank {rank} fails its checksum"));
                 }
-                pages.push(PageBuf::from(page));
+                pages.push(page);
             }
-            ranks.push(pages);
+            ranks.push(RankPages::from_pages(pages, bytes_per_page));
         }
         Ok(CheckpointPayload { ranks })
     }

@@ -322,8 +322,9 @@ impl RedisStore {
             .payload
             .ranks
             .iter()
+            .flat_map(crate::page_buf::RankPages::pages)
             .flatten()
-            .flat_map(|p| p.iter().copied())
+            .copied()
             .collect();
         let payload_key = self.payload_key(&meta.id, meta.generation);
         self.call(|c| c.set::<_, _, ()>(&payload_key, payload))?;

@@ -10,7 +10,7 @@ use crate::checkpoint::{
 };
 use crate::error::{Error, Mismatch};
 use crate::layout::{GroupKind, LayoutDescriptor};
-use crate::page_buf::PageBuf;
+use crate::page_buf::RankPages;
 use crate::store::manifest::seal as seal_manifest;
 use crate::store::{CheckpointStore, DiskStore, HostStore, MANIFEST_FORMAT_VERSION};
 
@@ -44,9 +44,12 @@ fn checkpoint(id: &str, generation: u64, tokens: &[u32]) -> Checkpoint {
                             (i as u8) ^ rank.wrapping_mul(31) ^ (page as u8) ^ (generation as u8)
                         })
                         .collect();
-                    PageBuf::from(bytes)
+                    bytes
                 })
-                .collect()
+                .collect::<Vec<_>>()
+        })
+        .map(|pages| {
+            RankPages::from_pages(pages.iter().map(Vec::as_slice), BYTES_PER_PAGE as usize)
         })
         .collect();
     Checkpoint {

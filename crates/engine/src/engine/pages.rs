@@ -3,7 +3,8 @@
 //! of restores (E3), and the moves of a request between queues (preemption, fallback, release).
 
 use checkpoint_transfer::{
-    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageBuf, PageSlot,
+    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
+    RankPages,
 };
 use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId};
@@ -366,18 +367,19 @@ impl<E: Executor> Engine<E> {
         if self.too_large_for_the_store(id, &meta) {
             return Ok(false);
         }
-        // One buffer per rank for the whole checkpoint, one shared view per page: one allocation per rank.
+        // One buffer per rank for the whole checkpoint, the pages read straight into it.
         let bytes_per_page = self.page_buf.len();
         let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
         for rank in 0..self.storage.n_ranks() {
-            let mut bytes = vec![0u8; n_blocks * bytes_per_page];
-            for (&page, dst) in req.pages[..n_blocks]
-                .iter()
-                .zip(bytes.chunks_exact_mut(bytes_per_page))
-            {
-                self.storage.read(rank, page, dst)?;
-            }
-            ranks.push(PageBuf::split(bytes, bytes_per_page));
+            ranks.push(RankPages::filled(n_blocks, bytes_per_page, |bytes| {
+                for (&page, dst) in req.pages[..n_blocks]
+                    .iter()
+                    .zip(bytes.chunks_exact_mut(bytes_per_page))
+                {
+                    self.storage.read(rank, page, dst)?;
+                }
+                Ok::<(), Error>(())
+            })?);
         }
         Ok(self.put_checkpoint(
             id,
@@ -478,7 +480,7 @@ impl<E: Executor> Engine<E> {
                     self.storage.read(rank, page, dst)?;
                 }
             }
-            ranks.push(PageBuf::split(bytes, bytes_per_page));
+            ranks.push(RankPages::new(bytes, bytes_per_page));
         }
         Ok(self.put_checkpoint(
             id,
@@ -958,7 +960,7 @@ impl<E: Executor> Engine<E> {
             .payload
             .ranks
             .iter()
-            .map(|pages| pages[blocks.clone()].to_vec())
+            .map(|pages| pages.range(blocks.clone()))
             .collect();
         Ok(Checkpoint {
             meta,

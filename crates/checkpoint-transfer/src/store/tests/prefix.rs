@@ -14,7 +14,7 @@ use crate::checkpoint::{
 };
 use crate::error::Mismatch;
 use crate::layout::{GroupKind, LayoutDescriptor};
-use crate::page_buf::PageBuf;
+use crate::page_buf::RankPages;
 use crate::store::{CheckpointStore, DiskStore, HostStore};
 
 /// `(id, matching blocks)` of the block-prefix lookup for `request`.
@@ -58,9 +58,9 @@ fn checkpoint_for_groups(
             .iter()
             .map(|&(group, key_idx)| PageSlot { group, key_idx }),
     );
-    let page = PageBuf::from(vec![7u8; BYTES_PER_PAGE as usize]);
+    let page = vec![7u8; BYTES_PER_PAGE as usize];
     let ranks = (0..meta.layout.n_ranks)
-        .map(|_| vec![page.clone(); meta.pages.len()])
+        .map(|_| RankPages::from_pages(vec![&page[..]; meta.pages.len()], page.len()))
         .collect();
     Checkpoint {
         meta,
