@@ -14,28 +14,11 @@ pub struct PageBuf {
     range: Range<usize>,
 }
 
-impl PageBuf {
-    /// One view per `bytes_per_page` bytes of `bytes`, in order, sharing one buffer; the last view is shorter
-    /// when the length is not a multiple. No view for empty bytes; a `bytes_per_page` of 0 counts as 1.
-    pub fn split(bytes: Vec<u8>, bytes_per_page: usize) -> Vec<PageBuf> {
-        let bytes_per_page = bytes_per_page.max(1);
-        let len = bytes.len();
-        let buffer: Arc<[u8]> = Arc::from(bytes);
-        (0..len)
-            .step_by(bytes_per_page)
-            .map(|start| PageBuf {
-                buffer: Arc::clone(&buffer),
-                range: start..(start + bytes_per_page).min(len),
-            })
-            .collect()
-    }
-}
-
 impl Deref for PageBuf {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        // `range` lies inside `buffer` by construction (`split`, `From`).
+        // `range` lies inside `buffer` by construction (`RankPages::page_buf`, `From`).
         self.buffer.get(self.range.clone()).unwrap_or_default()
     }
 }
@@ -86,8 +69,8 @@ impl fmt::Debug for PageBuf {
 }
 
 /// One rank's pages of a checkpoint in one shared buffer: page `i` is bytes `[i * bytes_per_page, (i + 1) *
-/// bytes_per_page)` of the first `n_bytes`, the last one shorter when `n_bytes` is not a multiple (as
-/// `PageBuf::split` cuts). Clones and prefixes share the buffer. Compares as its pages' bytes.
+/// bytes_per_page)` of its `n_bytes`, the last one shorter when `n_bytes` is not a multiple. Clones and
+/// ranges share the buffer. Compares as its pages' bytes.
 #[derive(Clone)]
 pub struct RankPages {
     buffer: Arc<[u8]>,
@@ -232,9 +215,9 @@ mod tests {
     use super::{PageBuf, RankPages};
 
     #[test]
-    fn rank_pages_cut_one_buffer_as_split_does_and_share_it() {
+    fn rank_pages_cut_one_buffer_into_pages_and_share_it() {
         let pages = RankPages::new((0..10u8).collect(), 4);
-        let views = PageBuf::split((0..10u8).collect(), 4);
+        let views = [vec![0u8, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]].map(PageBuf::from);
         assert_eq!(pages.len(), 3);
         assert_eq!(pages.n_bytes(), 10);
         for (idx, view) in views.iter().enumerate() {
@@ -264,6 +247,12 @@ mod tests {
         assert_ne!(pages, pages.range(0..2));
         assert_eq!(format!("{:?}", pages.range(0..1)), "[[0, 1, 2, 3]]");
         assert_eq!(
+            format!("{:?}", views[2]),
+            "[8, 9]",
+            "a view prints as its bytes"
+        );
+        assert_ne!(views[0], views[1]);
+        assert_eq!(
             RankPages::new(vec![1, 2], 0).len(),
             2,
             "a zero size counts as one"
@@ -275,23 +264,5 @@ mod tests {
         assert_eq!(filled, Ok(RankPages::new(vec![1, 2, 3, 4, 5, 6], 2)));
         assert_eq!(RankPages::filled(3, 2, |_| Err::<(), _>("no")), Err("no"));
         assert!(RankPages::default().is_empty());
-    }
-
-    #[test]
-    fn split_views_share_one_buffer_and_compare_as_bytes() {
-        let pages = PageBuf::split((0..10u8).collect(), 4);
-        assert_eq!(pages.len(), 3);
-        assert_eq!(&pages[0][..], &[0, 1, 2, 3]);
-        assert_eq!(&pages[1][..], &[4, 5, 6, 7]);
-        assert_eq!(&pages[2][..], &[8, 9], "a shorter last view");
-        assert_eq!(pages[1], PageBuf::from(vec![4u8, 5, 6, 7]));
-        assert_ne!(pages[0], pages[1]);
-        assert_eq!(format!("{:?}", pages[2]), "[8, 9]");
-        assert!(PageBuf::split(Vec::new(), 4).is_empty());
-        assert_eq!(
-            PageBuf::split(vec![1, 2], 0).len(),
-            2,
-            "a zero size splits bytes"
-        );
     }
 }
