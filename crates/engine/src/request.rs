@@ -107,6 +107,11 @@ impl KeyedRequest {
         self.block_tokens
     }
 
+    /// Keys of the prompt's full blocks.
+    pub fn keys(&self) -> &[BlockKey] {
+        &self.keys
+    }
+
     /// Tokens in the prompt, held or deferred.
     pub fn prompt_len(&self) -> usize {
         self.deferred

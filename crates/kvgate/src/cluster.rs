@@ -4,6 +4,7 @@
 //! metrics, the cluster's, and whether the cluster kept up with the trace's own arrival rate ([`KeepUp`]).
 
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::{CheckpointStore, PrefixQuery, SharedStore};
@@ -13,7 +14,7 @@ use kv_pool::{BlockKey, Timestamp};
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::limits::ENGINES_MAX;
-use crate::run::{Progress, replay_arrivals, submit_or_reject};
+use crate::run::{Progress, replay_arrivals, submit_keyed_or_reject};
 use crate::workload::mooncake::TraceRequest;
 
 /// How a cluster replay picks the engine of each request.
@@ -168,6 +169,7 @@ pub fn run_cluster_replay(
     let mut engines = (0..cluster.n_engines)
         .map(|_| Engine::with_store(params.clone(), Box::new(store.clone())))
         .collect::<Result<Vec<_>, _>>()?;
+    let block_tokens = params.geometry.block_tokens();
     let mut busy = vec![false; engines.len()];
     let mut routed = vec![0u64; engines.len()];
     let mut router = RouterState::new(cluster.router);
@@ -182,12 +184,18 @@ pub fn run_cluster_replay(
                 break;
             }
             let request = &trace[next];
-            let prompt = request.prompt();
-            let target = router.choose(&engines, &mut store, &prompt);
-            let mut spec =
-                RequestSpec::new(next as u64, prompt, request.output_length.max(1), arrival);
+            let mut spec = RequestSpec::new(
+                next as u64,
+                request.prompt(),
+                request.output_length.max(1),
+                arrival,
+            );
             spec.is_later_turn = later_turn[next];
-            submit_or_reject(&mut engines[target], spec)?;
+            // Keyed once, for the router and the engine; held as its trace record while it waits.
+            let keyed = spec.keyed(block_tokens);
+            let target = router.choose(&engines, &mut store, &keyed.spec().prompt, keyed.keys());
+            let keyed = keyed.defer_prompt(Arc::new(request.clone()))?;
+            submit_keyed_or_reject(&mut engines[target], keyed)?;
             busy[target] = !engines[target].is_idle();
             routed[target] += 1;
             next += 1;
@@ -313,7 +321,13 @@ impl RouterState {
     }
 
     /// The index of the engine `prompt` goes to.
-    fn choose(&mut self, engines: &[Engine], store: &mut SharedStore, prompt: &[u32]) -> usize {
+    fn choose(
+        &mut self,
+        engines: &[Engine],
+        store: &mut SharedStore,
+        prompt: &[u32],
+        keys: &[BlockKey],
+    ) -> usize {
         let n_routed = self.n_routed;
         self.n_routed += 1;
         let load = |index: usize| engines[index].n_live_requests();
@@ -327,11 +341,10 @@ impl RouterState {
                     return 0;
                 };
                 let block_tokens = first.params().geometry.block_tokens() as usize;
-                let keys = BlockKey::chain_all(prompt, block_tokens, &[]);
-                let stored = stored_blocks(store, &keys, prompt, block_tokens);
+                let stored = stored_blocks(store, keys, prompt, block_tokens);
                 let local: Vec<usize> = engines
                     .iter()
-                    .map(|engine| resident_blocks(engine, &keys))
+                    .map(|engine| resident_blocks(engine, keys))
                     .collect();
                 (0..engines.len())
                     .min_by_key(|&index| {

@@ -335,7 +335,7 @@ pub(crate) fn submit_or_reject<E: Executor>(
 }
 
 /// `submit_or_reject` for a request keyed ahead (`RequestSpec::keyed`).
-fn submit_keyed_or_reject(engine: &mut Engine, request: KeyedRequest) -> Result<()> {
+pub(crate) fn submit_keyed_or_reject(engine: &mut Engine, request: KeyedRequest) -> Result<()> {
     match engine.submit_keyed(request) {
         Ok(()) | Err(engine::Error::Rejected { .. }) => Ok(()),
         Err(error) => Err(error.into()),

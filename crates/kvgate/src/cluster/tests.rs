@@ -59,7 +59,7 @@ fn round_robin_takes_engines_in_turn() {
     let engines = vec![engine_alone(), engine_alone(), engine_alone()];
     let mut router = RouterState::new(Router::RoundRobin);
     let chosen: Vec<usize> = (0..7)
-        .map(|_| router.choose(&engines, &mut empty_store(), &tokens(0, 64)))
+        .map(|_| choose(&mut router, &engines, &mut empty_store(), &tokens(0, 64)))
         .collect();
     assert_eq!(chosen, vec![0, 1, 2, 0, 1, 2, 0]);
 }
@@ -69,14 +69,14 @@ fn least_loaded_takes_the_engine_with_fewest_live_requests_ties_to_the_lowest_in
     let mut engines = vec![engine_alone(), engine_alone(), engine_alone()];
     let mut router = RouterState::new(Router::LeastLoaded);
     let mut store = empty_store();
-    assert_eq!(router.choose(&engines, &mut store, &tokens(0, 64)), 0);
+    assert_eq!(choose(&mut router, &engines, &mut store, &tokens(0, 64)), 0);
     load(&mut engines[0], 1);
-    assert_eq!(router.choose(&engines, &mut store, &tokens(0, 64)), 1);
+    assert_eq!(choose(&mut router, &engines, &mut store, &tokens(0, 64)), 1);
     load(&mut engines[1], 2);
     load(&mut engines[1], 3);
-    assert_eq!(router.choose(&engines, &mut store, &tokens(0, 64)), 2);
+    assert_eq!(choose(&mut router, &engines, &mut store, &tokens(0, 64)), 2);
     load(&mut engines[2], 4);
-    assert_eq!(router.choose(&engines, &mut store, &tokens(0, 64)), 0);
+    assert_eq!(choose(&mut router, &engines, &mut store, &tokens(0, 64)), 0);
 }
 
 #[test]
@@ -90,11 +90,17 @@ fn cache_aware_follows_the_longest_resident_prefix_over_load() {
     let mut next_turn = context.clone();
     next_turn.extend(tokens(5_000, 40));
     // Engine 2 holds the context in its pool: it wins although it is the busiest.
-    assert_eq!(router.choose(&engines, &mut store, &next_turn), 2);
+    assert_eq!(choose(&mut router, &engines, &mut store, &next_turn), 2);
     // Nothing resident anywhere: the least loaded, ties to the lowest index.
-    assert_eq!(router.choose(&engines, &mut store, &tokens(7_000, 300)), 0);
+    assert_eq!(
+        choose(&mut router, &engines, &mut store, &tokens(7_000, 300)),
+        0
+    );
     load(&mut engines[0], 3);
-    assert_eq!(router.choose(&engines, &mut store, &tokens(7_000, 300)), 1);
+    assert_eq!(
+        choose(&mut router, &engines, &mut store, &tokens(7_000, 300)),
+        1
+    );
 }
 
 #[test]
@@ -115,9 +121,15 @@ fn cache_aware_sends_a_prompt_the_store_covers_to_the_least_loaded() {
     next_turn.extend(tokens(5_000, 40));
     let mut router = RouterState::new(Router::CacheAware);
     // Without the store, engine 0's one resident block decides.
-    assert_eq!(router.choose(&engines, &mut empty_store(), &next_turn), 0);
+    assert_eq!(
+        choose(&mut router, &engines, &mut empty_store(), &next_turn),
+        0
+    );
     // With it, both engines can serve the context (one by restoring it): the least loaded takes it.
-    assert_eq!(router.choose(&engines, &mut store.clone(), &next_turn), 1);
+    assert_eq!(
+        choose(&mut router, &engines, &mut store.clone(), &next_turn),
+        1
+    );
 }
 
 #[test]
@@ -319,4 +331,16 @@ fn a_cluster_replay_refuses_zero_engines_before_building_any() {
         error.to_string().starts_with("--engines 0 is invalid"),
         "{error}"
     );
+}
+
+/// `RouterState::choose` for `prompt`, keyed as the replay keys it (16-token blocks, no salt).
+fn choose(
+    router: &mut RouterState,
+    engines: &[Engine],
+    store: &mut SharedStore,
+    prompt: &[u32],
+) -> usize {
+    let block_tokens = engines[0].params().geometry.block_tokens() as usize;
+    let keys = BlockKey::chain_all(prompt, block_tokens, &[]);
+    router.choose(engines, store, prompt, &keys)
 }
