@@ -5,7 +5,8 @@
 //! outside the repository (`../shared/workloads/mooncake/conversation_trace.jsonl`); without it the bench says
 //! so and reports `null` for those figures. Peak RSS is the child's maximum resident set as `/usr/bin/time`
 //! reports it (`null` without that tool). Prints progress on stderr and one JSON object on stdout. Flags:
-//! `--quick` (3,000 against 50,000 synthetic requests); `--gpu` and anything else are ignored.
+//! `--quick` (3,000 against 50,000 synthetic requests); `--gpu` and anything else are ignored. The growth pair
+//! runs twice: with the default store, and with a store full from the first requests (`FULL_STORE_PAGES`).
 #![allow(clippy::disallowed_methods, reason = "a bench times itself")]
 #![allow(
     clippy::print_stdout,
@@ -20,6 +21,8 @@ use std::time::Instant;
 
 const POOL_PAGES: u32 = 65_536;
 const POLICY: &str = "ordinary";
+/// Store pages of the growth runs whose store is full from their first requests (a few checkpoints).
+const FULL_STORE_PAGES: u64 = 4_096;
 /// Milliseconds between two arrivals of the synthetic traces.
 const SYNTHETIC_GAP_MS: u64 = 20;
 
@@ -63,29 +66,50 @@ fn main() {
         (12_000, 200_000)
     };
     let dir = tempfile::tempdir().expect("a temporary directory for the synthetic traces");
-    let mut walls = Vec::new();
-    for n_requests in [small, large] {
+    let paths = [small, large].map(|n_requests| {
         let path = dir.path().join(format!("synthetic-{n_requests}.jsonl"));
         std::fs::write(&path, synthetic_trace(n_requests)).expect("writing a synthetic trace");
-        eprintln!("kvgate bench: synthetic trace of {n_requests} requests");
-        let run = replay(&binary, &path);
-        eprintln!("kvgate bench: {:.2} s", run.wall_s);
-        walls.push(run.wall_s);
+        path
+    });
+    // With the default store (1,048,576 pages) the checkpoints fill it after about 8,000 of these requests:
+    // most of the small trace runs before the store evicts or its catalog reaches its steady size, so the
+    // ratio also measures that warm-up. With a store of `FULL_STORE_PAGES` every run is in steady state
+    // from its first requests, and the ratio is the cost's growth alone.
+    let mut growth = Vec::new();
+    for store_pages in [None, Some(FULL_STORE_PAGES)] {
+        let mut walls = Vec::new();
+        for (path, n_requests) in paths.iter().zip([small, large]) {
+            let store = store_pages.map_or("the default store".to_string(), |pages| {
+                format!("a store of {pages} pages")
+            });
+            eprintln!("kvgate bench: synthetic trace of {n_requests} requests, {store}");
+            let run = replay_with(&binary, path, store_pages);
+            eprintln!("kvgate bench: {:.2} s", run.wall_s);
+            walls.push(run.wall_s);
+        }
+        let ratio = walls[1] / walls[0];
+        eprintln!(
+            "kvgate bench: {large} requests take {ratio:.1}x the time of {small} ({:.1}x as many)",
+            large as f64 / small as f64
+        );
+        growth.push((walls, ratio));
     }
-    let growth = walls[1] / walls[0];
-    eprintln!(
-        "kvgate bench: {large} requests take {growth:.1}x the time of {small} ({:.1}x as many)",
-        large as f64 / small as f64
-    );
+    let (walls, growth_ratio) = &growth[0];
+    let (full_walls, full_growth_ratio) = &growth[1];
     println!(
         "{{\"replay_conv_wall_s\": {}, \"replay_conv_peak_rss_mb\": {}, \
          \"replay_synthetic_small_requests\": {small}, \"replay_synthetic_small_wall_s\": {:.3}, \
          \"replay_synthetic_large_requests\": {large}, \"replay_synthetic_large_wall_s\": {:.3}, \
-         \"replay_synthetic_growth_ratio\": {growth:.2}}}",
+         \"replay_synthetic_growth_ratio\": {growth_ratio:.2}, \
+         \"replay_synthetic_full_store_small_wall_s\": {:.3}, \
+         \"replay_synthetic_full_store_large_wall_s\": {:.3}, \
+         \"replay_synthetic_full_store_growth_ratio\": {full_growth_ratio:.2}}}",
         json_number(conv_wall_s),
         json_number(conv_rss_mb),
         walls[0],
         walls[1],
+        full_walls[0],
+        full_walls[1],
     );
 }
 
@@ -97,6 +121,11 @@ struct Run {
 
 /// Runs `kvgate replay TRACE` under the bench's policy and pool; panics (the bench fails) if it fails.
 fn replay(binary: &Path, trace: &Path) -> Run {
+    replay_with(binary, trace, None)
+}
+
+/// `replay`, with a store of `store_pages` pages when given (else the default store).
+fn replay_with(binary: &Path, trace: &Path, store_pages: Option<u64>) -> Run {
     let time_tool = Path::new("/usr/bin/time");
     let rss_file = tempfile::NamedTempFile::new().expect("a temporary file for the peak RSS");
     let mut command = if time_tool.is_file() {
@@ -119,6 +148,7 @@ fn replay(binary: &Path, trace: &Path) -> Run {
             POLICY,
             "--json",
         ])
+        .args(store_pages.map(|pages| format!("--store-pages={pages}")))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let started = Instant::now();
