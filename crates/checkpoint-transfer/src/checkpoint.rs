@@ -184,6 +184,29 @@ impl CheckpointMeta {
         }
     }
 
+    /// As [`CheckpointMeta::full_attention_keyed`] for a boundary at the end of the last of `block_keys`' blocks
+    /// (no partial tail), which needs no token: `block_keys.len()` blocks of the layout's tokens per page.
+    pub fn full_attention_blocks(
+        id: CheckpointId,
+        generation: u64,
+        kind: CheckpointKind,
+        block_keys: Vec<BlockKey>,
+        layout: LayoutDescriptor,
+    ) -> Self {
+        let n_tokens = block_keys.len() * layout.tokens_per_page as usize;
+        Self {
+            id,
+            generation,
+            kind,
+            n_tokens,
+            draft_prefix_len: 0,
+            block_keys,
+            tail_tokens: Vec::new(),
+            pages: PageSlot::full_attention(n_tokens, layout.tokens_per_page as usize),
+            layout,
+        }
+    }
+
     /// Bytes of its payload over all ranks.
     pub fn payload_bytes(&self) -> u64 {
         self.pages.len() as u64 * self.layout.bytes_per_page * u64::from(self.layout.n_ranks)

@@ -119,11 +119,13 @@ impl KeyedRequest {
             .map_or(self.spec.prompt.len(), |deferred| deferred.len as usize)
     }
 
-    /// This request holding `source` instead of its prompt's tokens until the engine first needs them (when
-    /// it is admitted, when a hybrid model's store lookup or a restore's verification reads them): a waiting
-    /// request then costs its block keys and what `source` holds, not four bytes a token. `source` is run
-    /// once here and must generate exactly the prompt; the engine checks a fingerprint of what it generates
-    /// again. Errors: `InvalidParam "prompt_source"` when it generates other tokens (nothing is kept).
+    /// This request holding `source` instead of its prompt's tokens: the request then costs its block keys,
+    /// the prompt's last few tokens and what `source` holds, not four bytes a token. The engine generates the
+    /// prompt again only where it reads it: when an executor that reads tokens runs it, when a hybrid model
+    /// looks it up or captures it, when a restore into it is verified; the simulated executor on one
+    /// full-attention group never does. `source` is run once here and must generate exactly the prompt; the
+    /// engine checks a fingerprint of what it generates later. Errors: `InvalidParam "prompt_source"` when it
+    /// generates other tokens (nothing is kept).
     pub fn defer_prompt(mut self, source: Arc<dyn PromptSource>) -> Result<KeyedRequest> {
         let mut generated = Vec::with_capacity(self.spec.prompt.len());
         source.generate(&mut generated);
@@ -139,10 +141,19 @@ impl KeyedRequest {
             });
         }
         let prompt = std::mem::take(&mut self.spec.prompt);
+        // Kept: the partial last block (the first output block's key hashes it) and the tokens an output
+        // token is a function of.
+        let tail_start = (self.keys.len() * self.block_tokens as usize)
+            .min(prompt.len().saturating_sub(OUTPUT_TOKEN_TAIL))
+            .min(prompt.len());
+        let room = prompt.capacity() - prompt.len();
+        let mut tail = Vec::with_capacity(prompt.len() - tail_start + room);
+        tail.extend_from_slice(&prompt[tail_start..]);
         self.deferred = Some(DeferredPrompt {
             len: prompt.len() as u32,
-            room: (prompt.capacity() - prompt.len()) as u32,
             fingerprint: fingerprint(&prompt),
+            tail_start: tail_start as u32,
+            tail,
             source,
         });
         Ok(self)
@@ -161,15 +172,19 @@ pub trait PromptSource: Send + Sync + std::fmt::Debug {
     fn generate(&self, out: &mut Vec<u32>);
 }
 
-/// A prompt held as its source until first needed: its length, the room its tokens get for the output, and
-/// a fingerprint of the tokens the source generated when it was deferred.
+/// A prompt held as its source: its length, a fingerprint of the tokens the source generated when it was
+/// deferred, and its tokens from `tail_start` on (held, with the room the prompt had for its output).
 #[derive(Clone, Debug)]
 pub(crate) struct DeferredPrompt {
     pub(crate) source: Arc<dyn PromptSource>,
     pub(crate) len: u32,
-    pub(crate) room: u32,
     pub(crate) fingerprint: u64,
+    pub(crate) tail_start: u32,
+    pub(crate) tail: Vec<u32>,
 }
+
+/// How many of the prompt's last tokens an output token is a function of ([`output_token`]).
+pub(crate) const OUTPUT_TOKEN_TAIL: usize = 8;
 
 /// A fixed-seed 64-bit hash of `tokens` (foldhash; not keyed per process, so a deferred prompt's
 /// fingerprint means the same thing on every thread).
@@ -185,13 +200,24 @@ pub const STOP_TOKEN: u32 = u32::MAX;
 /// function of the request's content (not its id), so a workload can build the next turn's prompt (previous
 /// prompt + response + new input) and share the prefix.
 pub fn output_token(salt: &[u8], prompt: &[u32], index: u32) -> u32 {
+    let tail = &prompt[prompt.len().saturating_sub(OUTPUT_TOKEN_TAIL)..];
+    output_token_of_tail(salt, prompt.len(), tail, index)
+}
+
+/// [`output_token`] from the prompt's length and its last `OUTPUT_TOKEN_TAIL` tokens (all of them when it is
+/// shorter), all it depends on.
+pub(crate) fn output_token_of_tail(
+    salt: &[u8],
+    prompt_len: usize,
+    tail: &[u32],
+    index: u32,
+) -> u32 {
     // FNV-1a over the salt and the last few prompt tokens, then the index: cheap and stable.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let tail = &prompt[prompt.len().saturating_sub(8)..];
     for byte in salt
         .iter()
         .copied()
-        .chain((prompt.len() as u32).to_le_bytes())
+        .chain((prompt_len as u32).to_le_bytes())
     {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
     }

@@ -452,3 +452,24 @@ fn a_checkpoint_id_serializes_as_its_text() {
         assert_eq!(back.as_str(), text);
     }
 }
+
+/// A page-aligned checkpoint's meta from its keys alone is the meta made from its tokens.
+#[test]
+fn a_block_aligned_meta_from_keys_alone_is_the_meta_from_tokens() {
+    for n_tokens in [0, TOKENS_PER_PAGE, 5 * TOKENS_PER_PAGE] {
+        let tokens = tokens(n_tokens);
+        let keys = BlockKey::chain_all(&tokens, TOKENS_PER_PAGE as usize, b"salt");
+        let id = CheckpointId::new("aligned").unwrap();
+        let from_tokens = CheckpointMeta::full_attention_keyed(
+            id.clone(),
+            3,
+            CheckpointKind::Response,
+            &tokens,
+            keys.clone(),
+            layout(),
+        );
+        let from_keys =
+            CheckpointMeta::full_attention_blocks(id, 3, CheckpointKind::Response, keys, layout());
+        assert_eq!(from_keys, from_tokens);
+    }
+}

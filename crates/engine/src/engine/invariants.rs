@@ -67,16 +67,26 @@ impl<E: Executor> Engine<E> {
                 ));
             }
         }
-        // A request that computes or has computed holds its tokens: only a request that never ran (or that a
-        // preemption sent back before it ran) may defer its prompt.
+        // Where a running request's whole prompt is read (`reads_running_tokens`), one that runs or has run
+        // holds it: only a request that never ran (or that a preemption sent back) may defer its prompt. A
+        // deferred prompt holds its partial last block (the next block key hashes it).
+        let reads_running = self.reads_running_tokens();
+        let block_tokens = self.params.geometry.block_tokens() as usize;
         if let Some((id, req)) = self.reqs.iter().find(|(_, req)| {
             req.tokens.is_deferred()
-                && (req.n_computed > 0
-                    || matches!(req.phase, Phase::Running | Phase::Paused | Phase::Resuming))
+                && ((reads_running
+                    && (req.n_computed > 0
+                        || matches!(req.phase, Phase::Running | Phase::Paused | Phase::Resuming)))
+                    || req
+                        .tokens
+                        .suffix(req.spec.id, req.keys.len() * block_tokens)
+                        .is_err())
         }) {
             return broken(format!(
-                "{id} is {:?} with {} tokens computed but its prompt is still deferred",
-                req.phase, req.n_computed
+                "{id} is {:?} with {} tokens computed and {} keys but its prompt is still deferred",
+                req.phase,
+                req.n_computed,
+                req.keys.len()
             ));
         }
         let slots_held = self.ledger.as_ref().map_or(0, Ledger::slots_held);

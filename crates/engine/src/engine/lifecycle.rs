@@ -59,7 +59,7 @@ impl<E: Executor> Engine<E> {
                 "{id} cannot move from {from:?} to {to:?}"
             )));
         }
-        if to == Phase::Running {
+        if to == Phase::Running && self.reads_running_tokens() {
             // A running request's tokens are read every step: a deferred prompt is generated now.
             self.materialize(id)?;
         }
@@ -89,6 +89,13 @@ impl<E: Executor> Engine<E> {
         }
         self.reqs.get_mut(&id).expect("checked live above").phase = to;
         Ok(())
+    }
+
+    /// Whether a running request's whole prompt is read: by an executor that reads tokens, or on a hybrid
+    /// model (its captures end at exact boundaries, which take their partial pages' tokens). Otherwise a
+    /// running request reads only its held tokens (`Tokens`), and a deferred prompt stays deferred.
+    pub(crate) fn reads_running_tokens(&self) -> bool {
+        self.executor.reads_tokens() || self.groups.is_hybrid()
     }
 
     /// Generates `id`'s deferred prompt, if it has one (`KeyedRequest::defer_prompt`); a no-op once held.

@@ -356,11 +356,11 @@ impl<E: Executor> Engine<E> {
         let checkpoint_id =
             CheckpointId::new(format!("{hex}-{n_tokens}")).expect("hex ids are valid");
         self.generation += 1;
-        let meta = CheckpointMeta::full_attention_keyed(
+        // A page-aligned boundary: its meta needs the keys alone, so a deferred prompt stays deferred.
+        let meta = CheckpointMeta::full_attention_blocks(
             checkpoint_id,
             self.generation,
             kind,
-            &req.tokens.get(id)?[..n_tokens],
             req.keys[..n_blocks].to_vec(),
             self.layout.clone(),
         );

@@ -230,21 +230,26 @@ impl Req {
 
     /// Appends tokens, extending the block keys.
     pub(crate) fn push_tokens(&mut self, new_tokens: &[u32], block_tokens: u32) -> Result<()> {
-        let tokens = self.tokens.extend(self.spec.id, new_tokens)?;
-        BlockKey::extend_chain(
-            &mut self.keys,
-            tokens,
-            block_tokens as usize,
-            &self.spec.salt,
-        );
+        self.tokens.extend(new_tokens);
+        // The blocks past the keyed ones, as `BlockKey::extend_chain` walks them; a deferred prompt holds
+        // its partial last block, so they are all held.
+        let block_tokens = block_tokens.max(1) as usize;
+        let first = (self.keys.len() * block_tokens).min(self.tokens.len());
+        for block in self
+            .tokens
+            .suffix(self.spec.id, first)?
+            .chunks_exact(block_tokens)
+        {
+            let key = BlockKey::chain(self.keys.last(), block, &self.spec.salt);
+            self.keys.push(key);
+        }
         Ok(())
     }
 
     /// Tokens `[first_pos, first_pos + n)` (fewer if the request holds fewer).
     pub(crate) fn tokens_at(&self, first_pos: u32, n: u32) -> Result<&[u32]> {
-        let tokens = self.tokens.get(self.spec.id)?;
-        let end = (first_pos as usize + n as usize).min(tokens.len());
-        Ok(tokens.get(first_pos as usize..end).unwrap_or(&[]))
+        let tokens = self.tokens.suffix(self.spec.id, first_pos as usize)?;
+        Ok(&tokens[..(n as usize).min(tokens.len())])
     }
 
     /// The request's page tables, as an executor reads them (L3).

@@ -14,7 +14,7 @@ use super::req::{Phase, Req, Restore};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{DecodeWork, Executor, PrefillWork, StepBatch};
-use crate::request::{STOP_TOKEN, output_token};
+use crate::request::{OUTPUT_TOKEN_TAIL, STOP_TOKEN, output_token_of_tail};
 
 /// The watchdog tolerates at least this many steps without progress (K3).
 const STALL_STEPS_MIN: u64 = 100_000;
@@ -46,7 +46,16 @@ impl Plan {
         &self,
         reqs: &'a HashMap<RequestId, Req>,
         draft_tokens: u32,
+        with_tokens: bool,
     ) -> Result<StepBatch<'a>> {
+        // An executor that reads no tokens gets none (a deferred prompt's are not held).
+        let tokens_at = |req: &'a Req, first_pos: u32, n: u32| -> Result<&'a [u32]> {
+            if with_tokens {
+                req.tokens_at(first_pos, n)
+            } else {
+                Ok(&[])
+            }
+        };
         let mut batch = StepBatch::default();
         for &(request, work) in &self.entries {
             let Some(req) = reqs.get(&request) else {
@@ -58,7 +67,7 @@ impl Plan {
                     first_pos,
                     n_tokens: n,
                     draft_replay_tokens: 0,
-                    tokens: req.tokens_at(first_pos, n)?,
+                    tokens: tokens_at(req, first_pos, n)?,
                     pages: req.page_tables(),
                     samples: first_pos + n >= req.tokens.len() as u32,
                 }),
@@ -68,7 +77,7 @@ impl Plan {
                         context_tokens: context,
                         n_tokens: 1 + draft_tokens,
                         draft_replay_tokens: 0,
-                        tokens: req.tokens_at(context, 1)?,
+                        tokens: tokens_at(req, context, 1)?,
                         pages: req.page_tables(),
                     });
                 }
@@ -232,7 +241,11 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         let replays = self.take_draft_replays(&plan)?;
-        let mut batch = plan.batch(&self.reqs, self.params.draft_tokens)?;
+        let mut batch = plan.batch(
+            &self.reqs,
+            self.params.draft_tokens,
+            self.executor.reads_tokens(),
+        )?;
         for work in &mut batch.prefills {
             work.draft_replay_tokens = replays.get(&work.request).copied().unwrap_or(0);
         }
@@ -549,8 +562,14 @@ impl<E: Executor> Engine<E> {
         } else if let Some(token) = model_token {
             token
         } else {
-            let prompt = &req.tokens.get(id)?[..req.submitted_prompt_len as usize];
-            output_token(&req.spec.salt, prompt, index)
+            let prompt_len = req.submitted_prompt_len as usize;
+            let tail_start = prompt_len.saturating_sub(OUTPUT_TOKEN_TAIL);
+            let tail = req
+                .tokens
+                .suffix(id, tail_start)?
+                .get(..prompt_len - tail_start)
+                .ok_or_else(|| Error::internal(format!("{id}: fewer tokens than its prompt")))?;
+            output_token_of_tail(&req.spec.salt, prompt_len, tail, index)
         };
         req.output.push(token);
         req.push_tokens(&[token], block_tokens)?;

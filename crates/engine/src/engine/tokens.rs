@@ -1,18 +1,33 @@
-//! A live request's tokens: held, or deferred to a [`PromptSource`](crate::PromptSource) while the request
-//! waits (a waiting request then costs its keys, not four bytes a token) and generated when first needed.
+//! A live request's tokens: held, or with its prompt deferred to a [`PromptSource`](crate::PromptSource)
+//! (`KeyedRequest::defer_prompt`). A deferred prompt's tokens before `start` are not held: the request keeps
+//! its tokens from `start` on (the prompt's partial last block and last few tokens, then its output and any
+//! streamed input), which is all the simulated executor's engine reads of a full-attention request, and
+//! generates the rest only where it is read (`Tokens::materialize`).
 
 use kv_pool::RequestId;
 
 use crate::error::{Error, Result};
 use crate::request::{DeferredPrompt, fingerprint};
 
-/// Prompt, then output tokens (and streamed inputs appended on resume). While deferred it holds only its
-/// length: reading the tokens is an internal error until [`Tokens::materialize`] generated them, so a path
-/// that reads a deferred prompt fails loudly instead of seeing none.
+/// Prompt, then output tokens (and streamed inputs appended on resume). While its prompt is deferred it holds
+/// tokens `[start, len)`: reading one before `start` is an internal error until [`Tokens::materialize`]
+/// generated them, so a path that reads a deferred prompt fails loudly instead of seeing none.
 #[derive(Debug)]
 pub(crate) struct Tokens {
+    /// Tokens `[start, len)`; `start` is 0 once nothing is deferred.
     held: Vec<u32>,
-    deferred: Option<DeferredPrompt>,
+    start: usize,
+    /// The source of tokens `[0, start)` and what checks it, while they are deferred.
+    deferred: Option<Deferred>,
+}
+
+/// What a deferred prompt keeps of its source.
+#[derive(Debug)]
+struct Deferred {
+    source: std::sync::Arc<dyn crate::PromptSource>,
+    /// The prompt's length and the fingerprint of its tokens when it was deferred.
+    len: usize,
+    fingerprint: u64,
 }
 
 impl Tokens {
@@ -20,49 +35,65 @@ impl Tokens {
     pub(crate) fn held(tokens: Vec<u32>) -> Tokens {
         Tokens {
             held: tokens,
+            start: 0,
             deferred: None,
         }
     }
 
-    /// A prompt held as its source until [`Tokens::materialize`].
+    /// A prompt held from its `tail_start` on, the rest deferred to its source.
     pub(crate) fn deferred(prompt: DeferredPrompt) -> Tokens {
         Tokens {
-            held: Vec::new(),
-            deferred: Some(prompt),
+            held: prompt.tail,
+            start: prompt.tail_start as usize,
+            deferred: Some(Deferred {
+                source: prompt.source,
+                len: prompt.len as usize,
+                fingerprint: prompt.fingerprint,
+            }),
         }
     }
 
     /// Number of tokens, held or deferred.
     pub(crate) fn len(&self) -> usize {
-        self.deferred
-            .as_ref()
-            .map_or(self.held.len(), |deferred| deferred.len as usize)
+        self.start + self.held.len()
     }
 
-    /// Whether the tokens are still deferred.
+    /// Whether part of the prompt is still deferred.
     pub(crate) fn is_deferred(&self) -> bool {
         self.deferred.is_some()
     }
 
-    /// The tokens; an internal error while they are deferred.
+    /// Every token; an internal error while part of the prompt is deferred.
     pub(crate) fn get(&self, id: RequestId) -> Result<&[u32]> {
-        if self.deferred.is_some() {
-            return Err(Error::internal(format!(
-                "{id}: its deferred prompt was read before it was generated"
-            )));
-        }
-        Ok(&self.held)
+        self.suffix(id, 0)
     }
 
-    /// Generates a deferred prompt (a no-op once held). Errors: `InvalidParam "prompt_source"` when the
-    /// source generates other tokens than it did when the prompt was deferred (it stays deferred).
+    /// Tokens `[from, len)`; an internal error when some of them are deferred.
+    pub(crate) fn suffix(&self, id: RequestId, from: usize) -> Result<&[u32]> {
+        if from < self.start {
+            return Err(Error::internal(format!(
+                "{id}: token {from} of its deferred prompt was read before it was generated (tokens from {} \
+                 on are held)",
+                self.start
+            )));
+        }
+        Ok(self.held.get(from - self.start..).unwrap_or_default())
+    }
+
+    /// Generates the deferred part of the prompt (a no-op once nothing is deferred). Errors: `InvalidParam
+    /// "prompt_source"` when the source generates other tokens than it did when the prompt was deferred (it
+    /// stays deferred).
     pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
         let Some(deferred) = &self.deferred else {
             return Ok(());
         };
-        let mut tokens = Vec::with_capacity(deferred.len as usize + deferred.room as usize);
+        let mut tokens = Vec::with_capacity(self.start + self.held.capacity());
         deferred.source.generate(&mut tokens);
-        if tokens.len() != deferred.len as usize || fingerprint(&tokens) != deferred.fingerprint {
+        let held_prompt = deferred.len.saturating_sub(self.start).min(self.held.len());
+        if tokens.len() != deferred.len
+            || fingerprint(&tokens) != deferred.fingerprint
+            || tokens.get(self.start..) != self.held.get(..held_prompt)
+        {
             return Err(Error::InvalidParam {
                 name: "prompt_source",
                 reason: format!(
@@ -73,15 +104,15 @@ impl Tokens {
                 ),
             });
         }
+        tokens.extend_from_slice(&self.held[held_prompt..]);
         self.held = tokens;
+        self.start = 0;
         self.deferred = None;
         Ok(())
     }
 
-    /// Appends tokens (generating a deferred prompt first).
-    pub(crate) fn extend(&mut self, id: RequestId, new_tokens: &[u32]) -> Result<&[u32]> {
-        self.materialize(id)?;
+    /// Appends tokens.
+    pub(crate) fn extend(&mut self, new_tokens: &[u32]) {
         self.held.extend_from_slice(new_tokens);
-        Ok(&self.held)
     }
 }

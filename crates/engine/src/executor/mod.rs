@@ -157,6 +157,12 @@ pub trait Executor {
     /// recompute costs, weighed against offloading (`Preemption::Offload`).
     fn recompute_time(&self, n_tokens: u32) -> Duration;
 
+    /// Whether `execute` reads its entries' tokens. When `false` the engine passes them none, and a request
+    /// whose prompt is deferred (`KeyedRequest::defer_prompt`) runs without generating it.
+    fn reads_tokens(&self) -> bool {
+        true
+    }
+
     /// Whether `execute` writes the pages itself; when `false` the engine fills them with
     /// [`Executor::fill_page`] once full (and partial and fixed pages at a capture).
     fn writes_pages(&self) -> bool {

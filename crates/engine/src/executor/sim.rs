@@ -37,6 +37,11 @@ impl Executor for SimExecutor {
         self.cost.name
     }
 
+    /// It prices a step by its token counts alone.
+    fn reads_tokens(&self) -> bool {
+        false
+    }
+
     fn execute(&mut self, batch: &StepBatch<'_>, _storage: &dyn PageStorage) -> Result<StepOutput> {
         Ok(StepOutput {
             duration: self.modeled_duration(batch),

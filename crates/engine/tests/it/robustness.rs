@@ -174,7 +174,7 @@ impl PromptSource for Source {
 }
 
 #[test]
-fn a_prompt_source_that_generates_other_tokens_is_refused_and_one_that_changes_later_fails_the_step()
+fn a_prompt_source_that_generates_other_tokens_is_refused_and_one_that_changes_later_fails_where_read()
  {
     let prompt = tokens(3, 0, 0, 3 * TPP);
     let block_tokens = TPP;
@@ -220,15 +220,50 @@ fn a_prompt_source_that_generates_other_tokens_is_refused_and_one_that_changes_l
         })
     ));
     assert!(engine.is_idle(), "nothing was taken");
-    // A source that generates other tokens when the engine asks again: the step that admits its request
-    // fails naming the source, and nothing panics.
-    let changing = spec(4, prompt.clone(), 4, Timestamp::ZERO)
-        .keyed(block_tokens)
-        .defer_prompt(Source::new(prompt.clone(), other, 1))
+    // The simulated executor on one full-attention group never reads a deferred prompt again: a source that
+    // would generate other tokens is never asked, and the request produces what a held prompt does.
+    let changing = || {
+        spec(4, prompt.clone(), 4, Timestamp::ZERO)
+            .keyed(block_tokens)
+            .defer_prompt(Source::new(prompt.clone(), other.clone(), 1))
+            .unwrap()
+    };
+    let request = changing();
+    assert_eq!(request.prompt_len(), prompt.len());
+    assert!(request.spec().prompt.is_empty(), "the tokens are not held");
+    engine.submit_keyed(request).unwrap();
+    engine.run_until_idle(10_000).unwrap();
+    let deferred_output = engine.take_finished().pop().unwrap().output;
+    engine
+        .submit(spec(4, prompt.clone(), 4, Timestamp::ZERO))
         .unwrap();
-    assert_eq!(changing.prompt_len(), prompt.len());
-    assert!(changing.spec().prompt.is_empty(), "the tokens are not held");
-    engine.submit_keyed(changing).unwrap();
+    engine.run_until_idle(10_000).unwrap();
+    assert_eq!(
+        engine.take_finished().pop().unwrap().output,
+        deferred_output
+    );
+    // Where the engine generates it again (a hybrid model reads its prompt when it runs it), the step that
+    // admits the request fails naming the source, and nothing panics.
+    let mut hybrid = params(Policy::Reserved, 64);
+    let bytes_per_page = hybrid.geometry.groups()[0].bytes_per_page;
+    hybrid.geometry = kv_pool::Geometry::new(
+        vec![
+            kv_pool::CacheGroup {
+                kind: kv_pool::GroupKind::Full,
+                bytes_per_page,
+            },
+            kv_pool::CacheGroup {
+                kind: kv_pool::GroupKind::Recurrent,
+                bytes_per_page,
+            },
+        ],
+        TPP,
+        1,
+        hybrid.geometry.max_model_len(),
+    )
+    .unwrap();
+    let mut engine = Engine::new(hybrid).unwrap();
+    engine.submit_keyed(changing()).unwrap();
     let error = crate::first_error(&mut engine, "a changed prompt");
     let Error::InvalidParam { name, reason } = &error else {
         panic!("{error:?}");
