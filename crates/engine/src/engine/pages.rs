@@ -367,19 +367,47 @@ impl<E: Executor> Engine<E> {
         if self.too_large_for_the_store(id, &meta) {
             return Ok(false);
         }
-        // One buffer per rank for the whole checkpoint, the pages read straight into it.
+        // One buffer per rank, the pages read straight into it; or the pages of this request's last capture
+        // that it extends, shared, and a buffer of the pages after them (a response capture reads its
+        // response's pages only). A full block's bytes never change once computed: its content is a
+        // function of its prefix, recomputed or restored alike (E3).
         let bytes_per_page = self.page_buf.len();
-        let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
+        let n_ranks = self.storage.n_ranks() as usize;
+        let extended = req
+            .last_capture
+            .as_ref()
+            .filter(|(n_prev, prev)| *n_prev <= n_blocks && prev.len() == n_ranks);
+        let mut ranks = Vec::with_capacity(n_ranks);
         for rank in 0..self.storage.n_ranks() {
-            ranks.push(RankPages::filled(n_blocks, bytes_per_page, |bytes| {
-                for (&page, dst) in req.pages[..n_blocks]
+            let from = extended.map_or(0, |(n_prev, _)| *n_prev);
+            let read = |bytes: &mut [u8]| {
+                for (&page, dst) in req.pages[from..n_blocks]
                     .iter()
                     .zip(bytes.chunks_exact_mut(bytes_per_page))
                 {
                     self.storage.read(rank, page, dst)?;
                 }
                 Ok::<(), Error>(())
-            })?);
+            };
+            let pages = match extended.and_then(|(_, prev)| {
+                RankPages::extending(&prev[rank as usize], n_blocks, bytes_per_page, read)
+            }) {
+                Some(pages) => pages?,
+                None => RankPages::filled(n_blocks, bytes_per_page, |bytes| {
+                    for (&page, dst) in req.pages[..n_blocks]
+                        .iter()
+                        .zip(bytes.chunks_exact_mut(bytes_per_page))
+                    {
+                        self.storage.read(rank, page, dst)?;
+                    }
+                    Ok::<(), Error>(())
+                })?,
+            };
+            ranks.push(pages);
+        }
+        if extended.is_none() {
+            // One buffer per rank: the next capture of this request extends it.
+            super::req::live(&mut self.reqs, id)?.last_capture = Some((n_blocks, ranks.clone()));
         }
         Ok(self.put_checkpoint(
             id,

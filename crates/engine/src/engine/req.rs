@@ -2,7 +2,7 @@
 //! state machine, and its metrics.
 use std::sync::Arc;
 
-use checkpoint_transfer::{CheckpointMeta, ImportId};
+use checkpoint_transfer::{CheckpointMeta, ImportId, RankPages};
 use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{BlockKey, PageId};
@@ -155,6 +155,9 @@ pub(crate) struct Req {
     pub(crate) copy_failed: bool,
     /// Blocks found resident when the coordinator last decided no restore was needed (a complete local hit).
     pub(crate) expected_local_blocks: u32,
+    /// The pages of its last capture held in one buffer per rank, and how many: its next capture shares them
+    /// (`RankPages::extending`) instead of reading them again.
+    pub(crate) last_capture: Option<(usize, Vec<RankPages>)>,
     /// Whether the prompt-end checkpoint of the current prompt was captured.
     pub(crate) prompt_captured: bool,
     /// Whether the instruction and prefill-tail checkpoints were captured (H7).
@@ -216,6 +219,7 @@ impl Req {
             published_unowned: Vec::new(),
             loading: None,
             copy_failed: false,
+            last_capture: None,
             prompt_captured: false,
             instruction_captured: false,
             prefill_tail_captured: false,
