@@ -83,9 +83,35 @@ impl RequestSpec {
             deferred: None,
         }
     }
+
+    /// [`RequestSpec::keyed`] for the prompt `source` generates, which the request then holds as `source`
+    /// instead of its tokens: it costs its block keys, its prompt's last few tokens and what `source` holds,
+    /// not four bytes a token. The engine generates the prompt again only where it reads it: when an executor
+    /// that reads tokens runs it, when a hybrid model looks it up or runs it, when a restore into it is
+    /// verified; the simulated executor on one full-attention group never does. `source` must generate the
+    /// same tokens every time: the engine checks a fingerprint of what it generates later. Errors:
+    /// `InvalidParam "prompt"` when the spec has a prompt of its own (a source or tokens, not both).
+    pub fn keyed_from_source(
+        mut self,
+        block_tokens: u32,
+        source: Arc<dyn PromptSource>,
+    ) -> Result<KeyedRequest> {
+        if !self.prompt.is_empty() {
+            return Err(Error::InvalidParam {
+                name: "prompt",
+                reason: format!(
+                    "{} has {} prompt tokens and a prompt source; give one or the other",
+                    self.id,
+                    self.prompt.len()
+                ),
+            });
+        }
+        source.generate(&mut self.prompt);
+        Ok(self.keyed(block_tokens).deferring(source))
+    }
 }
 
-/// A request with its prompt's block keys ([`RequestSpec::keyed`]). The keys were computed from the spec's own
+/// A request with its prompt's block keys ([`RequestSpec::keyed`], [`RequestSpec::keyed_from_source`]). The keys were computed from the spec's own
 /// prompt and salt, and neither can change afterwards, so they always match them; the engine refuses a keyed
 /// request whose block size is not its own.
 #[derive(Clone, Debug)]
@@ -97,7 +123,7 @@ pub struct KeyedRequest {
 }
 
 impl KeyedRequest {
-    /// The request (its prompt empty once deferred: [`KeyedRequest::prompt_len`] is its length).
+    /// The request (its prompt empty when it is held as a source: [`KeyedRequest::prompt_len`] is its length).
     pub fn spec(&self) -> &RequestSpec {
         &self.spec
     }
@@ -119,34 +145,16 @@ impl KeyedRequest {
             .map_or(self.spec.prompt.len(), |deferred| deferred.len as usize)
     }
 
-    /// This request holding `source` instead of its prompt's tokens: the request then costs its block keys,
-    /// the prompt's last few tokens and what `source` holds, not four bytes a token. The engine generates the
-    /// prompt again only where it reads it: when an executor that reads tokens runs it, when a hybrid model
-    /// looks it up or captures it, when a restore into it is verified; the simulated executor on one
-    /// full-attention group never does. `source` is run once here and must generate exactly the prompt; the
-    /// engine checks a fingerprint of what it generates later. Errors: `InvalidParam "prompt_source"` when it
-    /// generates other tokens (nothing is kept).
-    pub fn defer_prompt(mut self, source: Arc<dyn PromptSource>) -> Result<KeyedRequest> {
-        let mut generated = Vec::with_capacity(self.spec.prompt.len());
-        source.generate(&mut generated);
-        if generated != self.spec.prompt {
-            return Err(Error::InvalidParam {
-                name: "prompt_source",
-                reason: format!(
-                    "{}: the source generates {} tokens that are not the prompt's {}",
-                    self.spec.id,
-                    generated.len(),
-                    self.spec.prompt.len()
-                ),
-            });
-        }
+    /// This request holding `source` instead of its prompt's tokens (`RequestSpec::keyed_from_source`).
+    fn deferring(mut self, source: Arc<dyn PromptSource>) -> KeyedRequest {
         let prompt = std::mem::take(&mut self.spec.prompt);
         // Kept: the partial last block (the first output block's key hashes it) and the tokens an output
         // token is a function of.
         let tail_start = (self.keys.len() * self.block_tokens as usize)
             .min(prompt.len().saturating_sub(OUTPUT_TOKEN_TAIL))
             .min(prompt.len());
-        let room = prompt.capacity() - prompt.len();
+        // The room `keyed` makes for the output (the generated prompt's own capacity may be larger).
+        let room = (self.spec.max_output_tokens as usize).min(prompt.len());
         let mut tail = Vec::with_capacity(prompt.len() - tail_start + room);
         tail.extend_from_slice(&prompt[tail_start..]);
         self.deferred = Some(DeferredPrompt {
@@ -156,7 +164,7 @@ impl KeyedRequest {
             tail,
             source,
         });
-        Ok(self)
+        self
     }
 
     /// The request, the keys of its prompt's full blocks, and its deferred prompt if it has one.
@@ -166,7 +174,7 @@ impl KeyedRequest {
 }
 
 /// A prompt its caller can generate again, exactly, on demand: a trace request's prompt from its hash ids.
-/// [`KeyedRequest::defer_prompt`] hands one to the engine instead of the tokens.
+/// [`RequestSpec::keyed_from_source`] hands one to the engine instead of the tokens.
 pub trait PromptSource: Send + Sync + std::fmt::Debug {
     /// Appends the prompt's tokens to `out`: the same tokens on every call.
     fn generate(&self, out: &mut Vec<u32>);

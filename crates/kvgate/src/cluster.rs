@@ -186,15 +186,14 @@ pub fn run_cluster_replay(
             let request = &trace[next];
             let mut spec = RequestSpec::new(
                 next as u64,
-                request.prompt(),
+                Vec::new(),
                 request.output_length.max(1),
                 arrival,
             );
             spec.is_later_turn = later_turn[next];
             // Keyed once, for the router and the engine; held as its trace record while it waits.
-            let keyed = spec.keyed(block_tokens);
-            let target = router.choose(&engines, &mut store, &keyed.spec().prompt, keyed.keys());
-            let keyed = keyed.defer_prompt(Arc::new(request.clone()))?;
+            let keyed = spec.keyed_from_source(block_tokens, Arc::new(request.clone()))?;
+            let target = router.choose(&engines, &mut store, keyed.keys());
             submit_keyed_or_reject(&mut engines[target], keyed)?;
             busy[target] = !engines[target].is_idle();
             routed[target] += 1;
@@ -321,13 +320,7 @@ impl RouterState {
     }
 
     /// The index of the engine `prompt` goes to.
-    fn choose(
-        &mut self,
-        engines: &[Engine],
-        store: &mut SharedStore,
-        prompt: &[u32],
-        keys: &[BlockKey],
-    ) -> usize {
+    fn choose(&mut self, engines: &[Engine], store: &mut SharedStore, keys: &[BlockKey]) -> usize {
         let n_routed = self.n_routed;
         self.n_routed += 1;
         let load = |index: usize| engines[index].n_live_requests();
@@ -337,11 +330,7 @@ impl RouterState {
                 .min_by_key(|&index| (load(index), index))
                 .unwrap_or(0),
             Router::CacheAware => {
-                let Some(first) = engines.first() else {
-                    return 0;
-                };
-                let block_tokens = first.params().geometry.block_tokens() as usize;
-                let stored = stored_blocks(store, keys, prompt, block_tokens);
+                let stored = stored_blocks(store, keys);
                 let local: Vec<usize> = engines
                     .iter()
                     .map(|engine| resident_blocks(engine, keys))
@@ -372,15 +361,11 @@ fn resident_blocks(engine: &Engine, keys: &[BlockKey]) -> usize {
 
 /// Leading blocks of `keys` that the store's block-prefix lookup restores (the lookup refreshes the
 /// checkpoint's recency, as the engine's own lookup does moments later).
-fn stored_blocks(
-    store: &mut SharedStore,
-    keys: &[BlockKey],
-    prompt: &[u32],
-    block_tokens: usize,
-) -> usize {
+fn stored_blocks(store: &mut SharedStore, keys: &[BlockKey]) -> usize {
+    // A block-prefix match reads the keys alone.
     let query = PrefixQuery {
         block_keys: keys,
-        tokens: &prompt[..keys.len() * block_tokens],
+        tokens: &[],
     };
     store
         .find_longest_prefix(&query)

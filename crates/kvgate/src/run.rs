@@ -152,7 +152,7 @@ pub fn run_replay_observed(
     let block_tokens = engine.params().geometry.block_tokens();
     // Building a request (its prompt's tokens and block keys) is most of what a submit costs, and it does not
     // depend on the engine: a second thread builds them ahead, in order, a bounded number at a time.
-    // A waiting request holds its trace record, not its tokens (`KeyedRequest::defer_prompt`): on one engine
+    // A waiting request holds its trace record, not its tokens (`RequestSpec::keyed_from_source`): on one engine
     // at the trace's own rate most of the trace waits at once.
     let (sender, requests) =
         std::sync::mpsc::sync_channel::<engine::Result<KeyedRequest>>(REPLAY_BUILD_AHEAD);
@@ -161,14 +161,12 @@ pub fn run_replay_observed(
             for (idx, request) in trace.iter().enumerate() {
                 let mut spec = RequestSpec::new(
                     idx as u64,
-                    request.prompt(),
+                    Vec::new(),
                     request.output_length.max(1),
                     arrivals[idx],
                 );
                 spec.is_later_turn = later_turn[idx];
-                let keyed = spec
-                    .keyed(block_tokens)
-                    .defer_prompt(Arc::new(request.clone()));
+                let keyed = spec.keyed_from_source(block_tokens, Arc::new(request.clone()));
                 // The run stopped early (an error): nothing is waiting for the rest.
                 if sender.send(keyed).is_err() {
                     return;

@@ -98,7 +98,7 @@ impl<E: Executor> Engine<E> {
         self.executor.reads_tokens() || self.groups.is_hybrid()
     }
 
-    /// Generates `id`'s deferred prompt, if it has one (`KeyedRequest::defer_prompt`); a no-op once held.
+    /// Generates `id`'s deferred prompt, if it has one (`RequestSpec::keyed_from_source`); a no-op once held.
     pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
         super::req::live(&mut self.reqs, id)?.tokens.materialize(id)
     }

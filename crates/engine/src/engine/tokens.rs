@@ -1,5 +1,5 @@
 //! A live request's tokens: held, or with its prompt deferred to a [`PromptSource`](crate::PromptSource)
-//! (`KeyedRequest::defer_prompt`). A deferred prompt's tokens before `start` are not held: the request keeps
+//! (`RequestSpec::keyed_from_source`). A deferred prompt's tokens before `start` are not held: the request keeps
 //! its tokens from `start` on (the prompt's partial last block and last few tokens, then its output and any
 //! streamed input), which is all the simulated executor's engine reads of a full-attention request, and
 //! generates the rest only where it is read (`Tokens::materialize`).

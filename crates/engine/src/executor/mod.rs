@@ -158,7 +158,7 @@ pub trait Executor {
     fn recompute_time(&self, n_tokens: u32) -> Duration;
 
     /// Whether `execute` reads its entries' tokens. When `false` the engine passes them none, and a request
-    /// whose prompt is deferred (`KeyedRequest::defer_prompt`) runs without generating it.
+    /// whose prompt is deferred (`RequestSpec::keyed_from_source`) runs without generating it.
     fn reads_tokens(&self) -> bool {
         true
     }

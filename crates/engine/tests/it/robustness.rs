@@ -174,43 +174,42 @@ impl PromptSource for Source {
 }
 
 #[test]
-fn a_prompt_source_that_generates_other_tokens_is_refused_and_one_that_changes_later_fails_where_read()
+fn a_request_keyed_from_a_prompt_source_is_checked_like_any_and_a_source_that_changes_fails_where_read()
  {
     let prompt = tokens(3, 0, 0, 3 * TPP);
     let block_tokens = TPP;
     let mut other = prompt.clone();
     other[5] ^= 1;
-    let wrong_sources = [
-        Source::new(other.clone(), other.clone(), usize::MAX),
-        Source::new(Vec::new(), Vec::new(), usize::MAX),
-        Source::new(prompt[..prompt.len() - 1].to_vec(), Vec::new(), usize::MAX),
-        Source::new([prompt.as_slice(), &[1]].concat(), Vec::new(), usize::MAX),
-    ];
-    for source in wrong_sources {
-        let keyed = spec(1, prompt.clone(), 4, Timestamp::ZERO).keyed(block_tokens);
-        let error = keyed.defer_prompt(source).unwrap_err();
-        let Error::InvalidParam { name, reason } = &error else {
-            panic!("{error:?}");
-        };
-        assert_eq!(*name, "prompt_source");
-        assert!(reason.contains("req-1"), "{reason}");
-    }
-    // Deferred, a prompt is checked by its length like a held one: empty, or an instruction boundary past
-    // it, is refused at submit.
+    let from_source = |id: u64, source: std::sync::Arc<Source>| {
+        spec(id, Vec::new(), 4, Timestamp::ZERO).keyed_from_source(block_tokens, source)
+    };
+    // A prompt and a source both: refused, naming the prompt.
+    let error = spec(1, prompt.clone(), 4, Timestamp::ZERO)
+        .keyed_from_source(
+            block_tokens,
+            Source::new(prompt.clone(), prompt.clone(), usize::MAX),
+        )
+        .unwrap_err();
+    let Error::InvalidParam { name, reason } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(*name, "prompt");
+    assert!(reason.contains("req-1"), "{reason}");
+    // A prompt from a source is checked by its length like a held one: empty, or an instruction boundary
+    // past it, is refused at submit.
     let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
-    let empty = spec(2, Vec::new(), 4, Timestamp::ZERO)
-        .keyed(block_tokens)
-        .defer_prompt(Source::new(Vec::new(), Vec::new(), usize::MAX))
-        .unwrap();
+    let empty = from_source(2, Source::new(Vec::new(), Vec::new(), usize::MAX)).unwrap();
     assert!(matches!(
         engine.submit_keyed(empty),
         Err(Error::EmptyPrompt { .. })
     ));
-    let mut past = spec(3, prompt.clone(), 4, Timestamp::ZERO);
+    let mut past = spec(3, Vec::new(), 4, Timestamp::ZERO);
     past.instruction_tokens = Some(prompt.len() as u32);
     let past = past
-        .keyed(block_tokens)
-        .defer_prompt(Source::new(prompt.clone(), prompt.clone(), usize::MAX))
+        .keyed_from_source(
+            block_tokens,
+            Source::new(prompt.clone(), prompt.clone(), usize::MAX),
+        )
         .unwrap();
     assert!(matches!(
         engine.submit_keyed(past),
@@ -220,17 +219,19 @@ fn a_prompt_source_that_generates_other_tokens_is_refused_and_one_that_changes_l
         })
     ));
     assert!(engine.is_idle(), "nothing was taken");
-    // The simulated executor on one full-attention group never reads a deferred prompt again: a source that
-    // would generate other tokens is never asked, and the request produces what a held prompt does.
-    let changing = || {
-        spec(4, prompt.clone(), 4, Timestamp::ZERO)
-            .keyed(block_tokens)
-            .defer_prompt(Source::new(prompt.clone(), other.clone(), 1))
-            .unwrap()
-    };
+    // The simulated executor on one full-attention group never reads the prompt again: a source that would
+    // generate other tokens is never asked, and the request produces what a held prompt does, with the
+    // same keys.
+    let changing = || from_source(4, Source::new(prompt.clone(), other.clone(), 1)).unwrap();
     let request = changing();
     assert_eq!(request.prompt_len(), prompt.len());
     assert!(request.spec().prompt.is_empty(), "the tokens are not held");
+    assert_eq!(
+        request.keys(),
+        spec(4, prompt.clone(), 4, Timestamp::ZERO)
+            .keyed(block_tokens)
+            .keys()
+    );
     engine.submit_keyed(request).unwrap();
     engine.run_until_idle(10_000).unwrap();
     let deferred_output = engine.take_finished().pop().unwrap().output;
@@ -270,16 +271,18 @@ fn a_prompt_source_that_generates_other_tokens_is_refused_and_one_that_changes_l
     };
     assert_eq!(*name, "prompt_source");
     assert!(reason.contains("req-4"), "{reason}");
-    // A deferred request cancelled while it waits leaves nothing behind.
+    // A request cancelled while it waits leaves nothing behind.
     let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
     let waiting = spec(
         5,
-        prompt.clone(),
+        Vec::new(),
         4,
         Timestamp::ZERO.after(Duration::from_secs(5)),
     )
-    .keyed(block_tokens)
-    .defer_prompt(Source::new(prompt.clone(), prompt, usize::MAX))
+    .keyed_from_source(
+        block_tokens,
+        Source::new(prompt.clone(), prompt, usize::MAX),
+    )
     .unwrap();
     engine.submit_keyed(waiting).unwrap();
     engine.step().unwrap();

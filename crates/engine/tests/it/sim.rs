@@ -31,7 +31,7 @@ impl Rng {
     }
 }
 
-/// A prompt held by the test, handed to the engine as its source (`KeyedRequest::defer_prompt`).
+/// A prompt held by the test, handed to the engine as its source (`RequestSpec::keyed_from_source`).
 #[derive(Debug)]
 struct HeldPrompt(Vec<u32>);
 
@@ -171,11 +171,10 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
                     .then(|| 1 + rng.below(spec.prompt.len() as u64 - 1) as u32);
                 spec.streaming = rng.below(10) == 0;
                 if defer == Defer::EvenIds && next_id.is_multiple_of(2) {
-                    let source = Arc::new(HeldPrompt(spec.prompt.clone()));
+                    let source = Arc::new(HeldPrompt(std::mem::take(&mut spec.prompt)));
                     let keyed = spec
-                        .keyed(block_tokens as u32)
-                        .defer_prompt(source)
-                        .expect("the source generates the prompt");
+                        .keyed_from_source(block_tokens as u32, source)
+                        .expect("a request with no prompt of its own");
                     engine.submit_keyed(keyed).expect("submit");
                 } else {
                     engine.submit(spec).expect("submit");
@@ -348,7 +347,7 @@ fn w1_capacity_waiters_expire_while_copy_slots_are_busy_sim_seed_1441() {
     simulate(Policy::Reserved, 1441, 3000, Defer::None);
 }
 
-/// A deferred prompt (`KeyedRequest::defer_prompt`) changes nothing the engine does: the same simulation with
+/// A deferred prompt (`RequestSpec::keyed_from_source`) changes nothing the engine does: the same simulation with
 /// half its prompts deferred finishes every request with the same outputs and metrics, under every policy,
 /// hybrid models, preemptions, restores (verified against recompute), cancellations, resets, faults and
 /// clock jumps included. `KVGATE_SIM_SEEDS=N` runs seeds `0..N / 3` (4 by default).

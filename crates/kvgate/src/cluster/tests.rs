@@ -342,5 +342,5 @@ fn choose(
 ) -> usize {
     let block_tokens = engines[0].params().geometry.block_tokens() as usize;
     let keys = BlockKey::chain_all(prompt, block_tokens, &[]);
-    router.choose(engines, store, prompt, &keys)
+    router.choose(engines, store, &keys)
 }

@@ -102,9 +102,10 @@ impl TraceRequest {
 }
 
 /// A trace request generates its prompt from its hash ids, so a replay's waiting requests hold those
-/// instead of their tokens (`KeyedRequest::defer_prompt`).
+/// instead of their tokens (`RequestSpec::keyed_from_source`).
 impl engine::PromptSource for TraceRequest {
     fn generate(&self, out: &mut Vec<u32>) {
+        out.reserve(self.input_length as usize);
         let end = out.len() + self.input_length as usize;
         for &hash_id in &self.hash_ids {
             let n = (end - out.len()).min(TRACE_BLOCK_TOKENS as usize) as u64;
