@@ -110,11 +110,9 @@ impl<E: Executor> Engine<E> {
         let limit = limit_tokens
             .saturating_sub(1)
             .min(self.restorable_tokens(id));
+        // An exact-boundary (hybrid) match compares the checkpoint's partial tail with the prompt's tokens,
+        // which a hybrid engine holds from submit (`reads_running_tokens`).
         let hybrid = self.groups.is_hybrid();
-        if hybrid {
-            // An exact-boundary match compares the checkpoint's partial tail with the prompt's tokens.
-            self.materialize(id)?;
-        }
         let req = &self.reqs[&id];
         let block_keys = &req.keys[..(limit / block_tokens) as usize];
         let (meta, tokens, checked) = if !hybrid {

@@ -67,25 +67,22 @@ impl<E: Executor> Engine<E> {
                 ));
             }
         }
-        // Where a running request's whole prompt is read (`reads_running_tokens`), one that runs or has run
-        // holds it: only a request that never ran (or that a preemption sent back) may defer its prompt. A
-        // deferred prompt holds its partial last block (the next block key hashes it).
+        // An engine that reads a running request's whole prompt (`reads_running_tokens`) holds every prompt
+        // from submit; elsewhere a deferred prompt holds its tokens from its keyed blocks' end on (the next
+        // block key hashes them).
         let reads_running = self.reads_running_tokens();
         let block_tokens = self.params.geometry.block_tokens() as usize;
         if let Some((id, req)) = self.reqs.iter().find(|(_, req)| {
             req.tokens.is_deferred()
-                && ((reads_running
-                    && (req.n_computed > 0
-                        || matches!(req.phase, Phase::Running | Phase::Paused | Phase::Resuming)))
+                && (reads_running
                     || req
                         .tokens
                         .suffix(req.spec.id, req.keys.len() * block_tokens)
                         .is_err())
         }) {
             return broken(format!(
-                "{id} is {:?} with {} tokens computed and {} keys but its prompt is still deferred",
+                "{id} is {:?} with {} keys and its prompt deferred, which this engine does not allow there",
                 req.phase,
-                req.n_computed,
                 req.keys.len()
             ));
         }

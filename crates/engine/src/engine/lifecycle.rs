@@ -59,10 +59,6 @@ impl<E: Executor> Engine<E> {
                 "{id} cannot move from {from:?} to {to:?}"
             )));
         }
-        if to == Phase::Running && self.reads_running_tokens() {
-            // A running request's tokens are read every step: a deferred prompt is generated now.
-            self.materialize(id)?;
-        }
         self.leave_container(id);
         let req = &self.reqs[&id];
         let order = req.order;

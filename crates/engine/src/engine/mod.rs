@@ -36,6 +36,7 @@ mod report;
 mod req;
 mod step;
 mod tokens;
+use tokens::Tokens;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
@@ -254,8 +255,7 @@ impl<E: Executor> Engine<E> {
     pub fn submit(&mut self, spec: RequestSpec) -> Result<()> {
         self.check_submit(&spec, spec.prompt.len())?;
         let block_tokens = self.params.geometry.block_tokens();
-        self.enter(spec.keyed(block_tokens));
-        Ok(())
+        self.enter(spec.keyed(block_tokens))
     }
 
     /// `submit`, with the prompt's block keys already computed (`RequestSpec::keyed`, perhaps on another
@@ -273,8 +273,7 @@ impl<E: Executor> Engine<E> {
             });
         }
         self.check_submit(request.spec(), request.prompt_len())?;
-        self.enter(request);
-        Ok(())
+        self.enter(request)
     }
 
     /// Refuses a request `submit` must not take: a live id, an empty prompt, a bad instruction boundary, zero
@@ -335,15 +334,28 @@ impl<E: Executor> Engine<E> {
 
     /// Creates the live request of a checked submission: the one place a request enters a container
     /// without an edge.
-    fn enter(&mut self, request: KeyedRequest) {
-        let (spec, keys, deferred) = request.into_parts();
+    fn enter(&mut self, request: KeyedRequest) -> Result<()> {
+        let (mut spec, keys, deferred) = request.into_parts();
         let id = spec.id;
+        let tokens = match deferred {
+            Some(deferred) => {
+                let mut tokens = Tokens::deferred(deferred);
+                if self.reads_running_tokens() {
+                    // This engine reads a running request's whole prompt: it is generated now, where a
+                    // source that changed is refused with nothing changed, not later in a step.
+                    tokens.materialize(id)?;
+                }
+                tokens
+            }
+            None => Tokens::held(std::mem::take(&mut spec.prompt)),
+        };
         let seq = self.seq;
         self.seq += 1;
         let arrival = spec.arrival.max(self.now);
-        let req = Req::new(spec, keys, deferred, seq, arrival);
+        let req = Req::new(spec, keys, tokens, seq, arrival);
         self.arriving.insert(req.arrival_key, id);
         self.reqs.insert(id, req);
+        Ok(())
     }
 
     /// Cancels a live request at any point: waiting, restoring (slot and credits released at once; pages of a

@@ -792,8 +792,6 @@ impl<E: Executor> Engine<E> {
         tokens: u32,
     ) -> Result<()> {
         super::req::live(&mut self.reqs, id)?.published_tokens = tokens;
-        // Its unkeyed slots are keyed by the exact boundary, which reads the tail's tokens.
-        self.materialize(id)?;
         let keys = self.published_slot_keys(id)?;
         let slots = self
             .groups

@@ -9,7 +9,7 @@ use kv_pool::{BlockKey, PageId};
 
 use crate::error::{Error, Result};
 use crate::metrics::{FallbackReason, RequestMetrics};
-use crate::request::{DeferredPrompt, RequestSpec};
+use crate::request::RequestSpec;
 
 use super::tokens::Tokens;
 
@@ -174,16 +174,12 @@ pub(crate) struct Req {
 impl Req {
     /// A new request from its spec and its prompt's block keys (`RequestSpec::keyed`).
     pub(crate) fn new(
-        mut spec: RequestSpec,
+        spec: RequestSpec,
         keys: Vec<BlockKey>,
-        deferred: Option<DeferredPrompt>,
+        tokens: Tokens,
         seq: u64,
         arrival: Timestamp,
     ) -> Req {
-        let tokens = match deferred {
-            Some(deferred) => Tokens::deferred(deferred),
-            None => Tokens::held(std::mem::take(&mut spec.prompt)),
-        };
         let metrics = RequestMetrics {
             id: Some(spec.id),
             prompt_tokens: tokens.len() as u32,

@@ -243,8 +243,24 @@ fn a_request_keyed_from_a_prompt_source_is_checked_like_any_and_a_source_that_ch
         engine.take_finished().pop().unwrap().output,
         deferred_output
     );
-    // Where the engine generates it again (a hybrid model reads its prompt when it runs it), the step that
-    // admits the request fails naming the source, and nothing panics.
+    // A verified restore into it generates it again: the step fails naming the source, as any mismatch a
+    // verification finds stops the run (E3), and nothing panics.
+    let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
+    assert!(engine.params().verify_restores);
+    engine
+        .submit(spec(10, prompt.clone(), 4, Timestamp::ZERO))
+        .unwrap();
+    engine.run_until_idle(10_000).unwrap();
+    engine.force_reset_prefix_cache().unwrap();
+    engine.submit_keyed(changing()).unwrap();
+    let error = crate::first_error(&mut engine, "a changed prompt under verification");
+    let Error::InvalidParam { name, reason } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(*name, "prompt_source");
+    assert!(reason.contains("req-4"), "{reason}");
+    // An engine that reads a running request's whole prompt (here a hybrid model) generates it at submit:
+    // a source that changed is refused there, naming it, and nothing is taken.
     let mut hybrid = params(Policy::Reserved, 64);
     let bytes_per_page = hybrid.geometry.groups()[0].bytes_per_page;
     hybrid.geometry = kv_pool::Geometry::new(
@@ -264,13 +280,17 @@ fn a_request_keyed_from_a_prompt_source_is_checked_like_any_and_a_source_that_ch
     )
     .unwrap();
     let mut engine = Engine::new(hybrid).unwrap();
-    engine.submit_keyed(changing()).unwrap();
-    let error = crate::first_error(&mut engine, "a changed prompt");
+    let error = engine.submit_keyed(changing()).unwrap_err();
     let Error::InvalidParam { name, reason } = &error else {
         panic!("{error:?}");
     };
     assert_eq!(*name, "prompt_source");
     assert!(reason.contains("req-4"), "{reason}");
+    assert!(engine.is_idle(), "nothing was taken");
+    let honest = from_source(4, Source::new(prompt.clone(), prompt.clone(), usize::MAX)).unwrap();
+    engine.submit_keyed(honest).unwrap();
+    engine.run_until_idle(10_000).unwrap();
+    assert_eq!(engine.take_finished().len(), 1);
     // A request cancelled while it waits leaves nothing behind.
     let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
     let waiting = spec(
@@ -385,7 +405,9 @@ enum Call {
         out: u32,
         logits: bool,
         stream: bool,
-        /// 0: `submit`; 1: `submit_keyed` with the engine's block size; 2: keyed for another block size.
+        /// 0: `submit`; 1: `submit_keyed` with the engine's block size; 2: keyed for another block size; 3:
+        /// keyed from a prompt source (one that changes is refused or stops a verified run:
+        /// `a_request_keyed_from_a_prompt_source_...`).
         keyed: u8,
     },
     Cancel {
@@ -416,7 +438,7 @@ enum Call {
 fn call() -> impl Strategy<Value = Call> {
     let id = 0u64..6;
     prop_oneof![
-        3 => (id.clone(), 0u32..300, 0u32..20, any::<bool>(), any::<bool>(), 0u8..3)
+        3 => (id.clone(), 0u32..300, 0u32..20, any::<bool>(), any::<bool>(), 0u8..4)
             .prop_map(|(id, len, out, logits, stream, keyed)| Call::Submit { id, len, out, logits, stream, keyed }),
         1 => id.clone().prop_map(|id| Call::Cancel { id }),
         1 => (id.clone(), 0u32..40, 0u32..4).prop_map(|(id, len, out)| Call::Resume { id, len, out }),
@@ -490,8 +512,17 @@ fn apply(engine: &mut Engine, call: &Call) {
             let _result = match keyed {
                 0 => engine.submit(request),
                 1 => engine.submit_keyed(request.keyed(block_tokens)),
-                _ => {
+                2 => {
                     engine.submit_keyed(request.keyed(u32::from(id % 2 == 0) * (block_tokens + 1)))
+                }
+                _ => {
+                    let prompt = std::mem::take(&mut request.prompt);
+                    request
+                        .keyed_from_source(
+                            block_tokens,
+                            Source::new(prompt.clone(), prompt, usize::MAX),
+                        )
+                        .and_then(|keyed| engine.submit_keyed(keyed))
                 }
             };
         }
