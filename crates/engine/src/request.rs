@@ -209,18 +209,15 @@ pub const STOP_TOKEN: u32 = u32::MAX;
 /// prompt + response + new input) and share the prefix.
 pub fn output_token(salt: &[u8], prompt: &[u32], index: u32) -> u32 {
     let tail = &prompt[prompt.len().saturating_sub(OUTPUT_TOKEN_TAIL)..];
-    output_token_of_tail(salt, prompt.len(), tail, index)
+    output_token_at(output_token_state(salt, prompt.len(), tail), index)
 }
 
-/// [`output_token`] from the prompt's length and its last `OUTPUT_TOKEN_TAIL` tokens (all of them when it is
-/// shorter), all it depends on.
-pub(crate) fn output_token_of_tail(
-    salt: &[u8],
-    prompt_len: usize,
-    tail: &[u32],
-    index: u32,
-) -> u32 {
-    // FNV-1a over the salt and the last few prompt tokens, then the index: cheap and stable.
+/// What [`output_token`] computes of the salt, the prompt's length and its last `OUTPUT_TOKEN_TAIL` tokens
+/// (all of them when it is shorter), all it depends on besides the index: the same for every output token of
+/// a request.
+pub(crate) fn output_token_state(salt: &[u8], prompt_len: usize, tail: &[u32]) -> u64 {
+    // FNV-1a over the salt and the last few prompt tokens, then (`output_token_at`) the index: cheap and
+    // stable.
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in salt
         .iter()
@@ -229,9 +226,15 @@ pub(crate) fn output_token_of_tail(
     {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
     }
-    for token in tail.iter().chain(std::iter::once(&index)) {
+    for token in tail {
         hash = (hash ^ u64::from(*token)).wrapping_mul(0x0100_0000_01b3);
     }
+    hash
+}
+
+/// The output token at `index` from its request's [`output_token_state`].
+pub(crate) fn output_token_at(state: u64, index: u32) -> u32 {
+    let hash = (state ^ u64::from(index)).wrapping_mul(0x0100_0000_01b3);
     (hash % 50_000) as u32
 }
 

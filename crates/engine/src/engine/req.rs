@@ -155,6 +155,8 @@ pub(crate) struct Req {
     pub(crate) copy_failed: bool,
     /// Blocks found resident when the coordinator last decided no restore was needed (a complete local hit).
     pub(crate) expected_local_blocks: u32,
+    /// `request::output_token_state` of its submitted prompt, once its first output token needed it.
+    pub(crate) output_token_state: Option<u64>,
     /// The pages of its last capture held in one buffer per rank, and how many: its next capture shares them
     /// (`RankPages::extending`) instead of reading them again.
     pub(crate) last_capture: Option<(usize, Vec<RankPages>)>,
@@ -216,6 +218,7 @@ impl Req {
             loading: None,
             copy_failed: false,
             last_capture: None,
+            output_token_state: None,
             prompt_captured: false,
             instruction_captured: false,
             prefill_tail_captured: false,
