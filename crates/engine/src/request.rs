@@ -86,10 +86,10 @@ impl RequestSpec {
 
     /// [`RequestSpec::keyed`] for the prompt `source` generates, which the request then holds as `source`
     /// instead of its tokens: it costs its block keys, its prompt's last few tokens and what `source` holds,
-    /// not four bytes a token. The engine generates the prompt again only where it reads it: when an executor
-    /// that reads tokens runs it, when a hybrid model looks it up or runs it, when a restore into it is
-    /// verified; the simulated executor on one full-attention group never does. `source` must generate the
-    /// same tokens every time: the engine checks a fingerprint of what it generates later. Errors:
+    /// not four bytes a token. An engine that reads whole prompts (an executor that reads tokens, a hybrid
+    /// model) generates it again at submit; otherwise only a restore into it that is verified does, and the
+    /// simulated executor on one full-attention group without verification never does. `source` must generate
+    /// the same tokens every time: the engine checks a fingerprint of what it generates later. Errors:
     /// `InvalidParam "prompt"` when the spec has a prompt of its own (a source or tokens, not both).
     pub fn keyed_from_source(
         mut self,
@@ -111,9 +111,9 @@ impl RequestSpec {
     }
 }
 
-/// A request with its prompt's block keys ([`RequestSpec::keyed`], [`RequestSpec::keyed_from_source`]). The keys were computed from the spec's own
-/// prompt and salt, and neither can change afterwards, so they always match them; the engine refuses a keyed
-/// request whose block size is not its own.
+/// A request with its prompt's block keys ([`RequestSpec::keyed`], [`RequestSpec::keyed_from_source`]). The
+/// keys were computed from the spec's own prompt and salt, and neither can change afterwards, so they always
+/// match them; the engine refuses a keyed request whose block size is not its own.
 #[derive(Clone, Debug)]
 pub struct KeyedRequest {
     spec: RequestSpec,
@@ -142,7 +142,7 @@ impl KeyedRequest {
     pub fn prompt_len(&self) -> usize {
         self.deferred
             .as_ref()
-            .map_or(self.spec.prompt.len(), |deferred| deferred.len as usize)
+            .map_or(self.spec.prompt.len(), |deferred| deferred.len)
     }
 
     /// This request holding `source` instead of its prompt's tokens (`RequestSpec::keyed_from_source`).
@@ -158,9 +158,9 @@ impl KeyedRequest {
         let mut tail = Vec::with_capacity(prompt.len() - tail_start + room);
         tail.extend_from_slice(&prompt[tail_start..]);
         self.deferred = Some(DeferredPrompt {
-            len: prompt.len() as u32,
+            len: prompt.len(),
             fingerprint: fingerprint(&prompt),
-            tail_start: tail_start as u32,
+            tail_start,
             tail,
             source,
         });
@@ -185,9 +185,9 @@ pub trait PromptSource: Send + Sync + std::fmt::Debug {
 #[derive(Clone, Debug)]
 pub(crate) struct DeferredPrompt {
     pub(crate) source: Arc<dyn PromptSource>,
-    pub(crate) len: u32,
+    pub(crate) len: usize,
     pub(crate) fingerprint: u64,
-    pub(crate) tail_start: u32,
+    pub(crate) tail_start: usize,
     pub(crate) tail: Vec<u32>,
 }
 

@@ -378,32 +378,32 @@ impl<E: Executor> Engine<E> {
             .as_ref()
             .filter(|(n_prev, prev)| *n_prev <= n_blocks && prev.len() == n_ranks);
         let mut ranks = Vec::with_capacity(n_ranks);
+        let (storage, pages) = (&self.storage, &req.pages);
         for rank in 0..self.storage.n_ranks() {
-            let from = extended.map_or(0, |(n_prev, _)| *n_prev);
-            let read = |bytes: &mut [u8]| {
-                for (&page, dst) in req.pages[from..n_blocks]
-                    .iter()
-                    .zip(bytes.chunks_exact_mut(bytes_per_page))
-                {
-                    self.storage.read(rank, page, dst)?;
-                }
-                Ok::<(), Error>(())
-            };
-            let pages = match extended.and_then(|(_, prev)| {
-                RankPages::extending(&prev[rank as usize], n_blocks, bytes_per_page, read)
-            }) {
-                Some(pages) => pages?,
-                None => RankPages::filled(n_blocks, bytes_per_page, |bytes| {
-                    for (&page, dst) in req.pages[..n_blocks]
+            // Reads pages `[from, n_blocks)` of the request into a buffer of that many pages.
+            let read_from = |from: usize| {
+                move |bytes: &mut [u8]| -> Result<()> {
+                    for (&page, dst) in pages[from..n_blocks]
                         .iter()
                         .zip(bytes.chunks_exact_mut(bytes_per_page))
                     {
-                        self.storage.read(rank, page, dst)?;
+                        storage.read(rank, page, dst)?;
                     }
-                    Ok::<(), Error>(())
-                })?,
+                    Ok(())
+                }
             };
-            ranks.push(pages);
+            let shared = extended.and_then(|(n_prev, prev)| {
+                RankPages::extending(
+                    &prev[rank as usize],
+                    n_blocks,
+                    bytes_per_page,
+                    read_from(*n_prev),
+                )
+            });
+            ranks.push(match shared {
+                Some(pages) => pages?,
+                None => RankPages::filled(n_blocks, bytes_per_page, read_from(0))?,
+            });
         }
         if extended.is_none() {
             // One buffer per rank: the next capture of this request extends it.

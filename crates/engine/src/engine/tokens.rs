@@ -1,8 +1,9 @@
 //! A live request's tokens: held, or with its prompt deferred to a [`PromptSource`](crate::PromptSource)
-//! (`RequestSpec::keyed_from_source`). A deferred prompt's tokens before `start` are not held: the request keeps
-//! its tokens from `start` on (the prompt's partial last block and last few tokens, then its output and any
-//! streamed input), which is all the simulated executor's engine reads of a full-attention request, and
-//! generates the rest only where it is read (`Tokens::materialize`).
+//! (`RequestSpec::keyed_from_source`). A deferred prompt's tokens before `start` are not held: the request
+//! keeps its tokens from `start` on (the prompt's partial last block and last few tokens, then its output and
+//! any streamed input), which is all the engine reads of a full-attention request on the simulated executor,
+//! and generates the rest only where it is read (`Tokens::materialize`: at submit on an engine that reads
+//! whole prompts, at a verified restore otherwise).
 
 use kv_pool::RequestId;
 
@@ -44,10 +45,10 @@ impl Tokens {
     pub(crate) fn deferred(prompt: DeferredPrompt) -> Tokens {
         Tokens {
             held: prompt.tail,
-            start: prompt.tail_start as usize,
+            start: prompt.tail_start,
             deferred: Some(Deferred {
                 source: prompt.source,
-                len: prompt.len as usize,
+                len: prompt.len,
                 fingerprint: prompt.fingerprint,
             }),
         }
