@@ -184,8 +184,9 @@ impl CheckpointMeta {
         }
     }
 
-    /// As [`CheckpointMeta::full_attention_keyed`] for a boundary at the end of the last of `block_keys`' blocks
-    /// (no partial tail), which needs no token: `block_keys.len()` blocks of the layout's tokens per page.
+    /// As [`CheckpointMeta::full_attention_keyed`] for a boundary at the end of the last of `block_keys`'
+    /// blocks (no partial tail), which needs no token: `block_keys.len()` blocks of the layout's tokens per
+    /// page.
     pub fn full_attention_blocks(
         id: CheckpointId,
         generation: u64,
@@ -320,8 +321,8 @@ impl CheckpointMeta {
     }
 }
 
-/// Page bytes of a checkpoint: `ranks[rank].page(page_idx)`, each exactly `bytes_per_page` long. A rank's pages
-/// are one shared buffer, so a store hands them to a copy engine without copying.
+/// Page bytes of a checkpoint: `ranks[rank].page(page_idx)`, each exactly `bytes_per_page` long. A rank's
+/// pages are shared buffers, so a store hands them to a copy engine without copying.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CheckpointPayload {
     /// Per rank, the checkpoint's pages.

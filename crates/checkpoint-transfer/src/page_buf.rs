@@ -117,8 +117,8 @@ impl Segment {
 }
 
 impl RankPages {
-    /// `n_pages` pages of `bytes_per_page` zeroed bytes, filled by `fill` (the whole buffer, page by page) before
-    /// anyone else sees them; `fill`'s error is returned as it is. A `bytes_per_page` of 0 counts as 1.
+    /// `n_pages` pages of `bytes_per_page` zeroed bytes, filled by `fill` (the whole buffer, page by page)
+    /// before anyone else sees them; `fill`'s error is returned as it is. A `bytes_per_page` of 0 counts as 1.
     pub fn filled<E>(
         n_pages: usize,
         bytes_per_page: usize,
@@ -132,10 +132,11 @@ impl RankPages {
         })
     }
 
-    /// `prefix`'s pages, shared, then `n_pages - prefix.len()` more pages filled by `fill` (those pages' bytes
-    /// only): a capture of a longer prefix of the same tokens, whose first pages an earlier capture already
-    /// holds (no new page: `prefix` itself, `fill` not called). `None` (nothing filled) unless `prefix` is one buffer of whole pages of `bytes_per_page` and no
-    /// longer than `n_pages`. `fill`'s error is returned as it is.
+    /// `prefix`'s pages, shared, then `n_pages - prefix.len()` more pages filled by `fill` (those pages'
+    /// bytes only): a capture of a longer prefix of the same tokens, whose first pages an earlier capture
+    /// already holds (no new page: `prefix` itself, `fill` not called). `None` (nothing filled) unless
+    /// `prefix` is one buffer of whole pages of `bytes_per_page` and no longer than `n_pages`. `fill`'s error
+    /// is returned as it is.
     pub fn extending<E>(
         prefix: &RankPages,
         n_pages: usize,

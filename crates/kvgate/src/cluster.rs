@@ -319,7 +319,7 @@ impl RouterState {
         }
     }
 
-    /// The index of the engine `prompt` goes to.
+    /// The index of the engine the request whose prompt has the block keys `keys` goes to.
     fn choose(&mut self, engines: &[Engine], store: &mut SharedStore, keys: &[BlockKey]) -> usize {
         let n_routed = self.n_routed;
         self.n_routed += 1;

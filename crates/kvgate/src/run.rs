@@ -152,8 +152,8 @@ pub fn run_replay_observed(
     let block_tokens = engine.params().geometry.block_tokens();
     // Building a request (its prompt's tokens and block keys) is most of what a submit costs, and it does not
     // depend on the engine: a second thread builds them ahead, in order, a bounded number at a time.
-    // A waiting request holds its trace record, not its tokens (`RequestSpec::keyed_from_source`): on one engine
-    // at the trace's own rate most of the trace waits at once.
+    // A waiting request holds its trace record, not its tokens (`RequestSpec::keyed_from_source`): on one
+    // engine at the trace's own rate most of the trace waits at once.
     let (sender, requests) =
         std::sync::mpsc::sync_channel::<engine::Result<KeyedRequest>>(REPLAY_BUILD_AHEAD);
     std::thread::scope(|scope| {

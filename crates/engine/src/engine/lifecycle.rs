@@ -88,13 +88,16 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Whether a running request's whole prompt is read: by an executor that reads tokens, or on a hybrid
-    /// model (its captures end at exact boundaries, which take their partial pages' tokens). Otherwise a
-    /// running request reads only its held tokens (`Tokens`), and a deferred prompt stays deferred.
+    /// model (its lookups and captures end at exact boundaries, which take their partial pages' tokens). Such
+    /// an engine generates a deferred prompt at submit; otherwise a request reads only its held tokens
+    /// (`Tokens`), and a deferred prompt stays deferred but for a verified restore.
     pub(crate) fn reads_running_tokens(&self) -> bool {
         self.executor.reads_tokens() || self.groups.is_hybrid()
     }
 
     /// Generates `id`'s deferred prompt, if it has one (`RequestSpec::keyed_from_source`); a no-op once held.
+    /// A source that changed fails the caller's step naming `prompt_source` (only a verified restore, which
+    /// stops the run on any mismatch, generates one after submit).
     pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
         super::req::live(&mut self.reqs, id)?.tokens.materialize(id)
     }
