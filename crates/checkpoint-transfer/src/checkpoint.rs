@@ -171,17 +171,7 @@ impl CheckpointMeta {
             "one key per full block"
         );
         let tail_tokens = tokens[block_keys.len() * tokens_per_page..].to_vec();
-        Self {
-            id,
-            generation,
-            kind,
-            n_tokens: tokens.len(),
-            draft_prefix_len: 0,
-            block_keys,
-            tail_tokens,
-            pages: PageSlot::full_attention(tokens.len(), tokens_per_page),
-            layout,
-        }
+        Self::full_attention_parts(id, generation, kind, block_keys, tail_tokens, layout)
     }
 
     /// As [`CheckpointMeta::full_attention_keyed`] for a boundary at the end of the last of `block_keys`'
@@ -194,7 +184,20 @@ impl CheckpointMeta {
         block_keys: Vec<BlockKey>,
         layout: LayoutDescriptor,
     ) -> Self {
-        let n_tokens = block_keys.len() * layout.tokens_per_page as usize;
+        Self::full_attention_parts(id, generation, kind, block_keys, Vec::new(), layout)
+    }
+
+    /// A full-attention checkpoint of `block_keys`' blocks followed by `tail_tokens`.
+    fn full_attention_parts(
+        id: CheckpointId,
+        generation: u64,
+        kind: CheckpointKind,
+        block_keys: Vec<BlockKey>,
+        tail_tokens: Vec<u32>,
+        layout: LayoutDescriptor,
+    ) -> Self {
+        let tokens_per_page = layout.tokens_per_page as usize;
+        let n_tokens = block_keys.len() * tokens_per_page + tail_tokens.len();
         Self {
             id,
             generation,
@@ -202,8 +205,8 @@ impl CheckpointMeta {
             n_tokens,
             draft_prefix_len: 0,
             block_keys,
-            tail_tokens: Vec::new(),
-            pages: PageSlot::full_attention(n_tokens, layout.tokens_per_page as usize),
+            tail_tokens,
+            pages: PageSlot::full_attention(n_tokens, tokens_per_page),
             layout,
         }
     }

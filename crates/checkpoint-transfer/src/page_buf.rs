@@ -266,17 +266,14 @@ impl RankPages {
     }
 }
 
-/// A buffer of `n_bytes` zeroed bytes, filled by `fill` before anyone else sees it. Built in place: a
-/// trusted-length iterator collects into the `Arc`'s own allocation, with no copy.
+/// A buffer of `n_bytes` zeroed bytes, filled by `fill` before anyone else sees it.
 fn filled_buffer<E>(
     n_bytes: usize,
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Result<Arc<[u8]>, E> {
-    let mut buffer: Arc<[u8]> = std::iter::repeat_n(0u8, n_bytes).collect();
-    if let Some(bytes) = Arc::get_mut(&mut buffer) {
-        fill(bytes)?;
-    }
-    Ok(buffer)
+    let mut bytes = vec![0u8; n_bytes];
+    fill(&mut bytes)?;
+    Ok(Arc::from(bytes))
 }
 
 impl Default for RankPages {

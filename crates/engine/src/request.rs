@@ -142,7 +142,7 @@ impl KeyedRequest {
     pub fn prompt_len(&self) -> usize {
         self.deferred
             .as_ref()
-            .map_or(self.spec.prompt.len(), |deferred| deferred.len)
+            .map_or(self.spec.prompt.len(), |deferred| deferred.source.len())
     }
 
     /// This request holding `source` instead of its prompt's tokens (`RequestSpec::keyed_from_source`).
@@ -158,11 +158,13 @@ impl KeyedRequest {
         let mut tail = Vec::with_capacity(prompt.len() - tail_start + room);
         tail.extend_from_slice(&prompt[tail_start..]);
         self.deferred = Some(DeferredPrompt {
-            len: prompt.len(),
-            fingerprint: fingerprint(&prompt),
+            source: SourcedPrompt {
+                len: prompt.len(),
+                fingerprint: fingerprint(&prompt),
+                source,
+            },
             tail_start,
             tail,
-            source,
         });
         self
     }
@@ -180,15 +182,52 @@ pub trait PromptSource: Send + Sync + std::fmt::Debug {
     fn generate(&self, out: &mut Vec<u32>);
 }
 
-/// A prompt held as its source: its length, a fingerprint of the tokens the source generated when it was
-/// deferred, and its tokens from `tail_start` on (held, with the room the prompt had for its output).
+/// A prompt held as its source: the source, and its tokens from `tail_start` on (held, with the room the
+/// prompt had for its output).
 #[derive(Clone, Debug)]
 pub(crate) struct DeferredPrompt {
-    pub(crate) source: Arc<dyn PromptSource>,
-    pub(crate) len: usize,
-    pub(crate) fingerprint: u64,
+    pub(crate) source: SourcedPrompt,
     pub(crate) tail_start: usize,
     pub(crate) tail: Vec<u32>,
+}
+
+/// A prompt's source, with the length and fingerprint of the tokens it generated first.
+#[derive(Clone, Debug)]
+pub(crate) struct SourcedPrompt {
+    source: Arc<dyn PromptSource>,
+    len: usize,
+    fingerprint: u64,
+}
+
+impl SourcedPrompt {
+    /// The prompt's length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The prompt generated again, into a vector of `capacity`. Errors: `changed` when the source generates
+    /// other tokens than it did first.
+    pub(crate) fn generate(&self, id: RequestId, capacity: usize) -> Result<Vec<u32>> {
+        let mut tokens = Vec::with_capacity(capacity);
+        self.source.generate(&mut tokens);
+        if tokens.len() != self.len || fingerprint(&tokens) != self.fingerprint {
+            return Err(self.changed(id, tokens.len()));
+        }
+        Ok(tokens)
+    }
+
+    /// `InvalidParam "prompt_source"`: the source generated `n_generated` tokens that are not those it generated
+    /// first.
+    pub(crate) fn changed(&self, id: RequestId, n_generated: usize) -> Error {
+        Error::InvalidParam {
+            name: "prompt_source",
+            reason: format!(
+                "{id}: the prompt source generated {n_generated} tokens that are not the {} it generated when \
+                 the prompt was deferred; a source must generate the same tokens on every call",
+                self.len
+            ),
+        }
+    }
 }
 
 /// How many of the prompt's last tokens an output token is a function of ([`output_token`]).
@@ -196,7 +235,7 @@ pub(crate) const OUTPUT_TOKEN_TAIL: usize = 8;
 
 /// A fixed-seed 64-bit hash of `tokens` (foldhash; not keyed per process, so a deferred prompt's
 /// fingerprint means the same thing on every thread).
-pub(crate) fn fingerprint(tokens: &[u32]) -> u64 {
+fn fingerprint(tokens: &[u32]) -> u64 {
     use std::hash::BuildHasher;
     foldhash::fast::FixedState::with_seed(0x6b76_6761_7465).hash_one(tokens)
 }

@@ -92,11 +92,33 @@ impl BlockKey {
         salt: &[u8],
     ) {
         assert!(tokens_per_page > 0, "tokens_per_page must be positive");
-        let start = keys.len().saturating_mul(tokens_per_page).min(tokens.len());
-        for block in tokens[start..].chunks_exact(tokens_per_page) {
+        let _all_held = BlockKey::extend_chain_from(keys, tokens, 0, tokens_per_page, salt);
+    }
+
+    /// [`BlockKey::extend_chain`] given only the tokens from position `tokens_start` on (`tokens` is
+    /// `all_tokens[tokens_start..]`): enough when `tokens_start` is at most where the unkeyed blocks begin
+    /// (`keys.len() * tokens_per_page`). `false`, `keys` unchanged, when it is past it. A `tokens_per_page`
+    /// of 0 counts as 1.
+    pub fn extend_chain_from(
+        keys: &mut Vec<BlockKey>,
+        tokens: &[u32],
+        tokens_start: usize,
+        tokens_per_page: usize,
+        salt: &[u8],
+    ) -> bool {
+        let tokens_per_page = tokens_per_page.max(1);
+        let Some(start) = keys
+            .len()
+            .saturating_mul(tokens_per_page)
+            .checked_sub(tokens_start)
+        else {
+            return false;
+        };
+        for block in tokens[start.min(tokens.len())..].chunks_exact(tokens_per_page) {
             let key = BlockKey::chain(keys.last(), block, salt);
             keys.push(key);
         }
+        true
     }
 }
 

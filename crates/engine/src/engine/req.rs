@@ -9,7 +9,7 @@ use kv_pool::{BlockKey, PageId};
 
 use crate::error::{Error, Result};
 use crate::metrics::{FallbackReason, RequestMetrics};
-use crate::request::RequestSpec;
+use crate::request::{OUTPUT_TOKEN_TAIL, RequestSpec, output_token_state};
 
 use super::tokens::Tokens;
 
@@ -155,8 +155,9 @@ pub(crate) struct Req {
     pub(crate) copy_failed: bool,
     /// Blocks found resident when the coordinator last decided no restore was needed (a complete local hit).
     pub(crate) expected_local_blocks: u32,
-    /// `request::output_token_state` of its submitted prompt, once its first output token needed it.
-    pub(crate) output_token_state: Option<u64>,
+    /// `request::output_token_state` of its submitted prompt, once its first output token needed it
+    /// (`Req::output_token_state`).
+    output_token_state: Option<u64>,
     /// The pages of its last capture held in one buffer per rank, and how many: its next capture shares them
     /// (`RankPages::extending`) instead of reading them again.
     pub(crate) last_capture: Option<(usize, Vec<RankPages>)>,
@@ -234,19 +235,40 @@ impl Req {
     /// Appends tokens, extending the block keys.
     pub(crate) fn push_tokens(&mut self, new_tokens: &[u32], block_tokens: u32) -> Result<()> {
         self.tokens.extend(new_tokens);
-        // The blocks past the keyed ones, as `BlockKey::extend_chain` walks them; a deferred prompt holds
-        // its partial last block, so they are all held.
-        let block_tokens = block_tokens.max(1) as usize;
-        let first = (self.keys.len() * block_tokens).min(self.tokens.len());
-        for block in self
-            .tokens
-            .suffix(self.spec.id, first)?
-            .chunks_exact(block_tokens)
-        {
-            let key = BlockKey::chain(self.keys.last(), block, &self.spec.salt);
-            self.keys.push(key);
+        // A deferred prompt holds its partial last block, so every unkeyed block is held.
+        let (held, held_start) = self.tokens.held_part();
+        if !BlockKey::extend_chain_from(
+            &mut self.keys,
+            held,
+            held_start,
+            block_tokens as usize,
+            &self.spec.salt,
+        ) {
+            return Err(Error::internal(format!(
+                "{}: its unkeyed blocks start before its held tokens (from {held_start})",
+                self.spec.id
+            )));
         }
         Ok(())
+    }
+
+    /// Its submitted prompt's share of every output token (`request::output_token_state`), hashed once: the
+    /// submitted prompt never changes.
+    pub(crate) fn output_token_state(&mut self) -> Result<u64> {
+        if let Some(state) = self.output_token_state {
+            return Ok(state);
+        }
+        let id = self.spec.id;
+        let prompt_len = self.submitted_prompt_len as usize;
+        let tail_start = prompt_len.saturating_sub(OUTPUT_TOKEN_TAIL);
+        let tail = self
+            .tokens
+            .suffix(id, tail_start)?
+            .get(..prompt_len - tail_start)
+            .ok_or_else(|| Error::internal(format!("{id}: fewer tokens than its prompt")))?;
+        let state = output_token_state(&self.spec.salt, prompt_len, tail);
+        self.output_token_state = Some(state);
+        Ok(state)
     }
 
     /// Tokens `[first_pos, first_pos + n)` (fewer if the request holds fewer).

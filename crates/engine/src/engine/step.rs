@@ -14,7 +14,7 @@ use super::req::{Phase, Req, Restore};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{DecodeWork, Executor, PrefillWork, StepBatch};
-use crate::request::{OUTPUT_TOKEN_TAIL, STOP_TOKEN, output_token_at, output_token_state};
+use crate::request::{STOP_TOKEN, output_token_at};
 
 /// The watchdog tolerates at least this many steps without progress (K3).
 const STALL_STEPS_MIN: u64 = 100_000;
@@ -562,25 +562,7 @@ impl<E: Executor> Engine<E> {
         } else if let Some(token) = model_token {
             token
         } else {
-            let state = match req.output_token_state {
-                Some(state) => state,
-                None => {
-                    // The submitted prompt never changes: its share of every output token is hashed once.
-                    let prompt_len = req.submitted_prompt_len as usize;
-                    let tail_start = prompt_len.saturating_sub(OUTPUT_TOKEN_TAIL);
-                    let tail = req
-                        .tokens
-                        .suffix(id, tail_start)?
-                        .get(..prompt_len - tail_start)
-                        .ok_or_else(|| {
-                            Error::internal(format!("{id}: fewer tokens than its prompt"))
-                        })?;
-                    let state = output_token_state(&req.spec.salt, prompt_len, tail);
-                    req.output_token_state = Some(state);
-                    state
-                }
-            };
-            output_token_at(state, index)
+            output_token_at(req.output_token_state()?, index)
         };
         req.output.push(token);
         req.push_tokens(&[token], block_tokens)?;

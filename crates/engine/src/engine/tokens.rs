@@ -8,7 +8,7 @@
 use kv_pool::RequestId;
 
 use crate::error::{Error, Result};
-use crate::request::{DeferredPrompt, fingerprint};
+use crate::request::{DeferredPrompt, SourcedPrompt};
 
 /// Prompt, then output tokens (and streamed inputs appended on resume). While its prompt is deferred it holds
 /// tokens `[start, len)`: reading one before `start` is an internal error until [`Tokens::materialize`]
@@ -18,17 +18,8 @@ pub(crate) struct Tokens {
     /// Tokens `[start, len)`; `start` is 0 once nothing is deferred.
     held: Vec<u32>,
     start: usize,
-    /// The source of tokens `[0, start)` and what checks it, while they are deferred.
-    deferred: Option<Deferred>,
-}
-
-/// What a deferred prompt keeps of its source.
-#[derive(Debug)]
-struct Deferred {
-    source: std::sync::Arc<dyn crate::PromptSource>,
-    /// The prompt's length and the fingerprint of its tokens when it was deferred.
-    len: usize,
-    fingerprint: u64,
+    /// The source of tokens `[0, start)`, while they are deferred.
+    deferred: Option<SourcedPrompt>,
 }
 
 impl Tokens {
@@ -46,11 +37,7 @@ impl Tokens {
         Tokens {
             held: prompt.tail,
             start: prompt.tail_start,
-            deferred: Some(Deferred {
-                source: prompt.source,
-                len: prompt.len,
-                fingerprint: prompt.fingerprint,
-            }),
+            deferred: Some(prompt.source),
         }
     }
 
@@ -88,28 +75,24 @@ impl Tokens {
         let Some(deferred) = &self.deferred else {
             return Ok(());
         };
-        let mut tokens = Vec::with_capacity(self.start + self.held.capacity());
-        deferred.source.generate(&mut tokens);
-        let held_prompt = deferred.len.saturating_sub(self.start).min(self.held.len());
-        if tokens.len() != deferred.len
-            || fingerprint(&tokens) != deferred.fingerprint
-            || tokens.get(self.start..) != self.held.get(..held_prompt)
-        {
-            return Err(Error::InvalidParam {
-                name: "prompt_source",
-                reason: format!(
-                    "{id}: the prompt source generated {} tokens that are not the {} it generated when the \
-                     prompt was deferred; a source must generate the same tokens on every call",
-                    tokens.len(),
-                    deferred.len
-                ),
-            });
+        let mut tokens = deferred.generate(id, self.start + self.held.capacity())?;
+        let held_prompt = deferred
+            .len()
+            .saturating_sub(self.start)
+            .min(self.held.len());
+        if tokens.get(self.start..) != self.held.get(..held_prompt) {
+            return Err(deferred.changed(id, tokens.len()));
         }
         tokens.extend_from_slice(&self.held[held_prompt..]);
         self.held = tokens;
         self.start = 0;
         self.deferred = None;
         Ok(())
+    }
+
+    /// The held tokens and the position of the first of them.
+    pub(crate) fn held_part(&self) -> (&[u32], usize) {
+        (&self.held, self.start)
     }
 
     /// Appends tokens.

@@ -75,6 +75,51 @@ fn extend_chain_equals_chain_all_in_any_split() {
     assert_eq!(keys, all);
 }
 
+/// Extending from a suffix of the tokens that starts at or before the unkeyed blocks gives the same keys;
+/// one that starts past them changes nothing and says so. Worst values: a start past every token, a page
+/// size of 0.
+#[test]
+fn extend_chain_from_a_suffix_equals_extend_chain_and_refuses_a_suffix_past_the_unkeyed_blocks() {
+    let tokens: Vec<u32> = (0..37).collect();
+    let all = BlockKey::chain_all(&tokens, 4, b"t");
+    for (n_keyed, start) in [(0, 0), (2, 0), (2, 5), (2, 8), (9, 36)] {
+        let mut keys = all[..n_keyed].to_vec();
+        assert!(BlockKey::extend_chain_from(
+            &mut keys,
+            &tokens[start..],
+            start,
+            4,
+            b"t"
+        ));
+        assert_eq!(keys, all, "{n_keyed} keys, tokens from {start}");
+    }
+    for start in [9, 37, usize::MAX] {
+        let mut keys = all[..2].to_vec();
+        let from = start.min(tokens.len());
+        assert!(!BlockKey::extend_chain_from(
+            &mut keys,
+            &tokens[from..],
+            start,
+            4,
+            b"t"
+        ));
+        assert_eq!(keys, all[..2], "tokens from {start}: nothing added");
+    }
+    let mut keys = Vec::new();
+    assert!(BlockKey::extend_chain_from(
+        &mut keys,
+        &tokens[..3],
+        0,
+        0,
+        b"t"
+    ));
+    assert_eq!(
+        keys,
+        BlockKey::chain_all(&tokens[..3], 1, b"t"),
+        "a page size of 0 counts as 1"
+    );
+}
+
 #[test]
 fn chain_all_keys_full_blocks_only_and_chains_them() {
     let tokens: Vec<u32> = (0..10).collect();
