@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::{
-    CopyEngine, CopyJob, CopyOutcome, CopyWork, CudaCopyEngine, PageBuf, ThreadedCopyEngine,
+    CopyEngine, CopyJob, CopyOutcome, CudaCopyEngine, PageBuf, ThreadedCopyEngine,
 };
 use kv_pool::Timestamp;
 use kv_pool::{CudaStorage, HostStorage, PageId, PageStorage};
@@ -34,13 +34,11 @@ fn median(mut samples: Vec<f64>) -> f64 {
 fn restore_job(sources: &[PageBuf]) -> CopyJob {
     CopyJob {
         rank: 0,
-        work: CopyWork::Restore {
-            pages: sources
-                .iter()
-                .enumerate()
-                .map(|(idx, bytes)| (bytes.clone(), PageId(idx as u32 + 1)))
-                .collect(),
-        },
+        pages: sources
+            .iter()
+            .enumerate()
+            .map(|(idx, bytes)| (bytes.clone(), PageId(idx as u32 + 1)))
+            .collect(),
     }
 }
 
@@ -87,8 +85,7 @@ fn main() {
         let done = copies.wait_all();
         let restore_elapsed = started.elapsed();
         assert!(
-            done.iter()
-                .all(|c| matches!(c.outcome, CopyOutcome::Done { .. })),
+            done.iter().all(|c| matches!(c.outcome, CopyOutcome::Done)),
             "restore failed: {done:?}"
         );
 
@@ -99,8 +96,7 @@ fn main() {
         let done = one_worker.wait_all();
         let one_worker_elapsed = started.elapsed();
         assert!(
-            done.iter()
-                .all(|c| matches!(c.outcome, CopyOutcome::Done { .. })),
+            done.iter().all(|c| matches!(c.outcome, CopyOutcome::Done)),
             "restore failed: {done:?}"
         );
 
@@ -167,7 +163,7 @@ fn cuda_figures(sources: &[PageBuf], reps: usize) -> Result<(f64, f64), String> 
         let elapsed = started.elapsed();
         if let Some(failed) = done
             .iter()
-            .find(|c| !matches!(c.outcome, CopyOutcome::Done { .. }))
+            .find(|c| !matches!(c.outcome, CopyOutcome::Done))
         {
             return Err(format!("cuda restore failed: {failed:?}"));
         }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use checkpoint_transfer::store::DEFAULT_KEY_PREFIX;
 use checkpoint_transfer::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, CheckpointStore,
-    CopyEngine, CopyJob, CopyOutcome, CopyWork, HostStore, LayoutDescriptor, RankPages, RedisStore,
+    CopyEngine, CopyJob, CopyOutcome, HostStore, LayoutDescriptor, RankPages, RedisStore,
     ThreadedCopyEngine,
 };
 use kv_pool::Timestamp;
@@ -92,20 +92,17 @@ fn restore_gib_s(
         let read = store.get(&checkpoint.meta.id).expect("get");
         let job = CopyJob {
             rank: 0,
-            work: CopyWork::Restore {
-                pages: (0..read.payload.ranks[0].len())
-                    .filter_map(|idx| read.payload.ranks[0].page_buf(idx))
-                    .enumerate()
-                    .map(|(idx, bytes)| (bytes, PageId(idx as u32 + 1)))
-                    .collect(),
-            },
+            pages: (0..read.payload.ranks[0].len())
+                .filter_map(|idx| read.payload.ranks[0].page_buf(idx))
+                .enumerate()
+                .map(|(idx, bytes)| (bytes, PageId(idx as u32 + 1)))
+                .collect(),
         };
         copies.submit(job, Timestamp::ZERO).expect("submit");
         let done = copies.wait_all();
         let elapsed = started.elapsed();
         assert!(
-            done.iter()
-                .all(|c| matches!(c.outcome, CopyOutcome::Done { .. })),
+            done.iter().all(|c| matches!(c.outcome, CopyOutcome::Done)),
             "restore failed: {done:?}"
         );
         assert_eq!(read.payload, checkpoint.payload, "restored bytes differ");

@@ -15,13 +15,12 @@ pub use checkpoint::{
     CheckpointPayload, PageSlot, PrefixQuery,
 };
 pub use copy::{
-    CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyModel, CopyOutcome, CopyWork,
-    CudaCopyEngine, Fault, InlineCopyEngine, REORDER_DELAY_POLLS_MAX, ReorderingCopyEngine,
-    ThreadedCopyEngine,
+    CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyModel, CopyOutcome, CudaCopyEngine, Fault,
+    InlineCopyEngine, REORDER_DELAY_POLLS_MAX, ReorderingCopyEngine, ThreadedCopyEngine,
 };
 pub use error::{Error, Invalid, Mismatch, Result};
 pub use index::{
-    AcquiredImport, CancelOutcome, CaptureId, ImportEvent, ImportId, ImportState, LookupBudget,
+    AcquiredImport, CancelOutcome, ImportEvent, ImportId, ImportState, LookupBudget,
     RESTORE_LOOKUPS_MAX, ResidentIndex, StageRequest,
 };
 pub use layout::{GroupKind, LayoutDescriptor};

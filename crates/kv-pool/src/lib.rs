@@ -1,7 +1,7 @@
 //! Paged KV-cache memory: the `PagePool` (page 0 null, ref counts, uncached free pages reused first from a
-//! LIFO stack, cached free pages evicted lazily in LRU order from an index-linked list with one notice per
-//! evicted block), the prefix index keyed by a collision-resistant hash chain, the
-//! `Geometry` of cache groups with the pure page arithmetic over it, and `PageStorage` (host and CUDA).
+//! LIFO stack, cached free pages evicted lazily and silently in LRU order from an index-linked list), the
+//! prefix index keyed by a collision-resistant hash chain, the `Geometry` of cache groups with the pure page
+//! arithmetic over it, and `PageStorage` (host and CUDA).
 
 mod error;
 mod geometry;
@@ -14,5 +14,5 @@ pub use error::{Error, Result};
 pub use geometry::{CacheGroup, Continuation, Geometry, GroupKind, RestoreNeed};
 pub use ids::{AdmissionOrder, RequestId, Timestamp};
 pub use page::{BlockKey, BlockKeyHashBuilder, BlockKeyHasher, PageId};
-pub use pool::{Eviction, PagePool};
+pub use pool::PagePool;
 pub use storage::{CudaStorage, HostStorage, PageStorage, cuda_available};

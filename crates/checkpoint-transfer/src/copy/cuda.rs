@@ -2,8 +2,7 @@
 //! (`CudaStorage::enqueue_write`), on a stream of its own, from pinned host staging, with one event per job.
 //! `submit` copies a restore's buffers into a pinned staging buffer and queues one host-to-device transfer
 //! per page; `poll` queries each job's event and never blocks; a cancelled job is reported only once its
-//! event completed, since queued transfers cannot be recalled; `wait_all` synchronizes the stream. A capture
-//! reads its pages through `PageStorage::read` (synchronous) and completes at the next poll.
+//! event completed, since queued transfers cannot be recalled; `wait_all` synchronizes the stream.
 //!
 //! It compiles without CUDA, and needs a `CudaStorage` to exist, which fails without a driver
 //! (`kv_pool::Error::CudaUnavailable`); every driver call runs under `catch_unwind`, so a failure of the
@@ -24,7 +23,7 @@ use cudarc::driver::{CudaEvent, CudaStream, DriverError, PinnedHostSlice};
 use kv_pool::Timestamp;
 use kv_pool::{CudaStorage, PageId, PageStorage};
 
-use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
+use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome};
 use crate::error::{Error, Result};
 use crate::page_buf::PageBuf;
 
@@ -42,10 +41,9 @@ struct CudaJob {
     staging: Option<PinnedHostSlice<u8>>,
     cancelled: bool,
     failure: Option<String>,
-    captured: Vec<PageBuf>,
 }
 
-/// Copies into and out of a `CudaStorage` on a stream of its own.
+/// Copies into a `CudaStorage` on a stream of its own.
 pub struct CudaCopyEngine {
     storage: Arc<CudaStorage>,
     stream: Arc<CudaStream>,
@@ -66,7 +64,7 @@ impl std::fmt::Debug for CudaCopyEngine {
 }
 
 impl CudaCopyEngine {
-    /// Copies into and out of `storage`'s device pages, on a new stream of its context. Errors:
+    /// Copies into `storage`'s device pages, on a new stream of its context. Errors:
     /// `Error::Unavailable` with the driver's reason when the stream cannot be made.
     pub fn new(storage: Arc<CudaStorage>) -> Result<Self> {
         let context = Arc::clone(storage.context());
@@ -210,20 +208,6 @@ impl CudaCopyEngine {
         outcome
     }
 
-    /// Reads a capture's pages through the storage (synchronous).
-    fn capture(&self, rank: u32, pages: &[PageId]) -> Result<Vec<PageBuf>, String> {
-        let mut buf = vec![0u8; self.storage.bytes_per_page()];
-        pages
-            .iter()
-            .map(|&page| {
-                self.storage
-                    .read(rank, page, &mut buf)
-                    .map(|()| PageBuf::from(buf.as_slice()))
-                    .map_err(|e| e.to_string())
-            })
-            .collect()
-    }
-
     /// Whether `job` can no longer touch its pages, querying its event without blocking. A failed query
     /// synchronizes the stream first and fails the job.
     fn finished(&self, job: &mut CudaJob) -> bool {
@@ -256,9 +240,7 @@ impl CudaCopyEngine {
         } else if job.cancelled {
             CopyOutcome::Cancelled
         } else {
-            CopyOutcome::Done {
-                captured: job.captured,
-            }
+            CopyOutcome::Done
         };
         CopyCompletion {
             job: job.id,
@@ -288,29 +270,22 @@ impl CopyEngine for CudaCopyEngine {
             staging: None,
             cancelled: false,
             failure: None,
-            captured: Vec::new(),
         };
-        match &job.work {
-            CopyWork::Restore { pages } => {
-                record.failure = self.enqueue_restore(job.rank, pages, &mut record).err();
-                let stream = &self.stream;
-                let no_timing = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
-                match guarded_str("recording an event", || stream.record_event(no_timing)) {
-                    Ok(event) => record.event = Some(event),
-                    Err(reason) => {
-                        // No event: wait for the stream, so nothing of the job can write once it is reported.
-                        let synced = guarded_str("synchronizing", || stream.synchronize());
-                        let reason = synced
-                            .err()
-                            .map_or(reason.clone(), |s| format!("{reason}; {s}"));
-                        record.failure.get_or_insert(reason);
-                    }
-                }
+        record.failure = self
+            .enqueue_restore(job.rank, &job.pages, &mut record)
+            .err();
+        let stream = &self.stream;
+        let no_timing = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        match guarded_str("recording an event", || stream.record_event(no_timing)) {
+            Ok(event) => record.event = Some(event),
+            Err(reason) => {
+                // No event: wait for the stream, so nothing of the job can write once it is reported.
+                let synced = guarded_str("synchronizing", || stream.synchronize());
+                let reason = synced
+                    .err()
+                    .map_or(reason.clone(), |s| format!("{reason}; {s}"));
+                record.failure.get_or_insert(reason);
             }
-            CopyWork::Capture { pages } => match self.capture(job.rank, pages) {
-                Ok(captured) => record.captured = captured,
-                Err(reason) => record.failure = Some(reason),
-            },
         }
         self.in_flight.push_back(record);
         Ok(id)

@@ -1,6 +1,6 @@
 //! `InlineCopyEngine`: deterministic copies on the injected clock. A job completes at submit time plus
-//! latency plus bytes / bandwidth; its bytes are written (or read) at completion, so a cancelled or failed
-//! job never touches page storage. Fault injection: fail a job or a rank's next job, delay one, evict a
+//! latency plus bytes / bandwidth; its bytes are written at completion, so a cancelled or failed job never
+//! touches page storage. Fault injection: fail a job or a rank's next job, delay one, evict a
 //! destination page mid-copy, or corrupt a byte of the next restore silently.
 
 use std::collections::BTreeMap;
@@ -10,9 +10,8 @@ use std::time::Duration;
 use kv_pool::Timestamp;
 use kv_pool::{PageId, PageStorage};
 
-use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
+use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome};
 use crate::error::Result;
-use crate::page_buf::PageBuf;
 
 /// The modeled cost of a copy: `latency + bytes / bandwidth_bytes_per_s`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -104,7 +103,7 @@ impl std::fmt::Debug for InlineCopyEngine {
 }
 
 impl InlineCopyEngine {
-    /// An engine that models time only: restores write nothing, captures return zeroed pages.
+    /// An engine that models time only: restores write nothing.
     pub fn new(model: CopyModel, bytes_per_page: u64) -> Self {
         Self {
             model,
@@ -117,7 +116,7 @@ impl InlineCopyEngine {
         }
     }
 
-    /// An engine that also moves the bytes into and out of `storage` at each job's completion.
+    /// An engine that also writes the bytes into `storage` at each job's completion.
     pub fn with_storage(model: CopyModel, storage: Arc<dyn PageStorage>) -> Self {
         let mut engine = Self::new(model, storage.bytes_per_page() as u64);
         engine.storage = Some(storage);
@@ -149,8 +148,7 @@ impl InlineCopyEngine {
             }
             Fault::EvictDestination(page) => {
                 for job in self.in_flight.values_mut() {
-                    let writes_page = matches!(&job.job.work,
-                        CopyWork::Restore { pages } if pages.iter().any(|(_, p)| *p == page));
+                    let writes_page = job.job.pages.iter().any(|(_, p)| *p == page);
                     if writes_page && !job.invalidated.contains(&page) {
                         job.invalidated.push(page);
                     }
@@ -183,46 +181,25 @@ impl InlineCopyEngine {
 
     fn execute(&self, job: &CopyJob, corrupt_byte: Option<usize>) -> CopyOutcome {
         let rank = job.rank;
-        match (&job.work, &self.storage) {
-            (CopyWork::Restore { pages }, Some(storage)) => {
-                for (idx, (bytes, page)) in pages.iter().enumerate() {
-                    let corrupted: Option<Vec<u8>> = corrupt_byte
-                        .filter(|&byte| idx == 0 && byte < bytes.len())
-                        .map(|byte| {
-                            let mut copy = bytes.to_vec();
-                            copy[byte] = !copy[byte];
-                            copy
-                        });
-                    let bytes: &[u8] = corrupted.as_deref().unwrap_or(bytes);
-                    if let Err(e) = storage.write(rank, *page, bytes) {
-                        return CopyOutcome::Failed {
-                            reason: e.to_string(),
-                        };
-                    }
-                }
-                CopyOutcome::Done {
-                    captured: Vec::new(),
-                }
-            }
-            (CopyWork::Restore { .. }, None) => CopyOutcome::Done {
-                captured: Vec::new(),
-            },
-            (CopyWork::Capture { pages }, storage) => {
-                let mut captured = Vec::with_capacity(pages.len());
-                for page in pages {
-                    let mut buffer = vec![0u8; self.bytes_per_page as usize];
-                    if let Some(storage) = storage
-                        && let Err(e) = storage.read(rank, *page, &mut buffer)
-                    {
-                        return CopyOutcome::Failed {
-                            reason: e.to_string(),
-                        };
-                    }
-                    captured.push(PageBuf::from(buffer));
-                }
-                CopyOutcome::Done { captured }
+        let Some(storage) = &self.storage else {
+            return CopyOutcome::Done;
+        };
+        for (idx, (bytes, page)) in job.pages.iter().enumerate() {
+            let corrupted: Option<Vec<u8>> = corrupt_byte
+                .filter(|&byte| idx == 0 && byte < bytes.len())
+                .map(|byte| {
+                    let mut copy = bytes.to_vec();
+                    copy[byte] = !copy[byte];
+                    copy
+                });
+            let bytes: &[u8] = corrupted.as_deref().unwrap_or(bytes);
+            if let Err(e) = storage.write(rank, *page, bytes) {
+                return CopyOutcome::Failed {
+                    reason: e.to_string(),
+                };
             }
         }
+        CopyOutcome::Done
     }
 }
 
@@ -238,7 +215,6 @@ impl CopyEngine for InlineCopyEngine {
         *link = complete_at;
         let mut failure = None;
         let mut corrupt_byte = None;
-        let is_restore = matches!(job.work, CopyWork::Restore { .. });
         let rank = job.rank;
         let mut remaining = Vec::with_capacity(self.next_on_rank.len());
         for fault in self.next_on_rank.drain(..) {
@@ -249,9 +225,7 @@ impl CopyEngine for InlineCopyEngine {
                 Fault::DelayNext { rank: r, by } if r == rank => {
                     complete_at = complete_at.after(by);
                 }
-                Fault::CorruptNext { rank: r, byte }
-                    if r == rank && is_restore && corrupt_byte.is_none() =>
-                {
+                Fault::CorruptNext { rank: r, byte } if r == rank && corrupt_byte.is_none() => {
                     corrupt_byte = Some(byte);
                 }
                 other => remaining.push(other),

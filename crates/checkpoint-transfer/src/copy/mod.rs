@@ -1,10 +1,10 @@
-//! The `CopyEngine` trait: page copies between a store's buffers and pool page storage, one job per rank,
-//! submitted, polled at step boundaries, cancelled. Every submitted job reports exactly one completion (done,
-//! cancelled or failed) and only after it can no longer touch its pages: that is what lets the index free a
-//! destination page only after its copy drained (O5). Implementations: `InlineCopyEngine` (modeled time,
-//! deterministic, fault injection), `ThreadedCopyEngine` (worker threads, real memcpy), `CudaCopyEngine`, and
-//! `ReorderingCopyEngine` (threaded copies that a seeded adversary delays and reorders, checking that no
-//! page is written by anyone else while a copy owns it: L2).
+//! The `CopyEngine` trait: page copies from a store's buffers into pool page storage (restores), one job per
+//! rank, submitted, polled at step boundaries, cancelled. Every submitted job reports exactly one completion
+//! (done, cancelled or failed) and only after it can no longer touch its pages: that is what lets the index
+//! free a destination page only after its copy drained (O5). Implementations: `InlineCopyEngine` (modeled
+//! time, deterministic, fault injection), `ThreadedCopyEngine` (worker threads, real memcpy),
+//! `CudaCopyEngine`, and `ReorderingCopyEngine` (threaded copies that a seeded adversary delays and reorders,
+//! checking that no page is written by anyone else while a copy owns it: L2).
 
 mod cuda;
 mod inline;
@@ -26,56 +26,32 @@ use crate::page_buf::PageBuf;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CopyJobId(pub u64);
 
-/// What a job copies, on one rank.
-#[derive(Clone, Debug)]
-pub enum CopyWork {
-    /// Store buffers into pool pages (restore): each buffer is written to its page.
-    Restore {
-        /// `(source bytes, destination page)`, one per page.
-        pages: Vec<(PageBuf, PageId)>,
-    },
-    /// Pool pages into new buffers (capture), returned in the completion in this order.
-    Capture {
-        /// Source pages.
-        pages: Vec<PageId>,
-    },
-}
-
-/// One copy job: the work of one rank.
+/// One copy job: the restore of one rank, each store buffer written to its pool page.
 #[derive(Clone, Debug)]
 pub struct CopyJob {
-    /// The rank whose page storage is read or written.
+    /// The rank whose page storage is written.
     pub rank: u32,
-    /// What to copy.
-    pub work: CopyWork,
+    /// `(source bytes, destination page)`, one per page.
+    pub pages: Vec<(PageBuf, PageId)>,
 }
 
 impl CopyJob {
     /// Pages the job copies.
     pub fn n_pages(&self) -> usize {
-        match &self.work {
-            CopyWork::Restore { pages } => pages.len(),
-            CopyWork::Capture { pages } => pages.len(),
-        }
+        self.pages.len()
     }
 
-    /// Pool pages the job reads or writes.
+    /// Pool pages the job writes.
     pub fn pool_pages(&self) -> Vec<PageId> {
-        match &self.work {
-            CopyWork::Restore { pages } => pages.iter().map(|(_, page)| *page).collect(),
-            CopyWork::Capture { pages } => pages.clone(),
-        }
+        self.pages.iter().map(|(_, page)| *page).collect()
     }
 }
 
 /// How a job ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CopyOutcome {
-    /// Every page was copied. For a capture, the pages' bytes in job order (empty for a restore).
-    Done {
-        /// Captured page bytes.
-        captured: Vec<PageBuf>,
-    },
+    /// Every page was copied.
+    Done,
     /// Cancelled; whatever it wrote is garbage, but it writes nothing more.
     Cancelled,
     /// The copy failed; whatever it wrote is garbage, but it writes nothing more.

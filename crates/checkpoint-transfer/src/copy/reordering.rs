@@ -11,10 +11,9 @@
 //!
 //! It checks that nobody else writes a page while one of its jobs owns it: a restore's destination pages
 //! must hold, when its work starts, the bytes they held at submission, and the job's bytes from the moment
-//! its threads finished until its completion is reported; a capture's source pages must still hold the bytes
-//! it read when its completion is reported. A page freed under a copy and reused by a request breaks one of
-//! these as soon as either side writes it. What it finds is listed by `CopyEngine::write_violations`, which
-//! `Engine::check_invariants` turns into an error.
+//! its threads finished until its completion is reported. A page freed under a copy and reused by a request
+//! breaks one of these as soon as either side writes it. What it finds is listed by
+//! `CopyEngine::write_violations`, which `Engine::check_invariants` turns into an error.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -23,8 +22,7 @@ use kv_pool::Timestamp;
 use kv_pool::{PageId, PageStorage};
 
 use crate::copy::{
-    CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork, Fault,
-    ThreadedCopyEngine,
+    CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, Fault, ThreadedCopyEngine,
 };
 use crate::error::{Error, Result};
 
@@ -64,12 +62,11 @@ impl std::fmt::Debug for ReorderingCopyEngine {
 #[derive(Debug)]
 struct Job {
     rank: u32,
-    is_restore: bool,
-    /// Pool pages the job writes (restore) or reads (capture).
+    /// Pool pages the job writes.
     pages: Vec<PageId>,
-    /// Restore: each destination page's bytes at submission.
+    /// Each destination page's bytes at submission.
     before: Vec<Option<blake3::Hash>>,
-    /// Restore: the bytes it writes; capture: the bytes it read (once its threads finished).
+    /// The bytes it writes.
     expected: Vec<Option<blake3::Hash>>,
     /// The work, until it is handed to the threads.
     work: Option<CopyJob>,
@@ -94,7 +91,7 @@ enum Stage {
 }
 
 impl ReorderingCopyEngine {
-    /// An engine with `n_workers` threads (at least one) copying into and out of `storage`, its schedule
+    /// An engine with `n_workers` threads (at least one) copying into `storage`, its schedule
     /// drawn from `seed`.
     pub fn new(storage: Arc<dyn PageStorage>, n_workers: usize, seed: u64) -> Result<Self> {
         Ok(Self {
@@ -189,9 +186,7 @@ impl ReorderingCopyEngine {
             };
             return;
         }
-        if job.is_restore {
-            self.check_pages(id, true, "between the restore's submission and its start");
-        }
+        self.check_pages(id, true, "between the restore's submission and its start");
         match self.inner.submit(work, Timestamp::ZERO) {
             Ok(inner) => {
                 self.by_inner.insert(inner, id);
@@ -221,13 +216,7 @@ impl ReorderingCopyEngine {
             return;
         };
         let (outcome, copied) = match completion.outcome {
-            CopyOutcome::Done { captured } => {
-                if !job.is_restore {
-                    job.expected = captured
-                        .iter()
-                        .map(|bytes| Some(blake3::hash(bytes)))
-                        .collect();
-                }
+            CopyOutcome::Done => {
                 let outcome = if job.fail {
                     CopyOutcome::Failed {
                         reason: format!("injected failure of job {} on rank {}", id.0, job.rank),
@@ -235,15 +224,14 @@ impl ReorderingCopyEngine {
                 } else if job.cancelled {
                     CopyOutcome::Cancelled
                 } else {
-                    CopyOutcome::Done { captured }
+                    CopyOutcome::Done
                 };
                 (outcome, true)
             }
             other => (other, false),
         };
-        let is_restore = job.is_restore;
         job.stage = Stage::Finished { outcome, copied };
-        if is_restore && copied {
+        if copied {
             self.check_pages(id, false, "while the restore's threads wrote it");
         }
     }
@@ -320,20 +308,16 @@ impl CopyEngine for ReorderingCopyEngine {
         self.next_job += 1;
         let rank = job.rank;
         let pages = job.pool_pages();
-        let (is_restore, before, expected) = match &job.work {
-            CopyWork::Restore { pages: copies } => (
-                true,
-                copies
-                    .iter()
-                    .map(|(_, page)| self.page_hash(rank, *page))
-                    .collect(),
-                copies
-                    .iter()
-                    .map(|(bytes, _)| Some(blake3::hash(bytes)))
-                    .collect(),
-            ),
-            CopyWork::Capture { .. } => (false, Vec::new(), Vec::new()),
-        };
+        let before = job
+            .pages
+            .iter()
+            .map(|(_, page)| self.page_hash(rank, *page))
+            .collect();
+        let expected = job
+            .pages
+            .iter()
+            .map(|(bytes, _)| Some(blake3::hash(bytes)))
+            .collect();
         let fail = match self.fail_next.iter().position(|&r| r == rank) {
             Some(idx) => {
                 self.fail_next.remove(idx);
@@ -349,7 +333,6 @@ impl CopyEngine for ReorderingCopyEngine {
             id,
             Job {
                 rank,
-                is_restore,
                 pages,
                 before,
                 expected,

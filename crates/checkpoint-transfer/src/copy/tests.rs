@@ -17,7 +17,7 @@ use kv_pool::Timestamp;
 use kv_pool::{CudaStorage, HostStorage, PageId, PageStorage};
 
 use crate::copy::{
-    CopyCompletion, CopyEngine, CopyJob, CopyModel, CopyOutcome, CopyWork, CudaCopyEngine, Fault,
+    CopyCompletion, CopyEngine, CopyJob, CopyModel, CopyOutcome, CudaCopyEngine, Fault,
     InlineCopyEngine, ReorderingCopyEngine, ThreadedCopyEngine,
 };
 use crate::page_buf::PageBuf;
@@ -34,12 +34,10 @@ fn page_bytes(seed: u8) -> PageBuf {
 fn restore_job(rank: u32, pages: &[u32]) -> CopyJob {
     CopyJob {
         rank,
-        work: CopyWork::Restore {
-            pages: pages
-                .iter()
-                .map(|&p| (page_bytes(p as u8), PageId(p)))
-                .collect(),
-        },
+        pages: pages
+            .iter()
+            .map(|&p| (page_bytes(p as u8), PageId(p)))
+            .collect(),
     }
 }
 
@@ -75,12 +73,7 @@ fn inline_engine_completes_after_modeled_time_and_writes_at_completion() {
     let done = copies.poll(at_ms(13));
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].job, job);
-    assert_eq!(
-        done[0].outcome,
-        CopyOutcome::Done {
-            captured: Vec::new()
-        }
-    );
+    assert_eq!(done[0].outcome, CopyOutcome::Done);
     assert_eq!(
         storage.with_page(1, PageId(4), <[u8]>::to_vec).unwrap(),
         page_bytes(4).to_vec()
@@ -146,7 +139,7 @@ fn inline_copies_on_one_rank_share_its_link_and_ranks_copy_in_parallel() {
 }
 
 #[test]
-fn threaded_engine_restores_and_captures_real_bytes() {
+fn threaded_engine_restores_real_bytes() {
     let storage = storage();
     let mut copies =
         ThreadedCopyEngine::new(Arc::clone(&storage) as Arc<dyn PageStorage>, 3).unwrap();
@@ -158,29 +151,17 @@ fn threaded_engine_restores_and_captures_real_bytes() {
         .unwrap();
     let done = copies.wait_all();
     assert_eq!(done.len(), 2);
-    assert!(done.iter().all(|c| c.outcome
-        == CopyOutcome::Done {
-            captured: Vec::new()
-        }));
+    assert!(done.iter().all(|c| c.outcome == CopyOutcome::Done));
     for page in 1..=5 {
         assert_eq!(
             storage.with_page(0, PageId(page), <[u8]>::to_vec).unwrap(),
             page_bytes(page as u8).to_vec()
         );
     }
-    let capture = CopyJob {
-        rank: 0,
-        work: CopyWork::Capture {
-            pages: vec![PageId(5), PageId(1)],
-        },
-    };
-    copies.submit(capture, Timestamp::ZERO).unwrap();
-    let done = copies.wait_all();
-    let CopyOutcome::Done { captured } = &done[0].outcome else {
-        panic!("capture failed: {done:?}");
-    };
-    assert_eq!(captured[0], page_bytes(5));
-    assert_eq!(captured[1], page_bytes(1));
+    assert_eq!(
+        storage.with_page(1, PageId(6), <[u8]>::to_vec).unwrap(),
+        page_bytes(6).to_vec()
+    );
     assert_eq!(copies.n_in_flight(), 0);
 }
 
@@ -256,7 +237,7 @@ fn cuda_engine_without_a_driver_is_a_clear_error() {
 }
 
 #[test]
-fn cuda_restore_writes_the_pool_pages_and_capture_reads_them() {
+fn cuda_restore_writes_the_pool_pages() {
     let Some((storage, mut copies)) = cuda_engine(16) else {
         return;
     };
@@ -264,12 +245,7 @@ fn cuda_restore_writes_the_pool_pages_and_capture_reads_them() {
         .submit(restore_job(1, &[1, 2, 3, 4, 5, 6]), Timestamp::ZERO)
         .unwrap();
     let done = copies.wait_all();
-    assert_eq!(
-        done[0].outcome,
-        CopyOutcome::Done {
-            captured: Vec::new()
-        }
-    );
+    assert_eq!(done[0].outcome, CopyOutcome::Done);
     for page in 1..=6u32 {
         assert_eq!(
             read_back(&storage, 1, page),
@@ -278,20 +254,6 @@ fn cuda_restore_writes_the_pool_pages_and_capture_reads_them() {
         );
         assert_eq!(read_back(&storage, 0, page), vec![0u8; BYTES_PER_PAGE]);
     }
-    let capture = CopyJob {
-        rank: 1,
-        work: CopyWork::Capture {
-            pages: vec![PageId(6)],
-        },
-    };
-    copies.submit(capture, Timestamp::ZERO).unwrap();
-    let done = copies.wait_all();
-    assert_eq!(
-        done[0].outcome,
-        CopyOutcome::Done {
-            captured: vec![page_bytes(6)]
-        }
-    );
 }
 
 #[test]
@@ -323,9 +285,7 @@ fn cuda_restores_complete_by_polling_events_and_reuse_their_staging() {
     }
     let bad = CopyJob {
         rank: 0,
-        work: CopyWork::Restore {
-            pages: vec![(page_bytes(1), PageId(0))],
-        },
+        pages: vec![(page_bytes(1), PageId(0))],
     };
     copies.submit(bad, Timestamp::ZERO).unwrap();
     let done = copies.wait_all();
@@ -394,7 +354,7 @@ fn reordering_engine_copies_real_bytes_and_reorders_completions_from_its_seed() 
         assert!(
             completions
                 .iter()
-                .all(|c| matches!(c.outcome, CopyOutcome::Done { .. }))
+                .all(|c| matches!(c.outcome, CopyOutcome::Done))
         );
         let order: Vec<_> = completions.iter().map(|c| c.job).collect();
         let mut sorted = order.clone();

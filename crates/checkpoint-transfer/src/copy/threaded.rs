@@ -1,5 +1,5 @@
 //! `ThreadedCopyEngine`: N worker threads fed by a crossbeam channel, one task per page, doing real memcpy
-//! between store buffers and a `PageStorage` (typically `HostStorage`). A job completes when its last page
+//! from store buffers into a `PageStorage` (typically `HostStorage`). A job completes when its last page
 //! task ran; cancellation skips the tasks not started yet, and the completion is only sent once no task of
 //! the job can run any more, so the engine observes it only after every write into its pages ended.
 
@@ -12,7 +12,7 @@ use crossbeam::channel::{Receiver, Sender};
 use kv_pool::Timestamp;
 use kv_pool::{PageId, PageStorage};
 
-use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, CopyWork};
+use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome};
 use crate::error::{Error, Result};
 use crate::page_buf::PageBuf;
 
@@ -45,22 +45,18 @@ struct JobShared {
     remaining: AtomicUsize,
     cancelled: AtomicBool,
     failure: Mutex<Option<String>>,
-    captured: Mutex<Vec<Option<PageBuf>>>,
     done_tx: Sender<CopyCompletion>,
 }
 
-enum TaskItem {
-    Restore(PageBuf, PageId),
-    Capture(PageId, usize),
-}
-
+/// One page of a job: its bytes and the page they go to.
 struct Task {
     job: Arc<JobShared>,
-    item: TaskItem,
+    bytes: PageBuf,
+    page: PageId,
 }
 
 impl ThreadedCopyEngine {
-    /// An engine with `n_workers` threads (at least one) copying into and out of `storage`.
+    /// An engine with `n_workers` threads (at least one) copying into `storage`.
     pub fn new(storage: Arc<dyn PageStorage>, n_workers: usize) -> Result<Self> {
         let (task_tx, task_rx) = crossbeam::channel::unbounded::<Task>();
         let (done_tx, done_rx) = crossbeam::channel::unbounded();
@@ -115,10 +111,6 @@ impl CopyEngine for ThreadedCopyEngine {
             remaining: AtomicUsize::new(n_pages),
             cancelled: AtomicBool::new(false),
             failure: Mutex::new(None),
-            captured: Mutex::new(match &job.work {
-                CopyWork::Capture { pages } => vec![None; pages.len()],
-                CopyWork::Restore { .. } => Vec::new(),
-            }),
             done_tx: self.done_tx.clone(),
         });
         self.in_flight.insert(id);
@@ -129,28 +121,16 @@ impl CopyEngine for ThreadedCopyEngine {
             return Ok(id);
         }
         let task_tx = self.task_tx.as_ref().expect("workers run until drop");
-        let items: Vec<TaskItem> = match job.work {
-            CopyWork::Restore { pages } => pages
-                .into_iter()
-                .map(|(bytes, page)| {
-                    debug_assert_eq!(
-                        bytes.len(),
-                        bytes_per_page,
-                        "restore buffer of the wrong width"
-                    );
-                    TaskItem::Restore(bytes, page)
-                })
-                .collect(),
-            CopyWork::Capture { pages } => pages
-                .into_iter()
-                .enumerate()
-                .map(|(idx, page)| TaskItem::Capture(page, idx))
-                .collect(),
-        };
-        for item in items {
+        for (bytes, page) in job.pages {
+            debug_assert_eq!(
+                bytes.len(),
+                bytes_per_page,
+                "restore buffer of the wrong width"
+            );
             let task = Task {
                 job: Arc::clone(&shared),
-                item,
+                bytes,
+                page,
             };
             if let Err(unsent) = task_tx.send(task) {
                 // Workers gone: count the task as run-and-failed so the job still completes.
@@ -212,23 +192,10 @@ fn run_worker(task_rx: &Receiver<Task>, storage: &dyn PageStorage) {
         let failure = if skip {
             None
         } else {
-            match task.item {
-                TaskItem::Restore(bytes, page) => storage
-                    .write(job.rank, page, &bytes)
-                    .err()
-                    .map(|e| e.to_string()),
-                TaskItem::Capture(page, idx) => {
-                    let mut buffer = vec![0u8; storage.bytes_per_page()];
-                    match storage.read(job.rank, page, &mut buffer) {
-                        Ok(()) => {
-                            job.captured.lock().unwrap_or_else(PoisonError::into_inner)[idx] =
-                                Some(PageBuf::from(buffer));
-                            None
-                        }
-                        Err(e) => Some(e.to_string()),
-                    }
-                }
-            }
+            storage
+                .write(job.rank, task.page, &task.bytes)
+                .err()
+                .map(|e| e.to_string())
         };
         finish_task(job, failure);
     }
@@ -256,12 +223,7 @@ fn completion_of(job: &JobShared) -> CopyCompletion {
     } else if job.cancelled.load(Ordering::Acquire) {
         CopyOutcome::Cancelled
     } else {
-        let captured =
-            std::mem::take(&mut *job.captured.lock().unwrap_or_else(PoisonError::into_inner));
-        match captured.into_iter().collect::<Option<Vec<_>>>() {
-            Some(captured) => CopyOutcome::Done { captured },
-            None => CopyOutcome::Cancelled,
-        }
+        CopyOutcome::Done
     };
     CopyCompletion {
         job: job.id,

@@ -1,4 +1,4 @@
-//! The resident checkpoint index: imports of checkpoints into pool pages and captures out of them.
+//! The resident checkpoint index: imports of checkpoints into pool pages.
 //! Sans-IO: it takes `&mut PagePool` and the copy engine in every call, and the engine polls it at step
 //! boundaries. An import owns its destination pages by one pool reference each from staging on; it
 //! registers its block keys only when the last rank acknowledges (O1, O2), keeps its references while
@@ -15,14 +15,14 @@
 //! reference at once when it cancels (the ledger's drain set can be settled immediately).
 //!
 //! Layout: this file holds `ResidentIndex`, its imports and the read-only queries; `stage.rs` validates
-//! input and submits an import's copies; `publication.rs` applies copy completions and invalidations
-//! (publish, refuse, discard); `acquire.rs` takes imports out (`acquire`, `cancel`, `clear`);
-//! `capture.rs` copies pages out; `invariants.rs` holds `check_invariants`; `types.rs` the vocabulary.
+//! input and submits an import's copies; `publication.rs` applies copy completions (publish, refuse,
+//! discard); `acquire.rs` takes imports out (`acquire`, `cancel`, `clear`); `invariants.rs` holds
+//! `check_invariants`; `types.rs` the vocabulary. The engine captures checkpoints itself, reading pool
+//! storage, never through the index.
 //!
 //! Architecture Invariant: the index knows nothing of slots or credits; the engine glues it to the ledger.
 
 mod acquire;
-mod capture;
 mod invariants;
 mod publication;
 mod stage;
@@ -36,14 +36,13 @@ use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId, PagePool};
 
 pub use types::{
-    AcquiredImport, CancelOutcome, CaptureId, ImportEvent, ImportId, ImportState, LookupBudget,
+    AcquiredImport, CancelOutcome, ImportEvent, ImportId, ImportState, LookupBudget,
     RESTORE_LOOKUPS_MAX, StageRequest,
 };
 
 use crate::checkpoint::{CheckpointMeta, PrefixQuery};
 use crate::copy::CopyJobId;
 use crate::layout::LayoutDescriptor;
-use capture::CaptureState;
 
 #[derive(Debug)]
 struct Import {
@@ -74,7 +73,7 @@ impl Import {
     }
 }
 
-/// Imports and captures in flight or ready, by request.
+/// Imports in flight or ready, by request.
 #[derive(Debug)]
 pub struct ResidentIndex {
     layout: LayoutDescriptor,
@@ -82,10 +81,7 @@ pub struct ResidentIndex {
     by_request: HashMap<RequestId, ImportId>,
     by_job: HashMap<CopyJobId, ImportId>,
     page_owner: HashMap<PageId, ImportId>,
-    captures: BTreeMap<CaptureId, CaptureState>,
-    capture_by_job: HashMap<CopyJobId, CaptureId>,
     next_import: u64,
-    next_capture: u64,
 }
 
 impl ResidentIndex {
@@ -97,10 +93,7 @@ impl ResidentIndex {
             by_request: HashMap::default(),
             by_job: HashMap::default(),
             page_owner: HashMap::default(),
-            captures: BTreeMap::new(),
-            capture_by_job: HashMap::default(),
             next_import: 0,
-            next_capture: 0,
         }
     }
 
@@ -140,15 +133,13 @@ impl ResidentIndex {
         self.imports.get(import_id).map(|import| &import.pages[..])
     }
 
-    /// Every page the index holds a reference on (destination pages of imports, draining ones included,
-    /// and captured source pages), each once per holding import or capture.
+    /// Every page the index holds a reference on (destination pages of imports, draining ones included),
+    /// each once per holding import.
     pub fn held_pages(&self) -> impl Iterator<Item = PageId> + '_ {
-        let in_imports = self.imports.values().flat_map(|import| import.pages.iter());
-        let in_captures = self
-            .captures
+        self.imports
             .values()
-            .flat_map(|capture| capture.pages.iter());
-        in_imports.chain(in_captures).copied()
+            .flat_map(|import| import.pages.iter())
+            .copied()
     }
 
     /// Imports still copying, cancelled or failed ones that are draining included.
@@ -167,15 +158,9 @@ impl ResidentIndex {
             .count()
     }
 
-    /// Pages the index holds a reference on (imports and captures).
+    /// Pages the index holds a reference on (its imports' destination pages).
     pub fn n_pages_held(&self) -> usize {
-        let in_imports: usize = self.imports.values().map(|import| import.pages.len()).sum();
-        let in_captures: usize = self
-            .captures
-            .values()
-            .map(|capture| capture.pages.len())
-            .sum();
-        in_imports + in_captures
+        self.imports.values().map(|import| import.pages.len()).sum()
     }
 
     fn remove_import(&mut self, import_id: ImportId) -> Import {

@@ -1,9 +1,9 @@
-//! Copy completions and invalidations: polling the copy engine, a rank's acknowledgement, publication once
-//! every rank acknowledged (O2), failure and drain (O5, O7), invalidation by eviction, and the discard of an
-//! import that will not be published.
+//! Copy completions: polling the copy engine, a rank's acknowledgement, publication once every rank
+//! acknowledged (O2), refusal when a destination page was invalidated mid-copy or a dependency was lost,
+//! failure and drain (O5, O7), and the discard of an import that will not be published.
 
 use kv_pool::Timestamp;
-use kv_pool::{BlockKey, Eviction, PageId, PagePool};
+use kv_pool::{BlockKey, PagePool};
 
 use super::{ImportEvent, ImportId, ImportState, ResidentIndex, release_page};
 use crate::copy::{CopyCompletion, CopyEngine, CopyOutcome};
@@ -41,10 +41,6 @@ impl ResidentIndex {
     ) -> Vec<ImportEvent> {
         let mut events = Vec::new();
         for completion in completions {
-            if let Some(capture_id) = self.capture_by_job.remove(&completion.job) {
-                events.extend(self.apply_capture_completion(pool, copies, capture_id, completion));
-                continue;
-            }
             let Some(import_id) = self.by_job.remove(&completion.job) else {
                 continue;
             };
@@ -57,7 +53,7 @@ impl ResidentIndex {
                 import.invalidated = completion.invalidated.first().copied();
             }
             match completion.outcome {
-                CopyOutcome::Done { .. } => {
+                CopyOutcome::Done => {
                     if import.state == ImportState::Staged {
                         import.acknowledged[completion.rank as usize] = true;
                         events.push(ImportEvent::Acknowledged {
@@ -84,50 +80,6 @@ impl ResidentIndex {
             events.extend(self.settle(pool, import_id));
         }
         events
-    }
-
-    /// Invalidates pool pages (an eviction, a forced uncache, a fault): a staged import holding one (as
-    /// destination or dependency) will not be published (O2); a ready import holding one is released at
-    /// once and reported `Invalidated`.
-    pub fn invalidate_pages(&mut self, pool: &mut PagePool, pages: &[PageId]) -> Vec<ImportEvent> {
-        let mut events = Vec::new();
-        for &page in pages {
-            let mut hit: Vec<ImportId> = self.page_owner.get(&page).copied().into_iter().collect();
-            hit.extend(
-                self.imports
-                    .iter()
-                    .filter(|(_, import)| import.dependency_pages.contains(&page))
-                    .map(|(id, _)| *id),
-            );
-            for import_id in hit {
-                let Some(import) = self.imports.get_mut(&import_id) else {
-                    continue;
-                };
-                if import.invalidated.is_none() {
-                    import.invalidated = Some(page);
-                }
-                if import.state == ImportState::Published {
-                    let request = import.request;
-                    self.discard(pool, import_id);
-                    events.push(ImportEvent::Invalidated {
-                        request,
-                        import: import_id,
-                        page,
-                    });
-                }
-            }
-        }
-        events
-    }
-
-    /// `invalidate_pages` for the pool's eviction notices (`PagePool::take_evictions`).
-    pub fn on_evictions(
-        &mut self,
-        pool: &mut PagePool,
-        evictions: &[Eviction],
-    ) -> Vec<ImportEvent> {
-        let pages: Vec<PageId> = evictions.iter().map(|eviction| eviction.page).collect();
-        self.invalidate_pages(pool, &pages)
     }
 
     /// Acts on an import whose copies have all completed: publish, refuse publication, or discard.
@@ -212,7 +164,7 @@ impl ResidentIndex {
         for &page in &import.pages {
             if import.state != ImportState::Published {
                 // Never published: the bytes may be partial; make sure no key survives.
-                let _key = pool.uncache(page);
+                let _uncached = pool.uncache(page);
             }
             release_page(pool, page);
         }

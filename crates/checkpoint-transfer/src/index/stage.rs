@@ -7,7 +7,7 @@ use kv_pool::Timestamp;
 use kv_pool::{PageId, PagePool};
 
 use super::{Import, ImportId, ImportState, ResidentIndex, StageRequest};
-use crate::copy::{CopyEngine, CopyJob, CopyWork};
+use crate::copy::{CopyEngine, CopyJob};
 use crate::error::{Invalid, Result};
 
 impl ResidentIndex {
@@ -76,12 +76,10 @@ impl ResidentIndex {
         for (rank, rank_pages) in stage.checkpoint.payload.ranks.iter().enumerate() {
             let job = CopyJob {
                 rank: rank as u32,
-                work: CopyWork::Restore {
-                    pages: (0..rank_pages.len())
-                        .filter_map(|idx| rank_pages.page_buf(idx))
-                        .zip(import.pages.iter().copied())
-                        .collect(),
-                },
+                pages: (0..rank_pages.len())
+                    .filter_map(|idx| rank_pages.page_buf(idx))
+                    .zip(import.pages.iter().copied())
+                    .collect(),
             };
             match copies.submit(job, now) {
                 Ok(job_id) => {

@@ -1,5 +1,5 @@
 //! The resident index against a real `PagePool`, `HostStorage` and the deterministic inline copy engine:
-//! O1-O7, stage validation (R4's data half), captures, and a proptest over random interleavings.
+//! O1-O7, stage validation (R4's data half), and a proptest over random interleavings.
 #![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
 use std::sync::Arc;
@@ -191,18 +191,12 @@ fn o2_published_exactly_on_the_last_rank_acknowledgement() {
 }
 
 #[test]
-fn o2_invalidated_destination_page_refuses_publication() {
+fn o2_destination_evicted_mid_copy_refuses_publication() {
     let mut rig = rig();
     let ckpt = checkpoint("a", 10);
     rig.stage(1, &ckpt).unwrap();
     let page = rig.index.pages(RequestId(1)).unwrap()[1];
-    assert!(
-        rig.index
-            .invalidate_pages(&mut rig.pool, &[page])
-            .is_empty(),
-        "reported at publication"
-    );
-    rig.check();
+    rig.copies.inject(Fault::EvictDestination(page));
     let events = rig.poll(10);
     assert!(
         matches!(events.last(), Some(ImportEvent::Invalidated { page: p, .. }) if *p == page),
@@ -217,20 +211,6 @@ fn o2_invalidated_destination_page_refuses_publication() {
 }
 
 #[test]
-fn o2_destination_evicted_mid_copy_refuses_publication() {
-    let mut rig = rig();
-    rig.stage(1, &checkpoint("a", 10)).unwrap();
-    let page = rig.index.pages(RequestId(1)).unwrap()[0];
-    rig.copies.inject(Fault::EvictDestination(page));
-    let events = rig.poll(10);
-    assert!(
-        matches!(events.last(), Some(ImportEvent::Invalidated { .. })),
-        "{events:?}"
-    );
-    assert_eq!(rig.pool.n_in_use(), 0);
-}
-
-#[test]
 fn o3_published_import_is_not_evictable() {
     let mut rig = rig();
     rig.stage(1, &checkpoint("a", 10)).unwrap();
@@ -240,7 +220,6 @@ fn o3_published_import_is_not_evictable() {
     let n_free = rig.pool.n_free();
     let others = rig.pool.allocate(n_free).unwrap();
     assert!(others.iter().all(|page| !pages.contains(page)));
-    assert!(rig.pool.take_evictions().is_empty());
     assert!(rig.pool.allocate(1).is_err());
     assert_eq!(
         rig.pool.longest_prefix(&keys(&tokens(10))),
@@ -427,10 +406,21 @@ fn o6_cancel_of_a_ready_import_releases_ownership_at_once() {
     rig.check();
     assert_eq!(rig.pool.n_in_use(), 0);
     assert_eq!(rig.pool.n_cached_free(), 2);
-    // Evictable: an allocation of every free page reuses them, one eviction notice per cached block.
+    assert_eq!(
+        rig.pool.longest_prefix(&keys(&tokens(10))),
+        pages[..2].to_vec()
+    );
+    // Evictable: an allocation of every free page reuses them, and both cached blocks lose their keys.
     let all = rig.pool.allocate(rig.pool.n_free()).unwrap();
     assert!(pages.iter().all(|page| all.contains(page)));
-    assert_eq!(rig.pool.take_evictions().len(), 2);
+    assert_eq!(rig.pool.n_cached_free(), 0);
+    assert!(rig.pool.longest_prefix(&keys(&tokens(10))).is_empty());
+    for key in keys(&tokens(10)) {
+        assert_eq!(rig.pool.lookup(&key), None);
+    }
+    for &page in &pages {
+        assert_eq!(rig.pool.key_of(page).unwrap(), None);
+    }
 }
 
 #[test]
@@ -676,44 +666,6 @@ fn dependency_page_lost_before_publication_refuses_it() {
     assert_eq!(rig.pool.n_in_use(), 0);
 }
 
-#[test]
-fn capture_pins_source_pages_until_every_rank_copied() {
-    let mut rig = rig();
-    let pages = rig.pool.allocate(3).unwrap();
-    for rank in 0..N_RANKS {
-        for (idx, &page) in pages.iter().enumerate() {
-            rig.storage
-                .write(rank, page, &[(rank as u8) * 10 + idx as u8; BYTES_PER_PAGE])
-                .unwrap();
-        }
-    }
-    let meta = checkpoint("cap", 10).meta;
-    rig.index
-        .capture(
-            &mut rig.pool,
-            &mut rig.copies,
-            Timestamp::ZERO,
-            RequestId(3),
-            meta.clone(),
-            &pages,
-        )
-        .unwrap();
-    // The request finishes and frees its pages: the capture still pins them.
-    rig.pool.free_all(&pages).unwrap();
-    rig.check();
-    assert_eq!(rig.pool.n_in_use(), 3);
-    let events = rig.poll(10);
-    let Some(ImportEvent::Captured { checkpoint, .. }) = events.first() else {
-        panic!("expected a capture, got {events:?}");
-    };
-    assert_eq!(checkpoint.meta, meta);
-    assert_eq!(
-        checkpoint.payload.ranks[1].page(2).unwrap()[..],
-        [12u8; BYTES_PER_PAGE]
-    );
-    assert_eq!(rig.pool.n_in_use(), 0);
-}
-
 #[derive(Clone, Debug)]
 enum Op {
     Stage { request: u64, n_tokens: u32 },
@@ -783,7 +735,6 @@ proptest! {
                 Op::Evict { nth } => {
                     if let Some(&page) = rig.copies.in_flight_pages().get(nth) {
                         rig.copies.inject(Fault::EvictDestination(page));
-                        rig.index.invalidate_pages(&mut rig.pool, &[page]);
                     }
                 }
                 Op::Acquire { request } => {

@@ -16,10 +16,6 @@ pub const RESTORE_LOOKUPS_MAX: u32 = 4;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ImportId(pub u64);
 
-/// Identifies one capture (pool pages copied out to a store).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CaptureId(pub u64);
-
 /// Where an import is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ImportState {
@@ -59,7 +55,7 @@ pub struct StageRequest<'a> {
     pub dependency_pages: &'a [PageId],
 }
 
-/// Something that happened to an import or capture, reported by `poll`.
+/// Something that happened to an import, reported by `poll`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ImportEvent {
     /// A rank finished copying.
@@ -80,8 +76,8 @@ pub enum ImportEvent {
         /// Tokens it restores.
         n_tokens: usize,
     },
-    /// Publication refused (or a ready import lost): a page was invalidated. Its pages are released; the
-    /// restore looks up again (O2).
+    /// Publication refused: a destination page was invalidated mid-copy or a dependency page was lost. Its
+    /// pages are released; the restore looks up again (O2).
     Invalidated {
         /// The consumer.
         request: RequestId,
@@ -110,24 +106,6 @@ pub enum ImportEvent {
         request: RequestId,
         /// The import.
         import: ImportId,
-    },
-    /// A capture finished on every rank; put the checkpoint into a store.
-    Captured {
-        /// The request captured.
-        request: RequestId,
-        /// The capture.
-        capture: CaptureId,
-        /// Manifest data and bytes.
-        checkpoint: Box<Checkpoint>,
-    },
-    /// A capture failed on some rank (after every rank drained).
-    CaptureFailed {
-        /// The request captured.
-        request: RequestId,
-        /// The capture.
-        capture: CaptureId,
-        /// Why.
-        reason: String,
     },
 }
 

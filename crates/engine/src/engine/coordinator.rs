@@ -629,9 +629,6 @@ impl<E: Executor> Engine<E> {
                 self.release_ticket(id);
                 self.retry_lookup(id, tokens, reason, report)?;
             }
-            ImportEvent::Captured { .. } | ImportEvent::CaptureFailed { .. } => {
-                debug_assert!(false, "the engine captures without the index");
-            }
         }
         Ok(())
     }

@@ -14,8 +14,8 @@ use crate::executor::Executor;
 
 impl<E: Executor> Engine<E> {
     /// Pages in use that no named owner accounts for: a page whose pool reference count exceeds the references
-    /// its owners hold (live requests' page tables, the index's imports and captures, draining ones included,
-    /// and the ledger's tickets). Exact at any time; 0 unless there is a bug.
+    /// its owners hold (live requests' page tables, the index's imports, draining ones included, and the
+    /// ledger's tickets). Exact at any time; 0 unless there is a bug.
     pub fn leaked_pages(&self) -> u32 {
         let owned = self.page_owners();
         (1..self.pool.n_total())
@@ -41,11 +41,11 @@ impl<E: Executor> Engine<E> {
             if self.pool.ref_count(page).map_or(true, |refs| refs == 0) {
                 return broken(format!("page {page:?} is free while a copy writes into it"));
             }
-            // L2: the import or capture the copy serves pins its pages until the copy drained, so a page
-            // handed to anyone else meanwhile is never the copy's alone.
+            // L2: the import the copy serves pins its pages until the copy drained, so a page handed to
+            // anyone else meanwhile is never the copy's alone.
             if !held_by_index.contains(&page) {
                 return broken(format!(
-                    "page {page:?} is copied but no import or capture of the index holds it"
+                    "page {page:?} is copied but no import of the index holds it"
                 ));
             }
         }
@@ -204,8 +204,8 @@ impl<E: Executor> Engine<E> {
     }
 
     /// The references each page's named owners hold: live requests' page tables, the resident index's
-    /// imports and captures (draining ones included), and the ledger's tickets (their destination pages until
-    /// the consumer is admitted, which are the import's pages).
+    /// imports (draining ones included), and the ledger's tickets (their destination pages until the
+    /// consumer is admitted, which are the import's pages).
     fn page_owners(&self) -> HashMap<PageId, u32> {
         let mut owned: HashMap<PageId, u32> = HashMap::new();
         let mut own = |page: PageId| *owned.entry(page).or_default() += 1;

@@ -486,7 +486,6 @@ impl<E: Executor> Engine<E> {
                 }
             }
         }
-        let _evictions = self.pool.take_evictions();
         Ok(())
     }
 
@@ -548,7 +547,6 @@ impl<E: Executor> Engine<E> {
                 )));
             }
         }
-        let _evictions = self.pool.take_evictions();
         if self.pool.n_in_use() > 0 || self.index.n_pages_held() > 0 {
             return Err(Error::internal(format!(
                 "shutdown: {} pages still in use after every request was cancelled and every copy drained",

@@ -213,10 +213,6 @@ impl<E: Executor> Engine<E> {
         self.process_arrivals()?;
         self.poll_imports(report)?;
         self.poll_restores(report)?;
-        // The notices are not the index's business: its pages hold references and are never evicted, and a
-        // notice names a page's old key, so one about a page reused since as an import's destination would
-        // wrongly invalidate that import.
-        let _evictions = self.pool.take_evictions();
         let mut plan = Plan {
             entries: Vec::new(),
             budget: self.params.max_batched_tokens,
@@ -229,7 +225,6 @@ impl<E: Executor> Engine<E> {
             self.admit(&mut plan, report)?;
         }
         self.last_step_isolated = isolated;
-        let _evictions = self.pool.take_evictions();
         if plan.entries.is_empty() {
             match self.next_event_at() {
                 Some(at) if at > self.now => self.now = self.clock.idle_until(self.now, at),

@@ -1,7 +1,10 @@
 //! The `PagePool`: a fixed set of pages, page 0 the null page; per-page reference counts; the free pages on
 //! a stack (uncached) and an index-linked LRU list (cached): O(1) allocate, free and touch, no heap node per
-//! page; the prefix index of cached blocks; and lazy eviction: a freed page that holds a cached block keeps its key (a later prefix hit takes it back with
-//! `touch`) until an allocation reuses it, which queues exactly one `Eviction` notice.
+//! page; the prefix index of cached blocks; and lazy eviction: a freed page that holds a cached block keeps
+//! its key (a later prefix hit takes it back with `touch`) until an allocation reuses it and drops the key.
+//!
+//! Evictions are silent: an evicted block's key is gone from `lookup`, and no one is told. No one needs to
+//! be: the resident checkpoint index's pages hold references, so the pool never evicts them.
 //!
 //! Reuse policy: uncached free pages are reused first (LIFO); cached free pages are evicted in LRU order
 //! only when no uncached page is left. A page that becomes an uncached free page (freed without a key, or a
@@ -29,17 +32,6 @@ const CACHED: u32 = 1 << 31;
 /// Reference-count bits of a page word.
 const REF_MASK: u32 = CACHED - 1;
 
-/// Notice that a cached block left the prefix index: its page was reused by an allocation, invalidated with
-/// `uncache`, or dropped by `reset_prefix_cache`. Exactly one notice per dropped key; drain them with
-/// `PagePool::take_evictions` (the checkpoint index listens).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Eviction {
-    /// The page that held the block.
-    pub page: PageId,
-    /// The block's key.
-    pub key: BlockKey,
-}
-
 /// Pages, reference counts, the free lists and the prefix index. Sans-IO and single-threaded.
 ///
 /// Invariants (checked by `check_invariants`): `n_free + n_in_use + 1 == n_total`; a page is free (on a
@@ -54,7 +46,6 @@ pub struct PagePool {
     page_words: Vec<u32>,
     free_list: FreeList,
     prefix: PrefixIndex,
-    evictions: Vec<Eviction>,
 }
 
 impl std::fmt::Debug for PagePool {
@@ -65,7 +56,6 @@ impl std::fmt::Debug for PagePool {
             .field("n_cached_free", &self.n_cached_free())
             .field("n_in_use", &self.n_in_use())
             .field("n_cached", &self.prefix.len())
-            .field("n_pending_evictions", &self.evictions.len())
             .finish()
     }
 }
@@ -87,7 +77,6 @@ impl PagePool {
             page_words: vec![0; n_pages as usize],
             free_list,
             prefix: PrefixIndex::new(n_pages),
-            evictions: Vec::new(),
         })
     }
 
@@ -123,7 +112,7 @@ impl PagePool {
     /// Allocate `n` pages, each with reference count 1: uncached free pages first, most recently freed
     /// first (LIFO); then, only when none is left, cached free pages in LRU order (least recently freed
     /// first). All or nothing: with fewer than `n` free pages it errors with `OutOfPages` and changes
-    /// nothing. Reused cached pages lose their keys, one `Eviction` notice each.
+    /// nothing. Reused cached pages lose their keys.
     pub fn allocate(&mut self, n: u32) -> Result<Vec<PageId>> {
         // Capacity bounded by the free count, so an absurd `n` fails without a huge allocation.
         let mut out = Vec::with_capacity(n.min(self.n_free()) as usize);
@@ -132,7 +121,7 @@ impl PagePool {
     }
 
     /// Allocate one page: the most recently freed uncached page, else the least recently freed cached page
-    /// (evicted with one `Eviction` notice). The single-page path of decode growth. Errors with `OutOfPages`
+    /// (evicted: it loses its key). The single-page path of decode growth. Errors with `OutOfPages`
     /// and changes nothing when no page is free.
     #[inline]
     pub fn allocate_one(&mut self) -> Result<PageId> {
@@ -169,17 +158,14 @@ impl PagePool {
         while let Some(page) = self.free_list.pop_uncached() {
             self.take_free_page(PageId(page), out);
         }
-        // Then cached pages from the LRU end, each losing its key with one notice.
+        // Then cached pages from the LRU end, each losing its key.
         for _ in n_uncached..n {
             let page = self.free_list.pop_cached_lru();
             debug_assert!(page.is_some(), "lru list shorter than its counter");
             let Some(page) = page else { break };
             let page = PageId(page);
-            let key = self.prefix.remove_page(page);
-            debug_assert!(key.is_some(), "cached free {page:?} holds no key");
-            if let Some(key) = key {
-                self.evictions.push(Eviction { page, key });
-            }
+            let removed = self.prefix.remove_page(page);
+            debug_assert!(removed, "cached free {page:?} holds no key");
             // Dropping the key clears the cached flag; `take_free_page` overwrites the whole word.
             self.take_free_page(page, out);
         }
@@ -320,31 +306,25 @@ impl PagePool {
         Ok(self.prefix.key_of(page))
     }
 
-    /// Drop `page`'s key now (invalidate the block), queueing an eviction notice if it held one; the page's
-    /// reference count does not change. A free page so uncached moves from the LRU list to the top of the
-    /// stack of uncached free pages. Errors: `NullPage`, `PageOutOfRange`.
-    pub fn uncache(&mut self, page: PageId) -> Result<Option<BlockKey>> {
+    /// Drop `page`'s key now (invalidate the block); `true` when it held one. The page's reference count
+    /// does not change. A free page so uncached moves from the LRU list to the top of the stack of uncached
+    /// free pages. Errors: `NullPage`, `PageOutOfRange`.
+    pub fn uncache(&mut self, page: PageId) -> Result<bool> {
         self.check_page(page)?;
-        let key = self.prefix.remove_page(page);
-        if let Some(key) = key {
+        let removed = self.prefix.remove_page(page);
+        if removed {
             self.page_words[page.idx()] &= !CACHED;
             if self.page_words[page.idx()] == 0 {
                 self.free_list.remove_cached(page.0);
                 self.free_list.push_uncached(page.0);
             }
-            self.evictions.push(Eviction { page, key });
         }
-        Ok(key)
+        Ok(removed)
     }
 
-    /// Drain the queued eviction notices, oldest first.
-    pub fn take_evictions(&mut self) -> Vec<Eviction> {
-        std::mem::take(&mut self.evictions)
-    }
-
-    /// Drop every cached key (one notice each, in page order); each page so uncached goes on top of the
-    /// stack of uncached free pages in that order. Errors with `PagesInUse` while any page is in use,
-    /// changing nothing: a forced reset frees the requests first.
+    /// Drop every cached key, in page order; each page so uncached goes on top of the stack of uncached free
+    /// pages in that order. Errors with `PagesInUse` while any page is in use, changing nothing: a forced
+    /// reset frees the requests first.
     pub fn reset_prefix_cache(&mut self) -> Result<()> {
         let n_in_use = self.n_in_use();
         if n_in_use > 0 {
@@ -352,11 +332,10 @@ impl PagePool {
         }
         let dropped: Vec<PageId> = self.prefix.iter_pages().map(|(page, _)| page).collect();
         for page in dropped {
-            if let Some(key) = self.prefix.remove_page(page) {
+            if self.prefix.remove_page(page) {
                 self.page_words[page.idx()] &= !CACHED;
                 self.free_list.remove_cached(page.0);
                 self.free_list.push_uncached(page.0);
-                self.evictions.push(Eviction { page, key });
             }
         }
         debug_assert_eq!(

@@ -2,12 +2,12 @@
 //! page, cache_block, lookup, longest_prefix, uncache, reset, and misuse) checked after every step against a
 //! simple reference model: a `Vec` for the stack of uncached free pages (reused first, LIFO), a `VecDeque`
 //! for the LRU list of cached free pages (evicted only when the stack is empty), plain vectors for ref
-//! counts and keys.
+//! counts and keys, a map for the cached keys.
 #![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::{BlockKey, Error, Eviction, PageId, PagePool};
+use crate::{BlockKey, Error, PageId, PagePool};
 use proptest::prelude::*;
 
 const TOKENS_PER_BLOCK: usize = 4;
@@ -77,7 +77,6 @@ struct Model {
     stack: Vec<PageId>,
     /// Free pages that hold a key, the LRU end (next to be evicted) first.
     lru: VecDeque<PageId>,
-    evictions: Vec<Eviction>,
 }
 
 impl Model {
@@ -89,7 +88,6 @@ impl Model {
             index: HashMap::new(),
             stack: (1..n_pages).rev().map(PageId).collect(),
             lru: VecDeque::new(),
-            evictions: Vec::new(),
         }
     }
 
@@ -204,16 +202,17 @@ impl Model {
         Ok(true)
     }
 
-    /// Drop `page`'s key with one notice; a free page so uncached moves to the top of the stack.
-    fn drop_key(&mut self, page: PageId) -> Option<BlockKey> {
-        let key = self.keys[page.idx()].take()?;
+    /// Drop `page`'s key, `true` when it held one; a free page so uncached moves to the top of the stack.
+    fn drop_key(&mut self, page: PageId) -> bool {
+        let Some(key) = self.keys[page.idx()].take() else {
+            return false;
+        };
         self.index.remove(&key);
-        self.evictions.push(Eviction { page, key });
         if let Some(at) = self.lru.iter().position(|&p| p == page) {
             self.lru.remove(at);
             self.stack.push(page);
         }
-        Some(key)
+        true
     }
 
     fn reset(&mut self) -> Result<(), Error> {
@@ -235,7 +234,7 @@ impl Model {
 }
 
 /// Compare every observable of the pool with the model, and the invariants that need no model.
-fn assert_agrees(pool: &mut PagePool, model: &mut Model, universe: &[Vec<BlockKey>]) {
+fn assert_agrees(pool: &PagePool, model: &Model, universe: &[Vec<BlockKey>]) {
     pool.check_invariants();
     let n_in_use = model.ref_counts.iter().filter(|&&r| r > 0).count() as u32;
     // The model's own split: the stack holds exactly the uncached free pages, the LRU list the cached ones.
@@ -277,8 +276,15 @@ fn assert_agrees(pool: &mut PagePool, model: &mut Model, universe: &[Vec<BlockKe
             "key of {page:?}"
         );
     }
-    // Each eviction notified exactly once, in order.
-    assert_eq!(pool.take_evictions(), std::mem::take(&mut model.evictions));
+    // The cached keys are the model's: every key the model dropped (an eviction, `uncache`, a reset) is gone
+    // from lookups, and every key it keeps is found on its page.
+    for key in universe.iter().flatten() {
+        assert_eq!(
+            pool.lookup(key),
+            model.index.get(key).copied(),
+            "lookup of {key:?}"
+        );
+    }
     // Salted keys never shared: no page is found under two salts.
     for key_a in &universe[0] {
         for key_b in &universe[1] {
@@ -287,6 +293,15 @@ fn assert_agrees(pool: &mut PagePool, model: &mut Model, universe: &[Vec<BlockKe
             }
         }
     }
+}
+
+/// Keys of `universe` the pool finds (every key it can hold is one of them).
+fn n_cached_keys(pool: &PagePool, universe: &[Vec<BlockKey>]) -> usize {
+    universe
+        .iter()
+        .flatten()
+        .filter(|key| pool.lookup(key).is_some())
+        .count()
 }
 
 fn pick(held: &[PageId], h: usize) -> Option<usize> {
@@ -303,17 +318,21 @@ fn run_ops(n_pages: u32, ops: &[Op]) {
         match *op {
             Op::Allocate(n) => {
                 let n_uncached_free = pool.n_free() - pool.n_cached_free();
-                let n_notices = model.evictions.len();
+                let n_keys = n_cached_keys(&pool, &universe);
                 let got = pool.allocate(n);
                 assert_eq!(got, model.allocate(n));
-                if got.is_ok() {
-                    // Uncached pages are reused before any cached page is evicted.
-                    assert_eq!(
-                        model.evictions.len() - n_notices,
-                        n.saturating_sub(n_uncached_free) as usize,
-                        "evicted while uncached free pages were left"
-                    );
-                }
+                // Uncached pages are reused before any cached page is evicted: the pool loses exactly one
+                // key per cached page the allocation took (none when it failed).
+                let n_evicted = if got.is_ok() {
+                    n.saturating_sub(n_uncached_free) as usize
+                } else {
+                    0
+                };
+                assert_eq!(
+                    n_cached_keys(&pool, &universe) + n_evicted,
+                    n_keys,
+                    "evicted while uncached free pages were left, or kept an evicted key"
+                );
                 held.extend(got.unwrap_or_default());
             }
             Op::FreeHeld(h) => {
@@ -392,7 +411,7 @@ fn run_ops(n_pages: u32, ops: &[Op]) {
                 assert_eq!(pool.n_cached_free(), 0);
             }
         }
-        assert_agrees(&mut pool, &mut model, &universe);
+        assert_agrees(&pool, &model, &universe);
     }
 }
 
@@ -414,7 +433,8 @@ proptest! {
     /// Any sequence of pool operations (valid or misuse) agrees with the reference model after every step:
     /// free + in use + null == total, no page both free and referenced, ref counts never negative (misuse
     /// is an error that changes nothing), uncached free pages reused first (LIFO) and before any cached page
-    /// is evicted, LRU order among cached free pages, each eviction notified exactly once, and keys of
+    /// is evicted, LRU order among cached free pages, the cached keys (each page's key and every key's
+    /// lookup) those of the model, so an evicted key is gone and a surviving one is found, and keys of
     /// different salts never share a page.
     #[test]
     fn prop_pool_matches_reference_model((n_pages, ops) in pool_and_ops()) {

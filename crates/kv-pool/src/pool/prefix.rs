@@ -1,9 +1,9 @@
 //! The prefix index of the page pool: which page holds which cached block (`BlockKey -> PageId`) and, per
 //! page, the key it holds. The two maps are kept inverse to each other; the pool decides when keys come and
-//! go (and queues the eviction notices). Per page the index keeps its key (32 bytes, read only by a lookup
-//! that matched the hash bits, an insert and a removal) and, apart, whether it holds one and the 32 hash bits
-//! of that key (8 bytes), so the allocate/free hot path (`holds_key`) reads a small array and a removal finds
-//! the key's table entry without first reading the key.
+//! go. Per page the index keeps its key (32 bytes, read only by a lookup that matched the hash bits, an
+//! insert and `key_of`) and, apart, whether it holds one and the 32 hash bits of that key (8 bytes), so the
+//! allocate/free hot path (`holds_key`) reads a small array and a removal finds the key's table entry without
+//! reading the key.
 //!
 //! Key to page: an open-addressing table of 8-byte entries (the page and 32 bits of the key's hash), linear
 //! probing, deletion by backward shift (no tombstones). The index never holds more keys than the pool has
@@ -124,18 +124,18 @@ impl PrefixIndex {
         self.n_keys += 1;
     }
 
-    /// Drop the key `page` holds, returning it.
+    /// Drop the key `page` holds; `true` when it held one. The key itself is not read.
     #[inline]
-    pub(crate) fn remove_page(&mut self, page: PageId) -> Option<BlockKey> {
+    pub(crate) fn remove_page(&mut self, page: PageId) -> bool {
         let PageSlot { held, bits } = self.slot_by_page[page.idx()];
         if !held {
-            return None;
+            return false;
         }
         self.slot_by_page[page.idx()] = PageSlot::NONE;
         // The table entry is found from the stored hash bits, so its probe does not wait for the key's read.
         self.remove_entry(bits, page);
         self.n_keys -= 1;
-        Some(self.key_by_page[page.idx()])
+        true
     }
 
     /// Drops the table entry of `page`, whose key's hash bits are `bits`, shifting back the entries probed
@@ -225,8 +225,10 @@ mod tests {
                 state ^= state << 17;
                 let page = 1 + (state % u64::from(n_pages - 1).max(1)) as u32;
                 if let Some(key) = model.remove(&page) {
-                    assert_eq!(index.remove_page(PageId(page)), Some(key));
+                    assert!(index.remove_page(PageId(page)));
+                    assert!(!index.remove_page(PageId(page)), "removed once");
                     assert_eq!(index.lookup(&key), None);
+                    assert_eq!(index.key_of(PageId(page)), None);
                 } else {
                     let key = BlockKey::chain(None, &[step, n_pages], b"churn");
                     index.insert(PageId(page), key);

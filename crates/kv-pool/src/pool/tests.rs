@@ -1,8 +1,8 @@
 //! Unit tests of the page pool: every operation and every error, the reuse order (uncached free pages LIFO
-//! first, cached free pages in LRU order only when no uncached page is left), lazy eviction with one notice
-//! per evicted block, and salted prefix keys.
+//! first, cached free pages in LRU order only when no uncached page is left), lazy eviction (an evicted
+//! block's key is gone from lookups, a surviving block's stays), and salted prefix keys.
 
-use super::{Eviction, PagePool};
+use super::PagePool;
 use crate::error::Error;
 use crate::page::{BlockKey, PageId};
 
@@ -96,7 +96,7 @@ fn allocate_into_appends_and_leaves_out_unchanged_on_error() {
 }
 
 #[test]
-fn allocate_one_follows_the_reuse_order_evicts_with_a_notice_and_errors_when_empty() {
+fn allocate_one_follows_the_reuse_order_evicts_the_key_and_errors_when_empty() {
     let mut pool = PagePool::new(3).unwrap();
     let (a, b) = (pool.allocate_one().unwrap(), pool.allocate_one().unwrap());
     assert_eq!((a, b), (PageId(1), PageId(2)));
@@ -111,18 +111,14 @@ fn allocate_one_follows_the_reuse_order_evicts_with_a_notice_and_errors_when_emp
     assert!(pool.cache_block(a, key(1)).unwrap());
     pool.free(a).unwrap();
     pool.free(b).unwrap();
-    // The uncached page first, then the cached one, evicted with one notice.
+    // The uncached page first, the cached one keeping its key; then the cached one, evicted.
     assert_eq!(pool.allocate_one().unwrap(), b);
-    assert!(pool.take_evictions().is_empty());
+    assert_eq!(pool.lookup(&key(1)), Some(a));
+    assert_eq!(pool.n_cached_free(), 1);
     assert_eq!(pool.allocate_one().unwrap(), a);
-    assert_eq!(
-        pool.take_evictions(),
-        vec![Eviction {
-            page: a,
-            key: key(1)
-        }]
-    );
     assert_eq!(pool.lookup(&key(1)), None);
+    assert_eq!(pool.key_of(a), Ok(None));
+    assert_eq!(pool.n_cached_free(), 0);
     pool.check_invariants();
 }
 
@@ -154,23 +150,18 @@ fn cached_free_pages_are_evicted_in_lru_order_only_when_no_uncached_page_is_left
     assert_eq!((pool.n_free(), pool.n_cached_free()), (6, 3));
     assert_eq!(pool.cached_free_pages_lru(), ids(&[1, 3, 5]));
     assert_eq!(pool.free_pages_in_reuse_order(), ids(&[6, 4, 2, 1, 3, 5]));
-    // Uncached pages first, LIFO, with no eviction while any is left.
+    // Uncached pages first, LIFO, with no eviction while any is left: every key is still found.
     assert_eq!(pool.allocate(2).unwrap(), ids(&[6, 4]));
-    assert!(pool.take_evictions().is_empty());
-    // The last uncached page, then the cached ones from the LRU end: one notice each, in order.
+    assert_eq!(pool.n_cached_free(), 3);
+    for (n, page) in [(0, 1), (2, 3), (4, 5)] {
+        assert_eq!(pool.lookup(&key(n)), Some(PageId(page)), "key {n}");
+    }
+    // The last uncached page, then the cached ones from the LRU end: those two lose their keys.
     assert_eq!(pool.allocate(3).unwrap(), ids(&[2, 1, 3]));
+    assert_eq!((pool.lookup(&key(0)), pool.lookup(&key(2))), (None, None));
     assert_eq!(
-        pool.take_evictions(),
-        vec![
-            Eviction {
-                page: PageId(1),
-                key: key(0)
-            },
-            Eviction {
-                page: PageId(3),
-                key: key(2)
-            }
-        ]
+        (pool.key_of(PageId(1)), pool.key_of(PageId(3))),
+        (Ok(None), Ok(None))
     );
     assert_eq!(pool.n_cached_free(), 1);
     assert_eq!(pool.lookup(&key(4)), Some(PageId(5)));
@@ -185,8 +176,8 @@ fn a_freed_uncached_page_is_reused_before_an_older_cached_one() {
     pool.free(pages[0]).unwrap();
     pool.free(pages[1]).unwrap();
     assert_eq!(pool.allocate(1).unwrap(), vec![pages[1]]);
-    assert!(pool.take_evictions().is_empty());
     assert_eq!(pool.lookup(&key(1)), Some(pages[0]), "the cache survives");
+    assert_eq!(pool.n_cached_free(), 1);
     pool.check_invariants();
 }
 
@@ -300,7 +291,6 @@ fn touch_takes_a_free_page_back_and_keeps_its_key() {
     assert_eq!(pool.ref_count(page), Ok(1));
     assert_eq!(pool.lookup(&key(1)), Some(page));
     assert!(!pool.free_pages_in_reuse_order().contains(&page));
-    assert!(pool.take_evictions().is_empty());
     pool.check_invariants();
 }
 
@@ -419,7 +409,7 @@ fn cache_block_registers_in_use_pages_only() {
 }
 
 #[test]
-fn freed_cached_page_stays_findable_until_reused_then_one_eviction() {
+fn freed_cached_page_stays_findable_until_reused_then_loses_its_key() {
     let mut pool = PagePool::new(3).unwrap();
     let pages = pool.allocate(2).unwrap();
     pool.cache_block(pages[0], key(1)).unwrap();
@@ -427,46 +417,38 @@ fn freed_cached_page_stays_findable_until_reused_then_one_eviction() {
     pool.free_all(&pages).unwrap();
     assert_eq!((pool.n_free(), pool.n_cached_free()), (2, 2));
     assert_eq!(pool.lookup(&key(1)), Some(pages[0]));
-    assert!(pool.take_evictions().is_empty());
-    // Reverse-order free: the tail block (page 2) is the LRU and is evicted first.
+    assert_eq!(pool.lookup(&key(2)), Some(pages[1]));
+    // Reverse-order free: the tail block (page 2) is the LRU and is evicted first; the other survives.
     assert_eq!(pool.allocate(1).unwrap(), vec![pages[1]]);
-    assert_eq!(
-        pool.take_evictions(),
-        vec![Eviction {
-            page: pages[1],
-            key: key(2)
-        }]
-    );
     assert_eq!(pool.lookup(&key(2)), None);
     assert_eq!(pool.key_of(pages[1]), Ok(None));
+    assert_eq!(pool.lookup(&key(1)), Some(pages[0]));
     assert_eq!(pool.n_cached_free(), 1);
-    assert!(pool.take_evictions().is_empty(), "notices are drained once");
     pool.free(pages[1]).unwrap();
-    // The uncached page first, then the cached one.
+    // The uncached page first, then the cached one, which loses its key.
     assert_eq!(pool.allocate(2).unwrap(), vec![pages[1], pages[0]]);
-    assert_eq!(
-        pool.take_evictions(),
-        vec![Eviction {
-            page: pages[0],
-            key: key(1)
-        }]
-    );
+    assert_eq!(pool.lookup(&key(1)), None);
+    assert_eq!(pool.key_of(pages[0]), Ok(None));
+    assert_eq!(pool.n_cached_free(), 0);
     pool.check_invariants();
 }
 
 #[test]
-fn uncache_drops_the_key_with_one_notice() {
+fn uncache_drops_the_key_and_says_whether_there_was_one() {
     let mut pool = PagePool::new(4).unwrap();
     let pages = pool.allocate(2).unwrap();
     pool.cache_block(pages[0], key(1)).unwrap();
     pool.cache_block(pages[1], key(2)).unwrap();
-    // In use.
-    assert_eq!(pool.uncache(pages[0]), Ok(Some(key(1))));
+    // In use: only its key goes.
+    assert_eq!(pool.uncache(pages[0]), Ok(true));
     assert_eq!(pool.ref_count(pages[0]), Ok(1));
+    assert_eq!(pool.lookup(&key(1)), None);
+    assert_eq!(pool.key_of(pages[0]), Ok(None));
+    assert_eq!(pool.lookup(&key(2)), Some(pages[1]));
     // Free and cached.
     pool.free(pages[1]).unwrap();
     assert_eq!(pool.n_cached_free(), 1);
-    assert_eq!(pool.uncache(pages[1]), Ok(Some(key(2))));
+    assert_eq!(pool.uncache(pages[1]), Ok(true));
     assert_eq!(pool.n_cached_free(), 0);
     assert_eq!(
         pool.free_pages_in_reuse_order(),
@@ -474,21 +456,12 @@ fn uncache_drops_the_key_with_one_notice() {
         "an uncached free page moves to the top of the stack"
     );
     assert_eq!(pool.cached_free_pages_lru(), ids(&[]));
-    assert_eq!(pool.uncache(pages[1]), Ok(None));
-    assert_eq!(
-        pool.take_evictions(),
-        vec![
-            Eviction {
-                page: pages[0],
-                key: key(1)
-            },
-            Eviction {
-                page: pages[1],
-                key: key(2)
-            }
-        ]
-    );
+    assert_eq!(pool.uncache(pages[1]), Ok(false));
     assert_eq!((pool.lookup(&key(1)), pool.lookup(&key(2))), (None, None));
+    assert_eq!(
+        (pool.key_of(pages[0]), pool.key_of(pages[1])),
+        (Ok(None), Ok(None))
+    );
     // The key can now be cached by another page.
     assert_eq!(pool.cache_block(pages[0], key(2)), Ok(true));
     pool.check_invariants();
@@ -542,27 +515,20 @@ fn reset_prefix_cache_drops_every_key_when_nothing_is_in_use() {
         pool.reset_prefix_cache().unwrap_err(),
         Error::PagesInUse { n: 3 }
     );
-    assert_eq!(pool.lookup(&key(0)), Some(pages[0]));
-    assert!(pool.take_evictions().is_empty());
+    // The refusal drops no key.
+    for (n, &page) in pages.iter().enumerate() {
+        assert_eq!(pool.lookup(&key(n as u32)), Some(page), "key {n}");
+    }
     pool.free_all(&pages).unwrap();
     pool.reset_prefix_cache().unwrap();
     assert_eq!((pool.n_free(), pool.n_cached_free()), (4, 0));
-    let expected: Vec<Eviction> = pages
-        .iter()
-        .enumerate()
-        .map(|(n, &page)| Eviction {
-            page,
-            key: key(n as u32),
-        })
-        .collect();
-    assert_eq!(pool.take_evictions(), expected);
-    assert_eq!(pool.lookup(&key(0)), None);
+    for (n, &page) in pages.iter().enumerate() {
+        assert_eq!(pool.lookup(&key(n as u32)), None, "key {n}");
+        assert_eq!(pool.key_of(page), Ok(None));
+    }
     // Each page uncached goes on top in page order; page 4 (never cached) stays below.
     assert_eq!(pool.free_pages_in_reuse_order(), ids(&[3, 2, 1, 4]));
     assert_eq!(pool.cached_free_pages_lru(), ids(&[]));
-    // Reallocating the pages now evicts nothing more.
-    pool.allocate(4).unwrap();
-    assert!(pool.take_evictions().is_empty());
     pool.check_invariants();
 }
 
