@@ -39,6 +39,12 @@ use kvgate::workload::agents::AgentsSpec;
 use kvgate::workload::mooncake;
 use kvgate::{EngineConfig, cluster, metrics, report, run};
 
+/// mimalloc instead of the system allocator: a long replay frees checkpoints of every size while new ones
+/// arrive, and glibc's malloc then spends a growing share of the run sorting its free lists (see
+/// `docs/benchmarks.md`, growth).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// kvgate: restore-admission for LLM serving, on a simulated engine.
 #[derive(Debug, Parser)]
 #[command(name = "kvgate", version, about)]
