@@ -78,8 +78,8 @@ fn main() {
     // With the default store (1,048,576 pages) the checkpoints fill it after about 8,000 of these requests:
     // most of the small trace runs before the store evicts or its catalog reaches its steady size, so the
     // ratio also measures that warm-up. With a store of `FULL_STORE_PAGES` the store is in steady state
-    // from its first requests. Either way the pool fills only after about 2,700 requests (until then an
-    // allocation evicts nothing), so a small run is a little cheaper per request than a long one.
+    // from its first requests. Either way the pool fills only after several thousand requests (until then
+    // an allocation evicts nothing), so a small run is cheaper per request than a long one.
     let mut growth = Vec::new();
     for store_pages in [None, Some(FULL_STORE_PAGES)] {
         let mut walls = Vec::new();
