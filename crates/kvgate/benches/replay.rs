@@ -7,7 +7,9 @@
 //! reports it (`null` without that tool). Prints progress on stderr and one JSON object on stdout. Flags:
 //! `--quick` (3,000 against 50,000 synthetic requests); `--gpu` and anything else are ignored. The growth pair
 //! runs twice: with the default store, and with a store full from the first requests (`FULL_STORE_PAGES`);
-//! each figure of the pair is the median of several runs (`SMALL_RUNS`, `LARGE_RUNS`).
+//! each figure of the pair is the median of several runs (`SMALL_RUNS`, `LARGE_RUNS`). Growth after a common
+//! warm-up: the large trace cut at 12,000 and 24,000 requests (`--limit`), and what its last 188,000 cost
+//! against the 12,000 after the first (`replay_synthetic_warm_growth_ratio`, linear: 15.67x).
 #![allow(clippy::disallowed_methods, reason = "a bench times itself")]
 #![allow(
     clippy::print_stdout,
@@ -95,11 +97,7 @@ fn main() {
                 LARGE_RUNS
             };
             eprintln!("kvgate bench: synthetic trace of {n_requests} requests, {store}, {reps} run(s)");
-            let mut run_walls: Vec<f64> = (0..reps)
-                .map(|_| replay_with(&binary, path, store_pages).wall_s)
-                .collect();
-            run_walls.sort_by(f64::total_cmp);
-            let wall_s = run_walls[run_walls.len() / 2];
+            let wall_s = median_wall(&binary, path, store_pages, None, reps);
             eprintln!("kvgate bench: {wall_s:.2} s");
             walls.push(wall_s);
         }
@@ -112,6 +110,20 @@ fn main() {
     }
     let (walls, growth_ratio) = &growth[0];
     let (full_walls, full_growth_ratio) = &growth[1];
+    // Growth after a common warm-up, default store: the first `small` requests of the large trace, then the
+    // first `2 * small`; what the large run costs beyond its first `small` requests against what the next
+    // `small` cost. Linear cost gives `(large - small) / small`.
+    eprintln!("kvgate bench: the large trace cut at {small} and {} requests", 2 * small);
+    let cut_walls = [small, 2 * small]
+        .map(|limit| median_wall(&binary, &paths[1], None, Some(limit), SMALL_RUNS));
+    let next_small_s = cut_walls[1] - cut_walls[0];
+    let warm_growth_ratio = (next_small_s > 0.0).then(|| (walls[1] - cut_walls[0]) / next_small_s);
+    eprintln!(
+        "kvgate bench: after {small} requests, the next {small} take {next_small_s:.2} s and the rest of the \
+         large trace {:.2} s ({:.1}x as many)",
+        walls[1] - cut_walls[0],
+        (large - small) as f64 / small as f64
+    );
     println!(
         "{{\"replay_conv_wall_s\": {}, \"replay_conv_peak_rss_mb\": {}, \
          \"replay_synthetic_small_requests\": {small}, \"replay_synthetic_small_wall_s\": {:.3}, \
@@ -119,14 +131,32 @@ fn main() {
          \"replay_synthetic_growth_ratio\": {growth_ratio:.2}, \
          \"replay_synthetic_full_store_small_wall_s\": {:.3}, \
          \"replay_synthetic_full_store_large_wall_s\": {:.3}, \
-         \"replay_synthetic_full_store_growth_ratio\": {full_growth_ratio:.2}}}",
+         \"replay_synthetic_full_store_growth_ratio\": {full_growth_ratio:.2}, \
+         \"replay_synthetic_warm_growth_ratio\": {}, \"replay_synthetic_warm_growth_expected\": {:.2}}}",
         json_number(conv_wall_s),
         json_number(conv_rss_mb),
         walls[0],
         walls[1],
         full_walls[0],
         full_walls[1],
+        json_number(warm_growth_ratio),
+        (large - small) as f64 / small as f64,
     );
+}
+
+/// The median wall time of `reps` replays of `trace` (the first `limit` requests when given).
+fn median_wall(
+    binary: &Path,
+    trace: &Path,
+    store_pages: Option<u64>,
+    limit: Option<u64>,
+    reps: usize,
+) -> f64 {
+    let mut walls: Vec<f64> = (0..reps.max(1))
+        .map(|_| replay_with(binary, trace, store_pages, limit).wall_s)
+        .collect();
+    walls.sort_by(f64::total_cmp);
+    walls[walls.len() / 2]
 }
 
 /// What one replay cost.
@@ -137,11 +167,12 @@ struct Run {
 
 /// Runs `kvgate replay TRACE` under the bench's policy and pool; panics (the bench fails) if it fails.
 fn replay(binary: &Path, trace: &Path) -> Run {
-    replay_with(binary, trace, None)
+    replay_with(binary, trace, None, None)
 }
 
-/// `replay`, with a store of `store_pages` pages when given (else the default store).
-fn replay_with(binary: &Path, trace: &Path, store_pages: Option<u64>) -> Run {
+/// `replay`, with a store of `store_pages` pages when given (else the default store), of the trace's first
+/// `limit` requests when given.
+fn replay_with(binary: &Path, trace: &Path, store_pages: Option<u64>, limit: Option<u64>) -> Run {
     let time_tool = Path::new("/usr/bin/time");
     let rss_file = tempfile::NamedTempFile::new().expect("a temporary file for the peak RSS");
     let mut command = if time_tool.is_file() {
@@ -165,6 +196,7 @@ fn replay_with(binary: &Path, trace: &Path, store_pages: Option<u64>) -> Run {
             "--json",
         ])
         .args(store_pages.map(|pages| format!("--store-pages={pages}")))
+        .args(limit.map(|limit| format!("--limit={limit}")))
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     let started = Instant::now();
