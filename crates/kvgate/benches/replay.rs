@@ -96,7 +96,9 @@ fn main() {
             } else {
                 LARGE_RUNS
             };
-            eprintln!("kvgate bench: synthetic trace of {n_requests} requests, {store}, {reps} run(s)");
+            eprintln!(
+                "kvgate bench: synthetic trace of {n_requests} requests, {store}, {reps} run(s)"
+            );
             let wall_s = median_wall(&binary, path, store_pages, None, reps);
             eprintln!("kvgate bench: {wall_s:.2} s");
             walls.push(wall_s);
@@ -113,7 +115,10 @@ fn main() {
     // Growth after a common warm-up, default store: the first `small` requests of the large trace, then the
     // first `2 * small`; what the large run costs beyond its first `small` requests against what the next
     // `small` cost. Linear cost gives `(large - small) / small`.
-    eprintln!("kvgate bench: the large trace cut at {small} and {} requests", 2 * small);
+    eprintln!(
+        "kvgate bench: the large trace cut at {small} and {} requests",
+        2 * small
+    );
     let cut_walls = [small, 2 * small]
         .map(|limit| median_wall(&binary, &paths[1], None, Some(limit), SMALL_RUNS));
     let next_small_s = cut_walls[1] - cut_walls[0];
