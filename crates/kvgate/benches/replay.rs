@@ -80,8 +80,8 @@ fn main() {
     // With the default store (1,048,576 pages) the checkpoints fill it after about 8,000 of these requests:
     // most of the small trace runs before the store evicts or its catalog reaches its steady size, so the
     // ratio also measures that warm-up. With a store of `FULL_STORE_PAGES` the store is in steady state
-    // from its first requests. Either way the pool fills only after several thousand requests (until then
-    // an allocation evicts nothing), so a small run is cheaper per request than a long one.
+    // from its first requests. Either way the store keeps collecting the trace's distinct block chains for
+    // about 100,000 requests, so later requests restore more and recompute less (`docs/benchmarks.md`).
     let mut growth = Vec::new();
     for store_pages in [None, Some(FULL_STORE_PAGES)] {
         let mut walls = Vec::new();
@@ -220,8 +220,8 @@ fn replay_with(binary: &Path, trace: &Path, store_pages: Option<u64>, limit: Opt
 
 /// A Mooncake-format trace of `n_requests` short requests arriving every [`SYNTHETIC_GAP_MS`]: one to three
 /// 512-token blocks drawn from a few hundred shared prefixes, so prefix hits, evictions and captures all
-/// happen, and each request is drawn the same way whatever the trace's length (the pool and the store warm up
-/// over its first few thousand requests).
+/// happen, and each request is drawn the same way whatever the trace's length (the share of requests whose
+/// chain is already in the store still grows over its first ~100,000).
 fn synthetic_trace(n_requests: u64) -> String {
     let mut trace = String::new();
     let mut state = 0x9E37_79B9_7F4A_7C15_u64;
