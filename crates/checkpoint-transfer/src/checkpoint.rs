@@ -52,9 +52,33 @@ impl CheckpointId {
         }
     }
 
+    /// The id an engine gives the checkpoint of a prompt's first `n_tokens` tokens whose last block key is
+    /// `key`: the key's first 12 bytes in hex, a dash and `n_tokens`. Valid by construction (at most 45 bytes
+    /// of `[0-9a-f-]`), and built without a formatter call per byte: every capture makes one.
+    pub fn of_prefix(key: &BlockKey, n_tokens: usize) -> Self {
+        let digits = n_tokens.to_string();
+        let mut id = String::with_capacity(2 * PREFIX_ID_KEY_BYTES + 1 + digits.len());
+        push_hex(&mut id, &key.0[..PREFIX_ID_KEY_BYTES]);
+        id.push('-');
+        id.push_str(&digits);
+        Self(id.into())
+    }
+
     /// The id as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// Bytes of a block key that name a prefix's checkpoint (`CheckpointId::of_prefix`).
+const PREFIX_ID_KEY_BYTES: usize = 12;
+
+/// Appends `bytes` to `out` in lower-case hex, two digits a byte.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &byte in bytes {
+        out.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        out.push(char::from(DIGITS[usize::from(byte & 0x0f)]));
     }
 }
 

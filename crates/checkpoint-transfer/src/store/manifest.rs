@@ -5,7 +5,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload};
+use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload, push_hex};
 use crate::page_buf::RankPages;
 
 /// Manifest format this build writes and reads (2: the manifest carries a checksum of its own bytes).
@@ -177,8 +177,6 @@ impl ManifestBody {
 pub(crate) fn id_stem(id: &CheckpointId) -> String {
     let mut stem = String::with_capacity(id.as_str().len() * 2 + 5);
     stem.push_str("ckpt-");
-    for byte in id.as_str().bytes() {
-        stem.push_str(&format!("{byte:02x}"));
-    }
+    push_hex(&mut stem, id.as_str().as_bytes());
     stem
 }

@@ -436,6 +436,36 @@ fn shared_store_handles_see_each_others_checkpoints() {
     assert!(a.meta(&id).is_none());
 }
 
+/// A prefix's checkpoint id is its last block key's first 12 bytes in lower-case hex, a dash and its token
+/// count, and a valid id whatever the count, the largest included.
+#[test]
+fn a_prefix_checkpoint_id_is_the_keys_first_twelve_bytes_in_hex_and_the_token_count() {
+    let mut key = BlockKey([0; 32]);
+    for (byte, value) in key
+        .0
+        .iter_mut()
+        .zip((0u8..).map(|n| n.wrapping_mul(37).wrapping_add(5)))
+    {
+        *byte = value;
+    }
+    let hex: String = key.0[..12]
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    assert_eq!(
+        CheckpointId::of_prefix(&key, 4096).as_str(),
+        format!("{hex}-4096")
+    );
+    assert_eq!(
+        CheckpointId::of_prefix(&BlockKey([0xff; 32]), 0).as_str(),
+        "ffffffffffffffffffffffff-0"
+    );
+    for n_tokens in [0, 1, usize::MAX] {
+        let id = CheckpointId::of_prefix(&key, n_tokens);
+        assert_eq!(CheckpointId::new(id.as_str()).unwrap(), id);
+    }
+}
+
 /// A checkpoint id is written as the text a `String` writes, so manifests from before the id became shared
 /// text read back the same, in both directions.
 #[test]

@@ -2,8 +2,6 @@
 //! block registration in the prefix index, checkpoint capture into the store (E2), byte-for-byte verification
 //! of restores (E3), and the moves of a request between queues (preemption, fallback, release).
 
-use std::fmt::Write as _;
-
 use checkpoint_transfer::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
     RankPages,
@@ -20,20 +18,6 @@ use crate::params::{ClockKind, Preemption};
 
 /// Failed store writes per warning after the first: a full disk fails every capture, the log stays short.
 const STORE_WRITE_FAILURES_PER_WARNING: u64 = 100;
-
-/// The id of a checkpoint of `n_tokens` tokens whose prefix key is `key`: the key's first 12 bytes in hex, a
-/// dash and the token count (a capture makes one, so it is written without a formatter call per byte).
-fn checkpoint_id(key: &BlockKey, n_tokens: usize) -> Result<CheckpointId> {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut text = String::with_capacity(24 + 1 + 20);
-    for &byte in &key.0[..12] {
-        text.push(char::from(HEX[usize::from(byte >> 4)]));
-        text.push(char::from(HEX[usize::from(byte & 0x0f)]));
-    }
-    write!(text, "-{n_tokens}")
-        .map_err(|error| Error::internal(format!("checkpoint id: {error}")))?;
-    CheckpointId::new(text).map_err(|error| Error::internal(format!("checkpoint id: {error}")))
-}
 
 /// How an allocation may use credit-protected pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -364,7 +348,7 @@ impl<E: Executor> Engine<E> {
             return Ok(false);
         }
         let n_tokens = n_blocks * block_tokens as usize;
-        let checkpoint_id = checkpoint_id(&req.keys[n_blocks - 1], n_tokens)?;
+        let checkpoint_id = CheckpointId::of_prefix(&req.keys[n_blocks - 1], n_tokens);
         self.generation += 1;
         // A page-aligned boundary: its meta needs the keys alone, so a deferred prompt stays deferred.
         let meta = CheckpointMeta::full_attention_blocks(
@@ -474,7 +458,7 @@ impl<E: Executor> Engine<E> {
                 boundary.slots.len()
             )));
         }
-        let checkpoint_id = checkpoint_id(&exact, n_tokens as usize)?;
+        let checkpoint_id = CheckpointId::of_prefix(&exact, n_tokens as usize);
         self.generation += 1;
         let meta = CheckpointMeta {
             id: checkpoint_id,
@@ -1082,34 +1066,4 @@ enum CopySlot {
     },
     /// A fixed page, by its index.
     Fixed(usize),
-}
-
-#[cfg(test)]
-mod tests {
-    use kv_pool::BlockKey;
-
-    use super::checkpoint_id;
-
-    /// A checkpoint's id is its key's first 12 bytes in lower-case hex, a dash and its token count.
-    #[test]
-    fn a_checkpoint_id_is_the_keys_first_twelve_bytes_in_hex_and_the_token_count() {
-        let mut key = BlockKey([0; 32]);
-        for (byte, value) in key
-            .0
-            .iter_mut()
-            .zip((0u8..).map(|n| n.wrapping_mul(37).wrapping_add(5)))
-        {
-            *byte = value;
-        }
-        let hex: String = key.0[..12]
-            .iter()
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
-        let id = checkpoint_id(&key, 4096).unwrap();
-        assert_eq!(id.as_str(), format!("{hex}-4096"));
-        assert_eq!(
-            checkpoint_id(&BlockKey([0xff; 32]), 0).unwrap().as_str(),
-            "ffffffffffffffffffffffff-0"
-        );
-    }
 }

@@ -225,6 +225,7 @@ mod tests {
                 state ^= state << 17;
                 let page = 1 + (state % u64::from(n_pages - 1).max(1)) as u32;
                 if let Some(key) = model.remove(&page) {
+                    assert_eq!(index.key_of(PageId(page)), Some(key));
                     assert!(index.remove_page(PageId(page)));
                     assert!(!index.remove_page(PageId(page)), "removed once");
                     assert_eq!(index.lookup(&key), None);
