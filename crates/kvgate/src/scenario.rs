@@ -187,7 +187,8 @@ pub fn run_file_with_preset(path: &Path, preset: Option<&str>) -> Result<String>
         },
         other => other,
     })?;
-    Ok(serde_json::to_string_pretty(&trace).expect("a JSON value always serializes"))
+    serde_json::to_string_pretty(&trace)
+        .map_err(|error| Error::Internal(format!("the scenario trace as JSON: {error}")))
 }
 
 /// Runs a scenario and returns its trace: `{"description", "policy", "steps": [...], "metrics": {...}}`.
