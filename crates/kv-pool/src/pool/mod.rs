@@ -32,6 +32,16 @@ const CACHED: u32 = 1 << 31;
 /// Reference-count bits of a page word.
 const REF_MASK: u32 = CACHED - 1;
 
+/// What the pool keeps per page, in one place: the eviction path reads the reference count, whether the page
+/// holds a key and that key's hash bits (which name its entry in the prefix index's table) in one load.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct PageWord {
+    /// Reference count (`REF_MASK` bits) and whether the page holds a key (`CACHED`).
+    word: u32,
+    /// The low 32 bits of the hash of the key the page holds (meaningless unless `CACHED`).
+    key_bits: u32,
+}
+
 /// Pages, reference counts, the free lists and the prefix index. Sans-IO and single-threaded.
 ///
 /// Invariants (checked by `check_invariants`): `n_free + n_in_use + 1 == n_total`; a page is free (on a
@@ -42,8 +52,8 @@ const REF_MASK: u32 = CACHED - 1;
 #[derive(Clone)]
 pub struct PagePool {
     n_pages: u32,
-    /// Per page: its reference count (`REF_MASK` bits) and whether it holds a key (`CACHED`).
-    page_words: Vec<u32>,
+    /// Per page: its reference count, whether it holds a key, and that key's hash bits.
+    page_words: Vec<PageWord>,
     free_list: FreeList,
     prefix: PrefixIndex,
 }
@@ -74,7 +84,7 @@ impl PagePool {
         }
         Ok(PagePool {
             n_pages,
-            page_words: vec![0; n_pages as usize],
+            page_words: vec![PageWord::default(); n_pages as usize],
             free_list,
             prefix: PrefixIndex::new(n_pages),
         })
@@ -164,8 +174,9 @@ impl PagePool {
             debug_assert!(page.is_some(), "lru list shorter than its counter");
             let Some(page) = page else { break };
             let page = PageId(page);
-            let removed = self.prefix.remove_page(page);
-            debug_assert!(removed, "cached free {page:?} holds no key");
+            let PageWord { word, key_bits } = self.page_words[page.idx()];
+            debug_assert!(word & CACHED != 0, "cached free {page:?} holds no key");
+            self.prefix.remove(page, key_bits);
             // Dropping the key clears the cached flag; `take_free_page` overwrites the whole word.
             self.take_free_page(page, out);
         }
@@ -179,7 +190,7 @@ impl PagePool {
     pub fn free(&mut self, page: PageId) -> Result<()> {
         // `get` is the range check (one word per page), so the hot path checks once; the null page's word
         // is always 0, so it is told apart from a double free off the hot path.
-        let Some(word) = self.page_words.get_mut(page.idx()) else {
+        let Some(PageWord { word, .. }) = self.page_words.get_mut(page.idx()) else {
             return Err(Error::PageOutOfRange {
                 page: page.0,
                 n_pages: self.n_pages,
@@ -212,7 +223,7 @@ impl PagePool {
         let mut failed = None;
         let mut n_taken = 0;
         for &page in pages.iter().rev() {
-            let word = &mut self.page_words[page.idx()];
+            let word = &mut self.page_words[page.idx()].word;
             if *word & REF_MASK == 0 {
                 failed = Some(page);
                 break;
@@ -221,14 +232,14 @@ impl PagePool {
             n_taken += 1;
         }
         for &page in pages.iter().rev().take(n_taken) {
-            self.page_words[page.idx()] += 1;
+            self.page_words[page.idx()].word += 1;
         }
         if let Some(page) = failed {
             return Err(Error::DoubleFree { page: page.0 });
         }
         for &page in pages.iter().rev() {
-            let word = self.page_words[page.idx()] - 1;
-            self.page_words[page.idx()] = word;
+            let word = self.page_words[page.idx()].word - 1;
+            self.page_words[page.idx()].word = word;
             if word & REF_MASK == 0 {
                 self.release(page, word);
             }
@@ -242,7 +253,7 @@ impl PagePool {
     #[inline]
     pub fn touch(&mut self, page: PageId) -> Result<()> {
         self.check_page(page)?;
-        let word = self.page_words[page.idx()];
+        let word = self.page_words[page.idx()].word;
         if word & REF_MASK == 0 {
             if word & CACHED != 0 {
                 self.free_list.remove_cached(page.0);
@@ -254,7 +265,7 @@ impl PagePool {
             word & REF_MASK < REF_MASK,
             "reference count of {page:?} overflows"
         );
-        self.page_words[page.idx()] = word + 1;
+        self.page_words[page.idx()].word = word + 1;
         Ok(())
     }
 
@@ -262,7 +273,7 @@ impl PagePool {
     #[inline]
     pub fn ref_count(&self, page: PageId) -> Result<u32> {
         self.check_page(page)?;
-        Ok(self.page_words[page.idx()] & REF_MASK)
+        Ok(self.page_words[page.idx()].word & REF_MASK)
     }
 
     /// Register `page` (in use) as holding the block `key`. Returns `false`, changing nothing, when another
@@ -270,20 +281,23 @@ impl PagePool {
     /// `NullPage`, `PageOutOfRange`, `PageNotInUse` (a free page), `PageAlreadyCached` (it holds another key).
     pub fn cache_block(&mut self, page: PageId, key: BlockKey) -> Result<bool> {
         self.check_page(page)?;
-        if self.page_words[page.idx()] & REF_MASK == 0 {
+        let word = self.page_words[page.idx()].word;
+        if word & REF_MASK == 0 {
             return Err(Error::PageNotInUse { page: page.0 });
         }
-        if let Some(held) = self.prefix.key_of(page) {
-            if held == key {
+        if word & CACHED != 0 {
+            if self.prefix.key_at(page) == key {
                 return Ok(true);
             }
             return Err(Error::PageAlreadyCached { page: page.0 });
         }
-        if self.prefix.lookup(&key).is_some() {
+        let Some(key_bits) = self.prefix.insert(page, key) else {
             return Ok(false);
-        }
-        self.prefix.insert(page, key);
-        self.page_words[page.idx()] |= CACHED;
+        };
+        self.page_words[page.idx()] = PageWord {
+            word: word | CACHED,
+            key_bits,
+        };
         Ok(true)
     }
 
@@ -303,7 +317,7 @@ impl PagePool {
     /// The key `page` holds, if any. Errors: `NullPage`, `PageOutOfRange`.
     pub fn key_of(&self, page: PageId) -> Result<Option<BlockKey>> {
         self.check_page(page)?;
-        Ok(self.prefix.key_of(page))
+        Ok(self.holds_key(page).then(|| self.prefix.key_at(page)))
     }
 
     /// Drop `page`'s key now (invalidate the block); `true` when it held one. The page's reference count
@@ -311,13 +325,10 @@ impl PagePool {
     /// free pages. Errors: `NullPage`, `PageOutOfRange`.
     pub fn uncache(&mut self, page: PageId) -> Result<bool> {
         self.check_page(page)?;
-        let removed = self.prefix.remove_page(page);
-        if removed {
-            self.page_words[page.idx()] &= !CACHED;
-            if self.page_words[page.idx()] == 0 {
-                self.free_list.remove_cached(page.0);
-                self.free_list.push_uncached(page.0);
-            }
+        let removed = self.drop_key(page);
+        if removed && self.page_words[page.idx()].word == 0 {
+            self.free_list.remove_cached(page.0);
+            self.free_list.push_uncached(page.0);
         }
         Ok(removed)
     }
@@ -330,10 +341,8 @@ impl PagePool {
         if n_in_use > 0 {
             return Err(Error::PagesInUse { n: n_in_use });
         }
-        let dropped: Vec<PageId> = self.prefix.iter_pages().map(|(page, _)| page).collect();
-        for page in dropped {
-            if self.prefix.remove_page(page) {
-                self.page_words[page.idx()] &= !CACHED;
+        for page in (1..self.n_pages).map(PageId) {
+            if self.drop_key(page) {
                 self.free_list.remove_cached(page.0);
                 self.free_list.push_uncached(page.0);
             }
@@ -353,23 +362,23 @@ impl PagePool {
     /// inverse maps.
     pub fn check_invariants(&self) {
         let listed = self.free_list.check_invariants();
-        self.prefix.check_invariants();
         assert_eq!(self.page_words.len(), self.n_pages as usize);
         assert_eq!(
-            self.page_words[0], 0,
+            self.page_words[0].word, 0,
             "the null page is referenced or cached"
+        );
+        self.prefix.check_invariants(
+            (1..self.n_pages)
+                .map(PageId)
+                .filter(|&page| self.holds_key(page))
+                .map(|page| (page, self.page_words[page.idx()].key_bits)),
         );
         assert!(!listed[0], "the null page is free");
         let mut n_free = 0;
         let mut n_in_use = 0;
         let mut n_cached_free = 0;
         for page in 1..self.n_pages {
-            let word = self.page_words[page as usize];
-            assert_eq!(
-                word & CACHED != 0,
-                self.prefix.holds_key(PageId(page)),
-                "page {page}: cached flag disagrees with the prefix index"
-            );
+            let word = self.page_words[page as usize].word;
             let free = word & REF_MASK == 0;
             assert_eq!(
                 free,
@@ -379,7 +388,7 @@ impl PagePool {
             );
             if free {
                 n_free += 1;
-                if self.prefix.holds_key(PageId(page)) {
+                if self.holds_key(PageId(page)) {
                     n_cached_free += 1;
                 }
             } else {
@@ -388,13 +397,13 @@ impl PagePool {
         }
         for page in self.free_list.iter_cached_lru() {
             assert!(
-                self.prefix.holds_key(PageId(page)),
+                self.holds_key(PageId(page)),
                 "page {page} on the LRU list holds no key"
             );
         }
         for page in self.free_list.iter_uncached() {
             assert!(
-                !self.prefix.holds_key(PageId(page)),
+                !self.holds_key(PageId(page)),
                 "page {page} on the uncached stack holds a key"
             );
         }
@@ -439,6 +448,24 @@ impl PagePool {
         self.free_list.iter_cached_lru().map(PageId).collect()
     }
 
+    /// Whether `page` (in range) holds a key.
+    #[inline]
+    fn holds_key(&self, page: PageId) -> bool {
+        self.page_words[page.idx()].word & CACHED != 0
+    }
+
+    /// Drops the key `page` (in range) holds from the prefix index and its word; `true` when it held one.
+    /// Its reference count and free lists are the caller's.
+    fn drop_key(&mut self, page: PageId) -> bool {
+        let PageWord { word, key_bits } = self.page_words[page.idx()];
+        if word & CACHED == 0 {
+            return false;
+        }
+        self.prefix.remove(page, key_bits);
+        self.page_words[page.idx()].word = word & !CACHED;
+        true
+    }
+
     #[inline]
     fn check_page(&self, page: PageId) -> Result<()> {
         if page.is_null() {
@@ -464,20 +491,22 @@ impl PagePool {
     /// Give the free, key-less `page` its first reference.
     #[inline]
     fn take_free_page_word(&mut self, page: PageId) {
-        debug_assert!(!self.prefix.holds_key(page), "{page:?} still holds a key");
+        debug_assert!(!self.holds_key(page), "{page:?} still holds a key");
         debug_assert_eq!(
-            self.page_words[page.idx()] & REF_MASK,
+            self.page_words[page.idx()].word & REF_MASK,
             0,
             "free page {page:?} is referenced"
         );
-        self.page_words[page.idx()] = 1;
+        self.page_words[page.idx()] = PageWord {
+            word: 1,
+            key_bits: 0,
+        };
     }
 
     /// `page` (whose page word is now `word`) reached reference count 0: append it to the MRU end of the
     /// LRU list if it holds a key, else push it on top of the stack of uncached free pages.
     #[inline]
     fn release(&mut self, page: PageId, word: u32) {
-        debug_assert_eq!(word & CACHED != 0, self.prefix.holds_key(page));
         if word & CACHED != 0 {
             self.free_list.push_cached_mru(page.0);
         } else {

@@ -1,16 +1,15 @@
 //! The prefix index of the page pool: which page holds which cached block (`BlockKey -> PageId`) and, per
-//! page, the key it holds. The two maps are kept inverse to each other; the pool decides when keys come and
-//! go. Per page the index keeps its key (32 bytes, read only by a lookup that matched the hash bits, an
-//! insert and `key_of`) and, apart, whether it holds one and the 32 hash bits of that key (8 bytes), so the
-//! allocate/free hot path (`holds_key`) reads a small array and a removal finds the key's table entry without
-//! reading the key.
+//! page, the key it holds. The pool decides when keys come and go, and keeps in its own per-page word
+//! whether a page holds a key and the 32 hash bits of that key (`PageWord`): the word the allocate/free hot
+//! path reads anyway, so a removal finds the key's table entry without another per-page read and without
+//! reading the key. Per page the index keeps only the key itself (32 bytes), read by a lookup whose hash
+//! bits matched, and by `key_of`.
 //!
 //! Key to page: an open-addressing table of 8-byte entries (the page and 32 bits of the key's hash), linear
 //! probing, deletion by backward shift (no tombstones). The index never holds more keys than the pool has
 //! pages, so the table is sized once, at most half full, and never grows: 1 MiB for 65,536 pages. A removal
-//! knows its page, so it compares page ids only; a lookup compares the whole key when the hash bits match.
-//! A removal touches the page's two per-page records and the table entries it shifts, nothing else (a dense
-//! slab of the held keys cost a swap-remove: two more scattered reads and writes per removal).
+//! knows its page, so it compares page ids only; a lookup compares the whole key when the hash bits match;
+//! an insert probes once, ending on the key (already cached) or on the empty entry it takes.
 
 use std::hash::BuildHasher;
 
@@ -19,23 +18,7 @@ use crate::page::{BlockKey, BlockKeyHashBuilder, PageId};
 /// A free entry of the key table (page 0, the null page, never holds a key).
 const EMPTY: u64 = 0;
 
-/// Whether a page holds a key, and its key's hash bits.
-#[derive(Debug, Clone, Copy)]
-struct PageSlot {
-    /// Whether the page holds a key.
-    held: bool,
-    /// The low 32 bits of its key's hash (meaningless unless `held`).
-    bits: u32,
-}
-
-impl PageSlot {
-    const NONE: PageSlot = PageSlot {
-        held: false,
-        bits: 0,
-    };
-}
-
-/// Cached block keys, both ways.
+/// Cached block keys to their pages, and each page's key.
 #[derive(Debug, Clone)]
 pub(crate) struct PrefixIndex {
     /// Key to page: `EMPTY`, or `(hash bits << 32) | page` of a page holding a key whose hash's low 32 bits
@@ -44,9 +27,7 @@ pub(crate) struct PrefixIndex {
     /// `table.len() - 1`.
     mask: usize,
     hasher: BlockKeyHashBuilder,
-    /// Per page, whether it holds a key and that key's hash bits.
-    slot_by_page: Vec<PageSlot>,
-    /// Per page, the key it holds (meaningless unless its slot is held).
+    /// Per page, the key it holds (meaningless unless the pool's word says it holds one).
     key_by_page: Vec<BlockKey>,
     /// Number of pages holding a key.
     n_keys: usize,
@@ -62,7 +43,6 @@ impl PrefixIndex {
             table: vec![EMPTY; n_entries],
             mask: n_entries - 1,
             hasher: BlockKeyHashBuilder::new(),
-            slot_by_page: vec![PageSlot::NONE; n_pages as usize],
             key_by_page: vec![BlockKey([0; 32]); n_pages as usize],
             n_keys: 0,
         }
@@ -75,7 +55,7 @@ impl PrefixIndex {
 
     /// The low 32 bits of `key`'s hash (its home slot is these `& mask`).
     #[inline]
-    fn hash_bits(&self, key: &BlockKey) -> u32 {
+    pub(crate) fn hash_bits(&self, key: &BlockKey) -> u32 {
         self.hasher.hash_one(key) as u32
     }
 
@@ -89,62 +69,52 @@ impl PrefixIndex {
             if entry == EMPTY {
                 return None;
             }
+            // Every entry names a page holding a key, so its key is read as it is.
             let page = PageId(entry as u32);
-            if (entry >> 32) as u32 == bits && self.key_of(page).as_ref() == Some(key) {
+            if (entry >> 32) as u32 == bits && self.key_by_page[page.idx()] == *key {
                 return Some(page);
             }
             at = (at + 1) & self.mask;
         }
     }
 
-    /// The key `page` holds, if any.
+    /// The key `page` holds; the caller knows it holds one (else: whatever key it held last).
     #[inline]
-    pub(crate) fn key_of(&self, page: PageId) -> Option<BlockKey> {
-        self.holds_key(page).then(|| self.key_by_page[page.idx()])
+    pub(crate) fn key_at(&self, page: PageId) -> BlockKey {
+        self.key_by_page[page.idx()]
     }
 
-    /// Whether `page` holds a key.
+    /// Registers `page` (which holds no key) as holding `key`, unless another page holds `key`: then `None`,
+    /// nothing changed. Returns the key's hash bits, for the pool's page word.
     #[inline]
-    pub(crate) fn holds_key(&self, page: PageId) -> bool {
-        self.slot_by_page[page.idx()].held
-    }
-
-    /// Register `page` (which holds no key) as holding `key` (which no page holds).
-    pub(crate) fn insert(&mut self, page: PageId, key: BlockKey) {
-        debug_assert!(!self.holds_key(page), "{page:?} already holds a key");
-        debug_assert!(self.lookup(&key).is_none(), "key {key:?} was cached twice");
+    pub(crate) fn insert(&mut self, page: PageId, key: BlockKey) -> Option<u32> {
         let bits = self.hash_bits(&key);
         let mut at = bits as usize & self.mask;
-        while self.table[at] != EMPTY {
+        loop {
+            let entry = self.table[at];
+            if entry == EMPTY {
+                break;
+            }
+            if (entry >> 32) as u32 == bits && self.key_by_page[(entry as u32) as usize] == key {
+                return None;
+            }
             at = (at + 1) & self.mask;
         }
+        // Linear probing without tombstones: the first empty entry on the key's probe path is where it goes.
         self.table[at] = (u64::from(bits) << 32) | u64::from(page.0);
-        self.slot_by_page[page.idx()] = PageSlot { held: true, bits };
         self.key_by_page[page.idx()] = key;
         self.n_keys += 1;
+        Some(bits)
     }
 
-    /// Drop the key `page` holds; `true` when it held one. The key itself is not read.
+    /// Drops the key `page` holds, whose hash bits are `bits` (what `insert` returned). The key itself is
+    /// not read.
     #[inline]
-    pub(crate) fn remove_page(&mut self, page: PageId) -> bool {
-        let PageSlot { held, bits } = self.slot_by_page[page.idx()];
-        if !held {
-            return false;
-        }
-        self.slot_by_page[page.idx()] = PageSlot::NONE;
-        // The table entry is found from the stored hash bits, so its probe does not wait for the key's read.
-        self.remove_entry(bits, page);
-        self.n_keys -= 1;
-        true
-    }
-
-    /// Drops the table entry of `page`, whose key's hash bits are `bits`, shifting back the entries probed
-    /// past it.
-    fn remove_entry(&mut self, bits: u32, page: PageId) {
+    pub(crate) fn remove(&mut self, page: PageId, bits: u32) {
         let mut hole = bits as usize & self.mask;
         loop {
             let entry = self.table[hole];
-            debug_assert_ne!(entry, EMPTY, "index and page keys disagree for {page:?}");
+            debug_assert_ne!(entry, EMPTY, "index and page words disagree for {page:?}");
             if entry == EMPTY {
                 return;
             }
@@ -153,6 +123,8 @@ impl PrefixIndex {
             }
             hole = (hole + 1) & self.mask;
         }
+        self.n_keys -= 1;
+        // Shift back the entries probed past the hole.
         let mut at = hole;
         loop {
             at = (at + 1) & self.mask;
@@ -171,24 +143,16 @@ impl PrefixIndex {
         self.table[hole] = EMPTY;
     }
 
-    /// Pages that hold a key, in page order, with their keys.
-    pub(crate) fn iter_pages(&self) -> impl Iterator<Item = (PageId, BlockKey)> + '_ {
-        self.slot_by_page
-            .iter()
-            .zip(&self.key_by_page)
-            .enumerate()
-            .filter(|&(_, (slot, _))| slot.held)
-            .map(|(idx, (_, key))| (PageId(idx as u32), *key))
-    }
-
-    /// Assert the two maps are inverse to each other and the per-page records are consistent. O(n).
-    pub(crate) fn check_invariants(&self) {
-        assert!(!self.holds_key(PageId::NULL), "the null page holds a key");
-        let mut n_keyed = 0;
-        for (page, key) in self.iter_pages() {
-            n_keyed += 1;
+    /// Asserts that the index holds exactly the keys of `held` (every page holding a key with its recorded
+    /// hash bits, each page once): each with the bits of its key and found by a lookup, and no other. O(n).
+    pub(crate) fn check_invariants(&self, held: impl IntoIterator<Item = (PageId, u32)>) {
+        let mut n_held = 0;
+        for (page, bits) in held {
+            n_held += 1;
+            assert!(!page.is_null(), "the null page holds a key");
+            let key = self.key_at(page);
             assert_eq!(
-                self.slot_by_page[page.idx()].bits,
+                bits,
                 self.hash_bits(&key),
                 "hash bits of {page:?} disagree with its key"
             );
@@ -199,8 +163,8 @@ impl PrefixIndex {
             );
         }
         let n_entries = self.table.iter().filter(|&&entry| entry != EMPTY).count();
-        assert_eq!(n_keyed, n_entries, "index holds keys no page holds");
-        assert_eq!(n_keyed, self.n_keys, "key count disagrees with the pages");
+        assert_eq!(n_held, n_entries, "index holds keys no page holds");
+        assert_eq!(n_held, self.n_keys, "key count disagrees with the pages");
     }
 }
 
@@ -212,34 +176,38 @@ mod tests {
     use crate::page::{BlockKey, PageId};
 
     /// Churn against a map: every insert, removal and lookup agrees, on tables small enough that probes
-    /// wrap around and removals shift entries back.
+    /// wrap around and removals shift entries back; a second insert of a held key is refused.
     #[test]
     fn the_key_table_agrees_with_a_map_under_churn() {
         for n_pages in [2u32, 5, 9, 64] {
             let mut index = PrefixIndex::new(n_pages);
-            let mut model: HashMap<u32, BlockKey> = HashMap::new();
+            // Per page, its key and hash bits: the pool's page words.
+            let mut model: HashMap<u32, (BlockKey, u32)> = HashMap::new();
             let mut state = 0x2545_f491_4f6c_dd1d_u64 ^ u64::from(n_pages);
             for step in 0..4000u32 {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
                 let page = 1 + (state % u64::from(n_pages - 1).max(1)) as u32;
-                if let Some(key) = model.remove(&page) {
-                    assert_eq!(index.key_of(PageId(page)), Some(key));
-                    assert!(index.remove_page(PageId(page)));
-                    assert!(!index.remove_page(PageId(page)), "removed once");
+                if let Some((key, bits)) = model.remove(&page) {
+                    assert_eq!(index.key_at(PageId(page)), key);
+                    assert_eq!(bits, index.hash_bits(&key));
+                    index.remove(PageId(page), bits);
                     assert_eq!(index.lookup(&key), None);
-                    assert_eq!(index.key_of(PageId(page)), None);
                 } else {
                     let key = BlockKey::chain(None, &[step, n_pages], b"churn");
-                    index.insert(PageId(page), key);
-                    model.insert(page, key);
+                    let bits = index.insert(PageId(page), key).expect("a new key");
+                    model.insert(page, (key, bits));
+                    if let Some(&other) = model.keys().find(|&&other| other != page) {
+                        assert_eq!(index.insert(PageId(other), key), None, "cached twice");
+                    }
                 }
-                for (&page, key) in &model {
+                for (&page, (key, _)) in &model {
                     assert_eq!(index.lookup(key), Some(PageId(page)), "step {step}");
                 }
                 assert_eq!(index.len(), model.len());
-                index.check_invariants();
+                index
+                    .check_invariants(model.iter().map(|(&page, &(_, bits))| (PageId(page), bits)));
             }
         }
     }

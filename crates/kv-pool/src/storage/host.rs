@@ -210,11 +210,20 @@ impl AtomicLine {
         line
     }
 
-    /// Copies the line's first `dst.len()` bytes into `dst`.
+    /// Copies the line's first `dst.len()` bytes (at most a line) into `dst`: whole words as words (no
+    /// call to copy a variable length), then the bytes of a partial last word.
     fn read_into(&self, dst: &mut [u8]) {
-        for (word, chunk) in self.0.iter().zip(dst.chunks_mut(8)) {
-            let bytes = word.load(Ordering::Relaxed).to_le_bytes();
-            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        let mut chunks = dst.chunks_exact_mut(8);
+        let mut words = self.0.iter();
+        for (chunk, word) in (&mut chunks).zip(words.by_ref()) {
+            chunk.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+        }
+        let rest = chunks.into_remainder();
+        if !rest.is_empty()
+            && let Some(word) = words.next()
+        {
+            let len = rest.len();
+            rest.copy_from_slice(&word.load(Ordering::Relaxed).to_le_bytes()[..len]);
         }
     }
 
