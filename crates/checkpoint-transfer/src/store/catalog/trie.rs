@@ -244,20 +244,21 @@ impl BlockTrie {
         }
     }
 
-    /// The child of `node` whose run starts with `key`: its first child when that one matches (a node with
-    /// one child, the common case along a conversation's chain, needs no hash probe), else by the edge map.
+    /// The child of `node` whose run starts with `key`. A node with one child (the common case along a
+    /// conversation's chain) compares that child's first key, with no hash probe; a node with more children
+    /// asks the edge map at once, never reading a child (its node and its keys, two cache misses) that
+    /// likely does not match.
     fn child(&self, node: NodeIdx, key: &BlockKey) -> Option<NodeIdx> {
-        let first = self.nodes[node].first_child;
-        if first == NONE {
-            return None;
+        let Node {
+            first_child,
+            n_children,
+            ..
+        } = self.nodes[node];
+        match n_children {
+            0 => None,
+            1 => (self.nodes[first_child].keys.first() == Some(key)).then_some(first_child),
+            _ => self.edges.get(&(node, *key)).copied(),
         }
-        if self.nodes[first].keys.first() == Some(key) {
-            return Some(first);
-        }
-        if self.nodes[node].n_children == 1 {
-            return None;
-        }
-        self.edges.get(&(node, *key)).copied()
     }
 
     /// The node whose run ends with the last key of `keys` on the path they spell, if the trie holds them.
