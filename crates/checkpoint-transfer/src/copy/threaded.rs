@@ -120,7 +120,10 @@ impl CopyEngine for ThreadedCopyEngine {
             let _sent = self.done_tx.send(completion_of(&shared));
             return Ok(id);
         }
-        let task_tx = self.task_tx.as_ref().expect("workers run until drop");
+        // The workers run until drop, which alone takes the sender.
+        let Some(task_tx) = self.task_tx.as_ref() else {
+            return Err(Error::Unavailable("the copy workers have stopped".into()));
+        };
         for (bytes, page) in job.pages {
             debug_assert_eq!(
                 bytes.len(),

@@ -38,7 +38,9 @@ impl ResidentIndex {
             // The import's reference on its own page is dropped below; the consumer holds `hit`.
             pages[pos] = hit;
         }
-        let import = self.remove_import(import_id);
+        let Some(import) = self.remove_import(import_id) else {
+            return Err(Error::UnknownImport { request });
+        };
         let keyed_positions: Vec<usize> = keyed.iter().map(|(pos, _)| *pos).collect();
         for pos in keyed_positions {
             release_page(pool, import.pages[pos]);

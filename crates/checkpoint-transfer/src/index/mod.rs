@@ -163,11 +163,9 @@ impl ResidentIndex {
         self.imports.values().map(|import| import.pages.len()).sum()
     }
 
-    fn remove_import(&mut self, import_id: ImportId) -> Import {
-        let import = self
-            .imports
-            .remove(&import_id)
-            .expect("remove of a missing import");
+    /// Removes `import_id` and its index entries; `None` when the index holds no such import.
+    fn remove_import(&mut self, import_id: ImportId) -> Option<Import> {
+        let import = self.imports.remove(&import_id)?;
         if self.by_request.get(&import.request) == Some(&import_id) {
             self.by_request.remove(&import.request);
         }
@@ -177,7 +175,7 @@ impl ResidentIndex {
         for job in &import.jobs {
             self.by_job.remove(job);
         }
-        import
+        Some(import)
     }
 }
 

@@ -124,7 +124,7 @@ impl ResidentIndex {
                         import: import_id,
                         page,
                     },
-                    None => return Some(self.publish(pool, import_id)),
+                    None => return self.publish(pool, import_id),
                 }
             }
             ImportState::Published => return None,
@@ -134,12 +134,9 @@ impl ResidentIndex {
     }
 
     /// Registers the import's block keys: from now on a prefix lookup finds them (O2); the import keeps
-    /// its references, so they are not evictable (O3).
-    fn publish(&mut self, pool: &mut PagePool, import_id: ImportId) -> ImportEvent {
-        let import = self
-            .imports
-            .get_mut(&import_id)
-            .expect("publish of a missing import");
+    /// its references, so they are not evictable (O3). `None` when the index holds no such import.
+    fn publish(&mut self, pool: &mut PagePool, import_id: ImportId) -> Option<ImportEvent> {
+        let import = self.imports.get_mut(&import_id)?;
         import.state = ImportState::Published;
         let keyed: Vec<(usize, BlockKey)> = import.keyed_pages().collect();
         for (pos, key) in keyed {
@@ -150,16 +147,19 @@ impl ResidentIndex {
                 "cache_block of an owned fresh page: {registered:?}"
             );
         }
-        ImportEvent::Published {
+        Some(ImportEvent::Published {
             request: import.request,
             import: import_id,
             n_tokens: import.meta.n_tokens,
-        }
+        })
     }
 
     /// Removes an import with no copy outstanding and drops its references.
     pub(super) fn discard(&mut self, pool: &mut PagePool, import_id: ImportId) {
-        let import = self.remove_import(import_id);
+        let Some(import) = self.remove_import(import_id) else {
+            debug_assert!(false, "discard of a missing import {import_id:?}");
+            return;
+        };
         debug_assert!(import.jobs.is_empty(), "discard with copies outstanding");
         for &page in &import.pages {
             if import.state != ImportState::Published {

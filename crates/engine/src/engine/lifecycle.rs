@@ -83,7 +83,7 @@ impl<E: Executor> Engine<E> {
             Phase::Resuming => self.resuming.push_back(id),
             Phase::Paused => {}
         }
-        self.reqs.get_mut(&id).expect("checked live above").phase = to;
+        super::req::live(&mut self.reqs, id)?.phase = to;
         Ok(())
     }
 

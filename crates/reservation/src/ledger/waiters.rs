@@ -87,10 +87,12 @@ impl Ledger {
             return Ok(());
         };
         let max_wait = self.config.restore_max_wait;
-        let waiter = self
-            .waiters
-            .get_mut(&(order, request))
-            .expect("waiter indexes agree");
+        let Some(waiter) = self.waiters.get_mut(&(order, request)) else {
+            // The two indexes always agree (`check_invariants`); were one dangling, drop it: no waiter.
+            debug_assert!(false, "waiter index of {request} dangling");
+            self.waiter_orders.remove(&request);
+            return Ok(());
+        };
         let waited = now.since(waiter.since);
         if !waiter.expired && waited < max_wait {
             return Ok(());
