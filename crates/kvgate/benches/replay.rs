@@ -7,7 +7,8 @@
 //! reports it (`null` without that tool). Prints progress on stderr and one JSON object on stdout. Flags:
 //! `--quick` (3,000 against 50,000 synthetic requests); `--gpu` and anything else are ignored. The growth pair
 //! runs twice: with the default store, and with a store full from the first requests (`FULL_STORE_PAGES`);
-//! each figure of the pair is the median of several runs (`SMALL_RUNS`, `LARGE_RUNS`). Growth after a common
+//! every growth run takes part in each of `ROUNDS` rounds (the short ones `SMALL_PER_ROUND` times), and each
+//! figure is the median of its runs. Growth after a common
 //! warm-up: the large trace cut at 12,000 and 24,000 requests (`--limit`), and what its last 188,000 cost
 //! against the 12,000 after the first (`replay_synthetic_warm_growth_ratio`, linear: 15.67x).
 #![allow(clippy::disallowed_methods, reason = "a bench times itself")]
@@ -26,9 +27,9 @@ const POOL_PAGES: u32 = 65_536;
 const POLICY: &str = "ordinary";
 /// Store pages of the growth runs whose store is full from their first requests (a few checkpoints).
 const FULL_STORE_PAGES: u64 = 4_096;
-/// Runs of the small and the large synthetic trace whose medians are their figures.
-const SMALL_RUNS: usize = 5;
-const LARGE_RUNS: usize = 3;
+/// Rounds of the growth runs (each large run once a round), and runs of each short one a round.
+const ROUNDS: usize = 3;
+const SMALL_PER_ROUND: usize = 2;
 /// Milliseconds between two arrivals of the synthetic traces.
 const SYNTHETIC_GAP_MS: u64 = 20;
 
@@ -82,51 +83,56 @@ fn main() {
     // ratio also measures that warm-up. With a store of `FULL_STORE_PAGES` the store is in steady state
     // from its first requests. Either way the store keeps collecting the trace's distinct block chains for
     // about 100,000 requests, so later requests restore more and recompute less (`docs/benchmarks.md`).
-    let mut growth = Vec::new();
-    for store_pages in [None, Some(FULL_STORE_PAGES)] {
-        let mut walls = Vec::new();
-        for (path, n_requests) in paths.iter().zip([small, large]) {
-            let store = store_pages.map_or("the default store".to_string(), |pages| {
-                format!("a store of {pages} pages")
-            });
-            // Medians: the small trace runs in well under a second, where the machine's noise is a large
-            // part of its time.
-            let reps = if n_requests == small {
-                SMALL_RUNS
-            } else {
-                LARGE_RUNS
-            };
-            eprintln!(
-                "kvgate bench: synthetic trace of {n_requests} requests, {store}, {reps} run(s)"
-            );
-            let wall_s = median_wall(&binary, path, store_pages, None, reps);
-            eprintln!("kvgate bench: {wall_s:.2} s");
-            walls.push(wall_s);
-        }
-        let ratio = walls[1] / walls[0];
-        eprintln!(
-            "kvgate bench: {large} requests take {ratio:.1}x the time of {small} ({:.1}x as many)",
-            large as f64 / small as f64
-        );
-        growth.push((walls, ratio));
-    }
-    let (walls, growth_ratio) = &growth[0];
-    let (full_walls, full_growth_ratio) = &growth[1];
     // Growth after a common warm-up, default store: the first `small` requests of the large trace, then the
     // first `2 * small`; what the large run costs beyond its first `small` requests against what the next
     // `small` cost. Linear cost gives `(large - small) / small`.
+    let runs = [
+        (&paths[0], None, None),
+        (&paths[1], None, None),
+        (&paths[0], Some(FULL_STORE_PAGES), None),
+        (&paths[1], Some(FULL_STORE_PAGES), None),
+        (&paths[1], None, Some(small)),
+        (&paths[1], None, Some(2 * small)),
+    ];
+    // Rounds, each running every configuration (the short ones `SMALL_PER_ROUND` times), so that the
+    // machine's drift over the bench's minutes falls on both sides of every ratio alike; each figure is the
+    // median of its runs. The short runs take well under a second, where the noise is a large part of the
+    // time: they run more often.
+    let mut walls: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
+    for round in 1..=ROUNDS {
+        eprintln!(
+            "kvgate bench: growth round {round} of {ROUNDS}: {small} and {large} synthetic requests, the \
+             default store and one of {FULL_STORE_PAGES} pages, the large trace cut at {small} and {}",
+            2 * small
+        );
+        for (idx, &(path, store_pages, limit)) in runs.iter().enumerate() {
+            let short = path == &paths[0] || limit.is_some();
+            for _ in 0..if short { SMALL_PER_ROUND } else { 1 } {
+                walls[idx].push(replay_with(&binary, path, store_pages, limit).wall_s);
+            }
+        }
+    }
+    let [
+        small_s,
+        large_s,
+        full_small_s,
+        full_large_s,
+        cut_small_s,
+        cut_double_s,
+    ] = std::array::from_fn(|idx| median(&mut walls[idx]));
+    let growth_ratio = large_s / small_s;
+    let full_growth_ratio = full_large_s / full_small_s;
     eprintln!(
-        "kvgate bench: the large trace cut at {small} and {} requests",
-        2 * small
+        "kvgate bench: {large} requests take {growth_ratio:.1}x the time of {small} ({:.1}x as many); \
+         {full_growth_ratio:.1}x with a store of {FULL_STORE_PAGES} pages",
+        large as f64 / small as f64
     );
-    let cut_walls = [small, 2 * small]
-        .map(|limit| median_wall(&binary, &paths[1], None, Some(limit), SMALL_RUNS));
-    let next_small_s = cut_walls[1] - cut_walls[0];
-    let warm_growth_ratio = (next_small_s > 0.0).then(|| (walls[1] - cut_walls[0]) / next_small_s);
+    let next_small_s = cut_double_s - cut_small_s;
+    let warm_growth_ratio = (next_small_s > 0.0).then(|| (large_s - cut_small_s) / next_small_s);
     eprintln!(
         "kvgate bench: after {small} requests, the next {small} take {next_small_s:.2} s and the rest of the \
          large trace {:.2} s ({:.1}x as many)",
-        walls[1] - cut_walls[0],
+        large_s - cut_small_s,
         (large - small) as f64 / small as f64
     );
     println!(
@@ -140,28 +146,19 @@ fn main() {
          \"replay_synthetic_warm_growth_ratio\": {}, \"replay_synthetic_warm_growth_expected\": {:.2}}}",
         json_number(conv_wall_s),
         json_number(conv_rss_mb),
-        walls[0],
-        walls[1],
-        full_walls[0],
-        full_walls[1],
+        small_s,
+        large_s,
+        full_small_s,
+        full_large_s,
         json_number(warm_growth_ratio),
         (large - small) as f64 / small as f64,
     );
 }
 
-/// The median wall time of `reps` replays of `trace` (the first `limit` requests when given).
-fn median_wall(
-    binary: &Path,
-    trace: &Path,
-    store_pages: Option<u64>,
-    limit: Option<u64>,
-    reps: usize,
-) -> f64 {
-    let mut walls: Vec<f64> = (0..reps.max(1))
-        .map(|_| replay_with(binary, trace, store_pages, limit).wall_s)
-        .collect();
-    walls.sort_by(f64::total_cmp);
-    walls[walls.len() / 2]
+/// The median of `values` (not empty).
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// What one replay cost.
