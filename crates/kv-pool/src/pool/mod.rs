@@ -174,10 +174,8 @@ impl PagePool {
             debug_assert!(page.is_some(), "lru list shorter than its counter");
             let Some(page) = page else { break };
             let page = PageId(page);
-            let PageWord { word, key_bits } = self.page_words[page.idx()];
-            debug_assert!(word & CACHED != 0, "cached free {page:?} holds no key");
-            self.prefix.remove(page, key_bits);
-            // Dropping the key clears the cached flag; `take_free_page` overwrites the whole word.
+            let removed = self.drop_key(page);
+            debug_assert!(removed, "cached free {page:?} holds no key");
             self.take_free_page(page, out);
         }
         Ok(())
