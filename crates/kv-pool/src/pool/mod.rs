@@ -495,10 +495,8 @@ impl PagePool {
             0,
             "free page {page:?} is referenced"
         );
-        self.page_words[page.idx()] = PageWord {
-            word: 1,
-            key_bits: 0,
-        };
+        // Its key bits are left as they are: meaningless without the cached flag.
+        self.page_words[page.idx()].word = 1;
     }
 
     /// `page` (whose page word is now `word`) reached reference count 0: append it to the MRU end of the
