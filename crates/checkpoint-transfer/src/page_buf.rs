@@ -271,17 +271,10 @@ fn filled_buffer<E>(
     n_bytes: usize,
     fill: impl FnOnce(&mut [u8]) -> Result<(), E>,
 ) -> Result<Arc<[u8]>, E> {
-    // Allocated where it stays: `Arc::from` a `Vec` would copy every byte into a second allocation.
+    // Allocated where it stays: `Arc::from` a `Vec` would copy every byte into a second allocation. A new
+    // `Arc` is unique, so `make_mut` hands out its bytes without cloning them.
     let mut buffer: Arc<[u8]> = std::iter::repeat_n(0u8, n_bytes).collect();
-    match Arc::get_mut(&mut buffer) {
-        Some(bytes) => fill(bytes)?,
-        // A new `Arc` has no other reference; were it shared, fill a copy.
-        None => {
-            let mut bytes = buffer.to_vec();
-            fill(&mut bytes)?;
-            buffer = Arc::from(bytes);
-        }
-    }
+    fill(Arc::make_mut(&mut buffer))?;
     Ok(buffer)
 }
 

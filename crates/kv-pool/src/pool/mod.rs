@@ -34,7 +34,7 @@ const REF_MASK: u32 = CACHED - 1;
 
 /// What the pool keeps per page, in one place: the eviction path reads the reference count, whether the page
 /// holds a key and that key's hash bits (which name its entry in the prefix index's table) in one load.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default)]
 struct PageWord {
     /// Reference count (`REF_MASK` bits) and whether the page holds a key (`CACHED`).
     word: u32,

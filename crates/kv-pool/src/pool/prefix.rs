@@ -55,7 +55,7 @@ impl PrefixIndex {
 
     /// The low 32 bits of `key`'s hash (its home slot is these `& mask`).
     #[inline]
-    pub(crate) fn hash_bits(&self, key: &BlockKey) -> u32 {
+    fn hash_bits(&self, key: &BlockKey) -> u32 {
         self.hasher.hash_one(key) as u32
     }
 
