@@ -151,36 +151,73 @@ pub fn run_replay_observed(
     let mut engine = Engine::new(config.engine_params(policy)?)?;
     let block_tokens = engine.params().geometry.block_tokens();
     // Building a request (its prompt's tokens and block keys) is most of what a submit costs, and it does not
-    // depend on the engine: a second thread builds them ahead, in order, a bounded number at a time.
+    // depend on the engine: a second thread builds them ahead, in order, a bounded number at a time, and
+    // hands them over in batches: a channel hand-over that wakes the other thread costs microseconds of
+    // system time, more than a request's build at scale.
     // A waiting request holds its trace record, not its tokens (`RequestSpec::keyed_from_source`): on one
     // engine at the trace's own rate most of the trace waits at once.
-    let (sender, requests) =
-        std::sync::mpsc::sync_channel::<engine::Result<KeyedRequest>>(REPLAY_BUILD_AHEAD);
+    let (sender, batches) = std::sync::mpsc::sync_channel::<Vec<engine::Result<KeyedRequest>>>(
+        REPLAY_BUILD_AHEAD_BATCHES,
+    );
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            for (idx, request) in trace.iter().enumerate() {
-                let mut spec = RequestSpec::new(
-                    idx as u64,
-                    Vec::new(),
-                    request.output_length.max(1),
-                    arrivals[idx],
-                );
-                spec.is_later_turn = later_turn[idx];
-                let keyed = spec.keyed_from_source(block_tokens, Arc::new(request.clone()));
+            for (first, chunk) in (0..)
+                .step_by(REPLAY_BUILD_BATCH)
+                .zip(trace.chunks(REPLAY_BUILD_BATCH))
+            {
+                let batch = chunk
+                    .iter()
+                    .enumerate()
+                    .map(|(offset, request)| {
+                        let idx = first + offset;
+                        let mut spec = RequestSpec::new(
+                            idx as u64,
+                            Vec::new(),
+                            request.output_length.max(1),
+                            arrivals[idx],
+                        );
+                        spec.is_later_turn = later_turn[idx];
+                        spec.keyed_from_source(block_tokens, Arc::new(request.clone()))
+                    })
+                    .collect();
                 // The run stopped early (an error): nothing is waiting for the rest.
-                if sender.send(keyed).is_err() {
+                if sender.send(batch).is_err() {
                     return;
                 }
             }
         });
-        // `requests` is dropped when this returns, which stops the builder if the run stopped early.
+        // `batches` is dropped when this returns, which stops the builder if the run stopped early.
+        let requests = BuiltAhead {
+            batches,
+            batch: Vec::new().into_iter(),
+        };
         drive_replay(&mut engine, requests, &arrivals, progress, observer)
     })
 }
 
-/// Requests a replay builds ahead of its engine: enough to keep the builder busy while the engine steps, few
-/// enough that they take no memory to speak of.
-const REPLAY_BUILD_AHEAD: usize = 32;
+/// Requests a replay's builder puts in one hand-over, and hand-overs it builds ahead of its engine: enough to
+/// keep the builder busy while the engine steps and to make hand-overs rare, few enough that they take no
+/// memory to speak of.
+const REPLAY_BUILD_BATCH: usize = 64;
+const REPLAY_BUILD_AHEAD_BATCHES: usize = 2;
+
+/// The replay builder's requests, in order, one batch at a time.
+struct BuiltAhead {
+    batches: std::sync::mpsc::Receiver<Vec<engine::Result<KeyedRequest>>>,
+    batch: std::vec::IntoIter<engine::Result<KeyedRequest>>,
+}
+
+impl BuiltAhead {
+    /// The next request, waiting for the builder when its batch is used up; `None` once the builder stopped.
+    fn next(&mut self) -> Option<engine::Result<KeyedRequest>> {
+        loop {
+            if let Some(request) = self.batch.next() {
+                return Some(request);
+            }
+            self.batch = self.batches.recv().ok()?.into_iter();
+        }
+    }
+}
 
 /// The replay's step loop: hands every request of `requests` (one per entry of `arrivals`, in order) over at
 /// its arrival, and steps until all have finished.
@@ -190,7 +227,7 @@ const REPLAY_BUILD_AHEAD: usize = 32;
 )]
 fn drive_replay(
     engine: &mut Engine,
-    requests: std::sync::mpsc::Receiver<engine::Result<KeyedRequest>>,
+    mut requests: BuiltAhead,
     arrivals: &[Timestamp],
     progress: Progress<'_>,
     observer: &mut dyn Observer,
@@ -209,7 +246,7 @@ fn drive_replay(
             if arrivals[next] > engine.now() && !engine.is_idle() {
                 break;
             }
-            let request = requests.recv().map_err(|_| {
+            let request = requests.next().ok_or_else(|| {
                 Error::Internal(format!(
                     "the replay's request builder stopped after {next} of {total} requests"
                 ))
