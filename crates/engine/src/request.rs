@@ -70,6 +70,11 @@ impl RequestSpec {
     pub fn keyed(mut self, block_tokens: u32) -> KeyedRequest {
         let room = (self.max_output_tokens as usize).min(self.prompt.len());
         self.prompt.reserve_exact(room);
+        self.keyed_with_room(block_tokens, room)
+    }
+
+    /// The keys of the prompt's full blocks, with room for `room` more: `keyed` without touching the prompt.
+    fn keyed_with_room(self, block_tokens: u32, room: usize) -> KeyedRequest {
         let mut keys = Vec::new();
         if block_tokens > 0 {
             let block_tokens = block_tokens as usize;
@@ -107,7 +112,9 @@ impl RequestSpec {
             });
         }
         source.generate(&mut self.prompt);
-        Ok(self.keyed(block_tokens).deferring(source))
+        // The prompt is dropped once keyed (its tail is kept with room of its own): no room for the output.
+        let room = (self.max_output_tokens as usize).min(self.prompt.len());
+        Ok(self.keyed_with_room(block_tokens, room).deferring(source))
     }
 }
 
