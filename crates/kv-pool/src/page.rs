@@ -22,8 +22,8 @@ impl PageId {
     }
 }
 
-/// Key of one cached block: `H(parent key, the block's token ids, salt)` with BLAKE3, so a prefix cache cannot
-/// be poisoned by crafted collisions. Different salts (tenants, cache salts) never produce the same key.
+/// Key of one cached block: BLAKE3 of the block's token ids keyed by the parent's key (a first block's by a key
+/// derived from the salt), so a prefix cache cannot be poisoned by crafted collisions. Different salts (tenants, cache salts) never produce the same key.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockKey(pub [u8; 32]);
 
@@ -38,13 +38,18 @@ impl std::fmt::Debug for BlockKey {
 }
 
 impl BlockKey {
-    /// The key of a block whose parent block has key `parent` (`None` for the first block).
+    /// The key of a block whose parent block has key `parent` (`None` for the first block). `salt` keys the
+    /// first block; a later block's key commits to it through its parent's.
     pub fn chain(parent: Option<&BlockKey>, tokens: &[u32], salt: &[u8]) -> BlockKey {
-        // The message, every field length-prefixed so no two different inputs serialize to the same bytes:
-        // salt length (u64), salt, 0 (no parent) or 1 and the parent key, token count (u64), the tokens
-        // (u32 little endian). It is hashed in one call: BLAKE3 fed a few bytes at a time spends most of its
-        // time in per-call overhead. A block of 16 tokens fits on the stack.
-        let n_bytes = 8 + salt.len() + 1 + parent.map_or(0, |_| 32) + 8 + 4 * tokens.len();
+        // BLAKE3 keyed by the parent's key, over the tokens (u32 little endian): a block of 16 tokens is one
+        // 64-byte BLAKE3 block, one compression. The first block is keyed by a key derived from the salt
+        // (`derive_key`, its own domain), so no first block's key is any other block's parent key unless BLAKE3
+        // collides; BLAKE3 encodes the input's length, so no two token counts give the same message.
+        let key = match parent {
+            Some(parent) => parent.0,
+            None => blake3::derive_key(ROOT_KEY_CONTEXT, salt),
+        };
+        let n_bytes = 4 * tokens.len();
         let mut inline = [0u8; CHAIN_INLINE_BYTES];
         let mut heap = Vec::new();
         let message = if n_bytes <= CHAIN_INLINE_BYTES {
@@ -53,25 +58,10 @@ impl BlockKey {
             heap.resize(n_bytes, 0);
             &mut heap[..]
         };
-        let mut writer = MessageWriter {
-            out: message,
-            at: 0,
-        };
-        writer.put(&(salt.len() as u64).to_le_bytes());
-        writer.put(salt);
-        match parent {
-            Some(parent) => {
-                writer.put(&[1]);
-                writer.put(&parent.0);
-            }
-            None => writer.put(&[0]),
+        for (bytes, token) in message.chunks_exact_mut(4).zip(tokens) {
+            bytes.copy_from_slice(&token.to_le_bytes());
         }
-        writer.put(&(tokens.len() as u64).to_le_bytes());
-        for token in tokens {
-            writer.put(&token.to_le_bytes());
-        }
-        debug_assert_eq!(writer.at, n_bytes, "the message length was computed wrong");
-        BlockKey(*blake3::hash(writer.out).as_bytes())
+        BlockKey(*blake3::keyed_hash(&key, message).as_bytes())
     }
 
     /// Keys of every full block of `tokens`, `tokens_per_page` tokens each, in order. A trailing partial
@@ -187,22 +177,11 @@ impl Hasher for BlockKeyHasher {
     }
 }
 
-/// Messages of [`BlockKey::chain`] up to this many bytes are built on the stack (a 16-token block with a
-/// salt of up to 150 bytes).
+/// Messages of [`BlockKey::chain`] up to this many bytes (blocks of up to 64 tokens) are built on the stack.
 const CHAIN_INLINE_BYTES: usize = 256;
 
-/// Appends fields to a key's message buffer, sized in advance.
-struct MessageWriter<'a> {
-    out: &'a mut [u8],
-    at: usize,
-}
-
-impl MessageWriter<'_> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.out[self.at..self.at + bytes.len()].copy_from_slice(bytes);
-        self.at += bytes.len();
-    }
-}
+/// The `derive_key` context of a first block's key (its salt is the key material).
+const ROOT_KEY_CONTEXT: &str = "kvgate 2026-12 block key of a first block";
 
 #[cfg(test)]
 mod tests;
