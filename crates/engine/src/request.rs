@@ -97,9 +97,21 @@ impl RequestSpec {
     /// the same tokens every time: the engine checks a fingerprint of what it generates later. Errors:
     /// `InvalidParam "prompt"` when the spec has a prompt of its own (a source or tokens, not both).
     pub fn keyed_from_source(
+        self,
+        block_tokens: u32,
+        source: Arc<dyn PromptSource>,
+    ) -> Result<KeyedRequest> {
+        self.keyed_from_source_in(block_tokens, source, &mut Vec::new())
+    }
+
+    /// [`RequestSpec::keyed_from_source`], generating the prompt into `scratch` (cleared first), which gets the
+    /// buffer back afterwards: a caller that keys many requests reuses one buffer instead of allocating a
+    /// prompt's worth of memory for each. Errors as `keyed_from_source`.
+    pub fn keyed_from_source_in(
         mut self,
         block_tokens: u32,
         source: Arc<dyn PromptSource>,
+        scratch: &mut Vec<u32>,
     ) -> Result<KeyedRequest> {
         if !self.prompt.is_empty() {
             return Err(Error::InvalidParam {
@@ -111,10 +123,15 @@ impl RequestSpec {
                 ),
             });
         }
-        source.generate(&mut self.prompt);
-        // The prompt is dropped once keyed (its tail is kept with room of its own): no room for the output.
+        scratch.clear();
+        source.generate(scratch);
+        std::mem::swap(&mut self.prompt, scratch);
+        // The prompt goes back to `scratch` once keyed (its tail is kept with room of its own): no room for
+        // the output.
         let room = (self.max_output_tokens as usize).min(self.prompt.len());
-        Ok(self.keyed_with_room(block_tokens, room).deferring(source))
+        let mut keyed = self.keyed_with_room(block_tokens, room);
+        *scratch = keyed.defer(source);
+        Ok(keyed)
     }
 }
 
@@ -152,8 +169,9 @@ impl KeyedRequest {
             .map_or(self.spec.prompt.len(), |deferred| deferred.source.len())
     }
 
-    /// This request holding `source` instead of its prompt's tokens (`RequestSpec::keyed_from_source`).
-    fn deferring(mut self, source: Arc<dyn PromptSource>) -> KeyedRequest {
+    /// Makes this request hold `source` instead of its prompt's tokens (`RequestSpec::keyed_from_source`);
+    /// returns the prompt it held.
+    fn defer(&mut self, source: Arc<dyn PromptSource>) -> Vec<u32> {
         let prompt = std::mem::take(&mut self.spec.prompt);
         // Kept: the partial last block (the first output block's key hashes it) and the tokens an output
         // token is a function of.
@@ -173,7 +191,7 @@ impl KeyedRequest {
             tail_start,
             tail,
         });
-        self
+        prompt
     }
 
     /// The request, the keys of its prompt's full blocks, and its deferred prompt if it has one.

@@ -176,6 +176,8 @@ pub fn run_cluster_replay(
     let total = trace.len() as u64;
     let mut next = 0usize;
     let mut finished = 0u64;
+    // One prompt buffer for every request: each is generated into it, keyed, and dropped.
+    let mut scratch = Vec::new();
     loop {
         // Route every request that has arrived on every busy engine's clock; with none busy, the next one.
         while next < trace.len() {
@@ -192,7 +194,8 @@ pub fn run_cluster_replay(
             );
             spec.is_later_turn = later_turn[next];
             // Keyed once, for the router and the engine; held as its trace record while it waits.
-            let keyed = spec.keyed_from_source(block_tokens, Arc::new(request.clone()))?;
+            let keyed =
+                spec.keyed_from_source_in(block_tokens, Arc::new(request.clone()), &mut scratch)?;
             let target = router.choose(&engines, &mut store, keyed.keys());
             submit_keyed_or_reject(&mut engines[target], keyed)?;
             busy[target] = !engines[target].is_idle();

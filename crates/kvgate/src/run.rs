@@ -161,6 +161,8 @@ pub fn run_replay_observed(
     );
     std::thread::scope(|scope| {
         scope.spawn(|| {
+            // One prompt buffer for every request: each is generated into it, keyed, and dropped.
+            let mut scratch = Vec::new();
             for (first, chunk) in (0..)
                 .step_by(REPLAY_BUILD_BATCH)
                 .zip(trace.chunks(REPLAY_BUILD_BATCH))
@@ -177,7 +179,11 @@ pub fn run_replay_observed(
                             arrivals[idx],
                         );
                         spec.is_later_turn = later_turn[idx];
-                        spec.keyed_from_source(block_tokens, Arc::new(request.clone()))
+                        spec.keyed_from_source_in(
+                            block_tokens,
+                            Arc::new(request.clone()),
+                            &mut scratch,
+                        )
                     })
                     .collect();
                 // The run stopped early (an error): nothing is waiting for the rest.
