@@ -173,6 +173,66 @@ impl PromptSource for Source {
     }
 }
 
+/// `keyed_from_source_in` is `keyed_from_source` whatever its buffer held before: the same keys, length and
+/// outputs for prompts longer and shorter than the last, the buffer back with its capacity, and a refused
+/// request leaves the buffer as it was.
+#[test]
+fn a_request_keyed_in_a_reused_buffer_is_the_request_keyed_alone() {
+    let block_tokens = TPP;
+    let mut scratch = vec![7u32; 5 * TPP as usize + 3];
+    let run = |request: engine::KeyedRequest| {
+        let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
+        engine.submit_keyed(request).unwrap();
+        engine.run_until_idle(10_000).unwrap();
+        engine.take_finished().pop().unwrap().output
+    };
+    for (id, n_tokens) in [
+        (1, 3 * TPP + 5),
+        (2, TPP - 1),
+        (3, 2 * TPP),
+        (4, 4 * TPP + 1),
+    ] {
+        let prompt = tokens(id, 0, 0, n_tokens);
+        let alone = spec(id, Vec::new(), 4, Timestamp::ZERO)
+            .keyed_from_source(
+                block_tokens,
+                Source::new(prompt.clone(), prompt.clone(), usize::MAX),
+            )
+            .unwrap();
+        let reused = spec(id, Vec::new(), 4, Timestamp::ZERO)
+            .keyed_from_source_in(
+                block_tokens,
+                Source::new(prompt.clone(), prompt.clone(), usize::MAX),
+                &mut scratch,
+            )
+            .unwrap();
+        assert_eq!(reused.keys(), alone.keys(), "prompt of {n_tokens}");
+        assert_eq!(reused.prompt_len(), prompt.len());
+        assert!(reused.spec().prompt.is_empty(), "the tokens are not held");
+        assert_eq!(scratch, prompt, "the buffer holds the prompt it generated");
+        assert_eq!(run(reused), run(alone), "prompt of {n_tokens}");
+    }
+    let capacity = scratch.capacity();
+    let held = scratch.clone();
+    let prompt = tokens(9, 0, 0, TPP);
+    let error = spec(9, prompt.clone(), 4, Timestamp::ZERO)
+        .keyed_from_source_in(
+            block_tokens,
+            Source::new(prompt.clone(), prompt, usize::MAX),
+            &mut scratch,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::InvalidParam { name: "prompt", .. }),
+        "{error:?}"
+    );
+    assert_eq!(
+        (scratch.capacity(), &scratch),
+        (capacity, &held),
+        "untouched"
+    );
+}
+
 #[test]
 fn a_request_keyed_from_a_prompt_source_is_checked_like_any_and_a_source_that_changes_fails_where_read()
  {
