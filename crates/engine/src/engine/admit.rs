@@ -320,10 +320,17 @@ impl<E: Executor> Engine<E> {
         }
         let pages = self.pool.allocate(new_pages)?;
         let req = super::req::live(&mut self.reqs, id)?;
-        let restored = hits
-            .iter()
-            .filter(|page| req.published_unowned.contains(page))
-            .count() as u32;
+        // Hits on the pages its pages-only import published (and not evicted since) were restored; sorted,
+        // so that a long prompt's count is not its hits times its published pages.
+        let restored = if req.published_unowned.is_empty() {
+            0
+        } else {
+            let mut published = req.published_unowned.clone();
+            published.sort_unstable();
+            hits.iter()
+                .filter(|page| published.binary_search(page).is_ok())
+                .count() as u32
+        };
         req.record_served(
             (hits.len() as u32 - restored) * block_tokens,
             restored * block_tokens,
@@ -537,11 +544,16 @@ impl<E: Executor> Engine<E> {
         }
         let hybrid = self.groups.is_hybrid();
         // Attention-only: a block another page already cached was a local hit. Hybrid: the import brought
-        // the whole boundary (no local hit without state, H2).
+        // the whole boundary (no local hit without state, H2). `hits` is the import's page table with each
+        // block's page, position by position: a block restored is one whose page is still the import's own.
         let restored_tokens = if hybrid {
             tokens
         } else {
-            hits.iter().filter(|page| dest.contains(page)).count() as u32 * block_tokens
+            hits.iter()
+                .zip(&dest)
+                .filter(|(hit, own)| hit == own)
+                .count() as u32
+                * block_tokens
         };
         let req = super::req::live(&mut self.reqs, id)?;
         req.restore = Restore::Idle;
