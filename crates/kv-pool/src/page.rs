@@ -23,7 +23,8 @@ impl PageId {
 }
 
 /// Key of one cached block: BLAKE3 of the block's token ids keyed by the parent's key (a first block's by a key
-/// derived from the salt), so a prefix cache cannot be poisoned by crafted collisions. Different salts (tenants, cache salts) never produce the same key.
+/// derived from the salt), so a prefix cache cannot be poisoned by crafted collisions. Different salts
+/// (tenants, cache salts) never produce the same key.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockKey(pub [u8; 32]);
 
