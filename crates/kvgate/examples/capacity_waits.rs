@@ -15,10 +15,12 @@
 //!
 //! Run it with `cargo run --release -p kvgate --example capacity_waits [-- --pool-pages N]`.
 #![allow(
-    clippy::print_stdout,
     clippy::print_stderr,
-    reason = "an example prints what it measures"
+    reason = "an example says on stderr why it cannot write its report"
 )]
+
+use std::fmt::Write as _;
+use std::io::Write as _;
 
 use kvgate::run::{self, Observer};
 use kvgate::workload::agents::AgentsSpec;
@@ -120,10 +122,13 @@ fn main() -> Result<(), kvgate::Error> {
     }
     // The spec and seed of `kvgate agents`.
     let spec = AgentsSpec {
-        seed: config.seed.wrapping_add(1),
+        seed: run::agents_seed(&config),
         ..AgentsSpec::default()
     };
-    println!(
+    // The report is written at the end, at once: a reader that closed the pipe early ends it quietly.
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
         "agents: {} sessions x {} turns, pool of {} pages",
         spec.n_agents, spec.turns, config.pool.pages
     );
@@ -146,14 +151,16 @@ fn main() -> Result<(), kvgate::Error> {
                 0.0
             }
         };
-        println!(
+        let _ = writeln!(
+            out,
             "{policy:>8}: mean turn {:.2} s over {:.1} s of engine time; pages in use {:.0} on average",
             metrics.mean_turn_s,
             waits.span_s,
             waits.in_use_page_s / waits.span_s.max(f64::MIN_POSITIVE),
         );
         if waits.waiting_s > 0.0 {
-            println!(
+            let _ = writeln!(
+                out,
                 "          live capacity waiters {:.1} s ({:.0}% of the time): {:.2} waiters and {:.0} free pages \
                  on average",
                 waits.waiting_s,
@@ -161,7 +168,8 @@ fn main() -> Result<(), kvgate::Error> {
                 per_wait(waits.waiter_s),
                 per_wait(waits.waiting_free_page_s),
             );
-            println!(
+            let _ = writeln!(
+                out,
                 "          some waiter fits {:.2} s ({:.1}% of the wait), a later one but not the earliest {:.2} s \
                  ({:.1}%); otherwise the smallest need is {:.0} pages above what is free, on average",
                 waits.some_fit_s,
@@ -172,11 +180,26 @@ fn main() -> Result<(), kvgate::Error> {
             );
         }
         let packed_s = waits.in_use_page_s / pool_pages;
-        println!(
-            "          its page-seconds packed into {pool_pages} pages: {packed_s:.1} s, a mean turn of about \
-             {:.2} s (a session thinks {think_s:.1} s in all)",
-            (packed_s - think_s) / f64::from(spec.turns),
-        );
+        let _ = if packed_s > think_s {
+            writeln!(
+                out,
+                "          its page-seconds packed into {pool_pages} pages: {packed_s:.1} s, a mean turn of about \
+                 {:.2} s (a session thinks {think_s:.1} s in all)",
+                (packed_s - think_s) / f64::from(spec.turns),
+            )
+        } else {
+            writeln!(
+                out,
+                "          its page-seconds packed into {pool_pages} pages: {packed_s:.1} s, less than a session \
+                 thinks ({think_s:.1} s): the pool bounds no turn"
+            )
+        };
     }
-    Ok(())
+    match std::io::stdout().lock().write_all(out.as_bytes()) {
+        Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+            eprintln!("capacity_waits: cannot write the report: {error}");
+            std::process::exit(1);
+        }
+        _ => Ok(()),
+    }
 }

@@ -263,7 +263,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         n_agents: args.agents.unwrap_or(defaults.n_agents),
         turns: args.turns.unwrap_or(defaults.turns),
         think_s: args.think_s.unwrap_or(defaults.think_s),
-        seed: config.seed.wrapping_add(1),
+        seed: run::agents_seed(&config),
         ..defaults
     };
     spec.validate()?;

@@ -390,6 +390,11 @@ pub(crate) fn submit_keyed_or_reject(engine: &mut Engine, request: KeyedRequest)
 /// memory, so a model on more context-parallel ranks has a pool of as many more tokens.
 pub const AGENTS_POOL_TOKENS_PER_RANK: u32 = 16_384;
 
+/// The seed of an agents run's token streams (`AgentsSpec::seed`): the engine config's seed plus one.
+pub fn agents_seed(config: &EngineConfig) -> u64 {
+    config.seed.wrapping_add(1)
+}
+
 /// Usable pages of the agents run's pool unless told otherwise: `AGENTS_POOL_TOKENS_PER_RANK` tokens of the
 /// model's pages.
 pub fn agents_pool_pages(config: &EngineConfig) -> u32 {

@@ -154,7 +154,7 @@ fn block_key_debug_is_short_hex() {
 /// block by the key `derive_key` gives the salt.
 fn chain_by_fields(parent: Option<&BlockKey>, tokens: &[u32], salt: &[u8]) -> BlockKey {
     let key = parent.map_or_else(
-        || blake3::derive_key("kvgate 2026-12 block key of a first block", salt),
+        || blake3::derive_key(super::ROOT_KEY_CONTEXT, salt),
         |parent| parent.0,
     );
     let mut hasher = blake3::Hasher::new_keyed(&key);
