@@ -362,6 +362,23 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     Ok(())
 }
 
+/// The trace `args` names, cut to its first `--limit` requests. Errors: `InvalidArgument` for `--limit 0`
+/// (a replay of nothing), and whatever reading the trace gives.
+fn replay_trace(args: &ReplayArgs) -> kvgate::Result<Vec<mooncake::TraceRequest>> {
+    if args.limit == Some(0) {
+        return Err(kvgate::Error::InvalidArgument {
+            name: "--limit",
+            value: "0".to_string(),
+            allowed: "at least 1 request",
+        });
+    }
+    let mut trace = mooncake::read_trace(&args.trace)?;
+    if let Some(limit) = args.limit {
+        trace.truncate(limit);
+    }
+    Ok(trace)
+}
+
 fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let (config, _) = load_config(&args.run)?;
     run::check_time_scale(args.time_scale)?;
@@ -370,10 +387,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     if args.engines > 1 {
         return replay_cluster(args, &config, router);
     }
-    let mut trace = mooncake::read_trace(&args.trace)?;
-    if let Some(limit) = args.limit {
-        trace.truncate(limit.max(1));
-    }
+    let trace = replay_trace(args)?;
     let max_hit_pct = mooncake::theoretical_max_hit_pct(&trace);
     let later = run::later_turns(&trace);
     let policies = policies(&args.run.policy)?;
@@ -462,10 +476,7 @@ fn replay_cluster(
             allowed: "a chart of a replay on one engine (--engines 1)",
         });
     }
-    let mut trace = mooncake::read_trace(&args.trace)?;
-    if let Some(limit) = args.limit {
-        trace.truncate(limit.max(1));
-    }
+    let trace = replay_trace(args)?;
     let max_hit_pct = mooncake::theoretical_max_hit_pct(&trace);
     let later = run::later_turns(&trace);
     let policies = policies(&args.run.policy)?;
