@@ -20,6 +20,7 @@ fn small() -> (EngineConfig, AgentsSpec) {
         response_tokens: 32,
         think_s: 1.0,
         seed: 7,
+        ..AgentsSpec::default()
     };
     (config, spec)
 }

@@ -35,7 +35,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use engine::{Policy, RunMetrics};
 use kvgate::plot::{self, Timeline};
-use kvgate::workload::agents::AgentsSpec;
+use kvgate::workload::agents::{AgentsSpec, TurnPriority};
 use kvgate::workload::mooncake;
 use kvgate::{EngineConfig, cluster, metrics, report, run};
 
@@ -134,6 +134,11 @@ struct AgentsArgs {
     /// `--executor reference`.
     #[arg(long)]
     think_s: Option<f64>,
+    /// The priority each turn asks for, which orders the restores waiting for pool capacity (contract Q1:
+    /// priority, then arrival): `arrival` (every turn alike, FCFS; the default) or `progress` (a turn's
+    /// index in its session: sessions further along go first). The same under every policy.
+    #[arg(long, value_enum, default_value_t = TurnPriorityArg::Arrival)]
+    turn_priority: TurnPriorityArg,
     /// The executor: `sim` (the default: modeled step times on a simulated clock, fingerprint page bytes) or
     /// `reference` (a live run: a small seeded transformer computes real KV and recurrent state into the
     /// pool, threaded copies move real bytes from the host store, on the wall clock, decode tok/s measured;
@@ -146,6 +151,24 @@ struct AgentsArgs {
     /// example 127.0.0.1:9464; port 0 picks a free one, named on stderr).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<String>,
+}
+
+/// `--turn-priority`: the values of [`TurnPriority`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum TurnPriorityArg {
+    /// Every turn alike: arrival order.
+    Arrival,
+    /// A turn's index in its session.
+    Progress,
+}
+
+impl From<TurnPriorityArg> for TurnPriority {
+    fn from(arg: TurnPriorityArg) -> TurnPriority {
+        match arg {
+            TurnPriorityArg::Arrival => TurnPriority::Arrival,
+            TurnPriorityArg::Progress => TurnPriority::Progress,
+        }
+    }
 }
 
 /// Which executor an agents run drives.
@@ -264,6 +287,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         turns: args.turns.unwrap_or(defaults.turns),
         think_s: args.think_s.unwrap_or(defaults.think_s),
         seed: run::agents_seed(&config),
+        turn_priority: args.turn_priority.into(),
         ..defaults
     };
     spec.validate()?;
@@ -345,7 +369,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     } else {
         outln!(
             "{} agents x {} turns ({} first-prompt tokens, about {} new tokens and {} response tokens a turn), \
-             pool {} pages of {} tokens{}, preset {}; the workload allows at most {:.1}% from cache\n",
+             pool {} pages of {} tokens{}, preset {}{}; the workload allows at most {:.1}% from cache\n",
             spec.n_agents,
             spec.turns,
             spec.first_prompt_tokens,
@@ -355,6 +379,11 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             tokens_per_page,
             ranks_suffix(context_parallel),
             preset_label,
+            match spec.turn_priority {
+                TurnPriority::Arrival => "",
+                TurnPriority::Progress =>
+                    ", turns admitted by session progress (--turn-priority progress)",
+            },
             spec.max_from_cache_pct()
         );
         out!("{}", report::table(&runs));

@@ -359,6 +359,7 @@ fn submit_turn<E: Executor>(
     let mut request =
         RequestSpec::new(id, context.clone(), spec.response_len(agent, turn), arrival);
     request.is_later_turn = turn > 0;
+    request.priority = spec.turn_priority.of(turn);
     // A rejected turn ends its session: the engine counted it (K1), and the later turns would only grow.
     submit_or_reject(engine, request)
 }
@@ -422,6 +423,7 @@ pub(crate) fn small_agents() -> (EngineConfig, AgentsSpec) {
         response_tokens: 32,
         think_s: 1.0,
         seed: 7,
+        ..AgentsSpec::default()
     };
     (config, spec)
 }

@@ -39,6 +39,7 @@ pub fn live_agents_spec() -> AgentsSpec {
         response_tokens: 48,
         think_s: 0.5,
         seed: 1,
+        ..AgentsSpec::default()
     }
 }
 

@@ -1,6 +1,7 @@
 //! Tests of the drivers' workload bookkeeping.
 
 use super::*;
+use crate::workload::agents::TurnPriority;
 use crate::workload::mooncake::parse_trace;
 
 #[test]
@@ -63,4 +64,39 @@ fn cuda_storage_runs_or_without_a_driver_fails_naming_storage() {
         }
         Ok(()) => assert_eq!(run.unwrap().leaked_pages, 0),
     }
+}
+
+/// `--turn-priority progress` reorders the waiters, and only that: under every policy every turn still
+/// finishes, nothing leaks, `reserved` still serves every later turn from cache, and the schedule moves.
+#[test]
+fn q1_turns_by_session_progress_finish_every_turn_and_leak_nothing_under_every_policy() {
+    let (config, _) = small_agents();
+    // Six sessions on 256 pages: several restores wait at once, so their order matters.
+    let arrival = AgentsSpec {
+        n_agents: 6,
+        turns: 6,
+        ..AgentsSpec::default()
+    };
+    let progress = AgentsSpec {
+        turn_priority: TurnPriority::Progress,
+        ..arrival.clone()
+    };
+    let turns = arrival.n_agents * arrival.turns;
+    let mut moved = false;
+    for policy in Policy::ALL {
+        let by_arrival = run_agents(&config, &arrival, policy, &mut |_, _| {}).unwrap();
+        let by_progress = run_agents(&config, &progress, policy, &mut |_, _| {}).unwrap();
+        assert_eq!(by_progress.requests_finished, turns, "{policy}");
+        assert_eq!(by_progress.requests_cancelled, 0, "{policy}");
+        assert_eq!(by_progress.leaked_pages, 0, "{policy}");
+        if policy == Policy::Reserved {
+            assert_eq!(
+                by_progress.later_turns_restored + by_progress.later_turns_local_hit,
+                by_progress.later_turns,
+                "reserved serves every later turn of this workload from cache in either order"
+            );
+        }
+        moved |= by_progress.mean_turn_s != by_arrival.mean_turn_s;
+    }
+    assert!(moved, "the order changes some policy's schedule");
 }

@@ -30,6 +30,31 @@ pub struct AgentsSpec {
     pub think_s: f64,
     /// Seed of every token stream.
     pub seed: u64,
+    /// The priority each turn asks the engine for.
+    pub turn_priority: TurnPriority,
+}
+
+/// The priority a turn asks for. The engine admits by priority, then arrival (contract Q1), so this is the
+/// admission order of the capacity waiters; it is the client's choice, the same under every policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TurnPriority {
+    /// Every turn the same priority: arrival order (FCFS).
+    #[default]
+    Arrival,
+    /// A turn's priority is its index in its session: a session further along goes first, so the sessions
+    /// progress unevenly and their contexts differ in size, instead of all growing together.
+    Progress,
+}
+
+impl TurnPriority {
+    /// The `RequestSpec::priority` of turn `turn` (larger first).
+    pub fn of(self, turn: u32) -> i32 {
+        match self {
+            TurnPriority::Arrival => 0,
+            TurnPriority::Progress => i32::try_from(turn).unwrap_or(i32::MAX),
+        }
+    }
 }
 
 impl Default for AgentsSpec {
@@ -42,6 +67,7 @@ impl Default for AgentsSpec {
             response_tokens: 224,
             think_s: 2.0,
             seed: 1,
+            turn_priority: TurnPriority::Arrival,
         }
     }
 }

@@ -184,3 +184,15 @@ fn total_prompt_tokens_sums_every_turns_prompt() {
         .sum();
     assert_eq!(spec.total_prompt_tokens(), by_turn);
 }
+
+#[test]
+fn a_turn_asks_for_its_index_by_progress_and_for_nothing_by_arrival() {
+    for turn in [0, 1, 31, u32::MAX] {
+        assert_eq!(TurnPriority::Arrival.of(turn), 0);
+    }
+    assert_eq!(TurnPriority::Progress.of(0), 0);
+    assert_eq!(TurnPriority::Progress.of(31), 31);
+    // Beyond i32 (never a real turn: the limits stop at 100,000 turns in all) it saturates.
+    assert_eq!(TurnPriority::Progress.of(u32::MAX), i32::MAX);
+    assert_eq!(AgentsSpec::default().turn_priority, TurnPriority::Arrival);
+}
