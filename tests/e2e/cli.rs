@@ -540,3 +540,27 @@ fn cuda_storage_on_the_command_line_runs_or_fails_naming_storage_without_a_drive
         assert_eq!(report["runs"][0]["leaked_pages"], 0, "{report}");
     }
 }
+
+/// An agents report says in which order its turns were admitted, in the table's header and in the JSON.
+#[test]
+fn an_agents_report_names_its_turn_priority() {
+    let small = [
+        "agents", "--agents", "2", "--turns", "2", "--policy", "reserved",
+    ];
+    for (order, header) in [
+        ("arrival", None),
+        ("progress", Some("turns admitted by session progress")),
+    ] {
+        let (ok, stdout, stderr) =
+            kvgate(&[&small[..], &["--turn-priority", order, "--json"]].concat());
+        assert!(ok, "{stderr}");
+        let report: serde_json::Value = serde_json::from_str(&stdout).expect("the report is JSON");
+        assert_eq!(report["turn_priority"], order);
+        let (ok, table, stderr) = kvgate(&[&small[..], &["--turn-priority", order]].concat());
+        assert!(ok, "{stderr}");
+        match header {
+            Some(header) => assert!(table.contains(header), "{table}"),
+            None => assert!(!table.contains("session progress"), "{table}"),
+        }
+    }
+}

@@ -365,7 +365,8 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         runs,
     )?;
     if args.run.json {
-        outln!("{}", report::runs_json(&runs, &[]));
+        let extra = [("turn_priority", serde_json::json!(spec.turn_priority))];
+        outln!("{}", report::runs_json(&runs, &extra));
     } else {
         outln!(
             "{} agents x {} turns ({} first-prompt tokens, about {} new tokens and {} response tokens a turn), \
