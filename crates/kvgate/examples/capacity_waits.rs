@@ -13,7 +13,8 @@
 //!   were packed into the pool with no page idle, every session ending together: the packed span less a
 //!   session's mean think time, over its turns.
 //!
-//! Run it with `cargo run --release -p kvgate --example capacity_waits [-- --pool-pages N]`.
+//! Run it with `cargo run --release -p kvgate --example capacity_waits [-- --pool-pages N] [--turn-priority
+//! arrival|progress]`.
 #![allow(
     clippy::print_stderr,
     reason = "an example says on stderr why it cannot write its report"
@@ -23,7 +24,7 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 
 use kvgate::run::{self, Observer};
-use kvgate::workload::agents::AgentsSpec;
+use kvgate::workload::agents::{AgentsSpec, TurnPriority};
 use kvgate::{Engine, EngineConfig, Policy, StepReport, Timestamp};
 
 /// Engine-time integrals over a run, each state weighted by the time until the next step.
@@ -98,10 +99,19 @@ impl Observer for Waits {
     }
 }
 
-fn main() -> Result<(), kvgate::Error> {
+fn main() {
+    if let Err(error) = run_example() {
+        eprintln!("capacity_waits: {error}");
+        std::process::exit(1);
+    }
+}
+
+/// Parses the arguments, runs both policies and writes the report.
+fn run_example() -> Result<(), kvgate::Error> {
     let mut args = std::env::args().skip(1);
     let mut config = EngineConfig::default();
     config.pool.pages = run::agents_pool_pages(&config);
+    let mut turn_priority = TurnPriority::Arrival;
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
             ("--pool-pages", Some(pages)) => {
@@ -111,11 +121,24 @@ fn main() -> Result<(), kvgate::Error> {
                     allowed: "a count of pages",
                 })?;
             }
+            ("--turn-priority", Some(order)) => {
+                turn_priority = match order.as_str() {
+                    "arrival" => TurnPriority::Arrival,
+                    "progress" => TurnPriority::Progress,
+                    _ => {
+                        return Err(kvgate::Error::InvalidArgument {
+                            name: "--turn-priority",
+                            value: order,
+                            allowed: "arrival or progress",
+                        });
+                    }
+                };
+            }
             _ => {
                 return Err(kvgate::Error::InvalidArgument {
                     name: "argument",
                     value: arg,
-                    allowed: "--pool-pages N",
+                    allowed: "--pool-pages N or --turn-priority arrival|progress",
                 });
             }
         }
@@ -123,14 +146,15 @@ fn main() -> Result<(), kvgate::Error> {
     // The spec and seed of `kvgate agents`.
     let spec = AgentsSpec {
         seed: run::agents_seed(&config),
+        turn_priority,
         ..AgentsSpec::default()
     };
     // The report is written at the end, at once: a reader that closed the pipe early ends it quietly.
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "agents: {} sessions x {} turns, pool of {} pages",
-        spec.n_agents, spec.turns, config.pool.pages
+        "agents: {} sessions x {} turns, pool of {} pages, turn priority {:?}",
+        spec.n_agents, spec.turns, config.pool.pages, spec.turn_priority
     );
     let think_s = (0..spec.n_agents)
         .map(|agent| {
