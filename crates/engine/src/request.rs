@@ -68,17 +68,21 @@ impl RequestSpec {
     /// there (the trace replay does). The prompt also gets room for its output (up to its own length again),
     /// so the engine's first output token does not copy it.
     pub fn keyed(mut self, block_tokens: u32) -> KeyedRequest {
-        let room = (self.max_output_tokens as usize).min(self.prompt.len());
-        self.prompt.reserve_exact(room);
-        self.keyed_with_room(block_tokens, room)
+        self.prompt.reserve_exact(self.output_room());
+        self.keyed_as_is(block_tokens)
     }
 
-    /// The keys of the prompt's full blocks, with room for `room` more: `keyed` without touching the prompt.
-    fn keyed_with_room(self, block_tokens: u32, room: usize) -> KeyedRequest {
+    /// The room `keyed` makes for the output: up to the prompt's own length again.
+    fn output_room(&self) -> usize {
+        (self.max_output_tokens as usize).min(self.prompt.len())
+    }
+
+    /// The keys of the prompt's full blocks (with room for the output's): `keyed` without touching the prompt.
+    fn keyed_as_is(self, block_tokens: u32) -> KeyedRequest {
         let mut keys = Vec::new();
         if block_tokens > 0 {
             let block_tokens = block_tokens as usize;
-            keys.reserve_exact((self.prompt.len() + room) / block_tokens);
+            keys.reserve_exact((self.prompt.len() + self.output_room()) / block_tokens);
             BlockKey::extend_chain(&mut keys, &self.prompt, block_tokens, &self.salt);
         }
         KeyedRequest {
@@ -126,10 +130,9 @@ impl RequestSpec {
         scratch.clear();
         source.generate(scratch);
         std::mem::swap(&mut self.prompt, scratch);
-        // The prompt goes back to `scratch` once keyed (its tail is kept with room of its own): no room for
-        // the output.
-        let room = (self.max_output_tokens as usize).min(self.prompt.len());
-        let mut keyed = self.keyed_with_room(block_tokens, room);
+        // The prompt goes back to `scratch` once keyed, so it gets no room for the output: the deferred tail
+        // gets its own.
+        let mut keyed = self.keyed_as_is(block_tokens);
         *scratch = keyed.defer(source);
         Ok(keyed)
     }
@@ -172,14 +175,14 @@ impl KeyedRequest {
     /// Makes this request hold `source` instead of its prompt's tokens (`RequestSpec::keyed_from_source`);
     /// returns the prompt it held.
     fn defer(&mut self, source: Arc<dyn PromptSource>) -> Vec<u32> {
+        // The room `keyed` makes for the output (the generated prompt's own capacity may be larger).
+        let room = self.spec.output_room();
         let prompt = std::mem::take(&mut self.spec.prompt);
         // Kept: the partial last block (the first output block's key hashes it) and the tokens an output
         // token is a function of.
         let tail_start = (self.keys.len() * self.block_tokens as usize)
             .min(prompt.len().saturating_sub(OUTPUT_TOKEN_TAIL))
             .min(prompt.len());
-        // The room `keyed` makes for the output (the generated prompt's own capacity may be larger).
-        let room = (self.spec.max_output_tokens as usize).min(prompt.len());
         let mut tail = Vec::with_capacity(prompt.len() - tail_start + room);
         tail.extend_from_slice(&prompt[tail_start..]);
         self.deferred = Some(DeferredPrompt {

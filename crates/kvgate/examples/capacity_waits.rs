@@ -122,17 +122,13 @@ fn run_example() -> Result<(), kvgate::Error> {
                 })?;
             }
             ("--turn-priority", Some(order)) => {
-                turn_priority = match order.as_str() {
-                    "arrival" => TurnPriority::Arrival,
-                    "progress" => TurnPriority::Progress,
-                    _ => {
-                        return Err(kvgate::Error::InvalidArgument {
-                            name: "--turn-priority",
-                            value: order,
-                            allowed: "arrival or progress",
-                        });
+                turn_priority = clap::ValueEnum::from_str(&order, false).map_err(|_| {
+                    kvgate::Error::InvalidArgument {
+                        name: "--turn-priority",
+                        value: order.clone(),
+                        allowed: "arrival or progress",
                     }
-                };
+                })?;
             }
             _ => {
                 return Err(kvgate::Error::InvalidArgument {

@@ -4,17 +4,16 @@
 //! metrics, the cluster's, and whether the cluster kept up with the trace's own arrival rate ([`KeepUp`]).
 
 use std::str::FromStr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::{CheckpointStore, PrefixQuery, SharedStore};
-use engine::{Engine, Policy, RequestSpec, RunMetrics};
+use engine::{Engine, Policy, RunMetrics};
 use kv_pool::{BlockKey, Timestamp};
 
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::limits::ENGINES_MAX;
-use crate::run::{Progress, replay_arrivals, submit_keyed_or_reject};
+use crate::run::{Progress, keyed_trace_request, replay_arrivals, submit_keyed_or_reject};
 use crate::workload::mooncake::TraceRequest;
 
 /// How a cluster replay picks the engine of each request.
@@ -185,17 +184,15 @@ pub fn run_cluster_replay(
             if earliest_busy(&engines, &busy).is_some_and(|index| arrival > engines[index].now()) {
                 break;
             }
-            let request = &trace[next];
-            let mut spec = RequestSpec::new(
-                next as u64,
-                Vec::new(),
-                request.output_length.max(1),
-                arrival,
-            );
-            spec.is_later_turn = later_turn[next];
             // Keyed once, for the router and the engine; held as its trace record while it waits.
-            let keyed =
-                spec.keyed_from_source_in(block_tokens, Arc::new(request.clone()), &mut scratch)?;
+            let keyed = keyed_trace_request(
+                next,
+                &trace[next],
+                arrival,
+                later_turn[next],
+                block_tokens,
+                &mut scratch,
+            )?;
             let target = router.choose(&engines, &mut store, keyed.keys());
             submit_keyed_or_reject(&mut engines[target], keyed)?;
             busy[target] = !engines[target].is_idle();

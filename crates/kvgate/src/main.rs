@@ -137,8 +137,8 @@ struct AgentsArgs {
     /// The priority each turn asks for, which orders the restores waiting for pool capacity (contract Q1:
     /// priority, then arrival): `arrival` (every turn alike, FCFS; the default) or `progress` (a turn's
     /// index in its session: sessions further along go first). The same under every policy.
-    #[arg(long, value_enum, default_value_t = TurnPriorityArg::Arrival)]
-    turn_priority: TurnPriorityArg,
+    #[arg(long, value_enum, default_value_t = TurnPriority::Arrival)]
+    turn_priority: TurnPriority,
     /// The executor: `sim` (the default: modeled step times on a simulated clock, fingerprint page bytes) or
     /// `reference` (a live run: a small seeded transformer computes real KV and recurrent state into the
     /// pool, threaded copies move real bytes from the host store, on the wall clock, decode tok/s measured;
@@ -151,24 +151,6 @@ struct AgentsArgs {
     /// example 127.0.0.1:9464; port 0 picks a free one, named on stderr).
     #[arg(long, value_name = "ADDR")]
     metrics_addr: Option<String>,
-}
-
-/// `--turn-priority`: the values of [`TurnPriority`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum TurnPriorityArg {
-    /// Every turn alike: arrival order.
-    Arrival,
-    /// A turn's index in its session.
-    Progress,
-}
-
-impl From<TurnPriorityArg> for TurnPriority {
-    fn from(arg: TurnPriorityArg) -> TurnPriority {
-        match arg {
-            TurnPriorityArg::Arrival => TurnPriority::Arrival,
-            TurnPriorityArg::Progress => TurnPriority::Progress,
-        }
-    }
 }
 
 /// Which executor an agents run drives.
@@ -287,7 +269,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         turns: args.turns.unwrap_or(defaults.turns),
         think_s: args.think_s.unwrap_or(defaults.think_s),
         seed: run::agents_seed(&config),
-        turn_priority: args.turn_priority.into(),
+        turn_priority: args.turn_priority,
         ..defaults
     };
     spec.validate()?;

@@ -172,16 +172,13 @@ pub fn run_replay_observed(
                     .enumerate()
                     .map(|(offset, request)| {
                         let idx = first + offset;
-                        let mut spec = RequestSpec::new(
-                            idx as u64,
-                            Vec::new(),
-                            request.output_length.max(1),
-                            arrivals[idx],
-                        );
-                        spec.is_later_turn = later_turn[idx];
-                        spec.keyed_from_source_in(
+                        let arrival = arrivals[idx];
+                        keyed_trace_request(
+                            idx,
+                            request,
+                            arrival,
+                            later_turn[idx],
                             block_tokens,
-                            Arc::new(request.clone()),
                             &mut scratch,
                         )
                     })
@@ -199,6 +196,26 @@ pub fn run_replay_observed(
         };
         drive_replay(&mut engine, requests, &arrivals, progress, observer)
     })
+}
+
+/// Trace request `idx` as the engine's request `idx`, arriving at `arrival`, keyed for blocks of
+/// `block_tokens` and held as its trace record (`RequestSpec::keyed_from_source_in`, generated into `scratch`).
+pub(crate) fn keyed_trace_request(
+    idx: usize,
+    request: &TraceRequest,
+    arrival: Timestamp,
+    is_later_turn: bool,
+    block_tokens: u32,
+    scratch: &mut Vec<u32>,
+) -> engine::Result<KeyedRequest> {
+    let mut spec = RequestSpec::new(
+        idx as u64,
+        Vec::new(),
+        request.output_length.max(1),
+        arrival,
+    );
+    spec.is_later_turn = is_later_turn;
+    spec.keyed_from_source_in(block_tokens, Arc::new(request.clone()), scratch)
 }
 
 /// Requests a replay's builder puts in one hand-over, and hand-overs it builds ahead of its engine: enough to

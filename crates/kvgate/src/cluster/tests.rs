@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use checkpoint_transfer::HostStore;
-use engine::EngineParams;
+use engine::{EngineParams, RequestSpec};
 
 use super::*;
 use crate::run::{later_turns, run_replay};

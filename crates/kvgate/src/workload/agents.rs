@@ -36,7 +36,7 @@ pub struct AgentsSpec {
 
 /// The priority a turn asks for. The engine admits by priority, then arrival (contract Q1), so this is the
 /// admission order of the capacity waiters; it is the client's choice, the same under every policy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 pub enum TurnPriority {
     /// Every turn the same priority: arrival order (FCFS).
