@@ -233,8 +233,8 @@ fn a_late_event_after_a_long_idle_stretch_runs_at_once() {
     let temp = tempfile::tempdir().expect("a temp dir");
     let scenario = r#"{"max_steps": 1000000, "events": [
         {"at_step": 0, "do": {"submit": {"id": 1, "new_tokens": 32, "max_output_tokens": 2}}},
-        {"at_step": 999999, "do": {"advance_s": 1e9}},
-        {"at_step": 999999, "do": {"submit": {"id": 2, "new_tokens": 32, "max_output_tokens": 2}}}
+        {"at_step": 999990, "do": {"advance_s": 1e9}},
+        {"at_step": 999990, "do": {"submit": {"id": 2, "new_tokens": 32, "max_output_tokens": 2}}}
     ]}"#;
     let path = write_input(
         temp.path(),

@@ -213,6 +213,9 @@ pub struct RunMetrics {
     pub sim_seconds: f64,
     /// Real seconds spent stepping.
     pub wall_seconds: f64,
+    /// Why the run stopped before every request ended (the liveness watchdog's `Error::Stalled`, naming the
+    /// stuck requests); `None` for a run that finished. The other fields count what happened until then.
+    pub stopped: Option<String>,
 }
 
 impl RunMetrics {

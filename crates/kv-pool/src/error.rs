@@ -121,6 +121,21 @@ pub enum Error {
         /// The model's maximum length.
         max_model_len: u32,
     },
+    /// A sliding window's retained tail longer than the model's maximum length: no request could ever use it.
+    #[error(
+        "cache group {group_idx} keeps a retained tail of {retained_tail_tokens} tokens behind its window of \
+         {window_tokens}, more than max_model_len {max_model_len}; use a tail of at most max_model_len"
+    )]
+    TailExceedsModelLen {
+        /// Index of the offending group.
+        group_idx: usize,
+        /// The window.
+        window_tokens: u32,
+        /// The retained tail asked for.
+        retained_tail_tokens: u32,
+        /// The model's maximum length.
+        max_model_len: u32,
+    },
     /// A local-attention chunk longer than the model's maximum length.
     #[error(
         "cache group {group_idx} has a local chunk of {chunk_tokens} tokens, more than max_model_len {max_model_len}"

@@ -108,7 +108,7 @@ pub struct Geometry {
 impl Geometry {
     /// Validates and builds a geometry. Errors name the offending value and group index: zero
     /// `tokens_per_page`, `context_parallel`, `max_model_len`, no groups, a group with zero `bytes_per_page`,
-    /// window, chunk or auxiliary pages, or a window or chunk longer than `max_model_len`.
+    /// window, chunk or auxiliary pages, or a window, retained tail or chunk longer than `max_model_len`.
     pub fn new(
         groups: Vec<CacheGroup>,
         tokens_per_page: u32,
@@ -139,7 +139,10 @@ impl Geometry {
                 return Err(Error::ZeroBytesPerPage { group_idx });
             }
             match group.kind {
-                GroupKind::SlidingWindow { window_tokens, .. } => {
+                GroupKind::SlidingWindow {
+                    window_tokens,
+                    retained_tail_tokens,
+                } => {
                     if window_tokens == 0 {
                         return Err(Error::ZeroWindow { group_idx });
                     }
@@ -147,6 +150,14 @@ impl Geometry {
                         return Err(Error::WindowExceedsModelLen {
                             group_idx,
                             window_tokens,
+                            max_model_len,
+                        });
+                    }
+                    if retained_tail_tokens > max_model_len {
+                        return Err(Error::TailExceedsModelLen {
+                            group_idx,
+                            window_tokens,
+                            retained_tail_tokens,
                             max_model_len,
                         });
                     }

@@ -22,6 +22,15 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The liveness watchdog stopped a run (K3); its report was written, marked incomplete.
+    #[error(
+        "{policies}: stopped by the liveness watchdog before every request ended; the report above counts \
+         what happened until then (scheduler.stall_timeout_s sets the watchdog)"
+    )]
+    Incomplete {
+        /// The policies whose runs stopped, comma-separated.
+        policies: String,
+    },
     /// The metrics endpoint cannot listen.
     #[error("cannot serve metrics on {addr}: {reason}; give a free address such as 127.0.0.1:9464")]
     Metrics {

@@ -22,6 +22,15 @@ pub const AGENTS_MAX: u32 = 100_000;
 /// Turns of an agents run at most, all sessions together (`n_agents * turns`).
 pub const AGENT_TURNS_TOTAL_MAX: u64 = 100_000;
 
+/// Sessions of a live agents run (`--executor reference`) at most: the reference model computes every token
+/// on the CPU, so a live run is sized for minutes (1 600 one-turn sessions took 94 s a policy on a 2-core
+/// machine, 100 took 3 s).
+pub const LIVE_AGENTS_MAX: u32 = 256;
+
+/// Turns of a live agents run at most, all sessions together (`n_agents * turns`; the default live run has
+/// 64).
+pub const LIVE_AGENT_TURNS_TOTAL_MAX: u64 = 1_024;
+
 /// Steps of a scenario at most (`max_steps`): every step is a record of the trace it prints.
 pub const SCENARIO_STEPS_MAX: u32 = 1_000_000;
 

@@ -272,7 +272,12 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         turn_priority: args.turn_priority,
         ..defaults
     };
-    spec.validate()?;
+    if live {
+        spec.validate_live()?;
+        run::check_live_geometry(&config)?;
+    } else {
+        spec.validate()?;
+    }
     let policies = policies(&args.run.policy)?;
     let plot = args.run.plot.is_some();
     let mut registry = prometheus_client::registry::Registry::default();
@@ -471,7 +476,22 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
         );
         out!("{}", report::table(&runs));
     }
-    Ok(())
+    incomplete(&runs)
+}
+
+/// `Error::Incomplete` naming the runs the watchdog stopped, once their report is out; `Ok` when none was.
+fn incomplete(runs: &[RunMetrics]) -> kvgate::Result<()> {
+    let stopped: Vec<&str> = runs
+        .iter()
+        .filter(|run| run.stopped.is_some())
+        .map(|run| run.policy.as_str())
+        .collect();
+    if stopped.is_empty() {
+        return Ok(());
+    }
+    Err(kvgate::Error::Incomplete {
+        policies: stopped.join(", "),
+    })
 }
 
 /// `replay` on a cluster of `args.engines` engines: a table per policy with a column per engine and the
@@ -634,6 +654,9 @@ fn policies(names: &[String]) -> kvgate::Result<Vec<Policy>> {
 
 /// Runs each policy on its own thread (runs are independent engines) and shows progress on stderr when the
 /// runs take longer than a second and stderr is a terminal.
+/// Seconds between progress lines when stderr is not a terminal.
+const PROGRESS_EVERY_S: f64 = 10.0;
+
 fn run_policies<T: Send>(
     policies: &[Policy],
     run: impl Fn(Policy, run::Progress<'_>) -> kvgate::Result<T> + Sync,
@@ -646,9 +669,18 @@ fn run_policies<T: Send>(
             .map(|&policy| {
                 let run = &run;
                 scope.spawn(move || {
+                    // On a terminal, one line redrawn; elsewhere (a log, a pipe) a line every
+                    // `PROGRESS_EVERY_S` seconds, so a long run is never silent.
+                    let mut next_line_s = PROGRESS_EVERY_S;
                     let mut progress = |done: u64, total: u64| {
-                        if show && started.elapsed().as_secs_f64() > 1.0 {
+                        let elapsed_s = started.elapsed().as_secs_f64();
+                        if show && elapsed_s > 1.0 {
                             err!("\r{policy:>10}: {done}/{total} requests finished   ");
+                        } else if !show && elapsed_s >= next_line_s {
+                            errln!(
+                                "kvgate: {policy}: {done}/{total} requests finished after {elapsed_s:.0} s"
+                            );
+                            next_line_s = elapsed_s + PROGRESS_EVERY_S;
                         }
                     };
                     run(policy, &mut progress)

@@ -42,6 +42,7 @@ pub fn run_json(run: &RunMetrics) -> Value {
         "store_write_failures": run.store_write_failures,
         "sim_seconds": round(run.sim_seconds, 3),
         "wall_seconds": round(run.wall_seconds, 3),
+        "stopped": run.stopped,
     })
 }
 
@@ -59,10 +60,21 @@ pub fn runs_json(runs: &[RunMetrics], extra: &[(&str, Value)]) -> Value {
 }
 
 /// The side-by-side table, one column per run (headed by its policy), one row per headline metric.
+/// A run the watchdog stopped is named below the table, with why: its column counts only what happened until
+/// then.
 pub fn table(runs: &[RunMetrics]) -> String {
     let columns: Vec<(&str, &RunMetrics)> =
         runs.iter().map(|run| (run.policy.as_str(), run)).collect();
-    table_of(&columns)
+    let mut out = table_of(&columns);
+    for run in runs {
+        if let Some(why) = &run.stopped {
+            out.push_str(&format!(
+                "INCOMPLETE: {} stopped early: {why}\n",
+                run.policy
+            ));
+        }
+    }
+    out
 }
 
 /// A cluster replay's JSON: the cluster's metrics by their names (as [`run_json`]), plus `router`,

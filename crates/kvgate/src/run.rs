@@ -280,7 +280,18 @@ fn drive_replay(
         if engine.is_idle() && next == arrivals.len() {
             break;
         }
-        let report = engine.step()?;
+        let report = match engine.step() {
+            Ok(report) => report,
+            // K3: the watchdog stops the run; what it did until then is still reported, marked stopped.
+            Err(stalled @ engine::Error::Stalled { .. }) => {
+                observer.finish(engine);
+                return Ok(RunMetrics {
+                    stopped: Some(stalled.to_string()),
+                    ..engine.metrics()
+                });
+            }
+            Err(error) => return Err(error.into()),
+        };
         observer.step(engine, &report);
         for _ in engine.take_finished() {
             finished += 1;
@@ -451,6 +462,6 @@ mod tests;
 
 pub use live::{
     LIVE_MAX_MODEL_LEN, LIVE_MAX_RUNNING, LIVE_POOL_PAGES, LIVE_SLIDING_WINDOW_TOKENS,
-    live_agents_spec, live_params, live_pool_pages, reference_model, run_agents_live,
-    run_agents_live_observed,
+    check_live_geometry, live_agents_spec, live_params, live_pool_pages, reference_model,
+    run_agents_live, run_agents_live_observed,
 };

@@ -213,6 +213,8 @@ pub fn run(scenario: &Scenario) -> Result<Value> {
                 event.at_step, scenario.max_steps
             )));
         }
+        check_event(&engine, &event.action)
+            .map_err(|message| bad(format!("step {}: {message}", event.at_step)))?;
         events.entry(event.at_step).or_default().push(&event.action);
     }
     let mut contexts: HashMap<u64, Vec<u32>> = HashMap::new();
@@ -244,6 +246,9 @@ pub fn run(scenario: &Scenario) -> Result<Value> {
         } else {
             step += 1;
         }
+    }
+    if !engine.is_idle() {
+        return Err(bad(stuck_at_budget(&engine, scenario.max_steps, &live)));
     }
     Ok(json!({
         "description": scenario.description,
@@ -344,6 +349,63 @@ fn apply(
             json!({ format!("advance {by_s} s"): "ok" })
         }
     })
+}
+
+/// Refuses, before the run, an event that could never do what it says: a copy fault on a rank the engine does
+/// not have (it would never fire), a resume asking for no output (`submit` refuses 0 too).
+fn check_event(engine: &Engine, action: &Action) -> std::result::Result<(), String> {
+    match action {
+        Action::CopyFault(CopyFault::FailNext { rank } | CopyFault::DelayNext { rank, .. }) => {
+            let n_ranks = engine.params().geometry.context_parallel();
+            let field = match action {
+                Action::CopyFault(CopyFault::FailNext { .. }) => "fail_next.rank",
+                _ => "delay_next.rank",
+            };
+            if *rank >= n_ranks {
+                return Err(format!(
+                    "copy_fault.{field} {rank} is invalid; allowed: 0 to {} (model.context_parallel is \
+                     {n_ranks})",
+                    n_ranks - 1
+                ));
+            }
+        }
+        Action::Resume {
+            max_output_tokens: 0,
+            ..
+        } => {
+            return Err("resume.max_output_tokens 0 is invalid; allowed: at least 1".to_string());
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// The error of a scenario whose `max_steps` ran out with work left: the requests still live, where each
+/// stands.
+fn stuck_at_budget(engine: &Engine, max_steps: u32, live: &BTreeSet<u64>) -> String {
+    let stuck: Vec<String> = live
+        .iter()
+        .filter_map(|&id| {
+            let view = engine
+                .request(RequestId(id))
+                .filter(|view| view.phase != engine::RequestPhase::Paused)?;
+            Some(format!(
+                "request {id} {} with {} tokens computed and {} output",
+                view.phase.name(),
+                view.n_computed,
+                view.n_output
+            ))
+        })
+        .collect();
+    format!(
+        "max_steps {max_steps} ran out with work left: {}; raise max_steps if it only needs longer, or \
+         look for a request that can never finish",
+        if stuck.is_empty() {
+            "the engine is not idle".to_string()
+        } else {
+            stuck.join(", ")
+        }
+    )
 }
 
 /// `value` seconds of the scenario field `field`, or what is wrong with it.

@@ -148,6 +148,14 @@ pub enum Error {
         /// The request.
         request: RequestId,
     },
+    /// `withdraw` of a ticket whose pages were handed to the import that copies into them: release it instead.
+    #[error(
+        "{request}'s ticket handed its pages to a staged import: release it, its holder drains them"
+    )]
+    PagesHandedOver {
+        /// The request.
+        request: RequestId,
+    },
     /// An operation that needs the ticket in another state.
     #[error("{request}'s ticket is {state:?}, the operation needs {expected:?}")]
     WrongTicketState {
@@ -199,6 +207,7 @@ impl Error {
             | Error::TicketExists { .. }
             | Error::NoTicket { .. }
             | Error::WrongTicketState { .. }
+            | Error::PagesHandedOver { .. }
             | Error::UnknownDrain { .. }
             | Error::WindowFreeExceedsHeld { .. }
             | Error::Pool(_) => ErrorKind::Invalid,

@@ -96,10 +96,25 @@ impl<E: Executor> Engine<E> {
         }
         if let Some(ledger) = &self.ledger {
             ledger.check_invariants(&self.pool);
+            // O5: the index alone pins and drains an import's pages. A ticket hands its pages over when its
+            // import is staged, in the call that reserved it, or is withdrawn, so between calls no importing
+            // ticket holds pages and the ledger drains nothing.
+            if ledger.draining_pages() != 0 {
+                return broken(format!(
+                    "the ledger drains {} pages, which the index should own",
+                    ledger.draining_pages()
+                ));
+            }
             for ticket in ledger.snapshot().tickets {
                 let Some(req) = self.reqs.get(&ticket.request) else {
                     return broken(format!("a ticket of {}, which is not live", ticket.request));
                 };
+                if ticket.state == reservation::TicketState::Importing && !ticket.handed_over {
+                    return broken(format!(
+                        "{}'s importing ticket still holds {} pages no staged import owns",
+                        ticket.request, ticket.import_pages
+                    ));
+                }
                 // A ticket never holds more credits than a fresh ticket for what is left would: the
                 // continuation from its computed tokens to every token still to compute (the prompt and,
                 // for a request preempted after it produced output, that output too), its draft

@@ -309,12 +309,13 @@ impl<E: Executor> Engine<E> {
             + u64::from(spec.max_output_tokens)
             + u64::from(self.params.draft_tokens);
         let model_limit = u64::from(self.params.geometry.max_model_len());
-        let pool_limit = u64::from(self.pool.n_usable().saturating_sub(self.groups.n_fixed()))
-            * u64::from(self.params.geometry.block_tokens());
         let rejected = if tokens > model_limit {
             Some((RejectReason::LongerThanModel, model_limit))
-        } else if tokens > pool_limit {
-            Some((RejectReason::LargerThanPool, pool_limit))
+        } else if self.peak_pages(tokens as u32) > self.pool.n_usable() {
+            Some((
+                RejectReason::LargerThanPool,
+                u64::from(self.pool_token_limit()),
+            ))
         } else {
             None
         };
@@ -371,12 +372,12 @@ impl<E: Executor> Engine<E> {
             Phase::Waiting | Phase::Restoring | Phase::Ready => self.drop_restore(id)?,
             Phase::Running | Phase::Paused | Phase::Resuming => {
                 self.cancel_loading(id)?;
-                self.release_ticket(id);
+                self.release_ticket(id)?;
                 self.free_request_pages(id)?;
             }
         }
         self.end_wait(id);
-        self.retire(id, true);
+        self.retire(id, true)?;
         Ok(())
     }
 
@@ -391,12 +392,18 @@ impl<E: Executor> Engine<E> {
         if req.phase != Phase::Paused {
             return Err(Error::NotPaused { request: id });
         }
+        if max_output_tokens == 0 {
+            return Err(Error::InvalidParam {
+                name: "max_output_tokens",
+                reason: format!("{id} resumed asking for 0 output tokens; at least 1"),
+            });
+        }
         req.push_tokens(input, block_tokens)?;
         req.prompt_end = req.tokens.len() as u32;
         req.prompt_captured = false;
         req.prefill_tail_captured = false;
         req.answer_tokens = 0;
-        req.answer_cap = max_output_tokens.max(1);
+        req.answer_cap = max_output_tokens;
         req.stopped = false;
         self.move_to(id, Phase::Resuming)
     }
@@ -411,8 +418,33 @@ impl<E: Executor> Engine<E> {
             return Err(Error::NotPaused { request: id });
         }
         self.free_request_pages(id)?;
-        self.retire(id, false);
+        self.retire(id, false)?;
         Ok(())
+    }
+
+    /// Pages a request of `tokens` tokens (prompt, output and draft lookahead) holds on each rank at its last
+    /// token, however its prompt is chunked: every token of a full group, the live window of a sliding-window
+    /// group (its retained tail included) or of a chunked-local group, and the fixed pages of recurrent and
+    /// auxiliary groups. Larger chunks need more on the way (the admission step refuses a first chunk that
+    /// can never fit); no run of the request needs less.
+    fn peak_pages(&self, tokens: u32) -> u32 {
+        self.params.geometry.request_peak_pages(tokens, 1, 0)
+    }
+
+    /// The most tokens a request may have for `peak_pages` to fit the usable pool (it grows with the tokens,
+    /// so a binary search finds it); 0 when not even one token fits.
+    fn pool_token_limit(&self) -> u32 {
+        let usable = self.pool.n_usable();
+        let (mut fits, mut above) = (0u32, self.params.geometry.max_model_len().saturating_add(1));
+        while above - fits > 1 {
+            let mid = fits + (above - fits) / 2;
+            if self.peak_pages(mid) <= usable {
+                fits = mid;
+            } else {
+                above = mid;
+            }
+        }
+        fits
     }
 
     /// Resets the prefix cache (X2): refused, changing nothing, while any import is staged or owned or any page
@@ -575,17 +607,33 @@ impl<E: Executor> Engine<E> {
     /// Injects a copy fault (fail, delay, corrupt, evict a destination page) into the copy engine. The inline
     /// engine models every fault and the reordering engine the failures; the others refuse with an error.
     pub fn inject_copy_fault(&mut self, fault: Fault) -> Result<()> {
+        let n_ranks = self.params.geometry.context_parallel();
+        if let Fault::FailNext { rank }
+        | Fault::DelayNext { rank, .. }
+        | Fault::CorruptNext { rank, .. }
+        | Fault::FailInFlight { rank } = fault
+            && rank >= n_ranks
+        {
+            return Err(Error::InvalidParam {
+                name: "rank",
+                reason: format!(
+                    "a copy fault on rank {rank} of an engine with {n_ranks} rank(s) would never fire; \
+                     0 to {}",
+                    n_ranks - 1
+                ),
+            });
+        }
         Ok(self.copies.inject_fault(fault)?)
     }
 
     /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it
     /// (a ticket whose prompt ended in the step it finished, a waiter) is released: release is idempotent.
-    fn retire(&mut self, id: RequestId, cancelled: bool) {
+    fn retire(&mut self, id: RequestId, cancelled: bool) -> Result<()> {
         self.leave_container(id);
-        self.release_ticket(id);
+        self.release_ticket(id)?;
         self.note_progress();
         let Some(mut req) = self.reqs.remove(&id) else {
-            return;
+            return Ok(());
         };
         req.metrics.finished = Some(self.now);
         req.metrics.lookups = req.lookups;
@@ -597,6 +645,7 @@ impl<E: Executor> Engine<E> {
             cancelled,
             metrics: req.metrics,
         });
+        Ok(())
     }
 }
 

@@ -242,3 +242,37 @@ fn same_seed_and_config_give_an_identical_run() {
         assert_eq!(first, second, "{policy}");
     }
 }
+
+/// G3 under load (issue 27, item 1): agents sessions with a checkpoint store far smaller than their contexts,
+/// so captures evict checkpoints while restores that looked them up wait for capacity. Some restores find
+/// their checkpoint gone only after their reservation (the precondition, asserted): each withdraws its ticket
+/// and frees its pages at once; no ticket is ever released still holding pages, and every invariant holds
+/// after every step. `KVGATE_SIM_SEEDS=N` runs seeds `0..N / 3` (4 by default).
+#[test]
+fn g3_a_small_store_evicting_checkpoints_under_load_never_strands_a_tickets_pages() {
+    let n_seeds = std::env::var("KVGATE_SIM_SEEDS")
+        .ok()
+        .and_then(|value| value.parse::<u64>().ok())
+        .map_or(4, |n| (n / 3).max(1));
+    let (params, agents) = comparison_workload();
+    let mut withdrawn = 0;
+    for seed in 0..n_seeds {
+        let params = EngineParams {
+            policy: Policy::Reserved,
+            store_capacity_pages: 400,
+            seed,
+            ..params.clone()
+        };
+        let agents = Agents { seed, ..agents };
+        let logs = crate::restart::captured_logs(|| {
+            let run = run_agents(params, agents, 1);
+            assert_eq!(run.metrics.leaked_pages, 0, "seed {seed}");
+        });
+        assert!(!logs.contains("ERROR"), "seed {seed}: {logs}");
+        withdrawn += logs.matches("ticket withdrawn").count();
+    }
+    assert!(
+        withdrawn > 0,
+        "no checkpoint was lost after its reservation"
+    );
+}

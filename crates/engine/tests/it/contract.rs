@@ -588,6 +588,54 @@ fn g3_a_waiting_restore_is_not_revalidated_while_its_checkpoint_exists() {
     );
 }
 
+/// G3 (issue 27, item 1): a checkpoint lost between the lookup's answer and the reservation (the store
+/// evicted it, or failed) is found missing only after the ticket took its pages. No copy ever received them,
+/// so the ticket is withdrawn and its pages freed at once: it never reaches the release path with pages a
+/// staged import should own (which logged "a released ticket still held its import's pages"), and every
+/// invariant holds after every step.
+#[test]
+fn g3_a_checkpoint_lost_after_its_reservation_frees_the_tickets_pages_at_once() {
+    let params = EngineParams {
+        restore_max_wait: Duration::from_secs(600),
+        ..params(Policy::Reserved, 49)
+    };
+    let mut engine = Engine::new(params).unwrap();
+    let prompt = tokens(1, 0, 0, 20 * TPP);
+    seed_checkpoint(&mut engine, 1, &prompt, 1);
+    hold_with_paused_stream(&mut engine, 2, 30);
+    engine
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
+        .unwrap();
+    step_until(&mut engine, 100, |engine, _| {
+        engine
+            .request(RequestId(4))
+            .is_some_and(|view| view.is_waiter)
+    });
+    // The store loses the checkpoint while the answered restore waits; then its capacity frees, so the
+    // next step reserves before any refresh could notice.
+    engine.forget_checkpoints();
+    engine.close_stream(RequestId(2)).unwrap();
+    let logs = crate::restart::captured_logs(|| {
+        let reports = step_until(&mut engine, 1000, |_, report| !report.fallbacks.is_empty());
+        assert_eq!(
+            reports.last().unwrap().fallbacks,
+            vec![(RequestId(4), FallbackReason::NotInStore)]
+        );
+    });
+    assert!(!logs.contains("ERROR"), "{logs}");
+    let view = engine.request(RequestId(4)).unwrap();
+    assert_eq!(
+        view.lookups, 2,
+        "the lost checkpoint was looked up again: {view:?}"
+    );
+    let _steps = engine.run_until_idle(10_000).expect("run");
+    assert_eq!(
+        engine.ledger_snapshot().map(|ledger| ledger.tickets.len()),
+        Some(0)
+    );
+    assert_eq!((engine.leaked_pages(), engine.pool().n_in_use()), (0, 0));
+}
+
 #[test]
 fn g4_refresh_after_half_the_lookup_timeout_finds_the_checkpoint_gone_and_recomputes() {
     let params = EngineParams {

@@ -104,7 +104,7 @@ fn captures_the_store_cannot_write_are_counted_and_the_engine_goes_on() {
 }
 
 /// Runs `body` with this thread's logs captured (every level, no colour); returns what they printed.
-fn captured_logs(body: impl FnOnce()) -> String {
+pub(crate) fn captured_logs(body: impl FnOnce()) -> String {
     #[derive(Clone, Default)]
     struct Buffer(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
     impl std::io::Write for Buffer {

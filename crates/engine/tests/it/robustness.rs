@@ -70,6 +70,58 @@ fn k1_a_request_that_can_never_run_is_rejected_alone_and_counted_by_reason() {
 /// A request keyed ahead (`RequestSpec::keyed`, as the replay does on its builder thread) runs exactly as the
 /// same request submitted plainly; keys made for another block size, or none (size 0), are refused naming the
 /// request and both sizes, and nothing changes.
+/// K1 with a retained tail (issue 27, item 4): a sliding window of 16 tokens that retains 100 000 more keeps
+/// every page it ever held, so a request needs its pages twice (full group and window). One that fits the pool
+/// only once is refused at submit, naming the limit in tokens, where it used to be admitted and stop at the
+/// pool's edge forever.
+#[test]
+fn k1_a_window_whose_retained_tail_keeps_every_page_counts_them_at_submit() {
+    let group = |kind| kv_pool::CacheGroup {
+        kind,
+        bytes_per_page: 1024,
+    };
+    let geometry = kv_pool::Geometry::new(
+        vec![
+            group(kv_pool::GroupKind::Full),
+            group(kv_pool::GroupKind::SlidingWindow {
+                window_tokens: 16,
+                retained_tail_tokens: 100_000,
+            }),
+        ],
+        TPP,
+        1,
+        131_072,
+    )
+    .unwrap();
+    let params = EngineParams {
+        geometry,
+        ..params(Policy::Reserved, 201)
+    };
+    let mut engine = Engine::new(params).unwrap();
+    // 150 pages of tokens: 300 with the window's, above the 200 usable.
+    let too_big = engine.submit(spec(1, tokens(1, 1, 0, 2392), 8, Timestamp::ZERO));
+    assert!(
+        matches!(
+            too_big,
+            Err(Error::Rejected {
+                reason: RejectReason::LargerThanPool,
+                tokens: 2400,
+                limit: 1600,
+                ..
+            })
+        ),
+        "{too_big:?}"
+    );
+    // Half of it fits twice over, and finishes.
+    engine
+        .submit(spec(2, tokens(1, 2, 0, 1192), 8, Timestamp::ZERO))
+        .unwrap();
+    let _steps = engine.run_until_idle(10_000).unwrap();
+    let finished = engine.take_finished();
+    assert_eq!(finished.len(), 1);
+    assert!(!finished[0].cancelled);
+}
+
 #[test]
 fn a_keyed_request_runs_as_submitted_and_keys_for_another_block_size_are_refused() {
     let run = |keyed: bool| {
@@ -845,4 +897,56 @@ fn an_unavailable_copy_engine_is_refused_when_the_engine_is_built() {
         refused.is_err_and(|error| error.to_string().contains("inline copy engine")),
         "threaded copies take no fault"
     );
+}
+
+/// Issue 27, item 8: calls that could never do what they say are refused naming the parameter, changing
+/// nothing: a resume asking for no output (as `submit` refuses 0) and a copy fault on a rank the engine does
+/// not have (it would never fire).
+#[test]
+fn a_resume_for_no_output_and_a_fault_on_a_missing_rank_are_refused_naming_the_parameter() {
+    let mut engine = Engine::new(params(Policy::Reserved, 65)).unwrap();
+    let mut stream = spec(1, tokens(3, 1, 0, 40), 2, Timestamp::ZERO);
+    stream.streaming = true;
+    engine.submit(stream).unwrap();
+    while engine
+        .request(RequestId(1))
+        .is_none_or(|view| view.phase != engine::RequestPhase::Paused)
+    {
+        engine.step().unwrap();
+    }
+    let refused = engine.resume(RequestId(1), &[5; 4], 0);
+    assert!(
+        matches!(
+            refused,
+            Err(Error::InvalidParam {
+                name: "max_output_tokens",
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        engine.request(RequestId(1)).unwrap().phase,
+        engine::RequestPhase::Paused
+    );
+    for fault in [
+        Fault::FailNext { rank: 1 },
+        Fault::DelayNext {
+            rank: u32::MAX,
+            by: Duration::from_secs(1),
+        },
+        Fault::CorruptNext { rank: 7, byte: 0 },
+        Fault::FailInFlight { rank: 99 },
+    ] {
+        let refused = engine.inject_copy_fault(fault);
+        assert!(
+            matches!(refused, Err(Error::InvalidParam { name: "rank", .. })),
+            "{fault:?}: {refused:?}"
+        );
+    }
+    engine
+        .inject_copy_fault(Fault::FailNext { rank: 0 })
+        .unwrap();
+    engine.resume(RequestId(1), &[5; 4], 1).unwrap();
+    let _steps = engine.run_until_idle(10_000).unwrap();
 }

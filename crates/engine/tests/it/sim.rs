@@ -1,6 +1,7 @@
 //! The deterministic simulation: on one full-attention group or a hybrid model (sliding-window,
 //! chunked-local, recurrent and auxiliary groups), on one to three context-parallel ranks, random requests (shared session prefixes, streams, early stops), cancellations,
-//! forced and non-forced resets, copy failures and delays on any rank, and clock jumps under every policy, with every
+//! forced and non-forced resets, copy failures and delays on any rank, clock jumps and (every fourth seed) a store
+//! small enough to evict checkpoints under every policy, with every
 //! invariant checked after every step (no leaked page, no page freed under a live copy, credits consistent
 //! with the pool, slots within the limit, FCFS among requests that own no capacity) and every request
 //! finished or cancelled at the end. The seed is printed on failure.
@@ -127,6 +128,13 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
         },
         // Draft decoding: restores without draft state replay their last page (H5).
         draft_tokens,
+        // Every fourth seed has a store of a few dozen pages, which evicts checkpoints between a lookup's
+        // answer and the reservation (G3); decided by the seed, outside `rng`.
+        store_capacity_pages: if seed % 4 == 1 {
+            16 + seed % 64
+        } else {
+            defaults.store_capacity_pages
+        },
         seed,
         ..defaults
     };

@@ -118,6 +118,18 @@ fn new_rejects_every_zero_and_oversize() {
         },
     );
     check_new(
+        vec![group(GroupKind::Full), group(sliding(16, u32::MAX))],
+        4,
+        1,
+        64,
+        &Error::TailExceedsModelLen {
+            group_idx: 1,
+            window_tokens: 16,
+            retained_tail_tokens: u32::MAX,
+            max_model_len: 64,
+        },
+    );
+    check_new(
         vec![group(GroupKind::Recurrent), group(chunked(100))],
         4,
         1,

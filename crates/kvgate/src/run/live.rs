@@ -11,7 +11,7 @@ use engine::{
 
 use super::{NoObserver, Observer, Progress, drive_agents};
 use crate::config::{EngineConfig, model_preset};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::workload::agents::AgentsSpec;
 
 /// Usable pages of the live run's pool unless told otherwise, for the tiny model: 3 072 tokens of 16-token
@@ -107,6 +107,7 @@ pub fn live_pool_pages(model: &ReferenceConfig) -> u32 {
 /// storage (`cuda` with the cuda copy engine: the restores go straight into device pages). Errors: anything
 /// `engine_params` refuses.
 pub fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams> {
+    check_live_geometry(config)?;
     let model = reference_model(config);
     let preset = model_preset(&config.model.preset);
     let mut config = config.clone();
@@ -124,6 +125,44 @@ pub fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams
         };
     }
     Ok(params)
+}
+
+/// Refuses a config that sets a geometry the reference model does not run: a live run takes its cache groups,
+/// page width and ranks from the reference model (`reference_model`), so `model.groups`,
+/// `model.tokens_per_page` and `model.context_parallel` must be what `model.preset` gives (the defaults, or a
+/// model preset's); anything else would be silently ignored. Errors: `InvalidConfig` naming the field.
+pub fn check_live_geometry(config: &EngineConfig) -> Result<()> {
+    let mut expected = EngineConfig::default();
+    expected.apply_preset(&config.model.preset)?;
+    let (model, expected) = (&config.model, &expected.model);
+    let differs = [
+        (
+            "model.groups",
+            model.groups != expected.groups,
+            format!("{} group(s)", model.groups.len()),
+        ),
+        (
+            "model.tokens_per_page",
+            model.tokens_per_page != expected.tokens_per_page,
+            model.tokens_per_page.to_string(),
+        ),
+        (
+            "model.context_parallel",
+            model.context_parallel != expected.context_parallel,
+            model.context_parallel.to_string(),
+        ),
+    ];
+    match differs.into_iter().find(|(_, differs, _)| *differs) {
+        Some((field, _, value)) => Err(Error::InvalidConfig {
+            field,
+            value,
+            allowed: "what model.preset gives: a live run (--executor reference) runs the reference \
+                      model's own geometry, or a model preset's shape scaled down; remove the field, or \
+                      name a model preset"
+                .to_string(),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// Runs the agents workload live under `policy` (see the module docs) until every turn has finished.
@@ -145,7 +184,7 @@ pub fn run_agents_live_observed(
     progress: Progress<'_>,
     observer: &mut dyn Observer<ReferenceExecutor>,
 ) -> Result<RunMetrics> {
-    spec.validate()?;
+    spec.validate_live()?;
     let params = live_params(config, policy)?;
     let executor = ReferenceExecutor::new(reference_model(config))?;
     let mut engine = Engine::with_executor(params, executor)?;

@@ -100,3 +100,41 @@ fn q1_turns_by_session_progress_finish_every_turn_and_leak_nothing_under_every_p
     }
     assert!(moved, "the order changes some policy's schedule");
 }
+
+/// Issue 27, item 4: a replay the liveness watchdog stops still returns what it measured until then, marked
+/// stopped with the watchdog's message naming the stuck requests, instead of losing the whole report.
+#[test]
+fn a_replay_the_watchdog_stops_keeps_its_report_marked_stopped() {
+    let trace = parse_trace(
+        std::io::Cursor::new(
+            "{\"timestamp\": 0, \"input_length\": 4000, \"output_length\": 400, \"hash_ids\": [0, 1, 2, 3, 4, 5, 6, 7]}\n\
+             {\"timestamp\": 0, \"input_length\": 4000, \"output_length\": 400, \"hash_ids\": [8, 9, 10, 11, 12, 13, 14, 15]}\n",
+        ),
+        "t.jsonl",
+    )
+    .unwrap();
+    let later = later_turns(&trace);
+    let mut config = EngineConfig::default();
+    // A watchdog far shorter than one prefill chunk: nothing produces a token in time.
+    config.scheduler.stall_timeout_s = 1e-6;
+    let run = run_replay(
+        &config,
+        &trace,
+        &later,
+        1.0,
+        Policy::Reserved,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let stopped = run.stopped.as_deref().expect("stopped by the watchdog");
+    assert!(
+        stopped.starts_with("no progress for") && stopped.contains("stuck requests: req-0"),
+        "{stopped}"
+    );
+    assert!(run.requests_finished < 2, "{run:?}");
+    assert!(crate::report::table(&[run.clone()]).contains("INCOMPLETE: reserved stopped early"));
+    assert_eq!(
+        crate::report::run_json(&run)["stopped"],
+        serde_json::json!(stopped)
+    );
+}

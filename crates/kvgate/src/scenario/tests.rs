@@ -86,7 +86,7 @@ fn an_idle_engine_jumps_to_a_late_event() {
     let trace = run(&scenario(
         r#"{"max_steps": 1000000, "events": [
             {"at_step": 0, "do": {"submit": {"id": 1, "new_tokens": 32, "max_output_tokens": 2}}},
-            {"at_step": 999999, "do": {"submit": {"id": 2, "new_tokens": 32, "max_output_tokens": 2}}}
+            {"at_step": 999990, "do": {"submit": {"id": 2, "new_tokens": 32, "max_output_tokens": 2}}}
         ]}"#,
     ))
     .unwrap();
@@ -97,7 +97,8 @@ fn an_idle_engine_jumps_to_a_late_event() {
         .map(|step| step["step"].as_u64().unwrap())
         .collect();
     assert!(steps.len() < 20, "{steps:?}");
-    assert!(steps.contains(&999_999), "{steps:?}");
+    // The late request still has steps to finish in: a run whose steps run out with work left is an error.
+    assert!(steps.contains(&999_990), "{steps:?}");
     assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
 }
 
@@ -117,5 +118,46 @@ fn a_model_preset_in_a_scenario_sets_the_geometry_as_in_a_config_file() {
     assert!(
         refused.contains("a model preset sets model.tokens_per_page"),
         "{refused}"
+    );
+}
+
+/// Issue 27, item 4: a 16-token window retaining 100 000 tokens keeps every page, so a request of 150 pages
+/// needs 300; the submit says so (it used to be admitted, stop at 1 536 of 2 400 tokens and leave the scenario
+/// to exit 0 once its steps ran out), and a run whose steps run out with work left is an error naming it.
+#[test]
+fn a_request_the_retained_tail_cannot_fit_is_refused_and_a_stuck_run_is_an_error() {
+    let trace = run(&scenario(
+        r#"{"config": {"pool": {"pages": 257}, "model": {"groups": [{"kind": "full"},
+            {"kind": "sliding_window", "window_tokens": 16, "retained_tail_tokens": 100000}]}},
+            "events": [{"at_step": 0, "do": {"submit": {"id": 1, "new_tokens": 2392, "max_output_tokens": 8}}}]}"#,
+    ))
+    .unwrap();
+    let outcome = trace["steps"][0]["events"][0]["submit 1"].as_str().unwrap();
+    assert!(
+        outcome.contains("larger_than_pool") && outcome.contains("2048"),
+        "{outcome}"
+    );
+    assert_eq!(
+        error(
+            r#"{"max_steps": 3, "events": [{"at_step": 0, "do": {"submit": {"id": 1, "new_tokens": 4000, "max_output_tokens": 64}}}]}"#
+        ),
+        "scenario : max_steps 3 ran out with work left: request 1 running with 1024 tokens computed and 0 \
+         output; raise max_steps if it only needs longer, or look for a request that can never finish"
+    );
+}
+
+/// Issue 27, item 8: events that could never do what they say are refused before the run, naming the field.
+#[test]
+fn a_copy_fault_on_a_missing_rank_and_a_resume_for_no_output_are_refused() {
+    assert_eq!(
+        error(r#"{"events": [{"at_step": 0, "do": {"copy_fault": {"fail_next": {"rank": 99}}}}]}"#),
+        "scenario : step 0: copy_fault.fail_next.rank 99 is invalid; allowed: 0 to 0 \
+         (model.context_parallel is 1)"
+    );
+    assert_eq!(
+        error(
+            r#"{"events": [{"at_step": 2, "do": {"resume": {"id": 1, "new_tokens": 1, "max_output_tokens": 0}}}]}"#
+        ),
+        "scenario : step 2: resume.max_output_tokens 0 is invalid; allowed: at least 1"
     );
 }

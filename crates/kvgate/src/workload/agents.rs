@@ -6,7 +6,10 @@
 use serde::{Deserialize, Serialize};
 
 use super::token;
-use crate::limits::{AGENT_TURNS_TOTAL_MAX, AGENTS_MAX, MODEL_LEN_MAX, SECONDS_MAX};
+use crate::limits::{
+    AGENT_TURNS_TOTAL_MAX, AGENTS_MAX, LIVE_AGENT_TURNS_TOTAL_MAX, LIVE_AGENTS_MAX, MODEL_LEN_MAX,
+    SECONDS_MAX,
+};
 
 /// The longest mean think time, in seconds: 5e8. A drawn think time is up to one and a half times the mean,
 /// so it stays within the limit on every time ([`SECONDS_MAX`]).
@@ -155,6 +158,36 @@ impl AgentsSpec {
             return Err(AgentsSpecError::ThinkTime {
                 value: crate::limits::show(self.think_s),
             });
+        }
+        Ok(())
+    }
+
+    /// `validate`, then the tighter limits of a live run, where a real model computes every token on the CPU:
+    /// at most `LIVE_AGENTS_MAX` sessions and `LIVE_AGENT_TURNS_TOTAL_MAX` turns in all.
+    pub fn validate_live(&self) -> Result<(), AgentsSpecError> {
+        self.validate()?;
+        let limits = [
+            (
+                "n_agents",
+                u64::from(self.n_agents),
+                u64::from(LIVE_AGENTS_MAX),
+            ),
+            (
+                "n_agents * turns",
+                u64::from(self.n_agents) * u64::from(self.turns),
+                LIVE_AGENT_TURNS_TOTAL_MAX,
+            ),
+        ];
+        for (field, value, limit) in limits {
+            if value > limit {
+                return Err(AgentsSpecError::AboveLimit {
+                    field,
+                    value,
+                    limit,
+                    what_to_do: "a live run (--executor reference) computes every token on the CPU; \
+                                 run fewer sessions or turns, or the simulated executor",
+                });
+            }
         }
         Ok(())
     }

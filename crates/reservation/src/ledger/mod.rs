@@ -84,6 +84,8 @@ impl Released {
 struct TicketEntry {
     state: TicketState,
     import_pages: Vec<PageId>,
+    /// The pages went to the import that copies into them (`hand_over_pages`): its holder drains them.
+    handed_over: bool,
     peak_credit_pages: u32,
     held_pages: u32,
 }
@@ -206,6 +208,7 @@ impl Ledger {
             TicketEntry {
                 state: TicketState::Importing,
                 import_pages: import_pages.clone(),
+                handed_over: false,
                 peak_credit_pages: need.credit_pages,
                 held_pages: 0,
             },
@@ -225,7 +228,24 @@ impl Ledger {
     /// it later gives back no pages and no drain.
     pub fn hand_over_pages(&mut self, request: RequestId) -> Result<Vec<PageId>> {
         let entry = self.entry_in(request, TicketState::Importing)?;
+        entry.handed_over = true;
         Ok(std::mem::take(&mut entry.import_pages))
+    }
+
+    /// Withdraws `request`'s importing ticket before any copy received its pages (its import was never staged:
+    /// the checkpoint was lost between the lookup and the reservation): frees the destination pages at once,
+    /// since nothing can write into them, and gives back the slot and credits. A ticket whose pages were
+    /// handed over is `release`d instead (its holder drains them); `withdraw` refuses it, leaving it as it was.
+    pub fn withdraw(&mut self, request: RequestId, pool: &mut PagePool) -> Result<Released> {
+        if self.entry_in(request, TicketState::Importing)?.handed_over {
+            return Err(Error::PagesHandedOver { request });
+        }
+        let Some((entry, mut released)) = self.remove_ticket(request) else {
+            return Err(Error::NoTicket { request });
+        };
+        pool.free_all(&entry.import_pages)?;
+        released.freed_import_pages = entry.import_pages.len() as u32;
+        Ok(released)
     }
 
     /// The import was published on every rank: the ticket becomes a ready import, still owned by `request`.
@@ -359,7 +379,7 @@ impl Ledger {
             return Released::default();
         };
         match entry.state {
-            TicketState::Importing if entry.import_pages.is_empty() => {
+            TicketState::Importing if entry.handed_over => {
                 // Its pages were handed over: their holder drains them.
             }
             TicketState::Importing => {

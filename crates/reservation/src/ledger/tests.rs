@@ -637,3 +637,44 @@ fn timestamp_after_saturates_at_the_end_of_the_clock_instead_of_overflowing() {
     assert_eq!(at(5).after(Duration::from_secs(2)), at(7));
     assert_eq!(end.since(at(5)), Duration::MAX - Duration::from_secs(5));
 }
+
+#[test]
+fn a_ticket_never_staged_is_withdrawn_with_its_pages_freed_at_once_and_a_staged_one_refused() {
+    let mut ledger = self::ledger(4);
+    let mut pool = PagePool::new(1 + 8).expect("pool");
+    let _ticket = reserve(&mut ledger, &mut pool, 1, at(0)).expect("fits");
+    let released = ledger
+        .withdraw(request(1), &mut pool)
+        .expect("importing, never staged");
+    assert!(released.slot && released.credit_pages == 2);
+    assert_eq!((released.freed_import_pages, released.drain), (2, None));
+    assert_eq!(
+        (pool.n_free(), ledger.slots_held(), ledger.credit_pages()),
+        (8, 0, 0)
+    );
+    assert_eq!(
+        ledger.withdraw(request(1), &mut pool),
+        Err(Error::NoTicket {
+            request: request(1)
+        })
+    );
+    // Handed over to a staged import: its holder drains the pages, so a withdraw is refused as it stands.
+    let _ticket = reserve(&mut ledger, &mut pool, 2, at(1)).expect("fits");
+    let handed = ledger.hand_over_pages(request(2)).expect("importing");
+    assert_eq!(
+        ledger.withdraw(request(2), &mut pool),
+        Err(Error::PagesHandedOver {
+            request: request(2)
+        })
+    );
+    assert_eq!((ledger.slots_held(), ledger.credit_pages()), (1, 2));
+    ledger.publish(request(2)).expect("importing");
+    assert!(matches!(
+        ledger.withdraw(request(2), &mut pool),
+        Err(Error::WrongTicketState { .. })
+    ));
+    assert!(ledger.release(request(2), &mut pool).drain.is_none());
+    pool.free_all(&handed).expect("held by the holder");
+    ledger.check_invariants(&pool);
+    assert_eq!(pool.n_free(), 8);
+}

@@ -17,6 +17,8 @@ pub struct TicketView {
     pub holds_slot: bool,
     /// Destination pages still referenced by the ticket.
     pub import_pages: u32,
+    /// Whether the ticket handed its pages to the import that copies into them (`Ledger::hand_over_pages`).
+    pub handed_over: bool,
     /// Credits reserved at the peak.
     pub peak_credit_pages: u32,
     /// Pages the consumer holds from its credits now.
@@ -67,6 +69,7 @@ impl Ledger {
                     state: entry.state,
                     holds_slot: entry.holds_slot(),
                     import_pages: entry.import_pages.len() as u32,
+                    handed_over: entry.handed_over,
                     peak_credit_pages: entry.peak_credit_pages,
                     held_pages: entry.held_pages,
                     credit_pages: entry.outstanding(),
@@ -126,6 +129,12 @@ impl Ledger {
                 assert!(
                     entry.import_pages.is_empty(),
                     "admitted {request} still holds import pages"
+                );
+            }
+            if entry.handed_over {
+                assert!(
+                    entry.import_pages.is_empty(),
+                    "{request} handed its pages over and still holds some"
                 );
             }
         }

@@ -21,6 +21,7 @@ enum Op {
     Allocate { id: u64, n_pages: u32 },
     WindowFree { id: u64, n_pages: u32 },
     Finish { id: u64 },
+    Withdraw { id: u64 },
     Release { id: u64 },
     Drain,
     Compete { n_pages: u32 },
@@ -38,6 +39,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (id.clone(), 0u32..4).prop_map(|(id, n_pages)| Op::Allocate { id, n_pages }),
         1 => (id.clone(), 0u32..3).prop_map(|(id, n_pages)| Op::WindowFree { id, n_pages }),
         1 => id.clone().prop_map(|id| Op::Finish { id }),
+        1 => id.clone().prop_map(|id| Op::Withdraw { id }),
         1 => id.prop_map(|id| Op::Release { id }),
         1 => Just(Op::Drain),
         1 => (0u32..4).prop_map(|n_pages| Op::Compete { n_pages }),
@@ -58,6 +60,8 @@ struct World {
     drains: Vec<crate::DrainId>,
     /// Pages an importing ticket handed over, per request (an index pins them from then on).
     handed: Vec<Vec<PageId>>,
+    /// Whether each request's current ticket handed its pages over.
+    handed_over: Vec<bool>,
     /// Handed-over pages of released tickets, waiting for their copies to drain.
     handed_draining: Vec<PageId>,
     competitor: Vec<PageId>,
@@ -95,6 +99,7 @@ proptest! {
             ticket_pages: vec![Vec::new(); N_REQUESTS as usize],
             ticket_held: vec![0; N_REQUESTS as usize],
             handed: vec![Vec::new(); N_REQUESTS as usize],
+            handed_over: vec![false; N_REQUESTS as usize],
             ..World::default()
         };
         let mut now = Timestamp::ZERO;
@@ -108,6 +113,7 @@ proptest! {
                     match ledger.reserve(&mut pool, RequestId(id), AdmissionOrder::fcfs(id), &spec, &preflight, now) {
                         Ok(ticket) => {
                             world.ticket_pages[id as usize] = ticket.import_pages;
+                            world.handed_over[id as usize] = false;
                             world.ticket_held[id as usize] = 0;
                         }
                         Err(_) => {
@@ -123,6 +129,7 @@ proptest! {
                         let pages = ledger.hand_over_pages(RequestId(id)).expect("importing");
                         prop_assert_eq!(&pages, &world.ticket_pages[idx]);
                         world.ticket_pages[idx].clear();
+                        world.handed_over[idx] = true;
                         world.handed[idx].extend(pages);
                         // A second hand-over gives nothing more.
                         prop_assert!(ledger.hand_over_pages(RequestId(id)).expect("importing").is_empty());
@@ -175,6 +182,27 @@ proptest! {
                 Op::Finish { id } => {
                     if ledger.finish_prompt(RequestId(id)).is_ok() {
                         world.ticket_held[id as usize] = 0;
+                    }
+                }
+                Op::Withdraw { id } => {
+                    let idx = id as usize;
+                    let importing = ledger.ticket_state(RequestId(id)) == Some(TicketState::Importing);
+                    let (free, credits) = (pool.n_free(), ledger.credit_pages());
+                    let withdrawn = ledger.withdraw(RequestId(id), &mut pool);
+                    if importing && !world.handed_over[idx] {
+                        // Never staged: pages, slot and credits come back at once, no drain.
+                        let released = withdrawn.expect("an importing ticket with its pages");
+                        let n_pages = world.ticket_pages[idx].len() as u32;
+                        prop_assert_eq!(released.freed_import_pages, n_pages);
+                        prop_assert_eq!(released.drain, None);
+                        prop_assert_eq!(pool.n_free(), free + n_pages);
+                        world.ticket_pages[idx].clear();
+                        world.ticket_held[idx] = 0;
+                        prop_assert!(!ledger.holds_anything(RequestId(id)));
+                    } else {
+                        // Handed over, ready, admitted or absent: refused, nothing changes.
+                        prop_assert!(withdrawn.is_err(), "{:?}", withdrawn);
+                        prop_assert_eq!((pool.n_free(), ledger.credit_pages()), (free, credits));
                     }
                 }
                 Op::Release { id } => {
