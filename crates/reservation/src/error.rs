@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::ledger::{DrainId, TicketState};
+use crate::ledger::TicketState;
 use kv_pool::RequestId;
 
 /// Result of ledger operations.
@@ -148,14 +148,6 @@ pub enum Error {
         /// The request.
         request: RequestId,
     },
-    /// `withdraw` of a ticket whose pages were handed to the import that copies into them: release it instead.
-    #[error(
-        "{request}'s ticket handed its pages to a staged import: release it, its holder drains them"
-    )]
-    PagesHandedOver {
-        /// The request.
-        request: RequestId,
-    },
     /// An operation that needs the ticket in another state.
     #[error("{request}'s ticket is {state:?}, the operation needs {expected:?}")]
     WrongTicketState {
@@ -165,12 +157,6 @@ pub enum Error {
         state: TicketState,
         /// The state the operation needs.
         expected: TicketState,
-    },
-    /// `pages_drained` of a drain id that is unknown or already drained.
-    #[error("no draining import with id {drain:?}")]
-    UnknownDrain {
-        /// The drain id.
-        drain: DrainId,
     },
     /// The consumer frees more window pages than it holds from its ticket's credits.
     #[error("{request} frees {n_pages} window pages but holds {held_pages} from its credits")]
@@ -207,8 +193,6 @@ impl Error {
             | Error::TicketExists { .. }
             | Error::NoTicket { .. }
             | Error::WrongTicketState { .. }
-            | Error::PagesHandedOver { .. }
-            | Error::UnknownDrain { .. }
             | Error::WindowFreeExceedsHeld { .. }
             | Error::Pool(_) => ErrorKind::Invalid,
         }

@@ -12,8 +12,6 @@ mod tests;
 
 pub use config::{LedgerConfig, Preflight};
 pub use error::{Error, ErrorKind, Result};
-pub use ledger::{
-    DrainId, Ledger, LedgerSnapshot, Released, Ticket, TicketState, TicketView, WaiterView,
-};
+pub use ledger::{Ledger, LedgerSnapshot, Released, Ticket, TicketState, TicketView, WaiterView};
 pub use rules::{pages_available_to_admit, pages_for_decode, pages_unprotected};
 pub use spec::RestoreSpec;

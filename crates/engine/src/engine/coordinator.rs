@@ -327,11 +327,10 @@ impl<E: Executor> Engine<E> {
         self.end_wait(id);
         let Ok(stored) = self.store.get(&checkpoint.id) else {
             // G3: the selected checkpoint was lost (evicted from the store, or the store failed) after the
-            // reservation: no copy ever received the ticket's pages, so they are freed at once, and the
-            // request looks up again.
-            if ticket_pages.is_some() {
-                self.withdraw_ticket(id)?;
-            }
+            // reservation: no copy ever received the ticket's pages, so the release frees them at once, and
+            // the request looks up again.
+            tracing::debug!(request = %id, "checkpoint lost after its reservation: ticket released");
+            self.release_ticket(id);
             self.retry_lookup(id, tokens + 1, FallbackReason::NotInStore, report)?;
             return Ok(());
         };
@@ -516,7 +515,7 @@ impl<E: Executor> Engine<E> {
             self.index.state(id).is_none(),
             "fallback of {id} with an import in the index"
         );
-        self.release_ticket(id)?;
+        self.release_ticket(id);
         report.fallbacks.push((id, reason));
         self.enqueue_waiting(id, Some(reason))
     }
@@ -630,7 +629,7 @@ impl<E: Executor> Engine<E> {
                         "{id}: a failed import of no importing restore"
                     )));
                 };
-                self.release_ticket(id)?;
+                self.release_ticket(id);
                 self.retry_lookup(id, tokens, reason, report)?;
             }
         }

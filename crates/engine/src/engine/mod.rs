@@ -372,12 +372,12 @@ impl<E: Executor> Engine<E> {
             Phase::Waiting | Phase::Restoring | Phase::Ready => self.drop_restore(id)?,
             Phase::Running | Phase::Paused | Phase::Resuming => {
                 self.cancel_loading(id)?;
-                self.release_ticket(id)?;
+                self.release_ticket(id);
                 self.free_request_pages(id)?;
             }
         }
         self.end_wait(id);
-        self.retire(id, true)?;
+        self.retire(id, true);
         Ok(())
     }
 
@@ -418,7 +418,7 @@ impl<E: Executor> Engine<E> {
             return Err(Error::NotPaused { request: id });
         }
         self.free_request_pages(id)?;
-        self.retire(id, false)?;
+        self.retire(id, false);
         Ok(())
     }
 
@@ -628,12 +628,12 @@ impl<E: Executor> Engine<E> {
 
     /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it
     /// (a ticket whose prompt ended in the step it finished, a waiter) is released: release is idempotent.
-    fn retire(&mut self, id: RequestId, cancelled: bool) -> Result<()> {
+    fn retire(&mut self, id: RequestId, cancelled: bool) {
         self.leave_container(id);
-        self.release_ticket(id)?;
+        self.release_ticket(id);
         self.note_progress();
         let Some(mut req) = self.reqs.remove(&id) else {
-            return Ok(());
+            return;
         };
         req.metrics.finished = Some(self.now);
         req.metrics.lookups = req.lookups;
@@ -645,7 +645,6 @@ impl<E: Executor> Engine<E> {
             cancelled,
             metrics: req.metrics,
         });
-        Ok(())
     }
 }
 

@@ -867,7 +867,7 @@ impl<E: Executor> Engine<E> {
     /// count the preemption.
     fn give_up_running(&mut self, id: RequestId) -> Result<()> {
         self.cancel_loading(id)?;
-        self.release_ticket(id)?;
+        self.release_ticket(id);
         self.free_request_pages(id)?;
         let req = super::req::live(&mut self.reqs, id)?;
         req.metrics.preemptions += 1;
@@ -891,40 +891,14 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Releases everything `id` holds in the ledger, if there is one: its waiter, or its ticket's slot and
-    /// credits. A ticket holds no page references once its import is staged (they were handed to the index,
-    /// which alone pins and drains them, O5), and one never staged is withdrawn (`withdraw_ticket`), so a
-    /// release never leaves the ledger a drain: one that would is an internal error, its pages settled.
-    pub(crate) fn release_ticket(&mut self, id: RequestId) -> Result<()> {
-        let Some(ledger) = self.ledger.as_mut() else {
-            return Ok(());
-        };
-        let released = ledger.release(id, &mut self.pool);
-        let Some(drain) = released.drain else {
-            return Ok(());
-        };
-        let settled = ledger.pages_drained(drain, &mut self.pool);
-        Err(Error::internal(format!(
-            "{id}: a released ticket still held its import's pages (settled: {settled:?})"
-        )))
-    }
-
-    /// Withdraws `id`'s ticket whose import was never staged: its destination pages are freed at once (no
-    /// copy received them), its slot and credits given back.
-    pub(crate) fn withdraw_ticket(&mut self, id: RequestId) -> Result<()> {
-        let ledger = self
-            .ledger
-            .as_mut()
-            .ok_or_else(|| Error::internal(format!("{id} has a ticket but no ledger")))?;
-        let released = ledger
-            .withdraw(id, &mut self.pool)
-            .map_err(|error| Error::internal(format!("{id}: {error}")))?;
-        tracing::debug!(
-            request = %id,
-            pages = released.freed_import_pages,
-            "checkpoint lost after its reservation: ticket withdrawn"
-        );
-        Ok(())
+    /// Releases everything `id` holds in the ledger, if there is one: its waiter, or its ticket's slot, credits
+    /// and the pages it still holds. A staged import's pages are not among them: the ticket handed them to the
+    /// index, which alone pins and drains them (O5). A ticket never staged (its checkpoint was lost between
+    /// the lookup's answer and the reservation, G3) gives its pages back at once: no copy received them.
+    pub(crate) fn release_ticket(&mut self, id: RequestId) {
+        if let Some(ledger) = self.ledger.as_mut() {
+            let _released = ledger.release(id, &mut self.pool);
+        }
     }
 
     /// Puts `id` in the ordinary waiting queue, recording a restore fallback if given.
@@ -946,7 +920,7 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn drop_restore(&mut self, id: RequestId) -> Result<()> {
         let req = super::req::live(&mut self.reqs, id)?;
         let restore = std::mem::take(&mut req.restore);
-        self.release_ticket(id)?;
+        self.release_ticket(id);
         if matches!(restore, Restore::Importing { .. }) && self.index.state(id).is_some() {
             let _outcome = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
         }

@@ -579,7 +579,7 @@ impl<E: Executor> Engine<E> {
             return Ok(());
         }
         self.free_request_pages(id)?;
-        self.retire(id, false)?;
+        self.retire(id, false);
         Ok(())
     }
 

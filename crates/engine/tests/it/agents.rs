@@ -245,9 +245,8 @@ fn same_seed_and_config_give_an_identical_run() {
 
 /// G3 under load (issue 27, item 1): agents sessions with a checkpoint store far smaller than their contexts,
 /// so captures evict checkpoints while restores that looked them up wait for capacity. Some restores find
-/// their checkpoint gone only after their reservation (the precondition, asserted): each withdraws its ticket
-/// and frees its pages at once; no ticket is ever released still holding pages, and every invariant holds
-/// after every step. `KVGATE_SIM_SEEDS=N` runs seeds `0..N / 3` (4 by default).
+/// their checkpoint gone only after their reservation (the precondition, asserted): each releases its ticket,
+/// whose pages come back at once; no error is logged, and every invariant holds after every step. `KVGATE_SIM_SEEDS=N` runs seeds `0..N / 3` (4 by default).
 #[test]
 fn g3_a_small_store_evicting_checkpoints_under_load_never_strands_a_tickets_pages() {
     let n_seeds = std::env::var("KVGATE_SIM_SEEDS")
@@ -255,7 +254,7 @@ fn g3_a_small_store_evicting_checkpoints_under_load_never_strands_a_tickets_page
         .and_then(|value| value.parse::<u64>().ok())
         .map_or(4, |n| (n / 3).max(1));
     let (params, agents) = comparison_workload();
-    let mut withdrawn = 0;
+    let mut lost = 0;
     for seed in 0..n_seeds {
         let params = EngineParams {
             policy: Policy::Reserved,
@@ -269,10 +268,9 @@ fn g3_a_small_store_evicting_checkpoints_under_load_never_strands_a_tickets_page
             assert_eq!(run.metrics.leaked_pages, 0, "seed {seed}");
         });
         assert!(!logs.contains("ERROR"), "seed {seed}: {logs}");
-        withdrawn += logs.matches("ticket withdrawn").count();
+        lost += logs
+            .matches("checkpoint lost after its reservation")
+            .count();
     }
-    assert!(
-        withdrawn > 0,
-        "no checkpoint was lost after its reservation"
-    );
+    assert!(lost > 0, "no checkpoint was lost after its reservation");
 }

@@ -590,9 +590,8 @@ fn g3_a_waiting_restore_is_not_revalidated_while_its_checkpoint_exists() {
 
 /// G3 (issue 27, item 1): a checkpoint lost between the lookup's answer and the reservation (the store
 /// evicted it, or failed) is found missing only after the ticket took its pages. No copy ever received them,
-/// so the ticket is withdrawn and its pages freed at once: it never reaches the release path with pages a
-/// staged import should own (which logged "a released ticket still held its import's pages"), and every
-/// invariant holds after every step.
+/// so the release frees them at once (it used to move them to a drain nobody needed and log "a released
+/// ticket still held its import's pages"), and every invariant holds after every step.
 #[test]
 fn g3_a_checkpoint_lost_after_its_reservation_frees_the_tickets_pages_at_once() {
     let params = EngineParams {

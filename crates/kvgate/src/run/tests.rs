@@ -132,7 +132,10 @@ fn a_replay_the_watchdog_stops_keeps_its_report_marked_stopped() {
         "{stopped}"
     );
     assert!(run.requests_finished < 2, "{run:?}");
-    assert!(crate::report::table(&[run.clone()]).contains("INCOMPLETE: reserved stopped early"));
+    assert!(
+        crate::report::table(std::slice::from_ref(&run))
+            .contains("INCOMPLETE: reserved stopped early")
+    );
     assert_eq!(
         crate::report::run_json(&run)["stopped"],
         serde_json::json!(stopped)

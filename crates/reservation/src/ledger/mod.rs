@@ -1,6 +1,10 @@
 //! The `Ledger`: tickets (destination pages + one running slot + execution credits, taken together or not at
 //! all), credit consumption as the consumer computes its prompt, capacity waiters in admission order with
-//! their needs, bounded-wait expiry, idempotent release and the drain of cancelled imports' pages.
+//! their needs, bounded-wait expiry and idempotent release.
+//!
+//! The ledger never holds a page a copy writes: a caller hands an import's pages over (`hand_over_pages`) before
+//! it submits a copy into them, and their holder (the resident index) pins them until the copies drained (O5).
+//! A ticket released before that hand-over gives its pages back at once: no copy ever received them.
 //!
 //! Ticket life: `reserve` (Importing: pages copying) -> `publish` (Ready: owned by its waiting consumer) ->
 //! `admit` (Admitted: the slot becomes the consumer's running slot, the ticket's page references are dropped
@@ -12,7 +16,7 @@
 //! stay protected for it (C4). Other requests see `n_free - credits` (R2, C1); running decodes may dip into
 //! credit-protected pages (C5): the ledger tolerates `n_free < credits` and never asks anyone to preempt.
 //!
-//! Layout: this file holds the `Ledger` type, its entries, reserve / publish / admit / release and the drain,
+//! Layout: this file holds the `Ledger` type, its entries, reserve / hand over / publish / admit / release,
 //! and the counting queries; `credits.rs` the admitted consumer's credit use (`allocate`, `consume`,
 //! `release_window_pages`, `finish_prompt`); `waiters.rs` capacity waiters, their holds and bounded-wait
 //! expiry; `view.rs` the `snapshot` views and `check_invariants`.
@@ -31,10 +35,6 @@ use crate::spec::RestoreSpec;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
 pub use view::{LedgerSnapshot, TicketView, WaiterView};
-
-/// Names the destination pages of a cancelled import while its submitted copies drain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct DrainId(pub u64);
 
 /// Where a ticket is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -65,10 +65,9 @@ pub struct Released {
     pub slot: bool,
     /// Outstanding credits released.
     pub credit_pages: u32,
-    /// Destination pages whose ticket reference was dropped now (a ready import: they become evictable).
+    /// Destination pages whose ticket reference was dropped now: a ready import's (they become evictable) or
+    /// an importing ticket's that never handed them over (no copy received them).
     pub freed_import_pages: u32,
-    /// An importing ticket's pages, kept referenced until `pages_drained(drain)`.
-    pub drain: Option<DrainId>,
     /// A capacity waiter (expired or not) was forgotten.
     pub waiter: bool,
 }
@@ -84,7 +83,7 @@ impl Released {
 struct TicketEntry {
     state: TicketState,
     import_pages: Vec<PageId>,
-    /// The pages went to the import that copies into them (`hand_over_pages`): its holder drains them.
+    /// The pages went to the import that copies into them (`hand_over_pages`): their holder drains them.
     handed_over: bool,
     peak_credit_pages: u32,
     held_pages: u32,
@@ -115,8 +114,6 @@ pub struct Ledger {
     tickets: BTreeMap<RequestId, TicketEntry>,
     waiters: BTreeMap<(AdmissionOrder, RequestId), WaiterEntry>,
     waiter_orders: BTreeMap<RequestId, AdmissionOrder>,
-    draining: BTreeMap<DrainId, Vec<PageId>>,
-    next_drain: u64,
     credit_pages: u32,
     slots_held: u32,
 }
@@ -130,8 +127,6 @@ impl Ledger {
             tickets: BTreeMap::new(),
             waiters: BTreeMap::new(),
             waiter_orders: BTreeMap::new(),
-            draining: BTreeMap::new(),
-            next_drain: 0,
             credit_pages: 0,
             slots_held: 0,
         }
@@ -225,27 +220,11 @@ impl Ledger {
     /// Hands the page references of `request`'s importing ticket to the caller, who from now on holds them (for
     /// example a resident index that staged an import into them: it pins the pages while copies write and
     /// drains them after a cancel, so one owner does both). The ticket keeps its slot and credits; releasing
-    /// it later gives back no pages and no drain.
+    /// it later gives back no pages. Hand them over before submitting any copy into them.
     pub fn hand_over_pages(&mut self, request: RequestId) -> Result<Vec<PageId>> {
         let entry = self.entry_in(request, TicketState::Importing)?;
         entry.handed_over = true;
         Ok(std::mem::take(&mut entry.import_pages))
-    }
-
-    /// Withdraws `request`'s importing ticket before any copy received its pages (its import was never staged:
-    /// the checkpoint was lost between the lookup and the reservation): frees the destination pages at once,
-    /// since nothing can write into them, and gives back the slot and credits. A ticket whose pages were
-    /// handed over is `release`d instead (its holder drains them); `withdraw` refuses it, leaving it as it was.
-    pub fn withdraw(&mut self, request: RequestId, pool: &mut PagePool) -> Result<Released> {
-        if self.entry_in(request, TicketState::Importing)?.handed_over {
-            return Err(Error::PagesHandedOver { request });
-        }
-        let Some((entry, mut released)) = self.remove_ticket(request) else {
-            return Err(Error::NoTicket { request });
-        };
-        pool.free_all(&entry.import_pages)?;
-        released.freed_import_pages = entry.import_pages.len() as u32;
-        Ok(released)
     }
 
     /// The import was published on every rank: the ticket becomes a ready import, still owned by `request`.
@@ -269,25 +248,15 @@ impl Ledger {
     }
 
     /// Releases everything `request` holds, idempotently (a second call returns a no-op `Released`): its capacity
-    /// waiter (expired or not: its hold lifts, Q2), its ticket's slot and credits at once, the page
-    /// references of a ready import (they become evictable, O6), and, for an import still copying, its
-    /// destination pages move to a drain set returned as `Released::drain`: they stay referenced until
-    /// `pages_drained` (O5). Also the cancel path.
+    /// waiter (expired or not: its hold lifts, Q2), its ticket's slot and credits at once, and the page
+    /// references the ticket still holds (a ready import's become evictable, O6; an import that never handed
+    /// its pages over gives them back, since no copy received them). Pages handed to an import stay with their
+    /// holder, which drains them (O5). Also the cancel path.
     pub fn release(&mut self, request: RequestId, pool: &mut PagePool) -> Released {
         let waiter = self.forget_waiter(request);
         let mut released = self.release_ticket(request, pool);
         released.waiter = waiter;
         released
-    }
-
-    /// Every submitted copy into the pages of `drain` has finished: drops their references. Returns how many.
-    pub fn pages_drained(&mut self, drain: DrainId, pool: &mut PagePool) -> Result<u32> {
-        let pages = self
-            .draining
-            .remove(&drain)
-            .ok_or(Error::UnknownDrain { drain })?;
-        pool.free_all(&pages)?;
-        Ok(pages.len() as u32)
     }
 
     /// Outstanding credits of all tickets.
@@ -336,11 +305,6 @@ impl Ledger {
         self.tickets.len()
     }
 
-    /// Pages of cancelled imports still draining.
-    pub fn draining_pages(&self) -> u32 {
-        self.draining.values().map(|pages| pages.len() as u32).sum()
-    }
-
     fn entry_in(&mut self, request: RequestId, expected: TicketState) -> Result<&mut TicketEntry> {
         let entry = self
             .tickets
@@ -372,32 +336,19 @@ impl Ledger {
         Some((entry, released))
     }
 
-    /// Removes `request`'s ticket and settles its pages: a ready import's references are dropped now, an
-    /// importing one's pages (unless handed over) go to a drain.
+    /// Removes `request`'s ticket and drops the page references it still holds: a ready import's, or an
+    /// importing ticket's that never handed them over (no copy received them). Handed-over and admitted
+    /// tickets hold none.
     fn release_ticket(&mut self, request: RequestId, pool: &mut PagePool) -> Released {
         let Some((entry, mut released)) = self.remove_ticket(request) else {
             return Released::default();
         };
-        match entry.state {
-            TicketState::Importing if entry.handed_over => {
-                // Its pages were handed over: their holder drains them.
-            }
-            TicketState::Importing => {
-                let drain = DrainId(self.next_drain);
-                self.next_drain += 1;
-                self.draining.insert(drain, entry.import_pages);
-                released.drain = Some(drain);
-            }
-            TicketState::Ready => {
-                let freed = pool.free_all(&entry.import_pages);
-                debug_assert!(
-                    freed.is_ok(),
-                    "ticket pages of {request} not referenced: {freed:?}"
-                );
-                released.freed_import_pages = entry.import_pages.len() as u32;
-            }
-            TicketState::Admitted => {}
-        }
+        let freed = pool.free_all(&entry.import_pages);
+        debug_assert!(
+            freed.is_ok(),
+            "ticket pages of {request} not referenced: {freed:?}"
+        );
+        released.freed_import_pages = entry.import_pages.len() as u32;
         released
     }
 }

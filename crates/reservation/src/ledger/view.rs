@@ -49,8 +49,6 @@ pub struct LedgerSnapshot {
     pub tickets: Vec<TicketView>,
     /// Capacity waiters in admission order.
     pub waiters: Vec<WaiterView>,
-    /// Pages of cancelled imports waiting for their copies to drain.
-    pub draining_pages: u32,
     /// Outstanding credits of all tickets.
     pub credit_pages: u32,
     /// Running slots held by tickets.
@@ -86,14 +84,13 @@ impl Ledger {
                     expired: waiter.expired,
                 })
                 .collect(),
-            draining_pages: self.draining_pages(),
             credit_pages: self.credit_pages,
             slots_held: self.slots_held,
         }
     }
 
     /// Asserts the ledger's invariants against `pool`: slots held by tickets never exceed the limit and match
-    /// the tickets; the credit total is the sum of outstanding credits; every page a ticket or a drain holds
+    /// the tickets; the credit total is the sum of outstanding credits; every page a ticket holds
     /// is referenced in `pool`; a request is never both a ticket holder and a waiter; waiter indexes agree.
     pub fn check_invariants(&self, pool: &PagePool) {
         let slots = self
@@ -111,7 +108,7 @@ impl Ledger {
         let credits: u32 = self.tickets.values().map(TicketEntry::outstanding).sum();
         assert_eq!(credits, self.credit_pages, "credit total drifted");
         let ticket_pages = self.tickets.values().flat_map(|entry| &entry.import_pages);
-        for &page in ticket_pages.chain(self.draining.values().flatten()) {
+        for &page in ticket_pages {
             let ref_count = pool
                 .ref_count(page)
                 .expect("ledger page in range and not null");

@@ -21,7 +21,6 @@ enum Op {
     Allocate { id: u64, n_pages: u32 },
     WindowFree { id: u64, n_pages: u32 },
     Finish { id: u64 },
-    Withdraw { id: u64 },
     Release { id: u64 },
     Drain,
     Compete { n_pages: u32 },
@@ -39,7 +38,6 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (id.clone(), 0u32..4).prop_map(|(id, n_pages)| Op::Allocate { id, n_pages }),
         1 => (id.clone(), 0u32..3).prop_map(|(id, n_pages)| Op::WindowFree { id, n_pages }),
         1 => id.clone().prop_map(|id| Op::Finish { id }),
-        1 => id.clone().prop_map(|id| Op::Withdraw { id }),
         1 => id.prop_map(|id| Op::Release { id }),
         1 => Just(Op::Drain),
         1 => (0u32..4).prop_map(|n_pages| Op::Compete { n_pages }),
@@ -48,7 +46,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The engine side: pages each consumer holds, imports it acquired, drains pending, competitor pages.
+/// The engine side: pages each consumer holds, imports it acquired, handed-over pages, competitor pages.
 #[derive(Default)]
 struct World {
     consumer_pages: Vec<Vec<PageId>>,
@@ -57,7 +55,6 @@ struct World {
     /// Pages each consumer allocated from its current ticket's credits (a request that restores again keeps
     /// the pages of its earlier ticket, but those are no longer the new ticket's).
     ticket_held: Vec<u32>,
-    drains: Vec<crate::DrainId>,
     /// Pages an importing ticket handed over, per request (an index pins them from then on).
     handed: Vec<Vec<PageId>>,
     /// Whether each request's current ticket handed its pages over.
@@ -184,32 +181,14 @@ proptest! {
                         world.ticket_held[id as usize] = 0;
                     }
                 }
-                Op::Withdraw { id } => {
-                    let idx = id as usize;
-                    let importing = ledger.ticket_state(RequestId(id)) == Some(TicketState::Importing);
-                    let (free, credits) = (pool.n_free(), ledger.credit_pages());
-                    let withdrawn = ledger.withdraw(RequestId(id), &mut pool);
-                    if importing && !world.handed_over[idx] {
-                        // Never staged: pages, slot and credits come back at once, no drain.
-                        let released = withdrawn.expect("an importing ticket with its pages");
-                        let n_pages = world.ticket_pages[idx].len() as u32;
-                        prop_assert_eq!(released.freed_import_pages, n_pages);
-                        prop_assert_eq!(released.drain, None);
-                        prop_assert_eq!(pool.n_free(), free + n_pages);
-                        world.ticket_pages[idx].clear();
-                        world.ticket_held[idx] = 0;
-                        prop_assert!(!ledger.holds_anything(RequestId(id)));
-                    } else {
-                        // Handed over, ready, admitted or absent: refused, nothing changes.
-                        prop_assert!(withdrawn.is_err(), "{:?}", withdrawn);
-                        prop_assert_eq!((pool.n_free(), ledger.credit_pages()), (free, credits));
-                    }
-                }
                 Op::Release { id } => {
+                    // The pages the ticket still holds (never handed over, or a ready import's) come back at
+                    // once: no copy writes into them. Handed-over pages stay with their holder.
+                    let free = pool.n_free();
                     let released = ledger.release(RequestId(id), &mut pool);
-                    if let Some(drain) = released.drain {
-                        world.drains.push(drain);
-                    }
+                    let held = world.ticket_pages[id as usize].len() as u32;
+                    prop_assert_eq!(released.freed_import_pages, held);
+                    prop_assert_eq!(pool.n_free(), free + held);
                     world.ticket_pages[id as usize].clear();
                     world.ticket_held[id as usize] = 0;
                     let handed = std::mem::take(&mut world.handed[id as usize]);
@@ -222,9 +201,6 @@ proptest! {
                     prop_assert_eq!(pool.n_free(), free);
                 }
                 Op::Drain => {
-                    if let Some(drain) = world.drains.pop() {
-                        ledger.pages_drained(drain, &mut pool).expect("draining");
-                    }
                     let handed = std::mem::take(&mut world.handed_draining);
                     pool.free_all(&handed).expect("held by the holder");
                 }
@@ -246,16 +222,11 @@ proptest! {
             prop_assert!(ledger.slots_held() <= 3);
         }
         for id in 0..N_REQUESTS {
-            if let Some(drain) = ledger.release(RequestId(id), &mut pool).drain {
-                world.drains.push(drain);
-            }
+            let _released = ledger.release(RequestId(id), &mut pool);
             free_request(&mut world, &mut pool, id as usize);
         }
         let handed: Vec<PageId> = world.handed.concat().into_iter().chain(world.handed_draining.drain(..)).collect();
         pool.free_all(&handed).expect("held by the holder");
-        for drain in std::mem::take(&mut world.drains) {
-            ledger.pages_drained(drain, &mut pool).expect("draining");
-        }
         pool.free_all(&world.competitor).expect("held");
         prop_assert_eq!(ledger.snapshot().credit_pages, 0);
         prop_assert_eq!(ledger.n_tickets() + ledger.n_waiters(), 0);
