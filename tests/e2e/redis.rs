@@ -96,8 +96,10 @@ fn a_redis_server_lost_mid_run_makes_the_next_turn_recompute() {
     assert_eq!(down.later_turns_restored, 0);
     assert!(down.store_write_failures >= 1);
     assert_eq!(down.leaked_pages, 0);
-    // Restarted empty: still nothing to restore, and the engine stores again.
+    // Restarted empty: still nothing to restore, and the engine stores again once the store's breaker (open
+    // since the failed calls above) lets its probe through, 1 s of wall time after it opened.
     let _server = RedisServer::start_on(port);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
     let failures = down.store_write_failures;
     let mut turn = RequestSpec::new(3, first_prompt(), 8, engine.now());
     turn.is_later_turn = true;
