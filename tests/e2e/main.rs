@@ -11,6 +11,7 @@ mod agents;
 mod bad_inputs;
 mod cli;
 mod cluster;
+mod incidents;
 mod presets;
 mod redis;
 mod scenarios;

@@ -62,11 +62,16 @@ enum Command {
     /// Run a scripted timeline and print the per-step trace as JSON (format: docs/scenarios.md).
     Scenario {
         /// The scenario file (JSON).
-        file: PathBuf,
+        #[arg(required_unless_present = "suite")]
+        file: Option<PathBuf>,
         /// Preset replacing the file's model: a cost model (small-8b-gpu, glm-like-moe) or a model preset
         /// (glm-mla-hybrid, linear-hybrid, sliding-window).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "suite")]
         preset: Option<String>,
+        /// Instead of one file: run every *.json scenario of DIR under each policy it names, check its
+        /// expectations, and print one line per case and policy (exit 1 if any fails).
+        #[arg(long, value_name = "DIR", conflicts_with = "file")]
+        suite: Option<PathBuf>,
     },
 }
 
@@ -191,8 +196,14 @@ fn main() -> ExitCode {
     let result = init_logging().and_then(|()| match cli.command {
         Command::Agents(args) => agents(&args),
         Command::Replay(args) => replay(&args),
-        Command::Scenario { file, preset } => {
-            kvgate::scenario::run_file_with_preset(&file, preset.as_deref())
+        Command::Scenario {
+            suite: Some(dir), ..
+        } => kvgate::scenario::suite::run_suite(&dir).and_then(|runs| {
+            out!("{}", kvgate::scenario::suite::report(&runs));
+            kvgate::scenario::suite::verdict(&dir, &runs)
+        }),
+        Command::Scenario { file, preset, .. } => {
+            kvgate::scenario::run_file_with_preset(&file.unwrap_or_default(), preset.as_deref())
                 .map(|trace| outln!("{trace}"))
         }
     });
@@ -401,6 +412,8 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     run::check_time_scale(args.time_scale)?;
     let router: cluster::Router = args.router.parse()?;
     cluster::check_engines(args.engines)?;
+    // Every policy's engines run side by side: their pools together must fit before any is built.
+    cluster::check_memory(&config, &policies(&args.run.policy)?, args.engines)?;
     if args.engines > 1 {
         return replay_cluster(args, &config, router);
     }

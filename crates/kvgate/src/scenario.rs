@@ -3,12 +3,17 @@
 //! of what each step scheduled, preemptions, request states, credits and free pages. The format is documented
 //! in `docs/scenarios.md`; unknown fields are rejected. Steps where the engine is idle and no event is due are
 //! skipped: the run jumps to the next event's step.
+//!
+//! A scenario may also state where it comes from and what it must show (`source`, `symptom`, `contract`,
+//! `scaled_down`, `policies`, `expect`): `kvgate scenario --suite DIR` runs every file of a directory under
+//! each policy it names and checks its expectations (`suite`), as the ported upstream incidents under
+//! `tests/scenarios/incidents/` do.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
 use checkpoint_transfer::Fault;
-use engine::{Engine, Policy, RequestSpec, StepReport};
+use engine::{Engine, Policy, RequestSpec, RunMetrics, StepReport};
 use kv_pool::RequestId;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -39,6 +44,25 @@ pub struct Scenario {
     pub max_steps: u32,
     /// The timeline.
     pub events: Vec<Event>,
+    /// Where the timeline comes from: the project and issue or pull request it ports (for example
+    /// `vllm-project/vllm#57104`). Required in a suite.
+    #[serde(default)]
+    pub source: String,
+    /// What went wrong there. Required in a suite.
+    #[serde(default)]
+    pub symptom: String,
+    /// The contract ids that hold the symptom back here (for example `["R2", "Q2"]`). Required in a suite.
+    #[serde(default)]
+    pub contract: Vec<String>,
+    /// What of the upstream timeline was scaled down, and how.
+    #[serde(default)]
+    pub scaled_down: String,
+    /// The policies a suite runs the file under (default: `policy` alone); each needs an entry in `expect`.
+    #[serde(default)]
+    pub policies: Vec<String>,
+    /// What each policy's run must show, by policy name (checked by a suite run, `suite::check`).
+    #[serde(default)]
+    pub expect: BTreeMap<String, suite::Expect>,
 }
 
 /// One event: `action` is applied just before step `at_step` runs (steps count from 0).
@@ -193,6 +217,12 @@ pub fn run_file_with_preset(path: &Path, preset: Option<&str>) -> Result<String>
 
 /// Runs a scenario and returns its trace: `{"description", "policy", "steps": [...], "metrics": {...}}`.
 pub fn run(scenario: &Scenario) -> Result<Value> {
+    execute(scenario).map(|(trace, _)| trace)
+}
+
+/// `run`, also returning the engine's metrics (with the counts of finished and cancelled requests the trace's
+/// `metrics` leaves out).
+pub(crate) fn execute(scenario: &Scenario) -> Result<(Value, RunMetrics)> {
     let bad = |message: String| Error::Scenario {
         path: String::new(),
         message,
@@ -250,12 +280,14 @@ pub fn run(scenario: &Scenario) -> Result<Value> {
     if !engine.is_idle() {
         return Err(bad(stuck_at_budget(&engine, scenario.max_steps, &live)));
     }
-    Ok(json!({
+    let metrics = engine.metrics();
+    let trace = json!({
         "description": scenario.description,
         "policy": policy.name(),
         "steps": steps,
-        "metrics": report::run_json(&engine.metrics()),
-    }))
+        "metrics": report::run_json(&metrics),
+    });
+    Ok((trace, metrics))
 }
 
 /// Applies one action; engine refusals are part of the trace (`"error: ..."`), scenario mistakes are errors.
@@ -479,6 +511,8 @@ fn step_json(
         "requests": requests,
     })
 }
+
+pub mod suite;
 
 #[cfg(test)]
 mod tests;
