@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kv_pool::{CacheGroup, Geometry, GroupKind};
+use kv_pool::{CacheGroup, Geometry, GroupKind, HostStorage, PagePool};
 
 use crate::error::{Error, Result};
 use crate::executor::CostModel;
@@ -244,9 +244,18 @@ impl EngineParams {
     pub const N_PAGES_MAX: u32 = 1 << 22;
     /// Bytes each simulated page holds at most (`sim_bytes_per_page`): 1 MiB.
     pub const SIM_BYTES_PER_PAGE_MAX: u32 = 1 << 20;
-    /// Bytes of simulated page storage at most: the pool's pages (`pool_pages`, so the oracle's larger pool
-    /// counts) times `sim_bytes_per_page`, 1 GiB. The storage is allocated when the engine is built.
+    /// Bytes of simulated page storage of one engine at most: the pool's pages (`pool_pages`, so the
+    /// oracle's larger pool counts) times its ranks times `sim_bytes_per_page`, 1 GiB. Host storage allocates
+    /// pages as they are first written, so this bounds what a run that touches every page holds.
     pub const SIM_STORAGE_BYTES_MAX: u64 = 1 << 30;
+    /// Bytes of pool memory every engine of a process may take together, at most (`pool_memory_bytes`:
+    /// page storage as host storage allocates it, and the pool's per-page bookkeeping), counted as if every
+    /// page were touched, though pools and host storage allocate only the pages their requests touch: 8 GiB.
+    /// The largest engine `validate` allows under each of the four policies side by side fits, and so do the
+    /// four policies' default pools on 64 engines (4.9 GiB, the oracle's 524 353-page pools nearly all of
+    /// it); 64 engines of 4 Mi pages (40 GiB a policy) do not. `validate` checks an engine alone; a caller
+    /// that builds several at once (a cluster, policies side by side) checks their sum against it.
+    pub const POOL_MEMORY_BYTES_MAX: u64 = 8 << 30;
     /// Largest CUDA device ordinal `StorageKind::Cuda` may name.
     pub const CUDA_DEVICE_MAX: u32 = 63;
 
@@ -269,9 +278,28 @@ impl EngineParams {
         }
     }
 
-    /// Bytes of simulated page storage the engine allocates: `pool_pages() * sim_bytes_per_page`.
+    /// Bytes of simulated page storage the engine holds once every page is written:
+    /// `pool_pages() * context_parallel * sim_bytes_per_page` (one shard per rank).
     pub fn sim_storage_bytes(&self) -> u64 {
-        u64::from(self.pool_pages()) * u64::from(self.sim_bytes_per_page)
+        u64::from(self.pool_pages())
+            * u64::from(self.geometry.context_parallel())
+            * u64::from(self.sim_bytes_per_page)
+    }
+
+    /// Bytes of host memory the engine's pool and page storage take at most, when every page has been
+    /// handed out and written: per page, the pool's bookkeeping
+    /// (`kv_pool::PagePool::BOOKKEEPING_BYTES_PER_PAGE_MAX`) and, with host storage, what each rank's shard
+    /// allocates for it (`kv_pool::HostStorage::allocated_bytes_per_page`: a 64-byte line for a page of at
+    /// most 64 bytes, else its buffer and lock). Device storage is not host memory.
+    pub fn pool_memory_bytes(&self) -> u64 {
+        let storage_per_page = match self.storage {
+            StorageKind::Host => {
+                u64::from(self.geometry.context_parallel())
+                    * HostStorage::allocated_bytes_per_page(self.sim_bytes_per_page as usize) as u64
+            }
+            StorageKind::Cuda { .. } => 0,
+        };
+        u64::from(self.pool_pages()) * (PagePool::BOOKKEEPING_BYTES_PER_PAGE_MAX + storage_per_page)
     }
 
     /// One full-attention group of `tokens_per_page` tokens per page sized from `cost`, `max_model_len` tokens.
@@ -368,19 +396,7 @@ impl EngineParams {
                 ),
             );
         }
-        if self.sim_storage_bytes() > Self::SIM_STORAGE_BYTES_MAX {
-            return invalid(
-                "sim_bytes_per_page",
-                &format!(
-                    "{} pages of {} bytes make {} bytes of page storage, above the limit of {} bytes; \
-                     use fewer pages or fewer bytes per page",
-                    self.pool_pages(),
-                    self.sim_bytes_per_page,
-                    self.sim_storage_bytes(),
-                    Self::SIM_STORAGE_BYTES_MAX
-                ),
-            );
-        }
+        self.check_memory()?;
         if self.draft_tokens >= self.max_batched_tokens {
             return invalid("draft_tokens", "smaller than max_batched_tokens");
         }
@@ -390,8 +406,43 @@ impl EngineParams {
 }
 
 impl EngineParams {
+    /// Refuses page storage above `SIM_STORAGE_BYTES_MAX` and pool memory above `POOL_MEMORY_BYTES_MAX`.
+    fn check_memory(&self) -> Result<()> {
+        let ranks = self.geometry.context_parallel();
+        if self.sim_storage_bytes() > Self::SIM_STORAGE_BYTES_MAX {
+            return Err(Error::InvalidParam {
+                name: "sim_bytes_per_page",
+                reason: format!(
+                    "{} pages of {} bytes on {ranks} rank(s) make {} bytes of page storage, above the limit \
+                     of {} bytes; use fewer pages, ranks or bytes per page",
+                    self.pool_pages(),
+                    self.sim_bytes_per_page,
+                    self.sim_storage_bytes(),
+                    Self::SIM_STORAGE_BYTES_MAX
+                ),
+            });
+        }
+        if self.pool_memory_bytes() > Self::POOL_MEMORY_BYTES_MAX {
+            return Err(Error::InvalidParam {
+                name: "n_pages",
+                reason: format!(
+                    "{} pages of {} bytes on {ranks} rank(s) take up to {} bytes of page storage and \
+                     bookkeeping, above the limit of {} bytes; use fewer pages, ranks or bytes per page",
+                    self.pool_pages(),
+                    self.sim_bytes_per_page,
+                    self.pool_memory_bytes(),
+                    Self::POOL_MEMORY_BYTES_MAX
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// H1's refusal: names the first cache group the step loop cannot run and why.
     fn check_geometry_runs(&self) -> Result<()> {
         crate::engine::check_geometry(&self.geometry)
     }
 }
+
+#[cfg(test)]
+mod tests;

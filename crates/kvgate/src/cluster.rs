@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::{CheckpointStore, PrefixQuery, SharedStore};
-use engine::{Engine, Policy, RunMetrics};
+use engine::{Engine, EngineParams, Policy, RunMetrics};
 use kv_pool::{BlockKey, Timestamp};
 
 use crate::config::EngineConfig;
@@ -75,6 +75,44 @@ pub fn check_engines(n_engines: u32) -> Result<()> {
         name: "--engines",
         value: n_engines.to_string(),
         allowed: "a number of engines from 1 to 64",
+    })
+}
+
+/// What [`check_memory`] allows (the limit is `EngineParams::POOL_MEMORY_BYTES_MAX`).
+pub const MEMORY_ALLOWED: &str = "engines whose pools, every policy's together, take at most 8589934592 bytes \
+    (8 GiB) of page storage and bookkeeping, every page counted; lower --engines, --pool-pages (pool.pages) or \
+    pool.sim_bytes_per_page, or run fewer policies (--policy; the oracle's pool holds max_running requests of \
+    max_model_len tokens)";
+
+/// Refuses `n_engines` engines under each of `policies` at once (a cluster replay runs its policies side by
+/// side) when their pools together could take more memory than a process may
+/// (`EngineParams::POOL_MEMORY_BYTES_MAX`, every page of every pool counted: `pool_memory_bytes`), before
+/// anything is built. Errors: the config's own (`EngineConfig::engine_params`), and `--engines` naming the
+/// pools, the total, and how many engines would fit.
+pub fn check_memory(config: &EngineConfig, policies: &[Policy], n_engines: u32) -> Result<()> {
+    let mut pools = Vec::with_capacity(policies.len());
+    let mut per_engine = 0u64;
+    for &policy in policies {
+        let params = config.engine_params(policy)?;
+        per_engine = per_engine.saturating_add(params.pool_memory_bytes());
+        pools.push(format!("{} {}", policy.name(), params.pool_pages()));
+    }
+    let total = per_engine.saturating_mul(u64::from(n_engines));
+    if total <= EngineParams::POOL_MEMORY_BYTES_MAX {
+        return Ok(());
+    }
+    let fit = match EngineParams::POOL_MEMORY_BYTES_MAX / per_engine.max(1) {
+        0 => "not one engine fits".to_string(),
+        fit => format!("at most {fit} fit"),
+    };
+    Err(Error::InvalidArgument {
+        name: "--engines",
+        value: format!(
+            "{n_engines} (pools of {} pages an engine: up to {total} bytes of page storage and bookkeeping \
+             in all; {fit})",
+            pools.join(", ")
+        ),
+        allowed: MEMORY_ALLOWED,
     })
 }
 
@@ -146,7 +184,9 @@ pub struct ClusterRun {
 /// Replays `trace` under `policy` on `cluster.n_engines` engines sharing one checkpoint store (the one the
 /// config names, opened once), as [`run_replay`](crate::run::run_replay) does on one: each request is routed
 /// when every busy engine's clock has reached its arrival, and the engine with the earliest clock steps next.
-/// Errors: those of `run_replay`, an engine count out of range ([`check_engines`]).
+/// Errors: those of `run_replay`, an engine count out of range ([`check_engines`]), engines whose pools could
+/// take more memory than a process may ([`check_memory`]; checked for `policy` alone: a caller running several
+/// policies at once checks them together first).
 pub fn run_cluster_replay(
     config: &EngineConfig,
     trace: &[TraceRequest],
@@ -157,6 +197,7 @@ pub fn run_cluster_replay(
     progress: Progress<'_>,
 ) -> Result<ClusterRun> {
     check_engines(cluster.n_engines)?;
+    check_memory(config, &[policy], cluster.n_engines)?;
     let arrivals = replay_arrivals(trace, later_turn, time_scale)?;
     #[allow(
         clippy::disallowed_methods,

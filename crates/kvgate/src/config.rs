@@ -795,19 +795,26 @@ fn check_seconds(field: &'static str, value: f64, positive: bool) -> Result<()> 
     }
 }
 
-/// Refuses a pool whose simulated page storage, allocated when the engine is built, would pass its limit.
+/// Refuses a pool whose simulated page storage, once every page is written, would pass its limit.
 fn check_storage(params: &EngineParams) -> Result<()> {
     if params.sim_storage_bytes() <= EngineParams::SIM_STORAGE_BYTES_MAX {
         return Ok(());
     }
     let pages = params.pool_pages();
+    let ranks = params.geometry.context_parallel();
+    let (on_ranks, times_ranks) = if ranks > 1 {
+        (format!(" on {ranks} ranks"), " times ranks")
+    } else {
+        (String::new(), "")
+    };
     invalid(
         "pool.sim_bytes_per_page",
         &params.sim_bytes_per_page.to_string(),
         &format!(
-            "at most {} for the {} policy's pool of {pages} pages: pages times sim_bytes_per_page must stay \
-             within {} bytes of page storage; lower pool.pages or pool.sim_bytes_per_page",
-            EngineParams::SIM_STORAGE_BYTES_MAX / u64::from(pages),
+            "at most {} for the {} policy's pool of {pages} pages{on_ranks}: pages{times_ranks} times \
+             sim_bytes_per_page must stay within {} bytes of page storage; lower pool.pages or \
+             pool.sim_bytes_per_page",
+            EngineParams::SIM_STORAGE_BYTES_MAX / (u64::from(pages) * u64::from(ranks)),
             params.policy.name(),
             EngineParams::SIM_STORAGE_BYTES_MAX,
         ),

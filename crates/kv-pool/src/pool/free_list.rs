@@ -6,6 +6,10 @@
 //! `next`) with slot 0 (the null page, never free) as its sentinel. O(1) push, pop and removal from the
 //! middle of either structure: a page taken out of the middle of the stack is replaced by the top page
 //! (swap-remove), a page taken out of the LRU list is unlinked and the others keep their order.
+//!
+//! Sized to use: the pages no allocation has taken yet (the *fresh* pages, `fresh..n_pages`) are the bottom
+//! of the stack, in id order with the lowest on top, without an entry each; the per-page arrays cover only
+//! the pages the pool has handed out (`cover`), so a large pool costs what its requests touch.
 
 /// Link value of a page that is not on the LRU list, and position of a page that never was on the stack.
 const NOT_LISTED: u32 = u32::MAX;
@@ -17,7 +21,11 @@ const LRU: u32 = 0;
 /// The free pages of a pool: uncached ones on a stack, cached ones in LRU order.
 #[derive(Debug, Clone)]
 pub(crate) struct FreeList {
-    /// Uncached free pages, the top (next to be reused) last.
+    /// Pages of the pool, the null page included.
+    n_pages: u32,
+    /// The lowest fresh page: `fresh..n_pages` were never taken and lie below `stack`, lowest on top.
+    fresh: u32,
+    /// Uncached free pages above the fresh ones, the top (next to be reused) last.
     stack: Vec<u32>,
     /// Per page, its index in `stack`; meaningful only while the page is on the stack (a free page that
     /// holds no key): popping leaves it stale, so the hot path writes one array less.
@@ -28,27 +36,61 @@ pub(crate) struct FreeList {
 }
 
 impl FreeList {
-    /// Two empty structures over pages `0..n_pages` (slot 0 is never listed). The stack has room for every
-    /// page up front, so pushing never reallocates.
-    pub(crate) fn new(n_pages: u32) -> FreeList {
+    /// Every usable page of `0..n_pages` free, uncached and fresh (slot 0 is never listed), the per-page
+    /// arrays covering the first `n_covered` pages (at least the null page).
+    pub(crate) fn new(n_pages: u32, n_covered: u32) -> FreeList {
         debug_assert!((1..NOT_LISTED).contains(&n_pages));
-        let mut prev = vec![NOT_LISTED; n_pages as usize];
-        let mut next = vec![NOT_LISTED; n_pages as usize];
-        prev[LRU as usize] = LRU;
-        next[LRU as usize] = LRU;
-        FreeList {
-            stack: Vec::with_capacity(n_pages as usize),
-            stack_pos: vec![NOT_LISTED; n_pages as usize],
-            prev,
-            next,
+        debug_assert!((1..=n_pages).contains(&n_covered));
+        let mut free_list = FreeList {
+            n_pages,
+            fresh: 1,
+            stack: Vec::new(),
+            stack_pos: Vec::new(),
+            prev: Vec::new(),
+            next: Vec::new(),
             n_cached: 0,
-        }
+        };
+        free_list.cover(n_covered);
+        free_list.prev[LRU as usize] = LRU;
+        free_list.next[LRU as usize] = LRU;
+        free_list
+    }
+
+    /// Extends the per-page arrays to the first `n_covered` pages (no page among the new ones is listed
+    /// but as fresh). The stack gets room for every covered page, so pushing reallocates only after a cover.
+    pub(crate) fn cover(&mut self, n_covered: u32) {
+        let len = n_covered as usize;
+        self.stack_pos.resize(len, NOT_LISTED);
+        self.prev.resize(len, NOT_LISTED);
+        self.next.resize(len, NOT_LISTED);
+        self.stack.reserve(len.saturating_sub(self.stack.len()));
+    }
+
+    /// The lowest fresh page (every page from it on was never taken and is free).
+    #[inline]
+    pub(crate) fn fresh(&self) -> u32 {
+        self.fresh
+    }
+
+    /// Fresh pages: never taken, free, uncached.
+    #[inline]
+    fn n_fresh(&self) -> u32 {
+        self.n_pages - self.fresh
+    }
+
+    /// Bytes of the structures' per-page arrays.
+    pub(crate) fn bookkeeping_bytes(&self) -> usize {
+        (self.stack.capacity()
+            + self.stack_pos.capacity()
+            + self.prev.capacity()
+            + self.next.capacity())
+            * std::mem::size_of::<u32>()
     }
 
     /// Free pages in both structures.
     #[inline]
     pub(crate) fn len(&self) -> u32 {
-        self.stack.len() as u32 + self.n_cached
+        self.n_uncached() + self.n_cached
     }
 
     /// Cached free pages (on the LRU list).
@@ -60,20 +102,26 @@ impl FreeList {
     /// Whether `page` is on the stack (O(1) but, positions being left stale by `pop_uncached`, only a
     /// debug check: the pool knows a page is stacked when it is free and holds no key).
     fn is_stacked(&self, page: u32) -> bool {
-        let at = self.stack_pos[page as usize];
+        let Some(&at) = self.stack_pos.get(page as usize) else {
+            return false;
+        };
         self.stack.get(at as usize) == Some(&page)
     }
 
     /// Whether `page` is on the LRU list.
     fn is_linked(&self, page: u32) -> bool {
-        page != LRU && self.next[page as usize] != NOT_LISTED
+        page != LRU
+            && self
+                .next
+                .get(page as usize)
+                .is_some_and(|&next| next != NOT_LISTED)
     }
 
     /// Push the uncached `page` on top of the stack.
     #[inline]
     pub(crate) fn push_uncached(&mut self, page: u32) {
         debug_assert!(
-            page != LRU && !self.is_stacked(page) && !self.is_linked(page),
+            page != LRU && page < self.fresh && !self.is_stacked(page) && !self.is_linked(page),
             "page {page} listed twice"
         );
         self.stack_pos[page as usize] = self.stack.len() as u32;
@@ -84,7 +132,7 @@ impl FreeList {
     #[inline]
     pub(crate) fn push_cached_mru(&mut self, page: u32) {
         debug_assert!(
-            page != LRU && !self.is_stacked(page) && !self.is_linked(page),
+            page != LRU && page < self.fresh && !self.is_stacked(page) && !self.is_linked(page),
             "page {page} listed twice"
         );
         let tail = self.prev[LRU as usize];
@@ -98,13 +146,25 @@ impl FreeList {
     /// Uncached free pages (on the stack).
     #[inline]
     pub(crate) fn n_uncached(&self) -> u32 {
-        self.stack.len() as u32
+        self.stack.len() as u32 + self.n_fresh()
     }
 
-    /// Remove and return the page on top of the stack, if any.
+    /// Remove and return the page on top of the stack, if any: the fresh pages lie below the others. A
+    /// fresh page may lie beyond the covered pages: the caller covers it before anything reads its entries.
     #[inline]
     pub(crate) fn pop_uncached(&mut self) -> Option<u32> {
-        self.stack.pop()
+        if let Some(page) = self.stack.pop() {
+            return Some(page);
+        }
+        self.pop_fresh()
+    }
+
+    /// Remove and return the lowest fresh page, if any.
+    fn pop_fresh(&mut self) -> Option<u32> {
+        (self.fresh < self.n_pages).then(|| {
+            self.fresh += 1;
+            self.fresh - 1
+        })
     }
 
     /// Remove and return the page at the LRU end of the LRU list, if any.
@@ -129,6 +189,32 @@ impl FreeList {
         }
     }
 
+    /// Remove the fresh `page` (covered) from the stack as `remove_uncached` would: the top page takes its
+    /// place. The fresh pages below it stay fresh; those above it, and the top page in its place, become
+    /// stack entries under the others, in the same order. O(pages above it).
+    pub(crate) fn remove_fresh(&mut self, page: u32) {
+        debug_assert!(
+            (self.fresh..self.n_pages).contains(&page) && (page as usize) < self.stack_pos.len(),
+            "page {page} is not fresh and covered"
+        );
+        let moved = match self.stack.pop() {
+            Some(top) => top,
+            None if page == self.fresh => {
+                self.fresh += 1;
+                return;
+            }
+            // The lowest fresh page is the top: it takes the hole.
+            None => self.pop_fresh().unwrap_or(page),
+        };
+        let above = std::iter::once(moved).chain((self.fresh..page).rev());
+        let rest = std::mem::take(&mut self.stack);
+        self.stack = above.chain(rest).collect();
+        self.fresh = page + 1;
+        for (at, &listed) in self.stack.iter().enumerate() {
+            self.stack_pos[listed as usize] = at as u32;
+        }
+    }
+
     /// Remove the cached `page` from wherever it is on the LRU list; the others keep their order.
     #[inline]
     pub(crate) fn remove_cached(&mut self, page: u32) {
@@ -142,10 +228,14 @@ impl FreeList {
         self.n_cached -= 1;
     }
 
-    /// The uncached free pages from the top of the stack (next to be reused) down (O(n); for checks and
-    /// tests).
+    /// The uncached free pages from the top of the stack (next to be reused) down, the fresh ones last
+    /// (O(n); for checks and tests).
     pub(crate) fn iter_uncached(&self) -> impl Iterator<Item = u32> + '_ {
-        self.stack.iter().rev().copied()
+        self.stack
+            .iter()
+            .rev()
+            .copied()
+            .chain(self.fresh..self.n_pages)
     }
 
     /// The cached free pages from the LRU end (next to be evicted) to the MRU end (O(n); for checks and
@@ -162,16 +252,26 @@ impl FreeList {
         })
     }
 
-    /// Assert both structures are consistent: the stack and its positions agree, the LRU circle is closed
-    /// both ways and holds `n_cached` pages, no page is on both, and pages off the LRU list carry no links.
-    /// Returns, per page, whether it is on either (the free pages). O(n).
+    /// Assert both structures are consistent: the per-page arrays cover the same pages, the stack and its
+    /// positions agree, it holds no fresh page, the LRU circle is closed both ways and holds `n_cached`
+    /// pages, no page is on both, and pages off the LRU list carry no links. Returns, per covered page,
+    /// whether it is free (on either, or fresh). O(covered pages).
     pub(crate) fn check_invariants(&self) -> Vec<bool> {
         let n_pages = self.next.len();
+        assert!(
+            self.prev.len() == n_pages && self.stack_pos.len() == n_pages,
+            "free list: per-page arrays of different lengths"
+        );
+        assert!(
+            (1..=self.n_pages).contains(&self.fresh) && n_pages <= self.n_pages as usize,
+            "free list: fresh page {} or {n_pages} covered pages out of range",
+            self.fresh
+        );
         let mut seen = vec![false; n_pages];
         for (at, &page) in self.stack.iter().enumerate() {
             assert!(
-                page != LRU && (page as usize) < n_pages,
-                "stack: page {page} out of range"
+                page != LRU && page < self.fresh && (page as usize) < n_pages,
+                "stack: page {page} out of range or fresh"
             );
             assert!(!seen[page as usize], "stack: page {page} listed twice");
             seen[page as usize] = true;
@@ -212,8 +312,12 @@ impl FreeList {
             count, self.n_cached,
             "lru list: length counter disagrees with the links"
         );
+        for (page, listed) in seen.iter_mut().enumerate().skip(self.fresh as usize) {
+            assert!(!*listed, "free list: fresh page {page} also listed");
+            *listed = true;
+        }
         for (page, &listed) in seen.iter().enumerate().skip(1) {
-            if !listed || self.is_stacked(page as u32) {
+            if !listed || self.is_stacked(page as u32) || page >= self.fresh as usize {
                 assert_eq!(
                     (self.prev[page], self.next[page]),
                     (NOT_LISTED, NOT_LISTED),

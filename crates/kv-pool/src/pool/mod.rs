@@ -11,6 +11,12 @@
 //! free page whose key is dropped by `uncache` or `reset_prefix_cache`) goes on top of the stack; a page
 //! freed with a key goes to the MRU end of the LRU list. So the cache lives as long as clean pages remain,
 //! and the hot path (one page allocated and freed again) keeps reusing the same, cache-warm page.
+//!
+//! Sized to use: pages are first handed out in id order, and the per-page bookkeeping (page words, free
+//! lists, the prefix index) covers only the pages up to the highest one handed out so far, growing by
+//! doubling; a page beyond it is free, uncached and unreferenced without an entry. A pool of 4 Mi pages of
+//! which a request touched ten holds a few kilobytes, not the 300 MB its bookkeeping takes when every page
+//! has been used (72 to 88 bytes a page, `BOOKKEEPING_BYTES_PER_PAGE_MAX`).
 
 mod free_list;
 #[cfg(test)]
@@ -31,6 +37,11 @@ const CACHED: u32 = 1 << 31;
 
 /// Reference-count bits of a page word.
 const REF_MASK: u32 = CACHED - 1;
+
+/// Pages a new pool covers with bookkeeping before any is handed out: the null page and the first page. The
+/// bookkeeping then doubles as pages are handed out (a pool's first dozen allocations grow it a few times,
+/// which the small pools of the tests exercise).
+const COVERED_INITIAL: u32 = 2;
 
 /// What the pool keeps per page, in one place: the eviction path reads the reference count, whether the page
 /// holds a key and that key's hash bits (which name its entry in the prefix index's table) in one load.
@@ -71,28 +82,37 @@ impl std::fmt::Debug for PagePool {
 }
 
 impl PagePool {
+    /// Bytes of bookkeeping a pool holds per page once every page has been handed out, at most: the page
+    /// word (8), the free lists (16), the page's key (32) and its share of the key table (16 to 32, the
+    /// table being a power of two at least twice the pages).
+    pub const BOOKKEEPING_BYTES_PER_PAGE_MAX: u64 = 88;
+
     /// A pool of `n_pages` pages, the null page included; every usable page starts free and uncached, to
-    /// be allocated in id order. Errors with `PoolTooSmall` below 2 pages (and at `u32::MAX`, which the free
-    /// lists reserve).
+    /// be allocated in id order. Its bookkeeping grows with the pages handed out (the module's doc). Errors
+    /// with `PoolTooSmall` below 2 pages (and at `u32::MAX`, which the free lists reserve).
     pub fn new(n_pages: u32) -> Result<PagePool> {
         if n_pages < 2 || n_pages == u32::MAX {
             return Err(Error::PoolTooSmall { n_pages });
         }
-        let mut free_list = FreeList::new(n_pages);
-        for page in (1..n_pages).rev() {
-            free_list.push_uncached(page);
-        }
+        let n_covered = n_pages.min(COVERED_INITIAL);
         Ok(PagePool {
             n_pages,
-            page_words: vec![PageWord::default(); n_pages as usize],
-            free_list,
-            prefix: PrefixIndex::new(n_pages),
+            page_words: vec![PageWord::default(); n_covered as usize],
+            free_list: FreeList::new(n_pages, n_covered),
+            prefix: PrefixIndex::new(n_covered),
         })
     }
 
     /// Pages in the pool, the null page included.
     pub fn n_total(&self) -> u32 {
         self.n_pages
+    }
+
+    /// Bytes of per-page bookkeeping the pool holds now (reference counts, free lists, prefix index).
+    pub fn bookkeeping_bytes(&self) -> usize {
+        self.page_words.capacity() * std::mem::size_of::<PageWord>()
+            + self.free_list.bookkeeping_bytes()
+            + self.prefix.bookkeeping_bytes()
     }
 
     /// Pages that can be allocated: all but the null page.
@@ -186,9 +206,13 @@ impl PagePool {
     /// `PageOutOfRange`, `DoubleFree` (reference count already 0).
     #[inline]
     pub fn free(&mut self, page: PageId) -> Result<()> {
-        // `get` is the range check (one word per page), so the hot path checks once; the null page's word
-        // is always 0, so it is told apart from a double free off the hot path.
+        // `get` is the range check (one word per covered page), so the hot path checks once; the null
+        // page's word is always 0, so it is told apart from a double free off the hot path. A page beyond the
+        // covered ones was never handed out.
         let Some(PageWord { word, .. }) = self.page_words.get_mut(page.idx()) else {
+            if page.0 < self.n_pages {
+                return Err(Error::DoubleFree { page: page.0 });
+            }
             return Err(Error::PageOutOfRange {
                 page: page.0,
                 n_pages: self.n_pages,
@@ -221,7 +245,11 @@ impl PagePool {
         let mut failed = None;
         let mut n_taken = 0;
         for &page in pages.iter().rev() {
-            let word = &mut self.page_words[page.idx()].word;
+            // A page beyond the covered ones was never handed out: unreferenced.
+            let Some(PageWord { word, .. }) = self.page_words.get_mut(page.idx()) else {
+                failed = Some(page);
+                break;
+            };
             if *word & REF_MASK == 0 {
                 failed = Some(page);
                 break;
@@ -251,10 +279,13 @@ impl PagePool {
     #[inline]
     pub fn touch(&mut self, page: PageId) -> Result<()> {
         self.check_page(page)?;
-        let word = self.page_words[page.idx()].word;
+        let word = self.word(page);
         if word & REF_MASK == 0 {
             if word & CACHED != 0 {
                 self.free_list.remove_cached(page.0);
+            } else if page.0 >= self.free_list.fresh() {
+                self.cover(page);
+                self.free_list.remove_fresh(page.0);
             } else {
                 self.free_list.remove_uncached(page.0);
             }
@@ -271,7 +302,7 @@ impl PagePool {
     #[inline]
     pub fn ref_count(&self, page: PageId) -> Result<u32> {
         self.check_page(page)?;
-        Ok(self.page_words[page.idx()].word & REF_MASK)
+        Ok(self.word(page) & REF_MASK)
     }
 
     /// Register `page` (in use) as holding the block `key`. Returns `false`, changing nothing, when another
@@ -279,7 +310,7 @@ impl PagePool {
     /// `NullPage`, `PageOutOfRange`, `PageNotInUse` (a free page), `PageAlreadyCached` (it holds another key).
     pub fn cache_block(&mut self, page: PageId, key: BlockKey) -> Result<bool> {
         self.check_page(page)?;
-        let word = self.page_words[page.idx()].word;
+        let word = self.word(page);
         if word & REF_MASK == 0 {
             return Err(Error::PageNotInUse { page: page.0 });
         }
@@ -339,7 +370,8 @@ impl PagePool {
         if n_in_use > 0 {
             return Err(Error::PagesInUse { n: n_in_use });
         }
-        for page in (1..self.n_pages).map(PageId) {
+        // Only covered pages were ever handed out, so only they can hold a key.
+        for page in (1..self.n_covered()).map(PageId) {
             if self.drop_key(page) {
                 self.free_list.remove_cached(page.0);
                 self.free_list.push_uncached(page.0);
@@ -359,23 +391,39 @@ impl PagePool {
     /// page is unreferenced and uncached, `n_cached_free` matches, and the prefix index and per-page keys are
     /// inverse maps.
     pub fn check_invariants(&self) {
+        let n_covered = self.n_covered();
         let listed = self.free_list.check_invariants();
-        assert_eq!(self.page_words.len(), self.n_pages as usize);
+        assert_eq!(
+            listed.len(),
+            n_covered as usize,
+            "page words and free lists cover different pages"
+        );
+        assert!(
+            (1..=self.n_pages).contains(&n_covered),
+            "{n_covered} pages covered of {}",
+            self.n_pages
+        );
+        assert!(
+            self.free_list.fresh() <= n_covered,
+            "a page beyond the covered ones was handed out"
+        );
         assert_eq!(
             self.page_words[0].word, 0,
             "the null page is referenced or cached"
         );
         self.prefix.check_invariants(
-            (1..self.n_pages)
+            n_covered,
+            (1..n_covered)
                 .map(PageId)
                 .filter(|&page| self.holds_key(page))
                 .map(|page| (page, self.page_words[page.idx()].key_bits)),
         );
         assert!(!listed[0], "the null page is free");
-        let mut n_free = 0;
+        // Pages beyond the covered ones are free, uncached and fresh.
+        let mut n_free = self.n_pages - n_covered;
         let mut n_in_use = 0;
         let mut n_cached_free = 0;
-        for page in 1..self.n_pages {
+        for page in 1..n_covered {
             let word = self.page_words[page as usize].word;
             let free = word & REF_MASK == 0;
             assert_eq!(
@@ -399,7 +447,8 @@ impl PagePool {
                 "page {page} on the LRU list holds no key"
             );
         }
-        for page in self.free_list.iter_uncached() {
+        let covered = |&page: &u32| page < n_covered;
+        for page in self.free_list.iter_uncached().take_while(covered) {
             assert!(
                 !self.holds_key(PageId(page)),
                 "page {page} on the uncached stack holds a key"
@@ -446,16 +495,48 @@ impl PagePool {
         self.free_list.iter_cached_lru().map(PageId).collect()
     }
 
+    /// Pages with bookkeeping: every page handed out so far is among them.
+    #[inline]
+    fn n_covered(&self) -> u32 {
+        self.page_words.len() as u32
+    }
+
+    /// The word of `page` (in range): reference count and cached flag; 0 for a page beyond the covered
+    /// ones, never handed out.
+    #[inline]
+    fn word(&self, page: PageId) -> u32 {
+        self.page_words.get(page.idx()).map_or(0, |word| word.word)
+    }
+
+    /// Extends the bookkeeping to cover `page` (in range) and, so that a pool growing page by page does so
+    /// in O(1) amortized, at least twice the pages covered now.
+    #[cold]
+    fn cover(&mut self, page: PageId) {
+        let n_covered = self.n_covered();
+        if page.0 < n_covered {
+            return;
+        }
+        let n_covered = (page.0 + 1)
+            .max(n_covered.saturating_mul(2))
+            .min(self.n_pages);
+        self.page_words
+            .resize(n_covered as usize, PageWord::default());
+        self.free_list.cover(n_covered);
+        self.prefix.cover(n_covered);
+    }
+
     /// Whether `page` (in range) holds a key.
     #[inline]
     fn holds_key(&self, page: PageId) -> bool {
-        self.page_words[page.idx()].word & CACHED != 0
+        self.word(page) & CACHED != 0
     }
 
     /// Drops the key `page` (in range) holds from the prefix index and its word; `true` when it held one.
     /// Its reference count and free lists are the caller's.
     fn drop_key(&mut self, page: PageId) -> bool {
-        let PageWord { word, key_bits } = self.page_words[page.idx()];
+        let Some(&PageWord { word, key_bits }) = self.page_words.get(page.idx()) else {
+            return false;
+        };
         if word & CACHED == 0 {
             return false;
         }
@@ -486,9 +567,13 @@ impl PagePool {
         out.push(page);
     }
 
-    /// Give the free, key-less `page` its first reference.
+    /// Give the free, key-less `page` its first reference, covering it first when it is the first fresh
+    /// page beyond the covered ones.
     #[inline]
     fn take_free_page_word(&mut self, page: PageId) {
+        if page.idx() >= self.page_words.len() {
+            self.cover(page);
+        }
         debug_assert!(!self.holds_key(page), "{page:?} still holds a key");
         debug_assert_eq!(
             self.page_words[page.idx()].word & REF_MASK,

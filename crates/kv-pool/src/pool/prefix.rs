@@ -6,8 +6,10 @@
 //! bits matched, and by `key_of`.
 //!
 //! Key to page: an open-addressing table of 8-byte entries (the page and 32 bits of the key's hash), linear
-//! probing, deletion by backward shift (no tombstones). The index never holds more keys than the pool has
-//! pages, so the table is sized once, at most half full, and never grows: 1 MiB for 65,536 pages. A removal
+//! probing, deletion by backward shift (no tombstones). Only a page the pool has handed out holds a key, so
+//! the table has at least twice as many entries as the pool has covered pages and stays at most half full:
+//! it grows (rehashed from the entries' own hash bits, no key read) when the pool covers more pages, up to
+//! 1 MiB for 65,536 pages. A removal
 //! knows its page, so it compares page ids only; a lookup compares the whole key when the hash bits match;
 //! an insert probes once, ending on the key (already cached) or on the empty entry it takes.
 
@@ -34,18 +36,52 @@ pub(crate) struct PrefixIndex {
 }
 
 impl PrefixIndex {
-    /// An empty index over pages `0..n_pages`.
-    pub(crate) fn new(n_pages: u32) -> PrefixIndex {
-        // At most one key per page but the null page: at most half full. Capped at 2^32 entries (the hash bits
-        // kept name the home slot), which still leaves an empty entry for every probe to end on.
-        let n_entries = (2 * n_pages as usize).next_power_of_two().clamp(8, 1 << 32);
-        PrefixIndex {
-            table: vec![EMPTY; n_entries],
-            mask: n_entries - 1,
+    /// An empty index covering pages `0..n_covered`.
+    pub(crate) fn new(n_covered: u32) -> PrefixIndex {
+        let mut index = PrefixIndex {
+            table: Vec::new(),
+            mask: 0,
             hasher: BlockKeyHashBuilder::new(),
-            key_by_page: vec![BlockKey([0; 32]); n_pages as usize],
+            key_by_page: Vec::new(),
             n_keys: 0,
+        };
+        index.cover(n_covered);
+        index
+    }
+
+    /// Entries of the key table for `n_covered` pages: at most one key per page but the null page, so at
+    /// most half full. Capped at 2^32 entries (the hash bits kept name the home slot), which still leaves an
+    /// empty entry for every probe to end on.
+    fn table_entries(n_covered: u32) -> usize {
+        (2 * n_covered as usize)
+            .next_power_of_two()
+            .clamp(8, 1 << 32)
+    }
+
+    /// Extends the index to pages `0..n_covered` (more than it covers): room for their keys, and a larger
+    /// table when they need one, every entry moved to its place in it.
+    pub(crate) fn cover(&mut self, n_covered: u32) {
+        self.key_by_page
+            .resize(n_covered as usize, BlockKey([0; 32]));
+        let n_entries = Self::table_entries(n_covered);
+        if n_entries <= self.table.len() {
+            return;
         }
+        let old = std::mem::replace(&mut self.table, vec![EMPTY; n_entries]);
+        self.mask = n_entries - 1;
+        for entry in old.into_iter().filter(|&entry| entry != EMPTY) {
+            let mut at = (entry >> 32) as usize & self.mask;
+            while self.table[at] != EMPTY {
+                at = (at + 1) & self.mask;
+            }
+            self.table[at] = entry;
+        }
+    }
+
+    /// Bytes of the key table and the per-page keys.
+    pub(crate) fn bookkeeping_bytes(&self) -> usize {
+        self.table.capacity() * std::mem::size_of::<u64>()
+            + self.key_by_page.capacity() * std::mem::size_of::<BlockKey>()
     }
 
     /// Number of cached keys.
@@ -145,7 +181,21 @@ impl PrefixIndex {
 
     /// Asserts that the index holds exactly the keys of `held` (every page holding a key with its recorded
     /// hash bits, each page once): each with the bits of its key and found by a lookup, and no other. O(n).
-    pub(crate) fn check_invariants(&self, held: impl IntoIterator<Item = (PageId, u32)>) {
+    pub(crate) fn check_invariants(
+        &self,
+        n_covered: u32,
+        held: impl IntoIterator<Item = (PageId, u32)>,
+    ) {
+        assert_eq!(
+            self.key_by_page.len(),
+            n_covered as usize,
+            "the index covers other pages than the pool"
+        );
+        assert!(
+            self.table.len() >= Self::table_entries(n_covered) && self.mask == self.table.len() - 1,
+            "key table of {} entries for {n_covered} pages",
+            self.table.len()
+        );
         let mut n_held = 0;
         for (page, bits) in held {
             n_held += 1;
@@ -206,8 +256,10 @@ mod tests {
                     assert_eq!(index.lookup(key), Some(PageId(page)), "step {step}");
                 }
                 assert_eq!(index.len(), model.len());
-                index
-                    .check_invariants(model.iter().map(|(&page, &(_, bits))| (PageId(page), bits)));
+                index.check_invariants(
+                    n_pages,
+                    model.iter().map(|(&page, &(_, bits))| (PageId(page), bits)),
+                );
             }
         }
     }

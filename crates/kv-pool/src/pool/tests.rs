@@ -576,3 +576,99 @@ fn debug_shows_counters() {
     let shown = format!("{pool:?}");
     assert!(shown.contains("n_free: 2"), "{shown}");
 }
+
+/// The largest pool the engine allows (`EngineParams::N_PAGES_MAX`): 4 Mi pages.
+const BIG_POOL: u32 = 1 << 22;
+
+#[test]
+fn a_big_pool_holds_bookkeeping_only_for_the_pages_it_used() {
+    let mut pool = PagePool::new(BIG_POOL).unwrap();
+    assert!(
+        pool.bookkeeping_bytes() < 16 * 1024,
+        "a fresh pool of {BIG_POOL} pages holds {} bytes",
+        pool.bookkeeping_bytes()
+    );
+    // A request's worth of pages, some cached, freed and found again.
+    let pages = pool.allocate(100).unwrap();
+    for (n, &page) in pages.iter().enumerate().take(50) {
+        assert!(pool.cache_block(page, key(n as u32)).unwrap());
+    }
+    pool.free_all(&pages).unwrap();
+    assert_eq!(pool.lookup(&key(7)), Some(pages[7]));
+    pool.check_invariants();
+    assert!(
+        pool.bookkeeping_bytes() < 64 * 1024,
+        "100 pages used of {BIG_POOL} hold {} bytes",
+        pool.bookkeeping_bytes()
+    );
+    // Bookkeeping grows with the pages used, at most about twice what they need.
+    let held = pool.allocate(100_000).unwrap();
+    let bytes = pool.bookkeeping_bytes();
+    assert!(
+        bytes < 100_000 * 2 * 100,
+        "100 000 pages used hold {bytes} bytes"
+    );
+    pool.free_all(&held).unwrap();
+    pool.check_invariants();
+    assert_eq!(pool.n_free(), BIG_POOL - 1);
+}
+
+#[test]
+fn every_page_of_a_big_pool_is_allocated_in_id_order_once() {
+    let mut pool = PagePool::new(1 << 16).unwrap();
+    let pages = pool.allocate(pool.n_free()).unwrap();
+    assert_eq!(pages, (1..1 << 16).map(PageId).collect::<Vec<_>>());
+    assert_eq!(pool.n_free(), 0);
+    pool.check_invariants();
+    pool.free_all(&pages).unwrap();
+    assert_eq!(pool.n_free(), pool.n_usable());
+    pool.check_invariants();
+}
+
+#[test]
+fn touching_a_page_never_handed_out_takes_it_off_the_stack_as_any_free_page() {
+    let mut pool = PagePool::new(10).unwrap();
+    assert_eq!(pool.allocate(1).unwrap(), ids(&[1]));
+    // The stack from its top: 2, 3, ..., 9; page 5 leaves it and the top page (2) takes its place.
+    pool.touch(PageId(5)).unwrap();
+    assert_eq!(pool.ref_count(PageId(5)).unwrap(), 1);
+    assert_eq!(
+        pool.free_pages_in_reuse_order(),
+        ids(&[3, 4, 2, 6, 7, 8, 9])
+    );
+    pool.check_invariants();
+    // With a page freed on top, that page takes the hole instead.
+    pool.free(PageId(1)).unwrap();
+    pool.touch(PageId(7)).unwrap();
+    assert_eq!(
+        pool.free_pages_in_reuse_order(),
+        ids(&[3, 4, 2, 6, 1, 8, 9])
+    );
+    pool.check_invariants();
+    assert_eq!(pool.allocate(7).unwrap(), ids(&[3, 4, 2, 6, 1, 8, 9]));
+    pool.check_invariants();
+    // A page never handed out is unreferenced: freeing it is a double free, and it holds no key.
+    let mut pool = PagePool::new(BIG_POOL).unwrap();
+    let last = PageId(BIG_POOL - 1);
+    assert_eq!(pool.free(last), Err(Error::DoubleFree { page: last.0 }));
+    assert_eq!(
+        pool.free_all(&[last]),
+        Err(Error::DoubleFree { page: last.0 })
+    );
+    assert_eq!(pool.ref_count(last), Ok(0));
+    assert_eq!(pool.key_of(last), Ok(None));
+    assert_eq!(pool.uncache(last), Ok(false));
+    assert_eq!(
+        pool.cache_block(last, key(1)),
+        Err(Error::PageNotInUse { page: last.0 })
+    );
+    assert_eq!(
+        pool.free(PageId(BIG_POOL)),
+        Err(Error::PageOutOfRange {
+            page: BIG_POOL,
+            n_pages: BIG_POOL
+        })
+    );
+    assert!(pool.bookkeeping_bytes() < 16 * 1024);
+    pool.check_invariants();
+}

@@ -1,16 +1,20 @@
 //! `HostStorage`: page bytes in aligned host memory, safe code only. Copy workers writing different pages
-//! never wait on each other. A page of at most a cache line is one cache line of eight atomic words, read
-//! and written word by word without a lock: a write stores into the line without first taking a lock word,
-//! so a simulation writing pages of a pool too large for the cache is not held up by a cache miss per page.
-//! A page written while it is read may then be read half old, half new; nothing reads a page while a copy
-//! or a step may write it (the engine's ownership rules, checked by the reordering copy engine), so nothing
-//! sees that. A larger page is its own allocation behind its own `RwLock`. A page starts on a 4096-byte
-//! boundary when pages are at least 16 KiB, else on a 64-byte (cache line) boundary: a larger buffer is
-//! over-allocated by the alignment and the page view starts at the first aligned byte; the closures of
-//! `with_page` and `with_page_mut` see a line page through an aligned copy.
+//! never wait on each other, but for the first write into a chunk of pages: the pages are allocated
+//! `CHUNK_PAGES` at a time on the first write into one of them (a page never written, the null page
+//! included, reads as zeros and costs nothing), and a second writer into that chunk waits until it is
+//! allocated. So a large pool costs what its requests touch. A page of at most a cache line is one cache
+//! line of eight atomic words, read and written word by word without a lock: a write stores into the line
+//! without first taking a lock word, so a simulation writing pages of a pool too large for the cache is not
+//! held up by a cache miss per page. A page written while it is read may then be read half old, half new;
+//! nothing reads a page while a copy or a step may write it (the engine's ownership rules, checked by the
+//! reordering copy engine), so nothing sees that. A larger page is its own allocation, made on its first
+//! write, behind its own `RwLock`. A page starts on a 4096-byte boundary when pages are at least 16 KiB,
+//! else on a 64-byte (cache line) boundary: a larger buffer is over-allocated by the alignment and the page
+//! view starts at the first aligned byte; the closures of `with_page` and `with_page_mut` see a line page
+//! through an aligned copy, and a page never written through an aligned zeroed copy.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::{PageStorage, Shape};
 use crate::error::Result;
@@ -21,6 +25,9 @@ const PAGE_ALIGN_MIN_BYTES: usize = 16 * 1024;
 const PAGE_ALIGN_BYTES: usize = 4096;
 const LINE_ALIGN_BYTES: usize = 64;
 
+/// Pages allocated together on the first write into one of them: 64 KiB of line pages.
+const CHUNK_PAGES: usize = 1024;
+
 /// Page bytes in host memory, `n_ranks` shards of `n_pages` pages (the embedded default storage).
 #[derive(Debug)]
 pub struct HostStorage {
@@ -28,43 +35,59 @@ pub struct HostStorage {
     align_bytes: usize,
     /// Page `p` of rank `r` at index `r * n_pages + p`.
     pages: Pages,
+    /// Bytes of pages allocated so far (chunks, and the buffers of larger pages).
+    allocated: AtomicUsize,
 }
 
 /// The pages, each behind its own lock.
 #[derive(Debug)]
 enum Pages {
     /// Pages of at most one cache line (the simulator's): the bytes sit inside the lock, so an access touches
-    /// one 128-byte block instead of a lock and a separate buffer, and the storage is one allocation.
-    Lines(Vec<AtomicLine>),
+    /// one 128-byte block instead of a lock and a separate buffer, and a chunk is one allocation.
+    Lines(Chunks<AtomicLine>),
     /// Larger pages: one over-allocated buffer each.
-    Buffers(Vec<RwLock<AlignedPage>>),
+    Buffers(Chunks<RwLock<AlignedPage>>),
 }
 
 impl HostStorage {
     /// Zeroed storage of `n_ranks` shards of `n_pages` pages (the null page included) of `bytes_per_page`
-    /// bytes. Errors: `EmptyStorage` for a zero count or size, `StorageTooLarge` when it cannot be addressed.
+    /// bytes; nothing of the pages is allocated before they are written. Errors: `EmptyStorage` for a zero
+    /// count or size, `StorageTooLarge` when it cannot be addressed.
     pub fn new(n_ranks: u32, n_pages: u32, bytes_per_page: usize) -> Result<HostStorage> {
         let shape = Shape::new(n_ranks, n_pages, bytes_per_page)?;
-        let align_bytes = if bytes_per_page >= PAGE_ALIGN_MIN_BYTES {
-            PAGE_ALIGN_BYTES
-        } else {
-            LINE_ALIGN_BYTES
-        };
+        let align_bytes = align_bytes_for(bytes_per_page);
         let n_buffers = n_ranks as usize * n_pages as usize;
         let pages = if bytes_per_page <= LINE_ALIGN_BYTES {
-            Pages::Lines((0..n_buffers).map(|_| AtomicLine::default()).collect())
+            Pages::Lines(Chunks::new(n_buffers))
         } else {
-            Pages::Buffers(
-                (0..n_buffers)
-                    .map(|_| RwLock::new(AlignedPage::zeroed(bytes_per_page, align_bytes)))
-                    .collect(),
-            )
+            Pages::Buffers(Chunks::new(n_buffers))
         };
         Ok(HostStorage {
             shape,
             align_bytes,
             pages,
+            allocated: AtomicUsize::new(0),
         })
+    }
+
+    /// Bytes of page memory the storage holds now: what the pages written so far took (chunks of line
+    /// pages, the handles of larger pages and their buffers), not counting the few bytes per chunk of an
+    /// empty table.
+    pub fn allocated_bytes(&self) -> usize {
+        self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Bytes a page of `bytes_per_page` bytes takes in a shard once written (its share of its chunk): a line
+    /// for a page of at most 64 bytes, else its lock and its buffer, over-allocated by the alignment.
+    pub fn allocated_bytes_per_page(bytes_per_page: usize) -> usize {
+        if bytes_per_page <= LINE_ALIGN_BYTES {
+            std::mem::size_of::<AtomicLine>()
+        } else {
+            std::mem::size_of::<RwLock<AlignedPage>>()
+                + bytes_per_page
+                + align_bytes_for(bytes_per_page)
+                - 1
+        }
     }
 
     /// The alignment every page starts on, in bytes (4096 for pages of at least 16 KiB, else 64).
@@ -72,14 +95,25 @@ impl HostStorage {
         self.align_bytes
     }
 
-    /// Run `f` over the bytes of page `page` of `rank` (the fast path for bulk copies: no buffer copy).
-    /// Errors: `RankOutOfRange`, `PageOutOfRange`.
+    /// Run `f` over the bytes of page `page` of `rank` (the fast path for bulk copies: no buffer copy but
+    /// for a page never written). Errors: `RankOutOfRange`, `PageOutOfRange`.
     pub fn with_page<R>(&self, rank: u32, page: PageId, f: impl FnOnce(&[u8]) -> R) -> Result<R> {
         self.shape.check_page(rank, page)?;
         let (idx, len) = (self.index(rank, page), self.shape.bytes_per_page);
         Ok(match &self.pages {
-            Pages::Lines(pages) => f(pages[idx].load().view(len)),
-            Pages::Buffers(pages) => f(read_lock(pages, idx).view(len)),
+            Pages::Lines(pages) => match pages.get(idx) {
+                Some(line) => f(line.load().view(len)),
+                None => f(Line::ZERO.view(len)),
+            },
+            Pages::Buffers(pages) => {
+                let page = pages
+                    .get(idx)
+                    .map(|page| page.read().unwrap_or_else(PoisonError::into_inner));
+                match page.as_deref().and_then(|page| page.bytes(len)) {
+                    Some(bytes) => f(bytes),
+                    None => f(AlignedPage::zeroed(len, self.align_bytes).view(len)),
+                }
+            }
         })
     }
 
@@ -95,49 +129,120 @@ impl HostStorage {
         let (idx, len) = (self.index(rank, page), self.shape.bytes_per_page);
         Ok(match &self.pages {
             Pages::Lines(pages) => {
-                let mut line = pages[idx].load();
-                let result = f(line.view_mut(len));
-                pages[idx].store(&line.0);
+                let line = pages.get_or_allocate(idx, &self.allocated);
+                let mut copy = line.load();
+                let result = f(copy.view_mut(len));
+                line.store(&copy.0);
                 result
             }
-            Pages::Buffers(pages) => f(write_lock(pages, idx).view_mut(len)),
+            Pages::Buffers(pages) => f(self.write_buffer(pages, idx).view_mut(len)),
         })
     }
 
     fn index(&self, rank: u32, page: PageId) -> usize {
         rank as usize * self.shape.n_pages as usize + page.idx()
     }
+
+    /// The larger page at `idx`, locked for writing and allocated (zeroed) if it never was.
+    fn write_buffer<'a>(
+        &'a self,
+        pages: &'a Chunks<RwLock<AlignedPage>>,
+        idx: usize,
+    ) -> RwLockWriteGuard<'a, AlignedPage> {
+        let mut page = pages
+            .get_or_allocate(idx, &self.allocated)
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if page.buffer.is_empty() {
+            *page = AlignedPage::zeroed(self.shape.bytes_per_page, self.align_bytes);
+            self.allocated
+                .fetch_add(page.buffer.capacity(), Ordering::Relaxed);
+        }
+        page
+    }
+
+    /// Copies the larger page `src` over page `dst` (different pages), locking in index order so two
+    /// opposite copies cannot deadlock. A source never written leaves the destination zeroed.
+    fn copy_buffer(&self, pages: &Chunks<RwLock<AlignedPage>>, src: usize, dst: usize) {
+        let len = self.shape.bytes_per_page;
+        let read = |idx: usize| pages.get(idx).map(read_lock);
+        let copy = |from: Option<&AlignedPage>, to: &mut AlignedPage| match from
+            .and_then(|from| from.bytes(len))
+        {
+            Some(bytes) => to.view_mut(len).copy_from_slice(bytes),
+            None => to.view_mut(len).fill(0),
+        };
+        let src_written = read(src).is_some_and(|page| !page.buffer.is_empty());
+        let dst_written = read(dst).is_some_and(|page| !page.buffer.is_empty());
+        if !src_written && !dst_written {
+            // Zeros over zeros.
+            return;
+        }
+        if src < dst {
+            let from = read(src);
+            let mut to = self.write_buffer(pages, dst);
+            copy(from.as_deref(), &mut to);
+        } else {
+            let mut to = self.write_buffer(pages, dst);
+            let from = read(src);
+            copy(from.as_deref(), &mut to);
+        }
+    }
 }
 
-/// The bytes of one page, whatever holds them.
-trait PageBytes {
-    /// The page's first `len` bytes (`len` is the storage's page size, which fits).
-    fn view(&self, len: usize) -> &[u8];
-    fn view_mut(&mut self, len: usize) -> &mut [u8];
+/// The alignment a page of `bytes_per_page` bytes starts on.
+fn align_bytes_for(bytes_per_page: usize) -> usize {
+    if bytes_per_page >= PAGE_ALIGN_MIN_BYTES {
+        PAGE_ALIGN_BYTES
+    } else {
+        LINE_ALIGN_BYTES
+    }
+}
+
+/// Pages in chunks of `CHUNK_PAGES`, each chunk allocated on the first write into one of its pages.
+#[derive(Debug)]
+struct Chunks<P> {
+    chunks: Box<[OnceLock<Box<[P]>>]>,
+    /// Pages in all (the last chunk may hold fewer).
+    n_pages: usize,
+}
+
+impl<P: Default> Chunks<P> {
+    /// `n_pages` pages, none allocated.
+    fn new(n_pages: usize) -> Chunks<P> {
+        Chunks {
+            chunks: (0..n_pages.div_ceil(CHUNK_PAGES))
+                .map(|_| OnceLock::new())
+                .collect(),
+            n_pages,
+        }
+    }
+
+    /// Page `idx` (in range), if its chunk is allocated.
+    #[inline]
+    fn get(&self, idx: usize) -> Option<&P> {
+        self.chunks[idx / CHUNK_PAGES]
+            .get()
+            .map(|chunk| &chunk[idx % CHUNK_PAGES])
+    }
+
+    /// Page `idx` (in range), its chunk allocated first if it is not (counted in `allocated`).
+    #[inline]
+    fn get_or_allocate(&self, idx: usize, allocated: &AtomicUsize) -> &P {
+        let chunk = idx / CHUNK_PAGES;
+        let pages = self.chunks[chunk].get_or_init(|| {
+            let len = CHUNK_PAGES.min(self.n_pages - chunk * CHUNK_PAGES);
+            allocated.fetch_add(len * std::mem::size_of::<P>(), Ordering::Relaxed);
+            (0..len).map(|_| P::default()).collect()
+        });
+        &pages[idx % CHUNK_PAGES]
+    }
 }
 
 // Page bytes are plain data: a panic while one was locked leaves no broken invariant, so poisoning is
 // ignored. Indexes are checked against the shape before these are called.
-fn read_lock<T: PageBytes>(pages: &[RwLock<T>], idx: usize) -> RwLockReadGuard<'_, T> {
-    pages[idx].read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn write_lock<T: PageBytes>(pages: &[RwLock<T>], idx: usize) -> RwLockWriteGuard<'_, T> {
-    pages[idx].write().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Copies page `src` over page `dst` (different pages), locking in index order so two opposite copies
-/// cannot deadlock.
-fn copy_page<T: PageBytes>(pages: &[RwLock<T>], src: usize, dst: usize, len: usize) {
-    if src < dst {
-        let from = read_lock(pages, src);
-        let mut to = write_lock(pages, dst);
-        to.view_mut(len).copy_from_slice(from.view(len));
-    } else {
-        let mut to = write_lock(pages, dst);
-        let from = read_lock(pages, src);
-        to.view_mut(len).copy_from_slice(from.view(len));
-    }
+fn read_lock(page: &RwLock<AlignedPage>) -> RwLockReadGuard<'_, AlignedPage> {
+    page.read().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl PageStorage for HostStorage {
@@ -155,22 +260,36 @@ impl PageStorage for HostStorage {
 
     fn read(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
         self.shape.check_len(dst.len())?;
-        if let Pages::Lines(pages) = &self.pages {
-            self.shape.check_page(rank, page)?;
-            pages[self.index(rank, page)].read_into(dst);
-            return Ok(());
+        self.shape.check_page(rank, page)?;
+        let idx = self.index(rank, page);
+        match &self.pages {
+            Pages::Lines(pages) => match pages.get(idx) {
+                Some(line) => line.read_into(dst),
+                None => dst.fill(0),
+            },
+            Pages::Buffers(pages) => {
+                let page = pages.get(idx).map(read_lock);
+                match page.as_deref().and_then(|page| page.bytes(dst.len())) {
+                    Some(bytes) => dst.copy_from_slice(bytes),
+                    None => dst.fill(0),
+                }
+            }
         }
-        self.with_page(rank, page, |bytes| dst.copy_from_slice(bytes))
+        Ok(())
     }
 
     fn write(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()> {
         self.shape.check_len(src.len())?;
-        if let Pages::Lines(pages) = &self.pages {
-            self.shape.check_writable(rank, page)?;
-            pages[self.index(rank, page)].store_bytes(src);
-            return Ok(());
+        self.shape.check_writable(rank, page)?;
+        let idx = self.index(rank, page);
+        match &self.pages {
+            Pages::Lines(pages) => pages.get_or_allocate(idx, &self.allocated).store_bytes(src),
+            Pages::Buffers(pages) => self
+                .write_buffer(pages, idx)
+                .view_mut(src.len())
+                .copy_from_slice(src),
         }
-        self.with_page_mut(rank, page, |bytes| bytes.copy_from_slice(src))
+        Ok(())
     }
 
     fn copy(&self, rank: u32, src: PageId, dst: PageId) -> Result<()> {
@@ -180,10 +299,19 @@ impl PageStorage for HostStorage {
             return Ok(());
         }
         let (from, to) = (self.index(rank, src), self.index(rank, dst));
-        let len = self.shape.bytes_per_page;
         match &self.pages {
-            Pages::Lines(pages) => pages[to].store(&pages[from].load().0),
-            Pages::Buffers(pages) => copy_page(pages, from, to, len),
+            Pages::Lines(pages) => match pages.get(from) {
+                Some(line) => pages
+                    .get_or_allocate(to, &self.allocated)
+                    .store(&line.load().0),
+                // A source never written: zeros, which a destination never written holds already.
+                None => {
+                    if let Some(line) = pages.get(to) {
+                        line.store(&Line::ZERO.0);
+                    }
+                }
+            },
+            Pages::Buffers(pages) => self.copy_buffer(pages, from, to),
         }
         Ok(())
     }
@@ -193,6 +321,19 @@ impl PageStorage for HostStorage {
 #[derive(Debug)]
 #[repr(align(64))]
 struct Line([u8; LINE_ALIGN_BYTES]);
+
+impl Line {
+    /// A page never written.
+    const ZERO: Line = Line([0; LINE_ALIGN_BYTES]);
+
+    fn view(&self, len: usize) -> &[u8] {
+        &self.0[..len]
+    }
+
+    fn view_mut(&mut self, len: usize) -> &mut [u8] {
+        &mut self.0[..len]
+    }
+}
 
 /// Words of one line page.
 const LINE_WORDS: usize = LINE_ALIGN_BYTES / 8;
@@ -255,18 +396,9 @@ impl AtomicLine {
     }
 }
 
-impl PageBytes for Line {
-    fn view(&self, len: usize) -> &[u8] {
-        &self.0[..len]
-    }
-
-    fn view_mut(&mut self, len: usize) -> &mut [u8] {
-        &mut self.0[..len]
-    }
-}
-
-/// One page's bytes, over-allocated so the view can start on an aligned address.
-#[derive(Debug)]
+/// One page's bytes, over-allocated so the view can start on an aligned address; empty until the page is
+/// first written.
+#[derive(Debug, Default)]
 struct AlignedPage {
     buffer: Vec<u8>,
     offset: usize,
@@ -281,9 +413,13 @@ impl AlignedPage {
         let offset = (align_bytes - misalignment) % align_bytes;
         AlignedPage { buffer, offset }
     }
-}
 
-impl PageBytes for AlignedPage {
+    /// The page's first `len` bytes (`len` is the storage's page size), if it was ever written.
+    fn bytes(&self, len: usize) -> Option<&[u8]> {
+        (!self.buffer.is_empty()).then(|| self.view(len))
+    }
+
+    /// The page's first `len` bytes of an allocated page.
     fn view(&self, len: usize) -> &[u8] {
         &self.buffer[self.offset..self.offset + len]
     }

@@ -306,3 +306,42 @@ fn cuda_without_driver_is_a_clear_error_never_a_panic() {
         }
     );
 }
+
+#[test]
+fn host_storage_allocates_only_the_pages_written() {
+    // The largest pool the engine allows, on two ranks, with line pages and with buffer pages.
+    for bytes_per_page in [32, 256] {
+        let storage = HostStorage::new(2, 1 << 22, bytes_per_page).unwrap();
+        assert!(
+            storage.allocated_bytes() < 1 << 20,
+            "fresh storage of {bytes_per_page}-byte pages holds {} bytes",
+            storage.allocated_bytes()
+        );
+        // Unwritten pages read as zeros and allocate nothing.
+        let mut buffer = vec![0xAA; bytes_per_page];
+        for page in [0, 1, (1 << 22) - 1] {
+            storage.read(1, PageId(page), &mut buffer).unwrap();
+            assert!(buffer.iter().all(|&b| b == 0));
+            storage
+                .with_page(0, PageId(page), |bytes| {
+                    assert!(bytes.iter().all(|&b| b == 0));
+                })
+                .unwrap();
+        }
+        storage.copy(0, PageId(5), PageId(6)).unwrap();
+        let untouched = storage.allocated_bytes();
+        assert!(untouched < 1 << 20, "reads allocated {untouched} bytes");
+        // A written page costs its chunk (lines) or itself (buffers), not the storage.
+        storage
+            .write(1, PageId(1 << 21), &pattern(9, bytes_per_page))
+            .unwrap();
+        storage.read(1, PageId(1 << 21), &mut buffer).unwrap();
+        assert_eq!(buffer, pattern(9, bytes_per_page));
+        let written = storage.allocated_bytes();
+        assert!(
+            written - untouched <= 256 * 1024,
+            "one page written cost {} bytes",
+            written - untouched
+        );
+    }
+}

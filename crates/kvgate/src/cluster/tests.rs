@@ -344,3 +344,115 @@ fn choose(
     let keys = BlockKey::chain_all(prompt, block_tokens, &[]);
     router.choose(engines, store, &keys)
 }
+
+/// The largest pool a config allows: 4 Mi pages, the null page included.
+fn largest_pool_config() -> EngineConfig {
+    let mut config = EngineConfig::default();
+    config.pool.pages = EngineParams::N_PAGES_MAX - 1;
+    config
+}
+
+#[test]
+fn a_cluster_whose_pools_pass_the_memory_limit_is_refused_naming_what_to_lower() {
+    // `replay --engines 64 --pool-pages 4194303`: 152 bytes a page (88 of bookkeeping, a 64-byte line of
+    // storage), 637 534 208 bytes an engine and policy (the oracle's pool is capped at 1 Mi pages).
+    let error = check_memory(&largest_pool_config(), &Policy::ALL, ENGINES_MAX)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        error,
+        "--engines 64 (pools of ordinary 4194304, pages-only 4194304, reserved 4194304, oracle 1048576 pages \
+         an engine: up to 132607115264 bytes of page storage and bookkeeping in all; at most 4 fit) is invalid; \
+         allowed: engines whose pools, every policy's together, take at most 8589934592 bytes (8 GiB) of page \
+         storage and bookkeeping, every page counted; lower --engines, --pool-pages (pool.pages) or \
+         pool.sim_bytes_per_page, or run fewer policies (--policy; the oracle's pool holds max_running \
+         requests of max_model_len tokens)"
+    );
+    assert!(MEMORY_ALLOWED.contains(&EngineParams::POOL_MEMORY_BYTES_MAX.to_string()));
+    // One policy: 13 engines of 4 Mi pages fit, 14 do not.
+    assert!(check_memory(&largest_pool_config(), &[Policy::Reserved], 13).is_ok());
+    let error = check_memory(&largest_pool_config(), &[Policy::Reserved], 14)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.starts_with(
+            "--engines 14 (pools of reserved 4194304 pages an engine: up to 8925478912 bytes of page storage \
+             and bookkeeping in all; at most 13 fit) is invalid"
+        ),
+        "{error}"
+    );
+    // The default pools fit on the most engines a cluster has, under every policy (the oracle's the largest).
+    assert!(check_memory(&EngineConfig::default(), &Policy::ALL, ENGINES_MAX).is_ok());
+}
+
+#[test]
+fn a_cluster_replay_refuses_pools_past_the_memory_limit_before_building_any() {
+    let trace = trace_slice(2);
+    let later = later_turns(&trace);
+    let spec = ClusterSpec {
+        n_engines: ENGINES_MAX,
+        router: Router::RoundRobin,
+    };
+    let run = run_cluster_replay(
+        &largest_pool_config(),
+        &trace,
+        &later,
+        1.0,
+        Policy::Reserved,
+        spec,
+        &mut |_, _| {},
+    );
+    let Err(error) = run else {
+        panic!("64 engines of 4 Mi pages were built and ran");
+    };
+    assert!(
+        error.to_string().starts_with(
+            "--engines 64 (pools of reserved 4194304 pages an engine: up to 40802189312 bytes"
+        ),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_cluster_of_big_pools_allocates_only_what_its_requests_touch() {
+    // 13 engines of 4 Mi pages each (what the memory limit allows under one policy) replay two requests:
+    // their pools and page storage hold what those touch, not the 8.3 GB of every page.
+    let trace = trace_slice(2);
+    let later = later_turns(&trace);
+    let config = largest_pool_config();
+    let params = config.engine_params(Policy::Reserved).unwrap();
+    let mut store = SharedStore::new(engine::open_store(&params).unwrap());
+    let mut engines: Vec<Engine> = (0..13)
+        .map(|_| Engine::with_store(params.clone(), Box::new(store.clone())).unwrap())
+        .collect();
+    let mut router = RouterState::new(Router::RoundRobin);
+    let block_tokens = params.geometry.block_tokens();
+    let mut scratch = Vec::new();
+    let arrivals = replay_arrivals(&trace, &later, 1.0).unwrap();
+    for (i, request) in trace.iter().enumerate() {
+        let keyed = keyed_trace_request(
+            i,
+            request,
+            arrivals[i],
+            later[i],
+            block_tokens,
+            &mut scratch,
+        )
+        .unwrap();
+        let target = router.choose(&engines, &mut store, keyed.keys());
+        submit_keyed_or_reject(&mut engines[target], keyed).unwrap();
+    }
+    while engines.iter().any(|engine| !engine.is_idle()) {
+        for engine in engines.iter_mut().filter(|engine| !engine.is_idle()) {
+            engine.step().unwrap();
+        }
+    }
+    let touched: usize = engines
+        .iter()
+        .map(|engine| engine.pool().bookkeeping_bytes())
+        .sum();
+    assert!(
+        touched < 16 << 20,
+        "13 engines hold {touched} bytes of pool bookkeeping"
+    );
+}

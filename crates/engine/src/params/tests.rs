@@ -1,0 +1,61 @@
+//! The memory limits of one engine: page storage counts every rank's shard, and pool memory counts the
+//! pool's bookkeeping and the storage as host storage allocates it, so neither tiny pages nor many ranks slip
+//! past them.
+
+use kv_pool::{CacheGroup, Geometry, GroupKind};
+
+use super::EngineParams;
+
+/// The largest pool, `context_parallel` ranks, pages of `sim_bytes_per_page` bytes.
+fn largest_pool(context_parallel: u32, sim_bytes_per_page: u32) -> EngineParams {
+    let geometry = Geometry::new(
+        vec![CacheGroup {
+            kind: GroupKind::Full,
+            bytes_per_page: 2048,
+        }],
+        16,
+        context_parallel,
+        131_072,
+    )
+    .unwrap();
+    EngineParams {
+        geometry,
+        n_pages: EngineParams::N_PAGES_MAX,
+        sim_bytes_per_page,
+        ..EngineParams::default()
+    }
+}
+
+#[test]
+fn pool_memory_counts_bookkeeping_and_every_ranks_storage() {
+    let params = EngineParams::default();
+    // 4096 pages of 32 bytes: 88 bytes of bookkeeping and a 64-byte line each.
+    assert_eq!(params.pool_memory_bytes(), 4096 * (88 + 64));
+    assert_eq!(params.sim_storage_bytes(), 4096 * 32);
+    params.validate().unwrap();
+    let params = largest_pool(2, 32);
+    assert_eq!(params.sim_storage_bytes(), (1 << 22) * 2 * 32);
+    assert_eq!(params.pool_memory_bytes(), (1 << 22) * (88 + 2 * 64));
+    params.validate().unwrap();
+}
+
+#[test]
+fn storage_on_many_ranks_and_tiny_pages_on_many_ranks_are_refused() {
+    // 64 shards of 4 Mi pages of 8 bytes: 2 GiB of page storage (16 GiB as lines), one shard counted before.
+    let error = largest_pool(64, 8).validate().unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "invalid engine parameter sim_bytes_per_page: 4194304 pages of 8 bytes on 64 rank(s) make 2147483648 \
+         bytes of page storage, above the limit of 1073741824 bytes; use fewer pages, ranks or bytes per page"
+    );
+    // 32 shards: 1 GiB of page storage, within its limit, but 8 GiB of 64-byte lines and 352 MiB of
+    // bookkeeping.
+    let error = largest_pool(32, 8).validate().unwrap_err().to_string();
+    assert_eq!(
+        error,
+        "invalid engine parameter n_pages: 4194304 pages of 8 bytes on 32 rank(s) take up to 8959033344 \
+         bytes of page storage and bookkeeping, above the limit of 8589934592 bytes; use fewer pages, ranks \
+         or bytes per page"
+    );
+    largest_pool(16, 8).validate().unwrap();
+}
