@@ -146,10 +146,12 @@ impl<E: Executor> Engine<E> {
         Ok(Some((meta, tokens)))
     }
 
-    /// Polls every pending restore once (Q8).
+    /// Polls every pending restore once (Q8). What else competes (the restore preflight) is computed once: a
+    /// poll changes no running request, so it is the same for every restore it polls.
     pub(crate) fn poll_restores(&mut self, report: &mut StepReport) -> Result<()> {
         let pending: Vec<RequestId> = self.restoring.values().copied().collect();
         self.earliest_lookup = None;
+        let preflight = self.restore_preflight();
         for id in pending {
             report.restore_polls += 1;
             match self.reqs[&id].restore.clone() {
@@ -159,7 +161,7 @@ impl<E: Executor> Engine<E> {
                     limit_tokens,
                 } => {
                     if self.now >= answer_at {
-                        self.answer_lookup(id, limit_tokens, report)?;
+                        self.answer_lookup(id, limit_tokens, &preflight, report)?;
                     } else if self.now.since(sent) >= self.params.lookup_timeout {
                         self.fall_back(id, FallbackReason::LookupTimeout, report)?;
                     }
@@ -194,7 +196,7 @@ impl<E: Executor> Engine<E> {
                             }
                         }
                     }
-                    self.try_reserve(id, report)?;
+                    self.try_reserve(id, &preflight, report)?;
                 }
                 Restore::Importing { .. } => {} // copy in flight: defer
                 Restore::Idle => {
@@ -217,6 +219,7 @@ impl<E: Executor> Engine<E> {
         &mut self,
         id: RequestId,
         limit_tokens: u32,
+        preflight: &Preflight,
         report: &mut StepReport,
     ) -> Result<()> {
         let Some((checkpoint, matched_tokens)) = self.find_checkpoint(id, limit_tokens)? else {
@@ -257,11 +260,16 @@ impl<E: Executor> Engine<E> {
             // Before the contract: the restore is tried at admission, at once or not at all (G1).
             return self.enqueue_waiting(id, None);
         }
-        self.try_reserve(id, report)
+        self.try_reserve(id, preflight, report)
     }
 
     /// Reserves for an answered restore by the policy's mechanism and starts its copy.
-    fn try_reserve(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
+    fn try_reserve(
+        &mut self,
+        id: RequestId,
+        preflight: &Preflight,
+        report: &mut StepReport,
+    ) -> Result<()> {
         if self.index.n_staged() >= self.params.copy_task_limit as usize {
             // Wait for a copy slot (G2); a capacity wait whose bound ran out meanwhile is over all the same
             // (W1), or the waiter would wait for ever behind copies that keep the slots busy.
@@ -289,16 +297,14 @@ impl<E: Executor> Engine<E> {
             );
             spec.draft_lookahead_tokens = self.params.draft_tokens;
             spec.captures = self.captures_after(id, tokens);
-            let preflight = self.restore_preflight();
             let Some(ledger) = self.ledger.as_mut() else {
                 return Err(Error::internal(format!("{id}: reserving without a ledger")));
             };
             let req = &self.reqs[&id];
-            match ledger.reserve(&mut self.pool, id, req.order, &spec, &preflight, self.now) {
+            match ledger.reserve(&mut self.pool, id, req.order, &spec, preflight, self.now) {
                 Ok(ticket) => Some(ticket.import_pages),
                 Err(error) => {
-                    let (kind, message) = (error.kind(), error.to_string());
-                    return self.refused(id, kind, &message, report);
+                    return self.refused(id, error.kind(), &error, report);
                 }
             }
         } else {
@@ -318,8 +324,12 @@ impl<E: Executor> Engine<E> {
                     return Ok(());
                 }
             } else if import_pages > available {
-                let message = format!("need {import_pages} pages, {available} free");
-                return self.refused(id, ErrorKind::Pressure, &message, report);
+                return self.refused(
+                    id,
+                    ErrorKind::Pressure,
+                    &format_args!("need {import_pages} pages, {available} free"),
+                    report,
+                );
             }
             // The index allocates the pages when it stages the import.
             None
@@ -450,7 +460,7 @@ impl<E: Executor> Engine<E> {
         &mut self,
         id: RequestId,
         kind: ErrorKind,
-        message: &str,
+        message: &dyn std::fmt::Display,
         report: &mut StepReport,
     ) -> Result<()> {
         let now = self.now;

@@ -114,6 +114,9 @@ pub struct Ledger {
     tickets: BTreeMap<RequestId, TicketEntry>,
     waiters: BTreeMap<(AdmissionOrder, RequestId), WaiterEntry>,
     waiter_orders: BTreeMap<RequestId, AdmissionOrder>,
+    /// The holds of the waiters before a key at one time, kept between calls so that a step that polls its
+    /// waiters in admission order sums each waiter once, not once per later waiter.
+    hold_cursor: Option<waiters::HoldCursor>,
     credit_pages: u32,
     slots_held: u32,
 }
@@ -127,6 +130,7 @@ impl Ledger {
             tickets: BTreeMap::new(),
             waiters: BTreeMap::new(),
             waiter_orders: BTreeMap::new(),
+            hold_cursor: None,
             credit_pages: 0,
             slots_held: 0,
         }
@@ -188,8 +192,11 @@ impl Ledger {
             .available_pages(pool, preflight)
             .saturating_sub(held_pages);
         if free_slots == 0 || need_pages > available_pages {
-            self.record_waiter(request, order, need_pages, now);
-            self.check_expiry(request, now)?;
+            // A new waiter with no wait at all expires at once; one already waiting passed the same check
+            // above, and a refresh keeps its first refusal's time.
+            if self.record_waiter(request, order, need_pages, now) {
+                self.check_expiry(request, now)?;
+            }
             return Err(Error::Pressure {
                 need_pages,
                 available_pages,
