@@ -78,6 +78,16 @@ impl Ledger {
                 slots += 1;
             }
         }
+        debug_assert_eq!(
+            (pages, slots),
+            self.waiters
+                .range(..key)
+                .filter(|(_, waiter)| !waiter.expired && now.since(waiter.since) < max_wait)
+                .fold((0u32, 0u32), |(pages, slots), (_, waiter)| {
+                    (pages.saturating_add(waiter.need_pages), slots + 1)
+                }),
+            "the hold cursor disagrees with the waiters before {key:?}"
+        );
         self.hold_cursor = Some(HoldCursor {
             now,
             upto: key,
