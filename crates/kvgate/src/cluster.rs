@@ -218,6 +218,8 @@ pub fn run_cluster_replay(
     let mut finished = 0u64;
     // One prompt buffer for every request: each is generated into it, keyed, and dropped.
     let mut scratch = Vec::new();
+    // K3: a stalled engine stops the replay; what the cluster did until then is still reported, marked.
+    let mut stopped: Option<String> = None;
     loop {
         // Route every request that has arrived on every busy engine's clock; with none busy, the next one.
         while next < trace.len() {
@@ -244,7 +246,14 @@ pub fn run_cluster_replay(
             break;
         };
         let engine = &mut engines[index];
-        let _report = engine.step()?;
+        match engine.step() {
+            Ok(_report) => {}
+            Err(stalled @ engine::Error::Stalled { .. }) => {
+                stopped = Some(format!("engine {index}: {stalled}"));
+                break;
+            }
+            Err(error) => return Err(error.into()),
+        }
         busy[index] = !engine.is_idle();
         for _ in engine.take_finished() {
             finished += 1;
@@ -253,10 +262,16 @@ pub fn run_cluster_replay(
             }
         }
     }
-    debug_assert_eq!(next, trace.len(), "every request is routed");
+    debug_assert!(
+        stopped.is_some() || next == trace.len(),
+        "every request is routed"
+    );
     progress(total, total);
-    let total_metrics = cluster_metrics(policy, &engines, &store, started.elapsed());
-    let keep_up = keep_up(trace, &arrivals, &engines, &total_metrics);
+    let mut total_metrics = cluster_metrics(policy, &engines, &store, started.elapsed());
+    let mut keep_up = keep_up(trace, &arrivals, &engines, &total_metrics);
+    // A replay that stopped did not serve the trace.
+    keep_up.kept_up &= stopped.is_none();
+    total_metrics.stopped = stopped;
     Ok(ClusterRun {
         router: cluster.router,
         total: total_metrics,

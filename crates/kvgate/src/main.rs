@@ -582,7 +582,8 @@ fn replay_cluster(
             outln!("{}", report::cluster_table(run));
         }
     }
-    Ok(())
+    let totals: Vec<RunMetrics> = runs.iter().map(|run| run.total.clone()).collect();
+    incomplete(&totals)
 }
 
 /// Buckets of a replay's requests on the cache-share chart's x axis.

@@ -121,12 +121,18 @@ pub fn cluster_table(run: &ClusterRun) -> String {
     columns.push(("total", &run.total));
     let routed: Vec<String> = run.routed.iter().map(u64::to_string).collect();
     let keep_up = &run.keep_up;
+    let stopped = run
+        .total
+        .stopped
+        .as_ref()
+        .map(|why| format!("INCOMPLETE: {} stopped early: {why}\n", run.total.policy))
+        .unwrap_or_default();
     format!(
         "{policy}, {n} engines, router {router} (requests routed: {routed})\n{table}\
          trace: {requests} requests over {span:.1} s: needs {need_rps:.2} requests/s, {need_tps:.0} prompt tok/s\n\
          cluster: served them by {served:.1} s: sustained {rps:.2} requests/s, {tps:.0} prompt tok/s; last \
          finish {drain:.1} s after the last arrival, p99 ttft {p99:.2} s: {verdict} (keeping up: within \
-         {drain_max} s and {p99_max} s)\n",
+         {drain_max} s and {p99_max} s)\n{stopped}",
         policy = run.total.policy,
         n = run.engines.len(),
         router = run.router,

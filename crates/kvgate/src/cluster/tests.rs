@@ -456,3 +456,44 @@ fn a_cluster_of_big_pools_allocates_only_what_its_requests_touch() {
         "13 engines hold {touched} bytes of pool bookkeeping"
     );
 }
+
+/// Issue 27, item 4, on a cluster: an engine the liveness watchdog stops ends the replay with the report of
+/// what the cluster did until then, marked stopped (naming the engine), and not kept up.
+#[test]
+fn a_cluster_replay_the_watchdog_stops_keeps_its_report_marked_stopped() {
+    let trace = trace_slice(8);
+    let later = later_turns(&trace);
+    let mut config = trace_config();
+    config.scheduler.stall_timeout_s = 1e-6;
+    let spec = ClusterSpec {
+        n_engines: 2,
+        router: Router::RoundRobin,
+    };
+    let run = run_cluster_replay(
+        &config,
+        &trace,
+        &later,
+        1.0,
+        Policy::Reserved,
+        spec,
+        &mut |_, _| {},
+    )
+    .unwrap();
+    let stopped = run
+        .total
+        .stopped
+        .as_deref()
+        .expect("stopped by the watchdog");
+    assert!(
+        stopped.starts_with("engine 0: no progress for"),
+        "{stopped}"
+    );
+    assert!(!run.keep_up.kept_up);
+    assert!(
+        crate::report::cluster_table(&run).contains("INCOMPLETE: reserved stopped early: engine 0")
+    );
+    assert_eq!(
+        crate::report::cluster_json(&run)["stopped"],
+        serde_json::json!(stopped)
+    );
+}
