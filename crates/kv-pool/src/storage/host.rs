@@ -199,12 +199,11 @@ fn align_bytes_for(bytes_per_page: usize) -> usize {
     }
 }
 
-/// Pages in chunks of `CHUNK_PAGES`, each chunk allocated on the first write into one of its pages.
+/// Pages in chunks of `CHUNK_PAGES`, each chunk allocated on the first write into one of its pages (the last
+/// one whole: a page's place in its chunk needs no bounds check).
 #[derive(Debug)]
 struct Chunks<P> {
-    chunks: Box<[OnceLock<Box<[P]>>]>,
-    /// Pages in all (the last chunk may hold fewer).
-    n_pages: usize,
+    chunks: Box<[OnceLock<Box<[P; CHUNK_PAGES]>>]>,
 }
 
 impl<P: Default> Chunks<P> {
@@ -214,7 +213,6 @@ impl<P: Default> Chunks<P> {
             chunks: (0..n_pages.div_ceil(CHUNK_PAGES))
                 .map(|_| OnceLock::new())
                 .collect(),
-            n_pages,
         }
     }
 
@@ -229,13 +227,11 @@ impl<P: Default> Chunks<P> {
     /// Page `idx` (in range), its chunk allocated first if it is not (counted in `allocated`).
     #[inline]
     fn get_or_allocate(&self, idx: usize, allocated: &AtomicUsize) -> &P {
-        let chunk = idx / CHUNK_PAGES;
-        let pages = self.chunks[chunk].get_or_init(|| {
-            let len = CHUNK_PAGES.min(self.n_pages - chunk * CHUNK_PAGES);
-            allocated.fetch_add(len * std::mem::size_of::<P>(), Ordering::Relaxed);
-            (0..len).map(|_| P::default()).collect()
+        let chunk = self.chunks[idx / CHUNK_PAGES].get_or_init(|| {
+            allocated.fetch_add(std::mem::size_of::<[P; CHUNK_PAGES]>(), Ordering::Relaxed);
+            Box::new(std::array::from_fn(|_| P::default()))
         });
-        &pages[idx % CHUNK_PAGES]
+        &chunk[idx % CHUNK_PAGES]
     }
 }
 
