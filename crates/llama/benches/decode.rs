@@ -1,0 +1,2 @@
+//! Bench: decode throughput of the real model (written below).
+fn main() {}

@@ -1,0 +1,409 @@
+//! The Llama model: hyperparameters and weights from a GGUF file, and the batched forward pass.
+
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use crate::error::{LlamaError, LlamaResult};
+use crate::gguf::Gguf;
+use crate::kernels;
+use crate::kv::KvStore;
+use crate::quant::{BLOCK, QActs, QMatrix, load_f32};
+
+/// Largest size of any one hyperparameter accepted (a file stating more is refused before it is used).
+const MAX_DIM: u64 = 1 << 20;
+/// Most layers accepted.
+const MAX_LAYERS: u64 = 1024;
+
+/// The hyperparameters, every one read from the file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Transformer blocks (`llama.block_count`).
+    pub layers: usize,
+    /// Width of the residual stream (`llama.embedding_length`).
+    pub embedding: usize,
+    /// Width of the feed-forward's hidden layer (`llama.feed_forward_length`).
+    pub feed_forward: usize,
+    /// Query heads (`llama.attention.head_count`).
+    pub heads: usize,
+    /// Key and value heads (`llama.attention.head_count_kv`), each shared by `heads / kv_heads` queries.
+    pub kv_heads: usize,
+    /// Values per head: `embedding / heads` (and `llama.rope.dimension_count`, when stated, must equal it).
+    pub head_dim: usize,
+    /// Base of the rotary frequencies (`llama.rope.freq_base`, 10,000 when absent).
+    pub rope_base: f32,
+    /// Epsilon of the RMS norms (`llama.attention.layer_norm_rms_epsilon`).
+    pub rms_eps: f32,
+    /// Vocabulary size (`llama.vocab_size`, or the length of `tokenizer.ggml.tokens`).
+    pub vocab: usize,
+    /// Context the model was trained for (`llama.context_length`).
+    pub context: usize,
+    /// Whether the output projection is the token embedding (the file has no `output.weight`).
+    pub tied_embeddings: bool,
+}
+
+impl LlamaConfig {
+    /// Values per position and layer in the KV cache: `kv_heads * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    fn from_gguf(gguf: &Gguf) -> LlamaResult<LlamaConfig> {
+        let arch = gguf.get_str("general.architecture")?;
+        if arch != "llama" {
+            return Err(LlamaError::Architecture(arch.to_string()));
+        }
+        let dim = |key: &str, max: u64| -> LlamaResult<usize> {
+            let v = gguf.get_u64(key)?;
+            if v == 0 || v > max {
+                return Err(LlamaError::Metadata {
+                    key: key.into(),
+                    problem: format!("{v} is outside 1..={max}"),
+                });
+            }
+            Ok(v as usize)
+        };
+        let layers = dim("llama.block_count", MAX_LAYERS)?;
+        let embedding = dim("llama.embedding_length", MAX_DIM)?;
+        let feed_forward = dim("llama.feed_forward_length", MAX_DIM)?;
+        let heads = dim("llama.attention.head_count", MAX_DIM)?;
+        let kv_heads = dim("llama.attention.head_count_kv", MAX_DIM)?;
+        let context = dim("llama.context_length", 1 << 24)?;
+        let vocab = match gguf.metadata.get("llama.vocab_size") {
+            Some(_) => dim("llama.vocab_size", 1 << 24)?,
+            None => gguf.get_array("tokenizer.ggml.tokens")?.len(),
+        };
+        let rope_base = match gguf.metadata.get("llama.rope.freq_base") {
+            Some(_) => gguf.get_f32("llama.rope.freq_base")?,
+            None => 10_000.0,
+        };
+        let rms_eps = gguf.get_f32("llama.attention.layer_norm_rms_epsilon")?;
+        let bad = |s: String| Err(LlamaError::Hyperparameters(s));
+        if embedding % heads != 0 {
+            return bad(format!(
+                "{heads} heads do not divide the embedding of {embedding}"
+            ));
+        }
+        let head_dim = embedding / heads;
+        if heads % kv_heads != 0 {
+            return bad(format!("{kv_heads} KV heads do not divide {heads} heads"));
+        }
+        if head_dim % 2 != 0 {
+            return bad(format!("head size {head_dim} is odd (rotary pairs)"));
+        }
+        if embedding % BLOCK != 0 || feed_forward % BLOCK != 0 {
+            return bad(format!(
+                "embedding {embedding} and feed-forward {feed_forward} must be multiples of {BLOCK}"
+            ));
+        }
+        if gguf.metadata.contains_key("llama.rope.dimension_count") {
+            let rot = gguf.get_u64("llama.rope.dimension_count")?;
+            if rot != head_dim as u64 {
+                return bad(format!(
+                    "rotary dimension {rot} is not the head size {head_dim} (partial rotary is not \
+                     supported)"
+                ));
+            }
+        }
+        if !(rope_base.is_finite() && rope_base > 1.0 && rms_eps.is_finite() && rms_eps > 0.0) {
+            return bad(format!("rope base {rope_base} or norm epsilon {rms_eps}"));
+        }
+        Ok(LlamaConfig {
+            layers,
+            embedding,
+            feed_forward,
+            heads,
+            kv_heads,
+            head_dim,
+            rope_base,
+            rms_eps,
+            vocab,
+            context,
+            tied_embeddings: gguf.tensor("output.weight").is_none(),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: QMatrix,
+    wk: QMatrix,
+    wv: QMatrix,
+    wo: QMatrix,
+    ffn_norm: Vec<f32>,
+    gate: QMatrix,
+    up: QMatrix,
+    down: QMatrix,
+}
+
+/// A loaded Llama model: its hyperparameters, weights and the file's metadata (for the tokenizer).
+#[derive(Debug)]
+pub struct Llama {
+    config: LlamaConfig,
+    embed: QMatrix,
+    layers: Vec<Layer>,
+    output_norm: Vec<f32>,
+    /// `None` when tied to the embedding.
+    output: Option<QMatrix>,
+    theta_scale: f32,
+    gguf: Gguf,
+}
+
+/// One sequence's work in a forward pass: its new tokens at positions `kv.len()..kv.len() + tokens.len()`.
+#[derive(Debug)]
+pub struct Entry<'a> {
+    /// The new tokens (at least one), each below the vocabulary size.
+    pub tokens: &'a [u32],
+    /// The sequence's KV: it holds the positions before the new tokens and receives theirs.
+    pub kv: &'a mut dyn KvStore,
+    /// Whether to compute the logits of the last new token.
+    pub want_logits: bool,
+}
+
+impl std::fmt::Debug for dyn KvStore + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvStore")
+            .field("len", &self.len())
+            .field("capacity", &self.capacity())
+            .finish()
+    }
+}
+
+impl Llama {
+    /// Loads the model file at `path` (read whole into memory, then parsed; the weights are unpacked and
+    /// the file's bytes dropped). Errors: `Io` and every error of [`Llama::from_bytes`].
+    pub fn load(path: &Path) -> LlamaResult<Llama> {
+        let bytes = std::fs::read(path).map_err(|source| LlamaError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Llama::from_bytes(&bytes)
+    }
+
+    /// Parses a model from the bytes of a GGUF file. Errors: those of `Gguf::parse`; `Architecture`;
+    /// `Metadata` and `Hyperparameters` for missing or inconsistent hyperparameters; `Tensor` for a
+    /// missing tensor or one whose dimensions the hyperparameters contradict; `Quantization` for a matrix
+    /// that is neither Q4_1 nor Q8_0 or a norm that is not F32.
+    pub fn from_bytes(bytes: &[u8]) -> LlamaResult<Llama> {
+        let gguf = Gguf::parse(bytes)?;
+        let config = LlamaConfig::from_gguf(&gguf)?;
+        let tensor = |name: &str| {
+            gguf.tensor(name).ok_or_else(|| LlamaError::Tensor {
+                tensor: name.into(),
+                problem: "missing".into(),
+            })
+        };
+        let (e, f, kv) = (config.embedding, config.feed_forward, config.kv_dim());
+        let embed = QMatrix::load(tensor("token_embd.weight")?, bytes, e, config.vocab)?;
+        let mut layers = Vec::with_capacity(config.layers);
+        for l in 0..config.layers {
+            let t = |suffix: &str| tensor(&format!("blk.{l}.{suffix}.weight"));
+            layers.push(Layer {
+                attn_norm: load_f32(t("attn_norm")?, bytes, e)?,
+                wq: QMatrix::load(t("attn_q")?, bytes, e, e)?,
+                wk: QMatrix::load(t("attn_k")?, bytes, e, kv)?,
+                wv: QMatrix::load(t("attn_v")?, bytes, e, kv)?,
+                wo: QMatrix::load(t("attn_output")?, bytes, e, e)?,
+                ffn_norm: load_f32(t("ffn_norm")?, bytes, e)?,
+                gate: QMatrix::load(t("ffn_gate")?, bytes, e, f)?,
+                up: QMatrix::load(t("ffn_up")?, bytes, e, f)?,
+                down: QMatrix::load(t("ffn_down")?, bytes, f, e)?,
+            });
+        }
+        let output_norm = load_f32(tensor("output_norm.weight")?, bytes, e)?;
+        let output = match gguf.tensor("output.weight") {
+            Some(info) => Some(QMatrix::load(info, bytes, e, config.vocab)?),
+            None => None,
+        };
+        let theta_scale = config.rope_base.powf(-2.0 / config.head_dim as f32);
+        Ok(Llama {
+            config,
+            embed,
+            layers,
+            output_norm,
+            output,
+            theta_scale,
+            gguf,
+        })
+    }
+
+    /// The hyperparameters.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.config
+    }
+
+    /// The file's metadata and tensor table.
+    pub fn gguf(&self) -> &Gguf {
+        &self.gguf
+    }
+
+    /// Runs `batch`: every entry's new tokens through every layer, their keys and values appended to its
+    /// KV store, and the logits of its last token when asked (`None` otherwise), in batch order. The batch
+    /// is checked whole before any KV is written. Each token's values depend only on its sequence's tokens
+    /// and positions, never on the other entries, how a prompt is split into passes, or the thread count.
+    /// Errors: `Forward` for an empty entry, a token outside the vocabulary, or positions past the store's
+    /// capacity or the model's context.
+    pub fn forward(&self, batch: &mut [Entry<'_>]) -> LlamaResult<Vec<Option<Vec<f32>>>> {
+        let c = &self.config;
+        // Where each token comes from: (entry, position).
+        let mut tokens = Vec::new();
+        for (idx, entry) in batch.iter().enumerate() {
+            let first = entry.kv.len();
+            let end = first + entry.tokens.len();
+            if entry.tokens.is_empty() {
+                return Err(LlamaError::Forward(format!("entry {idx} has no token")));
+            }
+            if let Some(&t) = entry.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+                return Err(LlamaError::Forward(format!(
+                    "entry {idx}: token {t} is outside the vocabulary of {}",
+                    c.vocab
+                )));
+            }
+            if end > entry.kv.capacity() || end > c.context {
+                return Err(LlamaError::Forward(format!(
+                    "entry {idx}: positions up to {end} exceed the KV store's {} or the model's context \
+                     of {}",
+                    entry.kv.capacity(),
+                    c.context
+                )));
+            }
+            tokens.extend(
+                entry
+                    .tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &t)| (idx, first + i, t)),
+            );
+        }
+        let firsts: Vec<usize> = batch.iter().map(|entry| entry.kv.len()).collect();
+        let n = tokens.len();
+        let (e, kv_dim) = (c.embedding, c.kv_dim());
+        let mut x = vec![0.0f32; n * e];
+        x.par_chunks_mut(e)
+            .zip(&tokens)
+            .for_each(|(row, &(_, _, t))| self.embed.row(t as usize, row));
+        let mut xn = vec![0.0f32; n * e];
+        let mut acts = vec![QActs::default(); n];
+        let mut q = vec![0.0f32; n * e];
+        let mut k = vec![0.0f32; n * kv_dim];
+        let mut v = vec![0.0f32; n * kv_dim];
+        let mut attn = vec![0.0f32; n * e];
+        let mut proj = vec![0.0f32; n * e];
+        let mut gate = vec![0.0f32; n * c.feed_forward];
+        let mut up = vec![0.0f32; n * c.feed_forward];
+        let mut hidden = vec![0.0f32; n * c.feed_forward];
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.norm_and_quantize(&x, &layer.attn_norm, &mut xn, &mut acts);
+            layer.wq.matmul(&acts, &mut q);
+            layer.wk.matmul(&acts, &mut k);
+            layer.wv.matmul(&acts, &mut v);
+            q.par_chunks_mut(e)
+                .zip(k.par_chunks_mut(kv_dim))
+                .zip(&tokens)
+                .for_each(|((q, k), &(_, pos, _))| {
+                    kernels::rope(q, c.head_dim, pos, self.theta_scale);
+                    kernels::rope(k, c.head_dim, pos, self.theta_scale);
+                });
+            let mut start = 0;
+            for (entry, &first) in batch.iter_mut().zip(&firsts) {
+                let len = entry.tokens.len();
+                let rows = start * kv_dim..(start + len) * kv_dim;
+                entry.kv.write(l, first, &k[rows.clone()], &v[rows])?;
+                start += len;
+            }
+            let views: Vec<_> = batch
+                .iter()
+                .zip(&firsts)
+                .map(|(entry, &first)| entry.kv.read(l, first + entry.tokens.len()))
+                .collect();
+            let group = c.heads / c.kv_heads;
+            attn.par_chunks_mut(e)
+                .zip(q.par_chunks(e))
+                .zip(&tokens)
+                .for_each_init(Vec::new, |scores, ((out, q), &(entry, pos, _))| {
+                    let (keys, values) = &views[entry];
+                    for (h, (out, q)) in out
+                        .chunks_exact_mut(c.head_dim)
+                        .zip(q.chunks_exact(c.head_dim))
+                        .enumerate()
+                    {
+                        let offset = (h / group) * c.head_dim;
+                        kernels::attend(q, keys, values, kv_dim, offset, pos + 1, scores, out);
+                    }
+                });
+            drop(views);
+            quantize_rows(&attn, e, &mut acts);
+            layer.wo.matmul(&acts, &mut proj);
+            add(&mut x, &proj);
+            self.norm_and_quantize(&x, &layer.ffn_norm, &mut xn, &mut acts);
+            layer.gate.matmul(&acts, &mut gate);
+            layer.up.matmul(&acts, &mut up);
+            hidden
+                .par_chunks_mut(c.feed_forward)
+                .zip(gate.par_chunks(c.feed_forward))
+                .zip(up.par_chunks(c.feed_forward))
+                .for_each(|((h, g), u)| kernels::swiglu(g, u, h));
+            quantize_rows(&hidden, c.feed_forward, &mut acts);
+            layer.down.matmul(&acts, &mut proj);
+            add(&mut x, &proj);
+        }
+        // The logits of each asking entry's last token, as one product.
+        let mut last = Vec::new();
+        let mut start = 0;
+        for entry in batch.iter() {
+            start += entry.tokens.len();
+            if entry.want_logits {
+                last.push(start - 1);
+            }
+        }
+        let mut results = vec![None; batch.len()];
+        if last.is_empty() {
+            return Ok(results);
+        }
+        let mut final_x = vec![0.0f32; last.len() * e];
+        for (row, &t) in final_x.chunks_exact_mut(e).zip(&last) {
+            row.copy_from_slice(&x[t * e..(t + 1) * e]);
+        }
+        let mut normed = vec![0.0f32; last.len() * e];
+        let mut final_acts = vec![QActs::default(); last.len()];
+        self.norm_and_quantize(&final_x, &self.output_norm, &mut normed, &mut final_acts);
+        let output = self.output.as_ref().unwrap_or(&self.embed);
+        let mut logits = vec![0.0f32; last.len() * c.vocab];
+        output.matmul(&final_acts, &mut logits);
+        let mut rows = logits.chunks_exact(c.vocab);
+        for (result, entry) in results.iter_mut().zip(batch.iter()) {
+            if entry.want_logits {
+                *result = rows.next().map(<[f32]>::to_vec);
+            }
+        }
+        Ok(results)
+    }
+
+    /// `out = rms_norm(x) * weight` row by row, and each row quantized into `acts`.
+    fn norm_and_quantize(&self, x: &[f32], weight: &[f32], out: &mut [f32], acts: &mut [QActs]) {
+        let e = self.config.embedding;
+        let eps = self.config.rms_eps;
+        out.par_chunks_mut(e)
+            .zip(x.par_chunks(e))
+            .zip(acts.par_iter_mut())
+            .for_each(|((o, x), a)| {
+                kernels::rms_norm(x, weight, eps, o);
+                a.quantize(o);
+            });
+    }
+}
+
+/// Each row of `x` (rows of `width`) quantized into `acts`.
+fn quantize_rows(x: &[f32], width: usize, acts: &mut [QActs]) {
+    acts.par_iter_mut()
+        .zip(x.par_chunks(width))
+        .for_each(|(a, row)| a.quantize(row));
+}
+
+/// `x += y`, element by element.
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
