@@ -65,6 +65,7 @@ pub struct MetricFamilies {
     capacity_waits_active: Family<PolicyLabels, Gauge>,
     capacity_wait_longest_seconds: Family<PolicyLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     restore_fallbacks: Family<ReasonLabels, Counter>,
+    restore_fallback_events: Family<ReasonLabels, Counter>,
     prompt_tokens: Family<SourceLabels, Counter>,
     preemptions: Family<PolicyLabels, Counter>,
     pool_pages: Family<StateLabels, Gauge>,
@@ -85,6 +86,7 @@ impl MetricFamilies {
             capacity_waits_active: Family::default(),
             capacity_wait_longest_seconds: Family::default(),
             restore_fallbacks: Family::default(),
+            restore_fallback_events: Family::default(),
             prompt_tokens: Family::default(),
             preemptions: Family::default(),
             pool_pages: Family::default(),
@@ -109,8 +111,15 @@ impl MetricFamilies {
         );
         registry.register(
             "restore_fallbacks",
-            "Restores that fell back to recomputation, by reason",
+            "Finished later turns whose restore fell back to recomputation, by their first reason (the report's \
+             restore fallbacks)",
             families.restore_fallbacks.clone(),
+        );
+        registry.register(
+            "restore_fallback_events",
+            "Every fallback to recomputation as it happens, by reason: a request may fall back more than once, \
+             and first turns that find nothing in the store count (not_in_store)",
+            families.restore_fallback_events.clone(),
         );
         registry.register(
             "prompt_tokens",
@@ -213,6 +222,16 @@ impl EngineMetrics {
             }
             self.longest_wait_s = self.longest_wait_s.max(request.longest_capacity_wait_s);
             self.waits_of_finished += u64::from(request.capacity_waits);
+            // What `RunMetrics::restore_fallbacks` counts: a finished request's first fallback reason.
+            if let Some(reason) = request.fallback {
+                self.families
+                    .restore_fallbacks
+                    .get_or_create(&ReasonLabels {
+                        policy: self.policy.clone(),
+                        reason: reason.name().to_string(),
+                    })
+                    .inc();
+            }
         }
         self.n_requests_seen = done.len();
         let waits = self.waits_seen_starting.max(self.waits_of_finished);
@@ -275,7 +294,7 @@ impl<E: Executor> Observer<E> for EngineMetrics {
             .inc_by(preempted as u64);
         for (_, reason) in &report.fallbacks {
             self.families
-                .restore_fallbacks
+                .restore_fallback_events
                 .get_or_create(&ReasonLabels {
                     policy: self.policy.clone(),
                     reason: reason.name().to_string(),

@@ -61,6 +61,7 @@ fn metrics_are_served_over_http_in_the_text_format() {
         "kvgate_capacity_waits_active",
         "kvgate_capacity_wait_longest_seconds",
         "kvgate_restore_fallbacks_total",
+        "kvgate_restore_fallback_events_total",
         "kvgate_prompt_tokens_total",
         "kvgate_preemptions_total",
         "kvgate_pool_pages",
@@ -94,6 +95,29 @@ fn metrics_are_served_over_http_in_the_text_format() {
             tokens("recomputed"),
             run.prompt_tokens_recomputed as f64,
             "{policy}"
+        );
+        // The report's restore fallbacks, reason by reason, and no reason the report lacks.
+        for (reason, n) in &run.restore_fallbacks {
+            let served = series[&format!(
+                "kvgate_restore_fallbacks_total{{policy=\"{policy}\",reason=\"{reason}\"}}"
+            )];
+            assert_eq!(served, f64::from(*n), "{policy} {reason}");
+        }
+        let served_total: f64 = series
+            .iter()
+            .filter(|(name, _)| {
+                name.starts_with(&format!(
+                    "kvgate_restore_fallbacks_total{{policy=\"{policy}\""
+                ))
+            })
+            .map(|(_, value)| value)
+            .sum();
+        let reported: u32 = run.restore_fallbacks.values().sum();
+        assert_eq!(served_total, f64::from(reported), "{policy}");
+        // The precondition: ordinary falls back under this pressure, so the comparison compares something.
+        assert!(
+            policy != "ordinary" || reported > 0,
+            "ordinary fell back nowhere"
         );
         let preemptions = series[&format!("kvgate_preemptions_total{{policy=\"{policy}\"}}")];
         assert_eq!(preemptions, run.preemptions as f64, "{policy}");
