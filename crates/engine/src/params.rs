@@ -409,14 +409,23 @@ impl EngineParams {
     /// Refuses page storage above `SIM_STORAGE_BYTES_MAX` and pool memory above `POOL_MEMORY_BYTES_MAX`.
     fn check_memory(&self) -> Result<()> {
         let ranks = self.geometry.context_parallel();
+        // One rank says nothing of ranks, as before ranks counted.
+        let (on_ranks, what) = if ranks > 1 {
+            (
+                format!(" on {ranks} ranks"),
+                "fewer pages, ranks or bytes per page",
+            )
+        } else {
+            (String::new(), "fewer pages or fewer bytes per page")
+        };
+        let pages = self.pool_pages();
+        let bytes_per_page = self.sim_bytes_per_page;
         if self.sim_storage_bytes() > Self::SIM_STORAGE_BYTES_MAX {
             return Err(Error::InvalidParam {
                 name: "sim_bytes_per_page",
                 reason: format!(
-                    "{} pages of {} bytes on {ranks} rank(s) make {} bytes of page storage, above the limit \
-                     of {} bytes; use fewer pages, ranks or bytes per page",
-                    self.pool_pages(),
-                    self.sim_bytes_per_page,
+                    "{pages} pages of {bytes_per_page} bytes{on_ranks} make {} bytes of page storage, above \
+                     the limit of {} bytes; use {what}",
                     self.sim_storage_bytes(),
                     Self::SIM_STORAGE_BYTES_MAX
                 ),
@@ -426,10 +435,8 @@ impl EngineParams {
             return Err(Error::InvalidParam {
                 name: "n_pages",
                 reason: format!(
-                    "{} pages of {} bytes on {ranks} rank(s) take up to {} bytes of page storage and \
-                     bookkeeping, above the limit of {} bytes; use fewer pages, ranks or bytes per page",
-                    self.pool_pages(),
-                    self.sim_bytes_per_page,
+                    "{pages} pages of {bytes_per_page} bytes{on_ranks} take up to {} bytes of page storage \
+                     and bookkeeping, above the limit of {} bytes; use {what}",
                     self.pool_memory_bytes(),
                     Self::POOL_MEMORY_BYTES_MAX
                 ),

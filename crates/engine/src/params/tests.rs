@@ -45,7 +45,7 @@ fn storage_on_many_ranks_and_tiny_pages_on_many_ranks_are_refused() {
     let error = largest_pool(64, 8).validate().unwrap_err().to_string();
     assert_eq!(
         error,
-        "invalid engine parameter sim_bytes_per_page: 4194304 pages of 8 bytes on 64 rank(s) make 2147483648 \
+        "invalid engine parameter sim_bytes_per_page: 4194304 pages of 8 bytes on 64 ranks make 2147483648 \
          bytes of page storage, above the limit of 1073741824 bytes; use fewer pages, ranks or bytes per page"
     );
     // 32 shards: 1 GiB of page storage, within its limit, but 8 GiB of 64-byte lines and 352 MiB of
@@ -53,7 +53,7 @@ fn storage_on_many_ranks_and_tiny_pages_on_many_ranks_are_refused() {
     let error = largest_pool(32, 8).validate().unwrap_err().to_string();
     assert_eq!(
         error,
-        "invalid engine parameter n_pages: 4194304 pages of 8 bytes on 32 rank(s) take up to 8959033344 \
+        "invalid engine parameter n_pages: 4194304 pages of 8 bytes on 32 ranks take up to 8959033344 \
          bytes of page storage and bookkeeping, above the limit of 8589934592 bytes; use fewer pages, ranks \
          or bytes per page"
     );

@@ -74,7 +74,7 @@ impl FreeList {
 
     /// Fresh pages: never taken, free, uncached.
     #[inline]
-    fn n_fresh(&self) -> u32 {
+    pub(crate) fn n_fresh(&self) -> u32 {
         self.n_pages - self.fresh
     }
 
@@ -99,7 +99,7 @@ impl FreeList {
         self.n_cached
     }
 
-    /// Whether `page` is on the stack (O(1) but, positions being left stale by `pop_uncached`, only a
+    /// Whether `page` is on the stack (O(1) but, positions being left stale by `pop_stacked`, only a
     /// debug check: the pool knows a page is stacked when it is free and holds no key).
     fn is_stacked(&self, page: u32) -> bool {
         let Some(&at) = self.stack_pos.get(page as usize) else {
@@ -143,24 +143,27 @@ impl FreeList {
         self.n_cached += 1;
     }
 
-    /// Uncached free pages (on the stack).
+    /// Uncached free pages (on the stack, the fresh ones included).
     #[inline]
     pub(crate) fn n_uncached(&self) -> u32 {
-        self.stack.len() as u32 + self.n_fresh()
+        self.n_stacked() + self.n_fresh()
     }
 
-    /// Remove and return the page on top of the stack, if any: the fresh pages lie below the others. A
-    /// fresh page may lie beyond the covered pages: the caller covers it before anything reads its entries.
+    /// Uncached free pages above the fresh ones: pages freed after they were first taken.
     #[inline]
-    pub(crate) fn pop_uncached(&mut self) -> Option<u32> {
-        if let Some(page) = self.stack.pop() {
-            return Some(page);
-        }
-        self.pop_fresh()
+    pub(crate) fn n_stacked(&self) -> u32 {
+        self.stack.len() as u32
     }
 
-    /// Remove and return the lowest fresh page, if any.
-    fn pop_fresh(&mut self) -> Option<u32> {
+    /// Remove and return the page on top of the stack above the fresh pages, if any (a covered page).
+    #[inline]
+    pub(crate) fn pop_stacked(&mut self) -> Option<u32> {
+        self.stack.pop()
+    }
+
+    /// Remove and return the lowest fresh page, if any: the top of the stack once `pop_stacked` finds
+    /// nothing. It may lie beyond the covered pages: the caller covers it before anything reads its entries.
+    pub(crate) fn pop_fresh(&mut self) -> Option<u32> {
         (self.fresh < self.n_pages).then(|| {
             self.fresh += 1;
             self.fresh - 1

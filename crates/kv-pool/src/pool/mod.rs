@@ -155,7 +155,7 @@ impl PagePool {
     /// and changes nothing when no page is free.
     #[inline]
     pub fn allocate_one(&mut self) -> Result<PageId> {
-        if let Some(page) = self.free_list.pop_uncached() {
+        if let Some(page) = self.free_list.pop_stacked() {
             let page = PageId(page);
             self.take_free_page_word(page);
             return Ok(page);
@@ -169,11 +169,11 @@ impl PagePool {
     /// unchanged.
     #[inline]
     pub fn allocate_into(&mut self, n: u32, out: &mut Vec<PageId>) -> Result<()> {
-        let n_uncached = self.free_list.n_uncached();
-        if n <= n_uncached {
-            // The hot path: uncached pages only, most recently freed first.
+        let n_stacked = self.free_list.n_stacked();
+        if n <= n_stacked {
+            // The hot path: pages freed before, most recently freed first.
             for _ in 0..n {
-                let page = self.free_list.pop_uncached();
+                let page = self.free_list.pop_stacked();
                 debug_assert!(page.is_some(), "stack shorter than its length");
                 let Some(page) = page else { break };
                 self.take_free_page(PageId(page), out);
@@ -185,9 +185,13 @@ impl PagePool {
             return Err(Error::OutOfPages { requested: n, free });
         }
         out.reserve(n as usize);
-        while let Some(page) = self.free_list.pop_uncached() {
+        while let Some(page) = self.free_list.pop_stacked() {
             self.take_free_page(PageId(page), out);
         }
+        // Then pages never taken, in id order, covered first.
+        let n_fresh = (n - n_stacked).min(self.free_list.n_fresh());
+        self.take_fresh(n_fresh, out);
+        let n_uncached = n_stacked + n_fresh;
         // Then cached pages from the LRU end, each losing its key.
         for _ in n_uncached..n {
             let page = self.free_list.pop_cached_lru();
@@ -567,13 +571,24 @@ impl PagePool {
         out.push(page);
     }
 
-    /// Give the free, key-less `page` its first reference, covering it first when it is the first fresh
-    /// page beyond the covered ones.
+    /// Take the `n` lowest fresh pages (there are as many), covering them first, and append them to `out`.
+    fn take_fresh(&mut self, n: u32, out: &mut Vec<PageId>) {
+        if n == 0 {
+            return;
+        }
+        self.cover(PageId(self.free_list.fresh() + n - 1));
+        for _ in 0..n {
+            let page = self.free_list.pop_fresh();
+            debug_assert!(page.is_some(), "fewer fresh pages than counted");
+            let Some(page) = page else { break };
+            self.take_free_page(PageId(page), out);
+        }
+    }
+
+    /// Give the free, key-less, covered `page` its first reference.
     #[inline]
     fn take_free_page_word(&mut self, page: PageId) {
-        if page.idx() >= self.page_words.len() {
-            self.cover(page);
-        }
+        debug_assert!(page.0 < self.n_covered(), "{page:?} is not covered");
         debug_assert!(!self.holds_key(page), "{page:?} still holds a key");
         debug_assert_eq!(
             self.page_words[page.idx()].word & REF_MASK,
