@@ -7,6 +7,7 @@ mod builder;
 pub mod cluster;
 pub mod config;
 mod error;
+pub mod fidelity;
 pub mod limits;
 pub mod metrics;
 pub mod plot;

@@ -59,6 +59,10 @@ enum Command {
     Agents(AgentsArgs),
     /// Replay a Mooncake-format JSONL trace by its timestamps.
     Replay(ReplayArgs),
+    /// Simulate measured vLLM experiments and print predicted against measured, with the errors (issue 31).
+    Fidelity(kvgate::fidelity::cli::FidelityArgs),
+    /// Fit the step-time coefficients on measured vLLM experiments and write them (TOML).
+    Calibrate(kvgate::fidelity::cli::CalibrateArgs),
     /// Run a scripted timeline and print the per-step trace as JSON (format: docs/scenarios.md).
     Scenario {
         /// The scenario file (JSON).
@@ -196,6 +200,12 @@ fn main() -> ExitCode {
     let result = init_logging().and_then(|()| match cli.command {
         Command::Agents(args) => agents(&args),
         Command::Replay(args) => replay(&args),
+        Command::Fidelity(args) => kvgate::fidelity::cli::fidelity(&args)
+            .map(|text| outln!("{text}"))
+            .map_err(Into::into),
+        Command::Calibrate(args) => kvgate::fidelity::cli::calibrate_to_file(&args)
+            .map(|text| errln!("{text}"))
+            .map_err(Into::into),
         Command::Scenario {
             suite: Some(dir), ..
         } => kvgate::scenario::suite::run_suite(&dir).and_then(|runs| {
