@@ -193,6 +193,78 @@ fn threaded_engine_reports_failures_and_cancelled_jobs_once() {
     assert!(copies.poll(Timestamp::ZERO).is_empty());
 }
 
+/// Host storage whose writes to one page panic: a bug in a storage backend.
+#[derive(Debug)]
+struct PanickingStorage {
+    inner: Arc<HostStorage>,
+    panics_on: PageId,
+}
+
+impl PageStorage for PanickingStorage {
+    fn n_ranks(&self) -> u32 {
+        self.inner.n_ranks()
+    }
+    fn n_pages(&self) -> u32 {
+        self.inner.n_pages()
+    }
+    fn bytes_per_page(&self) -> usize {
+        self.inner.bytes_per_page()
+    }
+    fn read(&self, rank: u32, page: PageId, dst: &mut [u8]) -> kv_pool::Result<()> {
+        self.inner.read(rank, page, dst)
+    }
+    fn write(&self, rank: u32, page: PageId, src: &[u8]) -> kv_pool::Result<()> {
+        assert!(page != self.panics_on, "a storage bug on page {}", page.0);
+        self.inner.write(rank, page, src)
+    }
+    fn copy(&self, rank: u32, src: PageId, dst: PageId) -> kv_pool::Result<()> {
+        self.inner.copy(rank, src, dst)
+    }
+}
+
+/// Issue 36, item 12: a worker whose storage panics fails that job's copy instead of losing the task, so the
+/// job completes (failed, naming the panic), the other jobs complete, and `wait_all` returns.
+#[test]
+fn a_panicking_worker_fails_its_copy_and_never_hangs_the_engine() {
+    let storage = Arc::new(PanickingStorage {
+        inner: storage(),
+        panics_on: PageId(3),
+    });
+    let mut copies = ThreadedCopyEngine::new(storage as Arc<dyn PageStorage>, 1).unwrap();
+    let failing = copies
+        .submit(restore_job(0, &[2, 3, 4]), Timestamp::ZERO)
+        .unwrap();
+    let fine = copies
+        .submit(restore_job(1, &[5, 6]), Timestamp::ZERO)
+        .unwrap();
+    // Polled with a deadline, so a regression fails here instead of hanging in `wait_all`.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut done: Vec<CopyCompletion> = Vec::new();
+    while done.len() < 2 && std::time::Instant::now() < deadline {
+        done.extend(copies.poll(Timestamp::ZERO));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    done.sort_by_key(|completion| completion.job);
+    assert_eq!(done.len(), 2, "{done:?}");
+    assert_eq!((done[0].job, done[1].job), (failing, fine));
+    assert!(
+        matches!(&done[0].outcome, CopyOutcome::Failed { reason }
+            if reason.contains("panicked writing page 3") && reason.contains("a storage bug on page 3")),
+        "{done:?}"
+    );
+    assert_eq!(done[1].outcome, CopyOutcome::Done);
+    // The worker survived the panic: a later job still runs.
+    let later = copies
+        .submit(restore_job(0, &[7]), Timestamp::ZERO)
+        .unwrap();
+    let after = copies.wait_all();
+    assert_eq!(after.len(), 1);
+    assert_eq!(
+        (after[0].job, &after[0].outcome),
+        (later, &CopyOutcome::Done)
+    );
+}
+
 /// CUDA page storage of 2 ranks x `n_pages` and a copy engine over it; `None` (printing why) without a driver,
 /// unless `KVGATE_REQUIRE_GPU=1`, which makes a missing driver a failure.
 fn cuda_engine(n_pages: u32) -> Option<(Arc<CudaStorage>, CudaCopyEngine)> {
