@@ -119,6 +119,28 @@ fn the_documented_example_is_the_default() {
     );
 }
 
+/// Issue 35, item 3: the documented example leaves the pool's size to the command (so `agents --config
+/// docs/kvgate.toml` keeps the agents run's own pool) and the geometry to the preset (so naming a model preset
+/// in it loads).
+#[test]
+fn the_documented_example_sets_no_pool_size_and_takes_any_preset() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/kvgate.toml");
+    assert!(!EngineConfig::load_file(&path).unwrap().sets("pool", "pages"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("preset = \"small-8b-gpu\""));
+    for preset in ["glm-mla-hybrid", "linear-hybrid", "sliding-window", "glm-like-moe"] {
+        let dir = tempfile::tempdir().unwrap();
+        let swapped = dir.path().join("kvgate.toml");
+        std::fs::write(
+            &swapped,
+            text.replace("preset = \"small-8b-gpu\"", &format!("preset = \"{preset}\"")),
+        )
+        .unwrap();
+        let loaded = EngineConfig::load_file(&swapped);
+        assert!(loaded.is_ok(), "{preset}: {:?}", loaded.err());
+    }
+}
+
 #[test]
 fn a_store_directory_selects_the_disk_store() {
     let config = EngineConfig::from_toml("[store]\ndir = \"/tmp/kvgate-checkpoints\"").unwrap();
