@@ -125,15 +125,27 @@ fn the_documented_example_is_the_default() {
 #[test]
 fn the_documented_example_sets_no_pool_size_and_takes_any_preset() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/kvgate.toml");
-    assert!(!EngineConfig::load_file(&path).unwrap().sets("pool", "pages"));
+    assert!(
+        !EngineConfig::load_file(&path)
+            .unwrap()
+            .sets("pool", "pages")
+    );
     let text = std::fs::read_to_string(&path).unwrap();
     assert!(text.contains("preset = \"small-8b-gpu\""));
-    for preset in ["glm-mla-hybrid", "linear-hybrid", "sliding-window", "glm-like-moe"] {
+    for preset in [
+        "glm-mla-hybrid",
+        "linear-hybrid",
+        "sliding-window",
+        "glm-like-moe",
+    ] {
         let dir = tempfile::tempdir().unwrap();
         let swapped = dir.path().join("kvgate.toml");
         std::fs::write(
             &swapped,
-            text.replace("preset = \"small-8b-gpu\"", &format!("preset = \"{preset}\"")),
+            text.replace(
+                "preset = \"small-8b-gpu\"",
+                &format!("preset = \"{preset}\""),
+            ),
         )
         .unwrap();
         let loaded = EngineConfig::load_file(&swapped);
