@@ -102,7 +102,7 @@ fn invalid_config_values_name_the_field() {
     assert_fails_with(&["agents", "--policy", "greedy"], "greedy");
     assert_fails_with(
         &["agents", "--turns", "0"],
-        "agents: `turns` must be at least 1, got 0",
+        "agents: `turns` (--turns) must be at least 1, got 0",
     );
 }
 

@@ -79,13 +79,16 @@ impl Default for AgentsSpec {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AgentsSpecError {
     /// A count that must be positive is zero.
-    #[error("agents: `{field}` must be at least 1, got 0")]
+    #[error("agents: `{field}`{} must be at least 1, got 0", cli_option(.field))]
     Zero {
         /// The field.
         field: &'static str,
     },
     /// A count is above its limit.
-    #[error("agents: `{field}` = {value} is above the limit of {limit}; {what_to_do}")]
+    #[error(
+        "agents: `{field}`{} = {value} is above the limit of {limit}; {what_to_do}",
+        cli_option(.field)
+    )]
     AboveLimit {
         /// The field.
         field: &'static str,
@@ -97,11 +100,22 @@ pub enum AgentsSpecError {
         what_to_do: &'static str,
     },
     /// The think time is negative, not a number or above its limit.
-    #[error("agents: `think_s` must be a number of seconds from 0 to 5e8, got {value}")]
+    #[error("agents: `think_s` (--think-s) must be a number of seconds from 0 to 5e8, got {value}")]
     ThinkTime {
         /// The value given.
         value: String,
     },
+}
+
+/// The command-line options that set `field`, as an error shows them after the field's name (` (--agents)`),
+/// or nothing for a field only the library sets.
+fn cli_option(field: &str) -> &'static str {
+    match field {
+        "n_agents" => " (--agents)",
+        "turns" => " (--turns)",
+        "n_agents * turns" => " (--agents times --turns)",
+        _ => "",
+    }
 }
 
 impl AgentsSpec {

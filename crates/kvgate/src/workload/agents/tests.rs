@@ -75,7 +75,7 @@ fn zero_counts_are_rejected_by_name() {
     );
     assert_eq!(
         AgentsSpecError::Zero { field: "turns" }.to_string(),
-        "agents: `turns` must be at least 1, got 0"
+        "agents: `turns` (--turns) must be at least 1, got 0"
     );
 }
 
@@ -128,7 +128,7 @@ fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limi
             n_agents: u32::MAX,
             ..spec.clone()
         }),
-        "agents: `n_agents` = 4294967295 is above the limit of 100000; run fewer sessions"
+        "agents: `n_agents` (--agents) = 4294967295 is above the limit of 100000; run fewer sessions"
     );
     assert_eq!(
         error(AgentsSpec {
@@ -136,7 +136,7 @@ fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limi
             turns: 1,
             ..spec.clone()
         }),
-        "agents: `n_agents` = 100001 is above the limit of 100000; run fewer sessions"
+        "agents: `n_agents` (--agents) = 100001 is above the limit of 100000; run fewer sessions"
     );
     assert_eq!(
         error(AgentsSpec {
@@ -144,7 +144,7 @@ fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limi
             turns: u32::MAX,
             ..spec.clone()
         }),
-        "agents: `n_agents * turns` = 4294967295 is above the limit of 100000; run fewer sessions or turns"
+        "agents: `n_agents * turns` (--agents times --turns) = 4294967295 is above the limit of 100000; run fewer sessions or turns"
     );
     assert_eq!(
         error(AgentsSpec {
@@ -160,7 +160,7 @@ fn counts_and_times_above_their_limits_are_refused_naming_the_field_and_the_limi
                 ..spec.clone()
             }),
             format!(
-                "agents: `think_s` must be a number of seconds from 0 to 5e8, got {}",
+                "agents: `think_s` (--think-s) must be a number of seconds from 0 to 5e8, got {}",
                 crate::limits::show(think_s)
             )
         );
