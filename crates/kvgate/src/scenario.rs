@@ -386,30 +386,23 @@ fn apply(
 /// Refuses, before the run, an event that could never do what it says: a copy fault on a rank the engine does
 /// not have (it would never fire), a resume asking for no output (`submit` refuses 0 too).
 fn check_event(engine: &Engine, action: &Action) -> std::result::Result<(), String> {
-    match action {
-        Action::CopyFault(CopyFault::FailNext { rank } | CopyFault::DelayNext { rank, .. }) => {
-            let n_ranks = engine.params().geometry.context_parallel();
-            let field = match action {
-                Action::CopyFault(CopyFault::FailNext { .. }) => "fail_next.rank",
-                _ => "delay_next.rank",
-            };
-            if *rank >= n_ranks {
-                return Err(format!(
-                    "copy_fault.{field} {rank} is invalid; allowed: 0 to {} (model.context_parallel is \
-                     {n_ranks})",
-                    n_ranks - 1
-                ));
-            }
-        }
+    let (field, rank) = match action {
+        Action::CopyFault(CopyFault::FailNext { rank }) => ("fail_next", *rank),
+        Action::CopyFault(CopyFault::DelayNext { rank, .. }) => ("delay_next", *rank),
         Action::Resume {
             max_output_tokens: 0,
             ..
-        } => {
-            return Err("resume.max_output_tokens 0 is invalid; allowed: at least 1".to_string());
-        }
-        _ => {}
+        } => return Err("resume.max_output_tokens 0 is invalid; allowed: at least 1".to_string()),
+        _ => return Ok(()),
+    };
+    let n_ranks = engine.params().geometry.context_parallel();
+    if rank < n_ranks {
+        return Ok(());
     }
-    Ok(())
+    Err(format!(
+        "copy_fault.{field}.rank {rank} is invalid; allowed: 0 to {} (model.context_parallel is {n_ranks})",
+        n_ranks - 1
+    ))
 }
 
 /// The error of a scenario whose `max_steps` ran out with work left: the requests still live, where each

@@ -554,8 +554,10 @@ fn g2_copy_tasks_at_their_limit_wait_for_a_copy_slot() {
     );
 }
 
-#[test]
-fn g3_a_waiting_restore_is_not_revalidated_while_its_checkpoint_exists() {
+/// A restore of a 20-page checkpoint (request 4) submitted behind a paused stream that holds 30 of the pool's
+/// 48 usable pages, so it must wait for capacity; `reserved`, a 600 s bounded wait. Returns the engine and
+/// when request 4 was submitted.
+fn restore_behind_a_paused_stream() -> (Engine, Timestamp) {
     let params = EngineParams {
         restore_max_wait: Duration::from_secs(600),
         ..params(Policy::Reserved, 49)
@@ -564,9 +566,25 @@ fn g3_a_waiting_restore_is_not_revalidated_while_its_checkpoint_exists() {
     let prompt = tokens(1, 0, 0, 20 * TPP);
     seed_checkpoint(&mut engine, 1, &prompt, 1);
     hold_with_paused_stream(&mut engine, 2, 30);
+    let submitted = engine.now();
     engine
-        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
+        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, submitted))
         .unwrap();
+    (engine, submitted)
+}
+
+/// Steps until request `id` is a capacity waiter.
+fn step_until_waiter(engine: &mut Engine, id: u64) {
+    step_until(engine, 100, |engine, _| {
+        engine
+            .request(RequestId(id))
+            .is_some_and(|view| view.is_waiter)
+    });
+}
+
+#[test]
+fn g3_a_waiting_restore_is_not_revalidated_while_its_checkpoint_exists() {
+    let (mut engine, _submitted) = restore_behind_a_paused_stream();
     step_until(&mut engine, 200, |_, report| {
         report.now.as_secs_f64() > 40.0
     });
@@ -594,22 +612,8 @@ fn g3_a_waiting_restore_is_not_revalidated_while_its_checkpoint_exists() {
 /// ticket still held its import's pages"), and every invariant holds after every step.
 #[test]
 fn g3_a_checkpoint_lost_after_its_reservation_frees_the_tickets_pages_at_once() {
-    let params = EngineParams {
-        restore_max_wait: Duration::from_secs(600),
-        ..params(Policy::Reserved, 49)
-    };
-    let mut engine = Engine::new(params).unwrap();
-    let prompt = tokens(1, 0, 0, 20 * TPP);
-    seed_checkpoint(&mut engine, 1, &prompt, 1);
-    hold_with_paused_stream(&mut engine, 2, 30);
-    engine
-        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, engine.now()))
-        .unwrap();
-    step_until(&mut engine, 100, |engine, _| {
-        engine
-            .request(RequestId(4))
-            .is_some_and(|view| view.is_waiter)
-    });
+    let (mut engine, _submitted) = restore_behind_a_paused_stream();
+    step_until_waiter(&mut engine, 4);
     // The store loses the checkpoint while the answered restore waits; then its capacity frees, so the
     // next step reserves before any refresh could notice.
     engine.forget_checkpoints();
@@ -637,23 +641,8 @@ fn g3_a_checkpoint_lost_after_its_reservation_frees_the_tickets_pages_at_once() 
 
 #[test]
 fn g4_refresh_after_half_the_lookup_timeout_finds_the_checkpoint_gone_and_recomputes() {
-    let params = EngineParams {
-        restore_max_wait: Duration::from_secs(600),
-        ..params(Policy::Reserved, 49)
-    };
-    let mut engine = Engine::new(params).unwrap();
-    let prompt = tokens(1, 0, 0, 20 * TPP);
-    seed_checkpoint(&mut engine, 1, &prompt, 1);
-    hold_with_paused_stream(&mut engine, 2, 30);
-    let start = engine.now();
-    engine
-        .submit(spec(4, [prompt, vec![7; 8]].concat(), 4, start))
-        .unwrap();
-    step_until(&mut engine, 100, |engine, _| {
-        engine
-            .request(RequestId(4))
-            .is_some_and(|view| view.is_waiter)
-    });
+    let (mut engine, start) = restore_behind_a_paused_stream();
+    step_until_waiter(&mut engine, 4);
     engine.forget_checkpoints();
     let reports = step_until(&mut engine, 1000, |_, report| !report.fallbacks.is_empty());
     let report = reports.last().unwrap();

@@ -168,6 +168,27 @@ fn trace_slice(n: usize) -> Vec<TraceRequest> {
     trace
 }
 
+/// `trace` replayed under `reserved` on `n_engines` engines with `config`, at the trace's own rate.
+fn replay_with(
+    config: &EngineConfig,
+    trace: &[TraceRequest],
+    n_engines: u32,
+    router: Router,
+) -> ClusterRun {
+    let later = later_turns(trace);
+    let spec = ClusterSpec { n_engines, router };
+    run_cluster_replay(
+        config,
+        trace,
+        &later,
+        1.0,
+        Policy::Reserved,
+        spec,
+        &mut |_, _| {},
+    )
+    .unwrap()
+}
+
 /// A config for the trace slice: 8192 pages, enough for its longest prompt (87 169 tokens).
 fn trace_config() -> EngineConfig {
     let mut config = EngineConfig::default();
@@ -176,18 +197,7 @@ fn trace_config() -> EngineConfig {
 }
 
 fn replay(trace: &[TraceRequest], n_engines: u32, router: Router) -> ClusterRun {
-    let later = later_turns(trace);
-    let spec = ClusterSpec { n_engines, router };
-    let mut run = run_cluster_replay(
-        &trace_config(),
-        trace,
-        &later,
-        1.0,
-        Policy::Reserved,
-        spec,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let mut run = replay_with(&trace_config(), trace, n_engines, router);
     run.total.wall_seconds = 0.0;
     for engine in &mut run.engines {
         engine.wall_seconds = 0.0;
@@ -461,24 +471,9 @@ fn a_cluster_of_big_pools_allocates_only_what_its_requests_touch() {
 /// what the cluster did until then, marked stopped (naming the engine), and not kept up.
 #[test]
 fn a_cluster_replay_the_watchdog_stops_keeps_its_report_marked_stopped() {
-    let trace = trace_slice(8);
-    let later = later_turns(&trace);
     let mut config = trace_config();
     config.scheduler.stall_timeout_s = 1e-6;
-    let spec = ClusterSpec {
-        n_engines: 2,
-        router: Router::RoundRobin,
-    };
-    let run = run_cluster_replay(
-        &config,
-        &trace,
-        &later,
-        1.0,
-        Policy::Reserved,
-        spec,
-        &mut |_, _| {},
-    )
-    .unwrap();
+    let run = replay_with(&config, &trace_slice(8), 2, Router::RoundRobin);
     let stopped = run
         .total
         .stopped
