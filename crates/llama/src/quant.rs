@@ -156,14 +156,10 @@ impl QMatrix {
                     sums.fill(0.0);
                     for b in 0..blocks {
                         let idx = row * blocks + b;
-                        let wq: &[i8; BLOCK] = self.qs[idx * BLOCK..(idx + 1) * BLOCK]
-                            .try_into()
-                            .expect("a block is 32 values");
+                        let wq = &self.qs.as_chunks::<BLOCK>().0[idx];
                         let wd = self.d[idx];
                         for (sum, a) in sums.iter_mut().zip(acts) {
-                            let aq: &[i8; BLOCK] = a.qs[b * BLOCK..(b + 1) * BLOCK]
-                                .try_into()
-                                .expect("a block is 32 values");
+                            let aq = &a.qs.as_chunks::<BLOCK>().0[b];
                             let sumi = dot_i8(wq, aq) as f32;
                             *sum += match self.kind {
                                 Kind::Q4_1 => (wd * a.d[b]) * sumi + self.m[idx] * a.s[b],
