@@ -531,7 +531,7 @@ proptest! {
             }
             // Pages the host took are freed later like the rest, as an engine's requests finish.
             hog.append(&mut host.held);
-            host.pool.check_invariants();
+            host.pool.check_invariants().unwrap();
         }
         let cold_order: Vec<u64> =
             (0..needs.len() as u64).filter(|&id| !needs[id as usize].1).collect();

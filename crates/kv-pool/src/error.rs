@@ -7,6 +7,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong in kv-pool.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
+    /// A consistency check (`check_invariants`) found the state broken: a bug, never the caller's input.
+    #[error("invariant broken: {what}")]
+    InvariantBroken {
+        /// Which invariant, and how it broke.
+        what: String,
+    },
     // --- pool and prefix index (pool.rs, prefix.rs) ---
     /// Pressure: fewer free pages (cached-free included) than requested; nothing was allocated.
     #[error("out of pages: requested {requested}, {free} free")]
@@ -205,3 +211,29 @@ pub enum Error {
         reason: String,
     },
 }
+
+/// Returns `Error::InvariantBroken` naming the broken invariant when `$cond` is false (consistency checks
+/// return errors; nothing reachable from the public API panics).
+macro_rules! ensure {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err($crate::Error::InvariantBroken { what: format!($($arg)+) });
+        }
+    };
+}
+
+/// `ensure!` for two values that must be equal; the error shows both.
+macro_rules! ensure_eq {
+    ($left:expr, $right:expr, $($arg:tt)+) => {
+        match (&$left, &$right) {
+            (left, right) => {
+                if left != right {
+                    return Err($crate::Error::InvariantBroken {
+                        what: format!("{}: {:?} != {:?}", format_args!($($arg)+), left, right),
+                    });
+                }
+            }
+        }
+    };
+}
+pub(crate) use {ensure, ensure_eq};

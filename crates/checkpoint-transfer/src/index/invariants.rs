@@ -1,24 +1,25 @@
-//! `ResidentIndex::check_invariants`: the index's bookkeeping asserted against the pool, for tests and
+//! `ResidentIndex::check_invariants`: the index's bookkeeping checked against the pool, for tests and
 //! simulations.
 
+use crate::error::{Result, ensure, ensure_eq};
 use kv_pool::PagePool;
 
 use super::{ImportState, ResidentIndex};
 
 impl ResidentIndex {
-    /// Asserts the index's invariants against the pool (for tests and simulations): every page an import
+    /// Checks the index's invariants against the pool (`InvariantBroken` names the first that fails) (for tests and simulations): every page an import
     /// holds has a reference (so no page is freed while a copy into it is outstanding), pages belong to one
     /// import, a published import has no copy outstanding, and the maps agree.
-    pub fn check_invariants(&self, pool: &PagePool) {
+    pub fn check_invariants(&self, pool: &PagePool) -> Result<()> {
         let mut n_owned_pages = 0;
         for (&import_id, import) in &self.imports {
             for &page in &import.pages {
                 let ref_count = pool.ref_count(page).unwrap_or(0);
-                assert!(
+                ensure!(
                     ref_count >= 1,
                     "page {page:?} of import {import_id:?} has no reference"
                 );
-                assert_eq!(
+                ensure_eq!(
                     self.page_owner.get(&page),
                     Some(&import_id),
                     "page owner map disagrees"
@@ -26,38 +27,38 @@ impl ResidentIndex {
                 n_owned_pages += 1;
             }
             for job in &import.jobs {
-                assert_eq!(self.by_job.get(job), Some(&import_id), "job map disagrees");
+                ensure_eq!(self.by_job.get(job), Some(&import_id), "job map disagrees");
             }
             match import.state {
                 ImportState::Published => {
-                    assert!(
+                    ensure!(
                         import.jobs.is_empty(),
                         "published import with copies outstanding"
                     );
                 }
                 ImportState::Cancelled => {
-                    assert!(
+                    ensure!(
                         !import.jobs.is_empty(),
                         "drained cancelled import not discarded"
                     );
                 }
                 ImportState::Staged | ImportState::Failed => {
-                    assert!(!import.jobs.is_empty(), "settled import still staged");
+                    ensure!(!import.jobs.is_empty(), "settled import still staged");
                 }
             }
             let mapped = self.by_request.get(&import.request) == Some(&import_id);
-            assert_eq!(
+            ensure_eq!(
                 mapped,
                 import.state != ImportState::Cancelled,
                 "request map disagrees"
             );
         }
-        assert_eq!(
+        ensure_eq!(
             n_owned_pages,
             self.page_owner.len(),
             "page owner map has stale pages"
         );
-        assert_eq!(
+        ensure_eq!(
             self.by_job.len(),
             self.imports
                 .values()
@@ -65,5 +66,6 @@ impl ResidentIndex {
                 .sum::<usize>(),
             "job map has stale jobs"
         );
+        Ok(())
     }
 }

@@ -120,8 +120,8 @@ impl Rig {
     }
 
     fn check(&self) {
-        self.pool.check_invariants();
-        self.index.check_invariants(&self.pool);
+        self.pool.check_invariants().unwrap();
+        self.index.check_invariants(&self.pool).unwrap();
         for page in self.copies.in_flight_pages() {
             assert!(
                 self.pool.ref_count(page).unwrap() >= 1,

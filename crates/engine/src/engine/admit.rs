@@ -16,7 +16,6 @@ use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::metrics::{FallbackReason, RejectReason};
-use crate::policy::Policy;
 
 impl<E: Executor> Engine<E> {
     /// Admits waiting requests for this step.
@@ -52,7 +51,7 @@ impl<E: Executor> Engine<E> {
                     .rejected
                     .entry(RejectReason::LargerThanPool)
                     .or_default() += 1;
-                if let Some(live) = self.reqs.get_mut(&req) {
+                if let Some(live) = self.table.find_mut(req) {
                     live.metrics.rejected = Some(RejectReason::LargerThanPool);
                 }
                 self.cancel(req)?;
@@ -75,9 +74,9 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
     fn state(&mut self) -> HostState<'_> {
         let engine = &mut *self.engine;
         HostState {
-            waiting: &mut engine.waiting,
-            ready: &mut engine.ready,
-            ledger: engine.ledger.as_mut(),
+            waiting: &mut engine.table.waiting,
+            ready: &mut engine.table.ready,
+            ledger: engine.policy.ledger_mut(),
             pool: &mut engine.pool,
         }
     }
@@ -114,7 +113,7 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
             matches!(cause, FallbackCause::NotAtOnce { .. }),
             "{id}: {cause:?}"
         );
-        let req = super::req::live(&mut self.engine.reqs, id)?;
+        let req = self.engine.table.get_mut(id)?;
         req.fall_back(FallbackReason::NoPagesAtOnce);
         req.restore = Restore::Idle;
         self.report
@@ -142,15 +141,16 @@ impl<E: Executor> Engine<E> {
     /// evicted since asks the store again, as an engine re-queries its connector whenever it considers a
     /// request; under `ordinary` an answered restore is tried at once (G1).
     fn examine(&mut self, id: RequestId, free_slots: u32, plan: &Plan) -> Result<Candidate> {
-        if self.reqs[&id].phase == Phase::Ready {
+        if self.table.get(id)?.phase == Phase::Ready {
             return Ok(Candidate::RestoreReady);
         }
         if plan.budget == 0 {
             return Ok(Candidate::OutOfBudget);
         }
+        let order = self.table.get(id)?.order;
         if self
             .earliest_lookup
-            .is_some_and(|earliest| earliest < self.reqs[&id].order)
+            .is_some_and(|earliest| earliest < order)
         {
             // FCFS (Q1): an earlier request still waits for its store lookup; it is considered first once
             // answered (a lookup latency later), and only ready imports pass it.
@@ -158,18 +158,18 @@ impl<E: Executor> Engine<E> {
         }
         let block_tokens = self.params.geometry.block_tokens();
         let cold = self.cold_start(id, plan.budget)?;
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         if free_slots > 0
-            && self.params.policy != Policy::Ordinary
+            && !self.policy.restores_at_admission()
             && matches!(req.restore, Restore::Idle)
             && req.metrics.fallback.is_none()
             && req.lookups < checkpoint_transfer::RESTORE_LOOKUPS_MAX
             && req.published_unowned.is_empty()
             && (cold.hits.len() as u32) < req.expected_local_blocks
         {
-            super::req::live(&mut self.reqs, id)?.expected_local_blocks = 0;
+            self.table.get_mut(id)?.expected_local_blocks = 0;
             self.on_arrival(id)?;
-            if self.reqs[&id].phase != Phase::Waiting {
+            if self.table.get(id)?.phase != Phase::Waiting {
                 return Ok(Candidate::Withdrawn);
             }
             // Back at its place as a complete local hit: it is considered as it is now.
@@ -177,7 +177,7 @@ impl<E: Executor> Engine<E> {
                 need_pages: cold.need_pages,
             });
         }
-        if self.params.policy == Policy::Ordinary
+        if self.policy.restores_at_admission()
             && let Restore::Answered {
                 ref checkpoint,
                 tokens,
@@ -203,7 +203,7 @@ impl<E: Executor> Engine<E> {
                     need_pages: import_pages + chunk_pages * tables + self.cached_free(&cold.hits),
                 });
             }
-            super::req::live(&mut self.reqs, id)?.restore = Restore::Idle;
+            self.table.get_mut(id)?.restore = Restore::Idle;
         }
         Ok(Candidate::Cold {
             need_pages: cold.need_pages,
@@ -216,11 +216,11 @@ impl<E: Executor> Engine<E> {
             return self.hybrid_cold_start(id, budget);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
         let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
         let start = hits.len() as u32 * block_tokens;
-        let chunk = self.prefill_chunk(id, start, budget);
+        let chunk = self.prefill_chunk(id, start, budget)?;
         let new_pages = (start + chunk).div_ceil(block_tokens) - hits.len() as u32;
         let need_pages = new_pages + self.cached_free(&hits);
         Ok(ColdStart {
@@ -237,14 +237,14 @@ impl<E: Executor> Engine<E> {
     /// first allocation takes the first chunk's pages, its fixed pages, and the copies on write of an
     /// imported partial page and state (`grow_need`).
     fn hybrid_cold_start(&self, id: RequestId, budget: u32) -> Result<ColdStart> {
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let hits = self.published_hits(id)?.unwrap_or_default();
         let start = if hits.is_empty() {
             0
         } else {
             req.published_tokens
         };
-        let chunk = self.prefill_chunk(id, start, budget);
+        let chunk = self.prefill_chunk(id, start, budget)?;
         // What its first allocation takes: the tables the published import gives it (or none), grown to the
         // first chunk, as `grow_pages` will count them.
         let (pages, windows, fixed) = self
@@ -273,7 +273,7 @@ impl<E: Executor> Engine<E> {
     /// The pages of the pages-only import published for hybrid `id`, found again under their keys, when every
     /// one is still cached; `None` when one was evicted (or nothing was published).
     fn published_hits(&self, id: RequestId) -> Result<Option<Vec<PageId>>> {
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         if req.published_unowned.is_empty() {
             return Ok(None);
         }
@@ -319,7 +319,7 @@ impl<E: Executor> Engine<E> {
             return self.admit_hybrid_cold(id, hits, start, chunk, plan, report);
         }
         let pages = self.pool.allocate(new_pages)?;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         // Hits on the pages its pages-only import published (and not evicted since) were restored; sorted,
         // so that a long prompt's count is not its hits times its published pages.
         let restored = if req.published_unowned.is_empty() {
@@ -363,7 +363,7 @@ impl<E: Executor> Engine<E> {
         plan: &mut Plan,
         report: &mut StepReport,
     ) -> Result<()> {
-        self.move_to(id, Phase::Running)?;
+        self.table.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         plan.entries.push((
             id,
@@ -389,7 +389,7 @@ impl<E: Executor> Engine<E> {
         report: &mut StepReport,
     ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         if hits.is_empty() && !req.published_unowned.is_empty() {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report
@@ -400,7 +400,7 @@ impl<E: Executor> Engine<E> {
         req.published_unowned.clear();
         let restored = !hits.is_empty();
         self.assign_checkpoint_pages(id, hits, start)?;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.copy_on_write = restored;
         req.n_computed = start;
         req.n_registered = start / block_tokens;
@@ -422,7 +422,7 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let Restore::Answered {
             checkpoint, tokens, ..
-        } = self.reqs[&id].restore.clone()
+        } = self.table.get(id)?.restore.clone()
         else {
             return Err(Error::internal(format!(
                 "{id}: a restore at once without an answered lookup"
@@ -434,7 +434,7 @@ impl<E: Executor> Engine<E> {
         let Ok(stored) = self.store.get(&checkpoint.id) else {
             return Ok(false);
         };
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
         // A hybrid request has no local prefix hit (H2): its restore brings the whole checkpoint.
         let hits = if self.groups.is_hybrid() {
@@ -470,14 +470,14 @@ impl<E: Executor> Engine<E> {
             self.pool.touch(page)?;
         }
         let local_tokens = first_block * block_tokens;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.record_served(local_tokens, tokens - local_tokens);
         let mut pages = hits;
         pages.extend(dest_pages);
         // A hybrid import's window and fixed pages come after its block table; its partial pages and state
         // are copied on write by the first allocation.
         self.assign_checkpoint_pages(id, pages, tokens)?;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.copy_on_write = self.groups.is_hybrid();
         req.n_computed = tokens;
         req.n_registered = first_block;
@@ -488,7 +488,7 @@ impl<E: Executor> Engine<E> {
         });
         req.restore = Restore::Idle;
         self.begin_draft_replay(id)?;
-        self.move_to(id, Phase::Running)?;
+        self.table.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         Ok(true)
     }
@@ -503,7 +503,7 @@ impl<E: Executor> Engine<E> {
         report: &mut StepReport,
     ) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
-        let Restore::Importing { tokens, .. } = self.reqs[&id].restore.clone() else {
+        let Restore::Importing { tokens, .. } = self.table.get(id)?.restore.clone() else {
             return Err(Error::internal(format!(
                 "{id} is ready without a published import"
             )));
@@ -535,13 +535,7 @@ impl<E: Executor> Engine<E> {
                 blocks as usize
             }
         );
-        if let Some(ledger) = self.ledger.as_mut() {
-            ledger.admit(id, &mut self.pool).map_err(|error| {
-                Error::internal(format!(
-                    "{id}: a ready import without a ready ticket: {error}"
-                ))
-            })?;
-        }
+        self.policy.admit(id, &mut self.pool)?;
         let hybrid = self.groups.is_hybrid();
         // Attention-only: a block another page already cached was a local hit. Hybrid: the import brought
         // the whole boundary (no local hit without state, H2). `hits` is the import's page table with each
@@ -555,11 +549,11 @@ impl<E: Executor> Engine<E> {
                 .count() as u32
                 * block_tokens
         };
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.restore = Restore::Idle;
         req.record_served(tokens - restored_tokens, restored_tokens);
         self.assign_checkpoint_pages(id, hits, tokens)?;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.copy_on_write = hybrid;
         req.n_computed = tokens;
         req.n_registered = tokens / block_tokens;
@@ -567,14 +561,14 @@ impl<E: Executor> Engine<E> {
         if restored_tokens > 0 {
             self.begin_draft_replay(id)?;
         }
-        self.move_to(id, Phase::Running)?;
+        self.table.move_to(id, Phase::Running)?;
         report.admitted.push(id);
         if full_prompt {
             plan.entries.push((id, Work::LogitsOnly));
             return Ok(true);
         }
-        let first_pos = self.reqs[&id].n_computed;
-        let chunk = self.prefill_chunk(id, first_pos, plan.budget);
+        let first_pos = self.table.get(id)?.n_computed;
+        let chunk = self.prefill_chunk(id, first_pos, plan.budget)?;
         if chunk > 0 && self.grow_pages(id, first_pos + chunk, super::pages::AllocKind::Prefill)? {
             plan.entries.push((
                 id,

@@ -16,11 +16,11 @@ use kv_pool::RequestId;
 use reservation::{ErrorKind, Preflight, RestoreSpec};
 
 use super::req::{Phase, Restore};
+use super::restore_policy::{Publication, Refusal, Reservation, ReserveAsk};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 use crate::metrics::FallbackReason;
-use crate::policy::Policy;
 
 /// Checkpoints a restored request publishes at most while it computes its prompt: the instruction boundary,
 /// the prefill tail and the prompt end (H7), each budgeted in its credits (C2).
@@ -33,8 +33,8 @@ impl<E: Executor> Engine<E> {
     /// A request arrives: it asks the store unless its local prefix already covers every restorable block.
     pub(crate) fn on_arrival(&mut self, id: RequestId) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
-        let restorable = self.restorable_tokens(id);
+        let req = &self.table.get(id)?;
+        let restorable = self.restorable_tokens(id)?;
         // A hybrid request has no local prefix hit: the prefix cache keeps no recurrent state (H2).
         let local = if self.groups.is_hybrid() {
             0
@@ -44,7 +44,7 @@ impl<E: Executor> Engine<E> {
                 .len() as u32
         };
         if local * block_tokens >= restorable || restorable == 0 {
-            let req = super::req::live(&mut self.reqs, id)?;
+            let req = self.table.get_mut(id)?;
             req.expected_local_blocks = local;
             req.metrics.complete_local_hit |= !req.admitted_once && restorable > 0;
             return self.enqueue_waiting(id, None);
@@ -60,25 +60,27 @@ impl<E: Executor> Engine<E> {
     /// Tokens of `id`'s prompt a restore may cover. Attention-only: the full blocks of all but the last
     /// token, or the whole prompt when it ends on a block boundary and the request has saved logits (Q4).
     /// Hybrid (exact boundaries, H6): all but the last token, or the whole prompt with saved logits.
-    pub(crate) fn restorable_tokens(&self, id: RequestId) -> u32 {
+    pub(crate) fn restorable_tokens(&self, id: RequestId) -> Result<u32> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = self.table.get(id)?;
         let len = req.tokens.len() as u32;
         if self.groups.is_hybrid() {
-            return if req.spec.saved_logits { len } else { len - 1 };
+            return Ok(if req.spec.saved_logits { len } else { len - 1 });
         }
-        if req.spec.saved_logits && len.is_multiple_of(block_tokens) {
-            len
-        } else {
-            (len - 1) / block_tokens * block_tokens
-        }
+        Ok(
+            if req.spec.saved_logits && len.is_multiple_of(block_tokens) {
+                len
+            } else {
+                (len - 1) / block_tokens * block_tokens
+            },
+        )
     }
 
     /// Sends a store lookup for `id`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
     /// (nothing changed) when it is spent. Every path that asks the store goes through here.
     fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
         let (now, latency) = (self.now, self.params.lookup_latency);
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         if req.lookups >= RESTORE_LOOKUPS_MAX {
             return Ok(false);
         }
@@ -92,7 +94,7 @@ impl<E: Executor> Engine<E> {
             answer_at: now.after(latency),
             limit_tokens,
         };
-        self.move_to(id, Phase::Restoring)?;
+        self.table.move_to(id, Phase::Restoring)?;
         Ok(true)
     }
 
@@ -109,11 +111,11 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let limit = limit_tokens
             .saturating_sub(1)
-            .min(self.restorable_tokens(id));
+            .min(self.restorable_tokens(id)?);
         // An exact-boundary (hybrid) match compares the checkpoint's partial tail with the prompt's tokens,
         // which a hybrid engine holds from submit (`reads_running_tokens`).
         let hybrid = self.groups.is_hybrid();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let block_keys = &req.keys[..(limit / block_tokens) as usize];
         let (meta, tokens, checked) = if !hybrid {
             // A block-prefix match reads the keys alone, so a deferred prompt stays deferred.
@@ -149,12 +151,12 @@ impl<E: Executor> Engine<E> {
     /// Polls every pending restore once (Q8). What else competes (the restore preflight) is computed once: a
     /// poll changes no running request, so it is the same for every restore it polls.
     pub(crate) fn poll_restores(&mut self, report: &mut StepReport) -> Result<()> {
-        let pending: Vec<RequestId> = self.restoring.values().copied().collect();
+        let pending: Vec<RequestId> = self.table.restoring().values().copied().collect();
         self.earliest_lookup = None;
         let preflight = self.restore_preflight();
         for id in pending {
             report.restore_polls += 1;
-            match self.reqs[&id].restore.clone() {
+            match self.table.get(id)?.restore.clone() {
                 Restore::Lookup {
                     sent,
                     answer_at,
@@ -188,7 +190,7 @@ impl<E: Executor> Engine<E> {
                                 } else {
                                     (checkpoint, tokens.min(fresh_tokens))
                                 };
-                                super::req::live(&mut self.reqs, id)?.restore = Restore::Answered {
+                                self.table.get_mut(id)?.restore = Restore::Answered {
                                     checkpoint,
                                     tokens,
                                     answered: self.now,
@@ -208,9 +210,14 @@ impl<E: Executor> Engine<E> {
         }
         // The earliest lookup still unanswered holds back later cold admissions (Q1); `send_lookup` lowers it.
         self.earliest_lookup = self
-            .restoring
+            .table
+            .restoring()
             .iter()
-            .find(|(_, id)| matches!(self.reqs[*id].restore, Restore::Lookup { .. }))
+            .find(|(_, id)| {
+                self.table
+                    .find(**id)
+                    .is_some_and(|req| matches!(req.restore, Restore::Lookup { .. }))
+            })
             .map(|(order, _)| *order);
         Ok(())
     }
@@ -224,7 +231,7 @@ impl<E: Executor> Engine<E> {
     ) -> Result<()> {
         let Some((checkpoint, matched_tokens)) = self.find_checkpoint(id, limit_tokens)? else {
             // After a failed copy the retry found nothing shorter: the copy failure is why it recomputes.
-            let reason = if self.reqs[&id].copy_failed {
+            let reason = if self.table.get(id)?.copy_failed {
                 FallbackReason::CopyFailed
             } else {
                 FallbackReason::NotInStore
@@ -232,9 +239,9 @@ impl<E: Executor> Engine<E> {
             self.fall_back(id, reason, report)?;
             return Ok(());
         };
-        let tokens = matched_tokens.min(self.restorable_tokens(id));
+        let tokens = matched_tokens.min(self.restorable_tokens(id)?);
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let local = if self.groups.is_hybrid() {
             0
         } else {
@@ -245,18 +252,18 @@ impl<E: Executor> Engine<E> {
         if tokens <= local * block_tokens {
             // A complete local hit: admitted without the store (G2). The lookup is over: should the local
             // pages be evicted before admission, the request asks the store again (`examine`).
-            let req = super::req::live(&mut self.reqs, id)?;
+            let req = self.table.get_mut(id)?;
             req.restore = Restore::Idle;
             req.metrics.complete_local_hit |= !req.admitted_once;
             req.expected_local_blocks = local;
             return self.enqueue_waiting(id, None);
         }
-        super::req::live(&mut self.reqs, id)?.restore = Restore::Answered {
+        self.table.get_mut(id)?.restore = Restore::Answered {
             checkpoint,
             tokens,
             answered: self.now,
         };
-        if self.params.policy == Policy::Ordinary {
+        if self.policy.restores_at_admission() {
             // Before the contract: the restore is tried at admission, at once or not at all (G1).
             return self.enqueue_waiting(id, None);
         }
@@ -280,59 +287,16 @@ impl<E: Executor> Engine<E> {
         }
         let Restore::Answered {
             checkpoint, tokens, ..
-        } = self.reqs[&id].restore.clone()
+        } = self.table.get(id)?.restore.clone()
         else {
             return Err(Error::internal(format!(
                 "{id}: reserving without an answered lookup"
             )));
         };
-        // The ticket's destination pages (`reserved`), or `None` (`pages-only`: the index allocates them).
-        let ticket_pages = if self.ledger.is_some() {
-            let req = &self.reqs[&id];
-            let mut spec = RestoreSpec::for_geometry(
-                &self.params.geometry,
-                tokens,
-                req.tokens.len() as u32,
-                self.params.chunk_tokens,
-            );
-            spec.draft_lookahead_tokens = self.params.draft_tokens;
-            spec.captures = self.captures_after(id, tokens);
-            let Some(ledger) = self.ledger.as_mut() else {
-                return Err(Error::internal(format!("{id}: reserving without a ledger")));
-            };
-            let req = &self.reqs[&id];
-            match ledger.reserve(&mut self.pool, id, req.order, &spec, preflight, self.now) {
-                Ok(ticket) => Some(ticket.import_pages),
-                Err(error) => {
-                    return self.refused(id, error.kind(), &error, report);
-                }
-            }
-        } else {
-            // pages-only: the imported pages alone, taken if free now; no slot, no credits, no hold on others.
-            // The naive fix does not count other prefills' needs either (no R2 beyond the watermark).
-            let preflight = self.admission_preflight();
-            let available =
-                reservation::pages_available_to_admit(self.pool.n_free(), 0, &preflight);
-            let import_pages = if self.groups.is_hybrid() {
-                checkpoint.pages.len() as u32
-            } else {
-                tokens / self.params.geometry.block_tokens()
-            };
-            if self.params.restore_max_wait.is_zero() {
-                if import_pages > available {
-                    self.fall_back(id, FallbackReason::WaitExpired, report)?;
-                    return Ok(());
-                }
-            } else if import_pages > available {
-                return self.refused(
-                    id,
-                    ErrorKind::Pressure,
-                    &format_args!("need {import_pages} pages, {available} free"),
-                    report,
-                );
-            }
-            // The index allocates the pages when it stages the import.
-            None
+        let reservation = match self.reserve(id, &checkpoint, tokens, preflight) {
+            Ok(reservation) => reservation,
+            Err(Refusal::Internal(error)) => return Err(error),
+            Err(refusal) => return self.refused(id, refusal.kind(), &refusal, report),
         };
         self.end_wait(id);
         let Ok(stored) = self.store.get(&checkpoint.id) else {
@@ -347,12 +311,12 @@ impl<E: Executor> Engine<E> {
         let part = self.checkpoint_part(&stored, 0, tokens)?;
         let stage = StageRequest {
             request: id,
-            request_tokens: self.reqs[&id].tokens.len(),
+            request_tokens: self.table.get(id)?.tokens.len(),
             checkpoint: &part,
             dependency_pages: &[],
         };
-        let import = match ticket_pages {
-            Some(pages) => {
+        let import = match reservation {
+            Reservation::Ticket(pages) => {
                 let import = self.index.stage_into(
                     &mut self.pool,
                     &mut *self.copies,
@@ -362,32 +326,69 @@ impl<E: Executor> Engine<E> {
                 )?;
                 // One owner pins and drains the destination pages: the index, which took its own
                 // reference. The ticket hands its references over and keeps its slot and credits.
-                let handed = self
-                    .ledger
-                    .as_mut()
-                    .ok_or_else(|| Error::internal(format!("{id} has a ticket but no ledger")))?
-                    .hand_over_pages(id)
-                    .map_err(|error| Error::internal(format!("{id}: {error}")))?;
+                let handed = self.policy.hand_over(id)?;
                 self.pool.free_all(&handed)?;
                 import
             }
-            None => self
-                .index
-                .stage(&mut self.pool, &mut *self.copies, self.now, stage)?,
+            Reservation::PagesFreeNow => {
+                self.index
+                    .stage(&mut self.pool, &mut *self.copies, self.now, stage)?
+            }
         };
-        super::req::live(&mut self.reqs, id)?.restore = Restore::Importing { tokens, import };
+        self.table.get_mut(id)?.restore = Restore::Importing { tokens, import };
         Ok(())
+    }
+
+    /// Asks the policy to reserve `tokens` tokens of `checkpoint` for `id`.
+    fn reserve(
+        &mut self,
+        id: RequestId,
+        checkpoint: &CheckpointMeta,
+        tokens: u32,
+        preflight: &Preflight,
+    ) -> Result<Reservation, Refusal> {
+        let req = self.table.get(id).map_err(Refusal::Internal)?;
+        let mut spec = RestoreSpec::for_geometry(
+            &self.params.geometry,
+            tokens,
+            req.tokens.len() as u32,
+            self.params.chunk_tokens,
+        );
+        spec.draft_lookahead_tokens = self.params.draft_tokens;
+        spec.captures = self.captures_after(id, tokens).map_err(Refusal::Internal)?;
+        let import_pages = if self.groups.is_hybrid() {
+            checkpoint.pages.len() as u32
+        } else {
+            tokens / self.params.geometry.block_tokens()
+        };
+        // The naive fix counts the pages free now under the watermark, not other prefills' needs (no R2).
+        let admissible_pages = reservation::pages_available_to_admit(
+            self.pool.n_free(),
+            0,
+            &self.admission_preflight(),
+        );
+        let ask = ReserveAsk {
+            request: id,
+            order: req.order,
+            spec,
+            preflight,
+            import_pages,
+            admissible_pages,
+            now: self.now,
+            max_wait: self.params.restore_max_wait,
+        };
+        self.policy.reserve(&mut self.pool, &ask)
     }
 
     /// Checkpoints `id` publishes while it computes its prompt from token `from` (H7, C2): the prompt end,
     /// its instruction boundary when that is ahead, and the prefill tail when the rest takes several chunks.
-    fn captures_after(&self, id: RequestId, from: u32) -> u32 {
-        let req = &self.reqs[&id];
+    fn captures_after(&self, id: RequestId, from: u32) -> Result<u32> {
+        let req = self.table.get(id)?;
         let instruction = req.spec.instruction_tokens.filter(|&at| at > from);
         let tail_from = instruction.unwrap_or(from).max(from);
         let tail = self.params.capture_prefill_tail
             && req.prompt_end.saturating_sub(tail_from) > self.params.chunk_tokens;
-        1 + u32::from(instruction.is_some()) + u32::from(tail)
+        Ok(1 + u32::from(instruction.is_some()) + u32::from(tail))
     }
 
     /// The preflight of a restore's reservation (R2): what else competes this step, the remaining needs of
@@ -403,20 +404,23 @@ impl<E: Executor> Engine<E> {
     /// they run). Cold admissions use it as it is: they count the pages free now, as vLLM's scheduler does.
     pub(crate) fn admission_preflight(&self) -> Preflight {
         Preflight {
-            running_requests: self.running.len() as u32,
+            running_requests: self.table.running().len() as u32,
             unticketed_prefill_pages: 0,
             watermark_pages: self.params.watermark_pages,
-            other_work_scheduled: !self.running.is_empty(),
+            other_work_scheduled: !self.table.running().is_empty(),
         }
     }
 
     /// Remaining page needs of running prefills that hold no ticket (they take their pages chunk by chunk).
     fn unticketed_prefill_pages(&self) -> u32 {
         let block_tokens = self.params.geometry.block_tokens();
-        self.running
+        self.table
+            .running()
             .iter()
-            .map(|running| &self.reqs[running])
-            .filter(|running| running.in_prefill() && !self.holds_admitted_ticket(running.spec.id))
+            .filter_map(|running| self.table.find(*running))
+            .filter(|running| {
+                running.in_prefill() && !self.policy.holds_admitted_ticket(running.spec.id)
+            })
             .map(|running| {
                 let blocks = running.prompt_end.div_ceil(block_tokens);
                 let windows: u32 = (0..self.groups.n_windows())
@@ -438,20 +442,9 @@ impl<E: Executor> Engine<E> {
     /// Whether `id`'s capacity wait is over (W1): its ledger waiter expired (with the ledger's one warning),
     /// or, without a ledger (`pages-only`), it has waited `restore_max_wait` since its first refusal.
     fn wait_expired(&mut self, id: RequestId) -> bool {
-        let now = self.now;
-        if let Some(ledger) = self.ledger.as_mut() {
-            let _due = ledger.expire_due(now);
-            return ledger.is_expired(id);
-        }
-        let Some(started) = self.reqs[&id].wait_started else {
-            return false;
-        };
-        let waited = now.since(started);
-        if waited < self.params.restore_max_wait {
-            return false;
-        }
-        tracing::warn!(request = %id, waited_s = waited.as_secs_f64(), "restore gave up waiting for capacity; recomputing its prompt");
-        true
+        let started = self.table.find(id).and_then(|req| req.wait_started);
+        self.policy
+            .wait_expired(id, self.now, started, self.params.restore_max_wait)
     }
 
     /// A refused reservation: pressure starts or continues a capacity wait (logged, G5); impossible and
@@ -467,7 +460,7 @@ impl<E: Executor> Engine<E> {
         match kind {
             ErrorKind::Pressure => {
                 let max_wait = self.params.restore_max_wait;
-                let req = super::req::live(&mut self.reqs, id)?;
+                let req = self.table.get_mut(id)?;
                 match req.wait_started {
                     None => {
                         req.wait_started = Some(now);
@@ -477,7 +470,7 @@ impl<E: Executor> Engine<E> {
                         tracing::info!(request = %id, free_pages = self.pool.n_free(), %message, "restore waits for capacity");
                     }
                     Some(started) => {
-                        if self.ledger.is_none() && now.since(started) >= max_wait {
+                        if self.policy.own_wait_over(now.since(started), max_wait) {
                             // pages-only keeps its own bounded wait (no ledger).
                             self.fall_back(id, FallbackReason::WaitExpired, report)?;
                             return Ok(());
@@ -559,8 +552,9 @@ impl<E: Executor> Engine<E> {
                 import,
                 ..
             } => {
-                let loading = self.reqs[&id].loading;
-                let (expected, first_block, tokens) = match (&loading, &self.reqs[&id].restore) {
+                let loading = self.table.get(id)?.loading;
+                let (expected, first_block, tokens) = match (&loading, &self.table.get(id)?.restore)
+                {
                     (Some(loading), _) => (loading.import, loading.first_block, loading.tokens),
                     (None, &Restore::Importing { import, tokens }) => (import, 0, tokens),
                     (None, restore) => {
@@ -577,15 +571,10 @@ impl<E: Executor> Engine<E> {
                 self.verify_import(id, first_block, tokens)?;
                 if loading.is_some() {
                     // ordinary: the admitted request already holds the pages; the index lets go of them.
-                    super::req::live(&mut self.reqs, id)?.loading = None;
+                    self.table.get_mut(id)?.loading = None;
                     let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
-                } else if let Some(ledger) = self.ledger.as_mut() {
-                    ledger.publish(id).map_err(|error| {
-                        Error::internal(format!(
-                            "{id} published without an importing ticket: {error}"
-                        ))
-                    })?;
-                    self.move_to(id, Phase::Ready)?;
+                } else if self.policy.publish(id)? == Publication::Owned {
+                    self.table.move_to(id, Phase::Ready)?;
                 } else {
                     // pages-only: no ownership once published; the pages are evictable cached pages.
                     let published = self
@@ -600,7 +589,7 @@ impl<E: Executor> Engine<E> {
                         // key, as evictable as its blocks, until the request is admitted.
                         self.key_unkeyed_slots(id, &published, tokens)?;
                     }
-                    let req = super::req::live(&mut self.reqs, id)?;
+                    let req = self.table.get_mut(id)?;
                     req.published_unowned = published;
                     req.published_tokens = tokens;
                     req.restore = Restore::Idle;
@@ -612,7 +601,7 @@ impl<E: Executor> Engine<E> {
             | &ImportEvent::Invalidated { request: id, .. } => {
                 // The index discarded the import once its copies drained.
                 let reason = FallbackReason::CopyFailed;
-                let req = super::req::live(&mut self.reqs, id)?;
+                let req = self.table.get_mut(id)?;
                 req.copy_failed = true;
                 if let Some(loading) = req.loading.take() {
                     // ordinary: recompute what the copy should have brought; the local hits before it stay.

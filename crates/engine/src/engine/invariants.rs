@@ -4,11 +4,8 @@
 use std::collections::{HashMap, HashSet};
 
 use kv_pool::PageId;
-use kv_pool::RequestId;
-use reservation::Ledger;
 
 use super::Engine;
-use super::req::Phase;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 
@@ -27,15 +24,15 @@ impl<E: Executor> Engine<E> {
             .count() as u32
     }
 
-    /// Checks every invariant: the pool's, the ledger's and the imports' (these lower-layer checks assert); every
+    /// Checks every invariant: the pool's, the ledger's and the imports'; every
     /// page in use is held by a live request or import and every held page is in use (no leak, no page freed
     /// under a holder or a live copy); every request is in exactly the container its phase names; slots
     /// within the limit; outstanding credits within the live tickets' needs. A broken one is
     /// `Error::Internal` naming it.
     pub fn check_invariants(&self) -> Result<()> {
         let broken = |invariant: String| Err(Error::internal(invariant));
-        self.pool.check_invariants();
-        self.index.check_invariants(&self.pool);
+        self.pool.check_invariants()?;
+        self.index.check_invariants(&self.pool)?;
         let held_by_index: HashSet<PageId> = self.index.held_pages().collect();
         for page in self.copies.in_flight_pages() {
             if self.pool.ref_count(page).map_or(true, |refs| refs == 0) {
@@ -72,7 +69,7 @@ impl<E: Executor> Engine<E> {
         // block key hashes them).
         let reads_running = self.reads_running_tokens();
         let block_tokens = self.params.geometry.block_tokens() as usize;
-        if let Some((id, req)) = self.reqs.iter().find(|(_, req)| {
+        if let Some((id, req)) = self.table.iter().find(|(_, req)| {
             req.tokens.is_deferred()
                 && (reads_running
                     || req
@@ -86,21 +83,23 @@ impl<E: Executor> Engine<E> {
                 req.keys.len()
             ));
         }
-        let slots_held = self.ledger.as_ref().map_or(0, Ledger::slots_held);
-        if self.running.len() as u32 + slots_held > self.params.max_running {
+        let slots_held = self.policy.slots_held();
+        if self.table.running().len() as u32 + slots_held > self.params.max_running {
             return broken(format!(
                 "{} running + {slots_held} ticket slots > {}",
-                self.running.len(),
+                self.table.running().len(),
                 self.params.max_running
             ));
         }
-        if let Some(ledger) = &self.ledger {
-            ledger.check_invariants(&self.pool);
+        if let Some(ledger) = self.policy.ledger() {
+            ledger
+                .check_invariants(&self.pool)
+                .map_err(|error| Error::internal(format!("the ledger: {error}")))?;
             // O5: the index alone pins and drains an import's pages. A ticket hands its pages over when its
             // import is staged, in the call that reserved it, or is released there, so between calls no
             // importing ticket holds pages.
             for ticket in ledger.snapshot().tickets {
-                let Some(req) = self.reqs.get(&ticket.request) else {
+                let Some(req) = self.table.find(ticket.request) else {
                     return broken(format!("a ticket of {}, which is not live", ticket.request));
                 };
                 if ticket.state == reservation::TicketState::Importing && !ticket.handed_over {
@@ -146,70 +145,7 @@ impl<E: Executor> Engine<E> {
                 }
             }
         }
-        self.check_containers()
-    }
-
-    /// Every live request is in exactly the container its phase names, at its own key.
-    fn check_containers(&self) -> Result<()> {
-        let broken = |invariant: String| Err(Error::internal(invariant));
-        let mut in_containers = 0usize;
-        let mut expect = |id: RequestId, phase: Phase, what: &str| -> Result<()> {
-            in_containers += 1;
-            match self.reqs.get(&id) {
-                Some(req) if req.phase == phase => Ok(()),
-                Some(req) => broken(format!(
-                    "{id} is {:?} but in the {what} container",
-                    req.phase
-                )),
-                None => broken(format!("{id} is in the {what} container but not live")),
-            }
-        };
-        for id in self.arriving.values() {
-            expect(*id, Phase::Arriving, "arriving")?;
-        }
-        for (order, id) in self.waiting.iter() {
-            expect(id, Phase::Waiting, "waiting")?;
-            if self.reqs[&id].order != order {
-                return broken(format!("{id}'s waiting queue key drifted"));
-            }
-        }
-        for (order, id) in self.ready.iter() {
-            expect(id, Phase::Ready, "ready")?;
-            if self.reqs[&id].order != order {
-                return broken(format!("{id}'s ready queue key drifted"));
-            }
-        }
-        for (order, id) in &self.ready_logits {
-            expect(*id, Phase::Ready, "ready-logits")?;
-            if self.reqs[id].order != *order {
-                return broken(format!("{id}'s ready-logits key drifted"));
-            }
-        }
-        for (order, id) in &self.restoring {
-            expect(*id, Phase::Restoring, "restoring")?;
-            if self.reqs[id].order != *order {
-                return broken(format!("{id}'s restoring key drifted"));
-            }
-        }
-        for id in &self.running {
-            expect(*id, Phase::Running, "running")?;
-        }
-        for id in &self.resuming {
-            expect(*id, Phase::Resuming, "resuming")?;
-        }
-        let n_paused = self
-            .reqs
-            .values()
-            .filter(|req| req.phase == Phase::Paused)
-            .count();
-        if in_containers + n_paused != self.reqs.len() {
-            return broken(format!(
-                "{} live requests but {} in containers and {n_paused} paused",
-                self.reqs.len(),
-                in_containers
-            ));
-        }
-        Ok(())
+        self.table.check_containers()
     }
 
     /// The references each page's named owners hold: live requests' page tables, the resident index's
@@ -218,7 +154,7 @@ impl<E: Executor> Engine<E> {
     fn page_owners(&self) -> HashMap<PageId, u32> {
         let mut owned: HashMap<PageId, u32> = HashMap::new();
         let mut own = |page: PageId| *owned.entry(page).or_default() += 1;
-        for req in self.reqs.values() {
+        for req in self.table.values() {
             req.pages
                 .iter()
                 .chain(&req.fixed)
@@ -227,7 +163,7 @@ impl<E: Executor> Engine<E> {
                 .for_each(&mut own);
         }
         self.index.held_pages().for_each(&mut own);
-        if let Some(ledger) = &self.ledger {
+        if let Some(ledger) = self.policy.ledger() {
             for ticket in ledger.snapshot().tickets {
                 let pages = self.index.pages(ticket.request).unwrap_or(&[]);
                 pages

@@ -2,23 +2,11 @@
 //! index (`checkpoint_transfer::ResidentIndex`: every import), the reservation ledger (`reserved` only) and
 //! every live request, and exposes the API the facade drives step by step.
 //!
-//! Who holds each page reference of an import, per policy (the pool counts them; `check_invariants` checks
-//! that every reference has exactly one of these owners):
-//!
-//! | import stage                      | `ordinary` (restore at once)        | `pages-only`                  | `reserved`, `oracle`                                  |
-//! |-----------------------------------|-------------------------------------|-------------------------------|-------------------------------------------------------|
-//! | reserved                          | -                                   | -                             | the ticket (`Ledger::reserve` allocates them, R1)     |
-//! | staged (copying)                  | the index and the admitted request  | the index (`stage` allocates) | the index (`stage_into`; the ticket hands its refs over) |
-//! | published, not admitted           | -                                   | nobody: cached, evictable     | the index (an owned ready import, O3)                 |
-//! | admitted                          | the request                         | the request (if still cached) | the request (`ResidentIndex::acquire`, O4)            |
-//! | cancelled or failed while copying | the index until drained (O5, O7)    | the index until drained       | the index until drained                               |
-//!
-//! One owner drains: the index, whichever the policy. The ledger under `reserved` keeps the ticket's slot and
-//! credits, never its pages, once the import is staged (`Ledger::hand_over_pages`).
+//! What each policy does and who owns an import's pages at each stage: `restore_policy/mod.rs`.
 //!
 //! Layout: this file holds the `Engine` type, its construction and the request API (submit, cancel, resume,
 //! reset); `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator;
-//! `pages.rs` page-level work; `req.rs` a live request; `lifecycle.rs` the lifecycle's edges (`move_to`); `report.rs` `StepReport`, `RequestView` and the
+//! `pages.rs` page-level work; `req.rs` a live request; `table.rs` the live requests and the lifecycle's edges (`RequestTable::move_to`); `report.rs` `StepReport`, `RequestView` and the
 //! read-only accessors; `invariants.rs` `check_invariants` and the leak count; `capture_link.rs` the captures
 //! on their way to the store; `clock.rs` the injected clock; `groups.rs` the cache groups' plan;
 //! `recompute.rs` E3 verification by recompute.
@@ -29,20 +17,20 @@ mod clock;
 mod coordinator;
 mod groups;
 mod invariants;
-mod lifecycle;
 mod pages;
 mod recompute;
 mod report;
 mod req;
+mod restore_policy;
 mod step;
+mod table;
 mod tokens;
 use tokens::Tokens;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use admission::WaitingQueue;
 use checkpoint_transfer::{
     CheckpointStore, CopyEngine, CopyModel, CudaCopyEngine, DiskStore, Fault, HostStore,
     InlineCopyEngine, LayoutDescriptor, RedisStore, ReorderingCopyEngine, ResidentIndex,
@@ -51,7 +39,6 @@ use checkpoint_transfer::{
 use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{CudaStorage, HostStorage, PageId, PagePool, PageStorage};
-use reservation::{Ledger, LedgerConfig};
 
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
@@ -61,6 +48,7 @@ use crate::request::{FinishedRequest, KeyedRequest, RequestSpec};
 
 use self::groups::GroupPlan;
 use self::req::{Phase, Req, Restore};
+use self::table::RequestTable;
 
 pub use self::clock::{Clock, SimClock, WALL_IDLE_WAIT, WallClock};
 pub use self::report::{RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
@@ -77,21 +65,12 @@ pub struct Engine<E: Executor = SimExecutor> {
     layout: LayoutDescriptor,
     /// How requests' pages spread over the cache groups.
     groups: GroupPlan,
-    /// The reservation ledger; `None` under policies without the contract (G1: never called).
-    ledger: Option<Ledger>,
+    /// The restore mechanism: `params.policy` as code, with the reservation ledger where it keeps one.
+    policy: Box<dyn restore_policy::RestorePolicy>,
     /// Every import: staged (copying), published and owned, or draining after a cancel.
     index: ResidentIndex,
-    reqs: HashMap<RequestId, Req>,
-    arriving: BTreeMap<(Timestamp, u64), RequestId>,
-    /// Requests waiting for ordinary admission, at their place (pending restores are in `restoring`).
-    waiting: WaitingQueue,
-    restoring: BTreeMap<AdmissionOrder, RequestId>,
-    /// Published imports owned by their request (`reserved`): they may pass a blocked head (Q1).
-    ready: WaitingQueue,
-    /// Ready imports of a whole prompt with saved logits: admitted by their isolated logits-only step (Q4).
-    ready_logits: BTreeMap<AdmissionOrder, RequestId>,
-    running: Vec<RequestId>,
-    resuming: VecDeque<RequestId>,
+    /// Every live request, in the container its phase names.
+    table: RequestTable,
     finished: Vec<FinishedRequest>,
     done: Vec<RequestMetrics>,
     now: Timestamp,
@@ -127,8 +106,8 @@ impl<E: Executor> std::fmt::Debug for Engine<E> {
         f.debug_struct("Engine")
             .field("policy", &self.params.policy)
             .field("now", &self.now)
-            .field("live", &self.reqs.len())
-            .field("running", &self.running.len())
+            .field("live", &self.table.len())
+            .field("running", &self.table.running().len())
             .field("free_pages", &self.pool.n_free())
             .finish_non_exhaustive()
     }
@@ -192,15 +171,7 @@ impl<E: Executor> Engine<E> {
         };
         let groups = GroupPlan::new(&params.geometry)?;
         let layout = GroupPlan::layout(&params.geometry, u64::from(params.sim_bytes_per_page));
-        let ledger = params.policy.uses_reservations().then(|| {
-            Ledger::new(
-                params.geometry.clone(),
-                LedgerConfig {
-                    max_running_slots: params.max_running,
-                    restore_max_wait: params.restore_max_wait,
-                },
-            )
-        });
+        let policy = restore_policy::for_params(&params);
         Ok(Engine {
             page_buf: vec![0; params.sim_bytes_per_page as usize],
             params,
@@ -209,18 +180,11 @@ impl<E: Executor> Engine<E> {
             storage: storage.as_dyn(),
             copies,
             store,
-            ledger,
+            policy,
             index: ResidentIndex::new(layout.clone()),
             layout,
             groups,
-            reqs: HashMap::default(),
-            arriving: BTreeMap::new(),
-            waiting: WaitingQueue::default(),
-            restoring: BTreeMap::new(),
-            ready: WaitingQueue::default(),
-            ready_logits: BTreeMap::new(),
-            running: Vec::new(),
-            resuming: VecDeque::new(),
+            table: RequestTable::default(),
             finished: Vec::new(),
             done: Vec::new(),
             now: Timestamp::ZERO,
@@ -280,7 +244,7 @@ impl<E: Executor> Engine<E> {
     /// output tokens, or one the executor cannot run; and one that can never run (counted, K1).
     fn check_submit(&mut self, spec: &RequestSpec, prompt_len: usize) -> Result<()> {
         let id = spec.id;
-        if self.reqs.contains_key(&id) {
+        if self.table.contains(id) {
             return Err(Error::DuplicateRequest { request: id });
         }
         if prompt_len == 0 {
@@ -354,19 +318,18 @@ impl<E: Executor> Engine<E> {
         self.seq += 1;
         let arrival = spec.arrival.max(self.now);
         let req = Req::new(spec, keys, tokens, seq, arrival);
-        self.arriving.insert(req.arrival_key, id);
-        self.reqs.insert(id, req);
+        self.table.enter(req);
         Ok(())
     }
 
     /// Cancels a live request at any point: waiting, restoring (slot and credits released at once; pages of a
     /// copying import drain first, O5), ready (ownership released, O6), running or paused.
     pub fn cancel(&mut self, id: RequestId) -> Result<()> {
-        let Some(req) = self.reqs.get(&id) else {
+        let Some(req) = self.table.find(id) else {
             return Err(Error::UnknownRequest { request: id });
         };
         let phase = req.phase;
-        self.leave_container(id);
+        self.table.leave_container(id);
         match phase {
             Phase::Arriving => {}
             Phase::Waiting | Phase::Restoring | Phase::Ready => self.drop_restore(id)?,
@@ -386,8 +349,8 @@ impl<E: Executor> Engine<E> {
     pub fn resume(&mut self, id: RequestId, input: &[u32], max_output_tokens: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = self
-            .reqs
-            .get_mut(&id)
+            .table
+            .find_mut(id)
             .ok_or(Error::UnknownRequest { request: id })?;
         if req.phase != Phase::Paused {
             return Err(Error::NotPaused { request: id });
@@ -405,14 +368,14 @@ impl<E: Executor> Engine<E> {
         req.answer_tokens = 0;
         req.answer_cap = max_output_tokens;
         req.stopped = false;
-        self.move_to(id, Phase::Resuming)
+        self.table.move_to(id, Phase::Resuming)
     }
 
     /// Ends a paused streaming session: its pages are freed (cached) and it is reported finished.
     pub fn close_stream(&mut self, id: RequestId) -> Result<()> {
         let req = self
-            .reqs
-            .get(&id)
+            .table
+            .find(id)
             .ok_or(Error::UnknownRequest { request: id })?;
         if req.phase != Phase::Paused {
             return Err(Error::NotPaused { request: id });
@@ -472,19 +435,20 @@ impl<E: Executor> Engine<E> {
     /// pages of paused streams, then resets: once no copy is draining every page but the null page is free.
     /// The next step's report lists the preempted requests (`reset_preempted`) and the fallbacks.
     pub fn force_reset_prefix_cache(&mut self) -> Result<()> {
-        for id in self.running.clone().into_iter().rev() {
+        for id in self.table.running().to_vec().into_iter().rev() {
             self.preempt_for_reset(id)?;
             self.between_steps.reset_preempted.push(id);
         }
         let with_imports: Vec<RequestId> = self
+            .table
             .ready
             .iter()
             .map(|(_, id)| id)
-            .chain(self.ready_logits.values().copied())
-            .chain(self.restoring.values().copied())
+            .chain(self.table.ready_logits().values().copied())
+            .chain(self.table.restoring().values().copied())
             .collect();
         for id in with_imports {
-            let had_import = matches!(self.reqs[&id].restore, Restore::Importing { .. });
+            let had_import = matches!(self.table.get(id)?.restore, Restore::Importing { .. });
             self.drop_restore(id)?;
             self.end_wait(id);
             self.enqueue_waiting(id, had_import.then_some(FallbackReason::Reset))?;
@@ -495,7 +459,7 @@ impl<E: Executor> Engine<E> {
             }
         }
         let paused: Vec<RequestId> = self
-            .reqs
+            .table
             .iter()
             .filter(|(_, req)| matches!(req.phase, Phase::Paused | Phase::Resuming))
             .map(|(id, _)| *id)
@@ -543,12 +507,12 @@ impl<E: Executor> Engine<E> {
 
     /// Live requests: submitted and not yet finished, cancelled or rejected (paused streams included).
     pub fn n_live_requests(&self) -> usize {
-        self.reqs.len()
+        self.table.len()
     }
 
     /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
     pub fn is_idle(&self) -> bool {
-        self.reqs.values().all(|req| req.phase == Phase::Paused)
+        self.table.values().all(|req| req.phase == Phase::Paused)
             && self.index.n_staged() == 0
             && self.captures.len() == 0
     }
@@ -558,8 +522,11 @@ impl<E: Executor> Engine<E> {
     /// that every page is free again. Reports what it cancelled and how many copies it waited for; the
     /// cancelled requests are also in `take_finished` and the metrics. The engine stays usable.
     pub fn shutdown(&mut self) -> Result<ShutdownReport> {
-        let mut live: Vec<(AdmissionOrder, RequestId)> =
-            self.reqs.iter().map(|(id, req)| (req.order, *id)).collect();
+        let mut live: Vec<(AdmissionOrder, RequestId)> = self
+            .table
+            .iter()
+            .map(|(id, req)| (req.order, *id))
+            .collect();
         live.sort();
         let mut report = ShutdownReport::default();
         for (_, id) in live {
@@ -626,13 +593,28 @@ impl<E: Executor> Engine<E> {
         Ok(self.copies.inject_fault(fault)?)
     }
 
+    /// Whether a running request's whole prompt is read: by an executor that reads tokens, or on a hybrid
+    /// model (its lookups and captures end at exact boundaries, which take their partial pages' tokens). Such
+    /// an engine generates a deferred prompt at submit; otherwise a request reads only its held tokens
+    /// (`Tokens`), and a deferred prompt stays deferred but for a verified restore.
+    pub(crate) fn reads_running_tokens(&self) -> bool {
+        self.executor.reads_tokens() || self.groups.is_hybrid()
+    }
+
+    /// Generates `id`'s deferred prompt, if it has one (`RequestSpec::keyed_from_source`); a no-op once held.
+    /// A source that changed fails the caller's step naming `prompt_source` (only a verified restore, which
+    /// stops the run on any mismatch, generates one after submit).
+    pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
+        self.table.get_mut(id)?.tokens.materialize(id)
+    }
+
     /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it
     /// (a ticket whose prompt ended in the step it finished, a waiter) is released: release is idempotent.
     fn retire(&mut self, id: RequestId, cancelled: bool) {
-        self.leave_container(id);
+        self.table.leave_container(id);
         self.release_ticket(id);
         self.note_progress();
-        let Some(mut req) = self.reqs.remove(&id) else {
+        let Some(mut req) = self.table.remove(id) else {
             return;
         };
         req.metrics.finished = Some(self.now);

@@ -31,11 +31,7 @@ pub(crate) enum AllocKind {
 impl<E: Executor> Engine<E> {
     /// Pages a new non-ticket allocation may take: free minus every outstanding credit.
     pub(crate) fn unprotected_free(&self) -> u32 {
-        let credits = self
-            .ledger
-            .as_ref()
-            .map_or(0, |ledger| ledger.credit_pages());
-        reservation::pages_unprotected(self.pool.n_free(), credits)
+        reservation::pages_unprotected(self.pool.n_free(), self.policy.credit_pages())
     }
 
     /// Grows `id`'s page table to hold `upto_tokens` tokens. `false` (and nothing changed) when the pages
@@ -46,24 +42,14 @@ impl<E: Executor> Engine<E> {
         upto_tokens: u32,
         kind: AllocKind,
     ) -> Result<bool> {
-        let need = self.grow_need(id, upto_tokens);
+        let need = self.grow_need(id, upto_tokens)?;
         if need == 0 {
             return Ok(true);
         }
-        let pages = if self.holds_admitted_ticket(id) {
-            let Some(ledger) = self.ledger.as_mut() else {
-                return Err(Error::internal(format!(
-                    "{id} has an admitted ticket but no ledger"
-                )));
-            };
-            match ledger.allocate(&mut self.pool, id, need) {
-                Ok(pages) => pages,
-                Err(error) if error.kind() == reservation::ErrorKind::Pressure => return Ok(false),
-                Err(error) => {
-                    return Err(Error::internal(format!(
-                        "ledger allocation for {id}: {error}"
-                    )));
-                }
+        let pages = if self.policy.holds_admitted_ticket(id) {
+            match self.policy.allocate_from_ticket(&mut self.pool, id, need)? {
+                Some(pages) => pages,
+                None => return Ok(false),
             }
         } else {
             let available = match kind {
@@ -82,21 +68,21 @@ impl<E: Executor> Engine<E> {
     /// Pages `id` still needs to hold tokens up to `upto_tokens`: its block table's new pages, its windowed
     /// tables' new pages, plus (hybrid) its fixed pages when it has none yet, the copies on write of an
     /// imported partial last page and imported fixed pages (C3, H6), and a pending replay page (H5).
-    pub(crate) fn grow_need(&self, id: RequestId, upto_tokens: u32) -> u32 {
-        self.need_of(&self.held(id), upto_tokens)
+    pub(crate) fn grow_need(&self, id: RequestId, upto_tokens: u32) -> Result<u32> {
+        Ok(self.need_of(&self.held(id)?, upto_tokens))
     }
 
     /// `id`'s tables as allocation sees them.
-    fn held(&self, id: RequestId) -> Held<'_> {
-        let req = &self.reqs[&id];
-        Held {
+    fn held(&self, id: RequestId) -> Result<Held<'_>> {
+        let req = self.table.get(id)?;
+        Ok(Held {
             pages: &req.pages,
             windows: &req.windows,
             fixed_len: req.fixed.len(),
             n_computed: req.n_computed,
             copy_on_write: req.copy_on_write,
             replay_page: req.replay_page,
-        }
+        })
     }
 
     /// What `grow_need` counts, for the tables `held`.
@@ -139,9 +125,9 @@ impl<E: Executor> Engine<E> {
     /// on a block boundary, into a replay page copied on write; the partial page, already its own, inside
     /// one).
     pub(crate) fn begin_draft_replay(&mut self, id: RequestId) -> Result<()> {
-        let n_computed = self.reqs[&id].n_computed;
+        let n_computed = self.table.get(id)?.n_computed;
         if let Some((tokens, page)) = self.draft_replay_after(n_computed) {
-            let req = super::req::live(&mut self.reqs, id)?;
+            let req = self.table.get_mut(id)?;
             req.draft_replay_tokens = tokens;
             req.replay_page = page;
         }
@@ -159,7 +145,7 @@ impl<E: Executor> Engine<E> {
             if matches!(work, super::step::Work::LogitsOnly) {
                 continue;
             }
-            let req = super::req::live(&mut self.reqs, id)?;
+            let req = self.table.get_mut(id)?;
             if req.draft_replay_tokens > 0 && !req.replay_page {
                 let tokens = std::mem::take(&mut req.draft_replay_tokens);
                 req.metrics.draft_replay_tokens += tokens;
@@ -182,9 +168,9 @@ impl<E: Executor> Engine<E> {
         let n_fixed = self.groups.n_fixed() as usize;
         let mut pages = pages.into_iter();
         let mut released = Vec::new();
-        let ticket = self.holds_admitted_ticket(id);
-        let copied = self.held(id).copied_on_write(block_tokens);
-        let req = super::req::live(&mut self.reqs, id)?;
+        let ticket = self.policy.holds_admitted_ticket(id);
+        let copied = self.held(id)?.copied_on_write(block_tokens);
+        let req = self.table.get_mut(id)?;
         req.copy_on_write = false;
         req.replay_page = false;
         for slot in copied {
@@ -240,12 +226,12 @@ impl<E: Executor> Engine<E> {
         if self.groups.n_windows() == 0 {
             return Ok(());
         }
-        let ticket = self.holds_admitted_ticket(id);
-        let n_computed = self.reqs[&id].n_computed;
+        let ticket = self.policy.holds_admitted_ticket(id);
+        let n_computed = self.table.get(id)?.n_computed;
         let firsts: Vec<u32> = (0..self.groups.n_windows())
             .map(|window| self.groups.window_first_block(window, n_computed))
             .collect();
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         let mut released = Vec::new();
         for (table, first) in req.windows.iter_mut().zip(firsts) {
             for page in table.iter_mut().take(first as usize) {
@@ -262,13 +248,8 @@ impl<E: Executor> Engine<E> {
             .retain(|page| !released.contains(page));
         let credited = (before - req.window_credit_pages.len()) as u32;
         self.pool.free_all(&released)?;
-        if ticket
-            && credited > 0
-            && let Some(ledger) = self.ledger.as_mut()
-        {
-            ledger
-                .release_window_pages(id, credited)
-                .map_err(|error| Error::internal(format!("{id}: {error}")))?;
+        if ticket && credited > 0 {
+            self.policy.release_window_pages(id, credited)?;
         }
         Ok(())
     }
@@ -280,7 +261,7 @@ impl<E: Executor> Engine<E> {
     /// every token.
     pub(crate) fn write_computed(&mut self, id: RequestId, start: u32, end: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         // An executor with a model wrote its pages itself (L3).
         if end > start && !self.executor.writes_pages() {
             for page_idx in start / block_tokens..end / block_tokens {
@@ -313,7 +294,7 @@ impl<E: Executor> Engine<E> {
 
     /// Registers `id`'s computed full blocks in the prefix index.
     pub(crate) fn register_blocks(&mut self, id: RequestId) -> Result<()> {
-        let n_computed = self.reqs[&id].n_computed;
+        let n_computed = self.table.get(id)?.n_computed;
         self.register_blocks_upto(id, n_computed)
     }
 
@@ -323,7 +304,7 @@ impl<E: Executor> Engine<E> {
     /// reads them (preemptions come before the step's admissions, cancellations between steps).
     pub(crate) fn register_blocks_upto(&mut self, id: RequestId, upto_tokens: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         let full = (upto_tokens / block_tokens).min(req.pages.len() as u32);
         for block in req.n_registered..full {
             // `false`: another page already caches this block; ours stays private.
@@ -342,7 +323,7 @@ impl<E: Executor> Engine<E> {
             return self.capture_hybrid(id, kind);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let n_blocks = (req.n_computed / block_tokens).min(req.pages.len() as u32) as usize;
         if n_blocks == 0 {
             return Ok(false);
@@ -401,7 +382,7 @@ impl<E: Executor> Engine<E> {
         }
         if extended.is_none() {
             // One buffer per rank: the next capture of this request extends it.
-            super::req::live(&mut self.reqs, id)?.last_capture = Some((n_blocks, ranks.clone()));
+            self.table.get_mut(id)?.last_capture = Some((n_blocks, ranks.clone()));
         }
         Ok(self.put_checkpoint(
             id,
@@ -434,7 +415,7 @@ impl<E: Executor> Engine<E> {
     /// `groups.rs`).
     fn capture_hybrid(&mut self, id: RequestId, kind: CheckpointKind) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let n_tokens = req.n_computed;
         let n_pages = n_tokens.div_ceil(block_tokens) as usize;
         if n_tokens == 0
@@ -512,7 +493,7 @@ impl<E: Executor> Engine<E> {
     /// block table's, every windowed table's live ones, the fixed pages.
     fn boundary_pages(&self, id: RequestId, n_tokens: u32) -> Result<Vec<PageId>> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let n_pages = n_tokens.div_ceil(block_tokens) as usize;
         let mut pages: Vec<PageId> = req.pages[..n_pages].to_vec();
         for (window, table) in req.windows.iter().enumerate() {
@@ -542,7 +523,7 @@ impl<E: Executor> Engine<E> {
         tokens: u32,
     ) -> Result<()> {
         let (table, windows, fixed) = self.checkpoint_tables(id, pages, tokens)?;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.pages = table;
         req.windows = windows;
         req.window_credit_pages.clear();
@@ -660,7 +641,7 @@ impl<E: Executor> Engine<E> {
         }
         let block_tokens = self.params.geometry.block_tokens();
         let dest = self.verified_import_pages(id)?;
-        let keys = &self.reqs[&id].keys[first_block as usize..];
+        let keys = &self.table.get(id)?.keys[first_block as usize..];
         let mut expected = vec![0u8; self.page_buf.len()];
         for ((block, page), key) in (first_block..).zip(&dest).zip(keys) {
             for rank in 0..self.storage.n_ranks() {
@@ -706,7 +687,7 @@ impl<E: Executor> Engine<E> {
     fn verify_hybrid_import(&mut self, id: RequestId, tokens: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let dest = self.verified_import_pages(id)?;
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let boundary = self.groups.boundary(
             req.tokens.get(id)?,
             &req.keys,
@@ -751,7 +732,7 @@ impl<E: Executor> Engine<E> {
     /// block's own key, the slot key of every other page (`key_unkeyed_slots`).
     pub(crate) fn published_slot_keys(&self, id: RequestId) -> Result<Vec<BlockKey>> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let boundary = self.groups.boundary(
             req.tokens.get(id)?,
             &req.keys,
@@ -780,7 +761,7 @@ impl<E: Executor> Engine<E> {
         published: &[PageId],
         tokens: u32,
     ) -> Result<()> {
-        super::req::live(&mut self.reqs, id)?.published_tokens = tokens;
+        self.table.get_mut(id)?.published_tokens = tokens;
         let keys = self.published_slot_keys(id)?;
         let slots = self
             .groups
@@ -797,7 +778,7 @@ impl<E: Executor> Engine<E> {
     /// Frees `id`'s pages (cached blocks stay findable until evicted) and resets its progress.
     pub(crate) fn free_request_pages(&mut self, id: RequestId) -> Result<()> {
         self.register_blocks(id)?;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         let mut pages = std::mem::take(&mut req.pages);
         pages.append(&mut req.fixed);
         for table in std::mem::take(&mut req.windows) {
@@ -818,7 +799,7 @@ impl<E: Executor> Engine<E> {
     /// prompt-end checkpoint may restore it; within its lookup budget, K3), at its place in the order.
     pub(crate) fn preempt(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
         let offloaded = self.offload(id)?;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.preempted_tokens += req.n_computed;
         req.metrics.preemptions_offloaded += u32::from(offloaded);
         self.give_up_running(id)?;
@@ -827,9 +808,7 @@ impl<E: Executor> Engine<E> {
         if offloaded {
             // Its own capture is still on the link: the lookup answers once it is in the store.
             let capture_arrives_at = self.captures.free_at();
-            if let Restore::Lookup { answer_at, .. } =
-                &mut super::req::live(&mut self.reqs, id)?.restore
-            {
+            if let Restore::Lookup { answer_at, .. } = &mut self.table.get_mut(id)?.restore {
                 *answer_at = (*answer_at).max(capture_arrives_at);
             }
         }
@@ -841,7 +820,7 @@ impl<E: Executor> Engine<E> {
     /// costs less than recomputing it. `true` when the store took it. A request whose copy is still landing
     /// has nothing valid to capture.
     fn offload(&mut self, id: RequestId) -> Result<bool> {
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         if self.params.preemption != Preemption::Offload || req.loading.is_some() {
             return Ok(false);
         }
@@ -869,7 +848,7 @@ impl<E: Executor> Engine<E> {
         self.cancel_loading(id)?;
         self.release_ticket(id);
         self.free_request_pages(id)?;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.metrics.preemptions += 1;
         req.restore = Restore::Idle;
         Ok(())
@@ -879,7 +858,7 @@ impl<E: Executor> Engine<E> {
     /// are never registered as cached blocks; the index keeps them pinned until the copy drains (O5).
     pub(crate) fn cancel_loading(&mut self, id: RequestId) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         if req.loading.take().is_some() {
             // Nothing the copy brought is valid: no copy on write of it, no draft replay either.
             req.copy_on_write = false;
@@ -896,9 +875,7 @@ impl<E: Executor> Engine<E> {
     /// index, which alone pins and drains them (O5). A ticket never staged (its checkpoint was lost between
     /// the lookup's answer and the reservation, G3) gives its pages back at once: no copy received them.
     pub(crate) fn release_ticket(&mut self, id: RequestId) {
-        if let Some(ledger) = self.ledger.as_mut() {
-            let _released = ledger.release(id, &mut self.pool);
-        }
+        self.policy.release(id, &mut self.pool);
     }
 
     /// Puts `id` in the ordinary waiting queue, recording a restore fallback if given.
@@ -907,18 +884,18 @@ impl<E: Executor> Engine<E> {
         id: RequestId,
         fallback: Option<FallbackReason>,
     ) -> Result<()> {
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         if let Some(reason) = fallback {
             req.fall_back(reason);
             req.restore = Restore::Idle;
         }
-        self.move_to(id, Phase::Waiting)
+        self.table.move_to(id, Phase::Waiting)
     }
 
     /// Drops whatever restore `id` has in progress: its ticket or waiter (slot and credits at once), its
     /// import (drained before its pages are released, O5; released at once when ready, O6).
     pub(crate) fn drop_restore(&mut self, id: RequestId) -> Result<()> {
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         let restore = std::mem::take(&mut req.restore);
         self.release_ticket(id);
         if matches!(restore, Restore::Importing { .. }) && self.index.state(id).is_some() {
@@ -978,7 +955,7 @@ impl<E: Executor> Engine<E> {
     /// Ends `id`'s capacity wait, if any, recording its length.
     pub(crate) fn end_wait(&mut self, id: RequestId) {
         let now = self.now;
-        if let Some(req) = self.reqs.get_mut(&id)
+        if let Some(req) = self.table.find_mut(id)
             && let Some(started) = req.wait_started.take()
         {
             let waited_s = now.since(started).as_secs_f64();

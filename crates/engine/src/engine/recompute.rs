@@ -20,7 +20,9 @@ impl<E: Executor> Engine<E> {
     ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let dest = self.verified_import_pages(id)?;
-        let prefix = self.reqs[&id]
+        let prefix = self
+            .table
+            .get(id)?
             .tokens
             .get(id)?
             .get(..tokens as usize)

@@ -81,7 +81,7 @@ pub struct ShutdownReport {
     pub copies_drained: usize,
 }
 
-/// Where a live request is in its lifecycle (the engine's `lifecycle.rs` draws the edges).
+/// Where a live request is in its lifecycle (the engine's `table.rs` draws the edges).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum RequestPhase {
     /// Submitted with a future arrival time.
@@ -175,7 +175,7 @@ impl<E: Executor> Engine<E> {
 
     /// Where a live request is.
     pub fn request(&self, id: RequestId) -> Option<RequestView> {
-        let req = self.reqs.get(&id)?;
+        let req = self.table.find(id)?;
         Some(RequestView {
             phase: req.phase,
             n_computed: req.n_computed,
@@ -184,12 +184,12 @@ impl<E: Executor> Engine<E> {
             fixed_pages: req.fixed.clone(),
             window_tables: req.windows.clone(),
             has_ticket: self
-                .ledger
-                .as_ref()
+                .policy
+                .ledger()
                 .is_some_and(|ledger| ledger.ticket_state(id).is_some()),
             is_waiter: self
-                .ledger
-                .as_ref()
+                .policy
+                .ledger()
                 .is_some_and(|ledger| ledger.is_waiter(id))
                 || req.wait_started.is_some(),
             n_output: req.output.len() as u32,
@@ -205,8 +205,12 @@ impl<E: Executor> Engine<E> {
             copies_in_flight: self.copies.n_in_flight(),
             ..RestoreGauges::default()
         };
-        for id in self.restoring.values() {
-            let req = &self.reqs[id];
+        for (id, req) in self
+            .table
+            .restoring()
+            .values()
+            .filter_map(|id| Some((id, self.table.find(*id)?)))
+        {
             if matches!(req.restore, super::req::Restore::Importing { .. }) {
                 gauges.importing.push(*id);
             }
@@ -215,10 +219,11 @@ impl<E: Executor> Engine<E> {
             }
         }
         let ready = self
+            .table
             .ready
             .iter()
             .map(|(_, id)| id)
-            .chain(self.ready_logits.values().copied());
+            .chain(self.table.ready_logits().values().copied());
         gauges.owned_import_pages = ready
             .filter_map(|id| self.index.pages(id))
             .map(|pages| pages.len() as u32)
@@ -233,7 +238,7 @@ impl<E: Executor> Engine<E> {
 
     /// The ledger's state (`None` under policies without reservations).
     pub fn ledger_snapshot(&self) -> Option<LedgerSnapshot> {
-        self.ledger.as_ref().map(Ledger::snapshot)
+        self.policy.ledger().map(Ledger::snapshot)
     }
 
     /// What the checkpoint store holds.

@@ -3,8 +3,7 @@
 use std::sync::Arc;
 
 use checkpoint_transfer::{CheckpointMeta, ImportId, RankPages};
-use foldhash::HashMap;
-use kv_pool::{AdmissionOrder, RequestId, Timestamp};
+use kv_pool::{AdmissionOrder, Timestamp};
 use kv_pool::{BlockKey, PageId};
 
 use crate::error::{Error, Result};
@@ -22,7 +21,7 @@ pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
 }
 
 /// Where a request is in its lifecycle: the public `RequestPhase`; each phase names the one container that
-/// holds it (`lifecycle.rs` draws the edges and maps it onto the ledger's and the index's states).
+/// holds it (`table.rs` draws the edges and maps it onto the ledger's and the index's states).
 pub(crate) use super::report::RequestPhase as Phase;
 
 /// What the coordinator knows about a request's restore.
@@ -57,12 +56,6 @@ pub(crate) enum Restore {
         /// The import in the resident index.
         import: ImportId,
     },
-}
-
-/// `id`'s live request, or `Error::Internal` when the engine's own state names an id with no live request.
-pub(crate) fn live(reqs: &mut HashMap<RequestId, Req>, id: RequestId) -> Result<&mut Req> {
-    reqs.get_mut(&id)
-        .ok_or_else(|| Error::internal(format!("{id} is named by the engine's state but not live")))
 }
 
 impl Restore {

@@ -5,9 +5,7 @@
 use std::time::Instant;
 
 use checkpoint_transfer::CheckpointKind;
-use foldhash::HashMap;
 use kv_pool::{RequestId, Timestamp};
-use reservation::TicketState;
 
 use super::pages::AllocKind;
 use super::req::{Phase, Req, Restore};
@@ -44,7 +42,7 @@ impl Plan {
     /// The executor's view of the plan: each entry's tokens and page tables, borrowed from `reqs`.
     fn batch<'a>(
         &self,
-        reqs: &'a HashMap<RequestId, Req>,
+        table: &'a super::table::RequestTable,
         draft_tokens: u32,
         with_tokens: bool,
     ) -> Result<StepBatch<'a>> {
@@ -58,7 +56,7 @@ impl Plan {
         };
         let mut batch = StepBatch::default();
         for &(request, work) in &self.entries {
-            let Some(req) = reqs.get(&request) else {
+            let Some(req) = table.find(request) else {
                 continue;
             };
             match work {
@@ -107,12 +105,9 @@ impl<E: Executor> Engine<E> {
         self.watch_progress()?;
         report.now = self.now;
         report.free_pages = self.pool.n_free();
-        report.credit_pages = self
-            .ledger
-            .as_ref()
-            .map_or(0, |ledger| ledger.credit_pages());
-        report.waiting = self.waiting.len() as u32;
-        report.running = self.running.len() as u32;
+        report.credit_pages = self.policy.credit_pages();
+        report.waiting = self.table.waiting.len() as u32;
+        report.running = self.table.running().len() as u32;
         self.steps += 1;
         self.wall += wall_start.elapsed();
         Ok(report)
@@ -134,7 +129,7 @@ impl<E: Executor> Engine<E> {
     /// The liveness watchdog (K3): fails when requests are active (not arriving later, not paused) and none
     /// produced a token or ended for `stall_timeout` on the engine clock or for `stall_steps_max` steps.
     fn watch_progress(&mut self) -> Result<()> {
-        if !self.is_active() {
+        if !self.table.is_active() {
             self.note_progress();
             return Ok(());
         }
@@ -150,17 +145,6 @@ impl<E: Executor> Engine<E> {
             steps: self.steps_without_progress,
             requests: self.describe_stuck(),
         })
-    }
-
-    /// Whether a request is active: in any container but the arriving queue (paused streams are in none).
-    /// O(1), from the containers the lifecycle keeps in step with the phases.
-    fn is_active(&self) -> bool {
-        !(self.waiting.is_empty()
-            && self.restoring.is_empty()
-            && self.ready.is_empty()
-            && self.ready_logits.is_empty()
-            && self.running.is_empty()
-            && self.resuming.is_empty())
     }
 
     /// Steps without progress the watchdog tolerates: `STALL_STEPS_MIN`, or four times the steps the longest
@@ -181,7 +165,7 @@ impl<E: Executor> Engine<E> {
     /// The active requests, for the watchdog's error: id, phase, restore state, lookups and progress.
     fn describe_stuck(&self) -> String {
         let mut stuck: Vec<_> = self
-            .reqs
+            .table
             .iter()
             .filter(|(_, req)| !matches!(req.phase, Phase::Arriving | Phase::Paused))
             .collect();
@@ -237,7 +221,7 @@ impl<E: Executor> Engine<E> {
         }
         let replays = self.take_draft_replays(&plan)?;
         let mut batch = plan.batch(
-            &self.reqs,
+            &self.table,
             self.params.draft_tokens,
             self.executor.reads_tokens(),
         )?;
@@ -256,12 +240,8 @@ impl<E: Executor> Engine<E> {
     }
 
     fn process_arrivals(&mut self) -> Result<()> {
-        while let Some((&(at, seq), &id)) = self.arriving.first_key_value() {
-            if at > self.now {
-                break;
-            }
-            self.arriving.remove(&(at, seq));
-            if !self.is_active() {
+        while let Some(id) = self.table.pop_arrived(self.now) {
+            if !self.table.is_active() {
                 // Nothing was active until now: the watchdog counts from this arrival, not from the last
                 // progress before an idle stretch.
                 self.note_progress();
@@ -276,11 +256,10 @@ impl<E: Executor> Engine<E> {
     /// own their slot. Not twice in a row while requests run, so the decode pass is never held back for more
     /// than one step (Q5). `true` when this step is such an isolated step.
     fn isolated_logits_step(&mut self, plan: &mut Plan, report: &mut StepReport) -> Result<bool> {
-        if self.last_step_isolated && !self.running.is_empty() {
+        if self.last_step_isolated && !self.table.running().is_empty() {
             return Ok(false);
         }
-        let full_prompt = std::mem::take(&mut self.ready_logits);
-        for id in full_prompt.into_values() {
+        for id in self.table.take_ready_logits() {
             // `false`: its pages were lost and it is back in the waiting queue for a lookup.
             let _admitted = self.admit_ready(id, plan, report)?;
         }
@@ -290,24 +269,21 @@ impl<E: Executor> Engine<E> {
     /// Paused streams that received input run again at once when a slot is free: they bypass the admission
     /// gate, the blocked head and capacity waiters (Q7).
     fn schedule_resumes(&mut self) -> Result<()> {
-        while let Some(&id) = self.resuming.front() {
+        while let Some(id) = self.table.first_resuming() {
             if self.free_slots() == 0 {
                 break;
             }
-            self.move_to(id, Phase::Running)?;
+            self.table.move_to(id, Phase::Running)?;
         }
         Ok(())
     }
 
     /// Running slots free for admissions: the limit minus running requests and ticket-held slots.
     pub(crate) fn free_slots(&self) -> u32 {
-        let held = self
-            .ledger
-            .as_ref()
-            .map_or(0, reservation::Ledger::slots_held);
+        let held = self.policy.slots_held();
         self.params
             .max_running
-            .saturating_sub(self.running.len() as u32)
+            .saturating_sub(self.table.running().len() as u32)
             .saturating_sub(held)
     }
 
@@ -317,9 +293,9 @@ impl<E: Executor> Engine<E> {
     fn schedule_running(&mut self, plan: &mut Plan, report: &mut StepReport) -> Result<()> {
         let draft = self.params.draft_tokens;
         let mut idx = 0;
-        while idx < self.running.len() {
-            let id = self.running[idx];
-            let req = &self.reqs[&id];
+        while idx < self.table.running().len() {
+            let id = self.table.running()[idx];
+            let req = &self.table.get(id)?;
             if req.loading.is_some() {
                 idx += 1;
                 continue;
@@ -332,7 +308,7 @@ impl<E: Executor> Engine<E> {
                 continue;
             }
             let (work, tokens, upto, kind) = if req.in_prefill() || req.n_to_compute() > 1 {
-                let n_budget = self.prefill_chunk(id, req.n_computed, plan.budget);
+                let n_budget = self.prefill_chunk(id, req.n_computed, plan.budget)?;
                 if n_budget == 0 {
                     idx += 1;
                     continue;
@@ -341,7 +317,7 @@ impl<E: Executor> Engine<E> {
                 // free but credits protect some, its chunk shrinks to the unprotected pages, or it waits when
                 // there are none: credits never make anyone preempt (C5). When the pool itself lacks the
                 // pages, it is ordinary pressure, handled below as without credits.
-                let n = match self.credit_blocked_prefill_tokens(id, n_budget) {
+                let n = match self.credit_blocked_prefill_tokens(id, n_budget)? {
                     Some(0) => {
                         idx += 1;
                         continue;
@@ -392,16 +368,19 @@ impl<E: Executor> Engine<E> {
             // The newest request behind it that holds no credits gives way (Q6); credits belong to their
             // consumer until its prompt is computed (C1, C6), so a credit holder is never the victim. With
             // no victim, the request gives way itself, unless it holds credits: then it waits.
-            let victim = self.running[idx + 1..]
+            let victim = self.table.running()[idx + 1..]
                 .iter()
                 .rev()
                 .copied()
                 .find(|victim| {
-                    self.reqs[victim].loading.is_none() && !self.holds_admitted_ticket(*victim)
+                    self.table
+                        .find(*victim)
+                        .is_some_and(|victim| victim.loading.is_none())
+                        && !self.policy.holds_admitted_ticket(*victim)
                 });
             match victim {
                 Some(victim) => self.preempt(victim, report)?,
-                None if self.holds_admitted_ticket(id) => idx += 1,
+                None if self.policy.holds_admitted_ticket(id) => idx += 1,
                 None => self.preempt(id, report)?,
             }
             // Retry the same index: either `id` again with more free pages, or the next request.
@@ -413,49 +392,44 @@ impl<E: Executor> Engine<E> {
     /// pages would do, but some are protected for credit holders. It may then cover only what its pages and
     /// the unprotected ones hold. `None` when the pages are there, when the pool itself lacks them, or when
     /// `id` draws on its own credits.
-    fn credit_blocked_prefill_tokens(&self, id: RequestId, n_tokens: u32) -> Option<u32> {
-        if self.holds_admitted_ticket(id) {
-            return None;
+    fn credit_blocked_prefill_tokens(&self, id: RequestId, n_tokens: u32) -> Result<Option<u32>> {
+        if self.policy.holds_admitted_ticket(id) {
+            return Ok(None);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let held = req.pages.len() as u32;
-        let need = self.grow_need(id, req.n_computed + n_tokens);
+        let need = self.grow_need(id, req.n_computed + n_tokens)?;
         let unprotected = self.unprotected_free();
         if need <= unprotected || need > self.pool.n_free() {
-            return None;
+            return Ok(None);
         }
         // Pages beyond the block table's (fixed pages, copies on write) come first.
-        let overhead = self.grow_need(id, 0);
+        let overhead = self.grow_need(id, 0)?;
         let may_hold_tokens =
             (held + unprotected.saturating_sub(overhead)).saturating_mul(block_tokens);
-        Some(n_tokens.min(may_hold_tokens.saturating_sub(req.n_computed)))
-    }
-
-    /// Whether `id` is an admitted consumer still drawing on its ticket's credits.
-    pub(crate) fn holds_admitted_ticket(&self, id: RequestId) -> bool {
-        self.ledger
-            .as_ref()
-            .is_some_and(|ledger| ledger.ticket_state(id) == Some(TicketState::Admitted))
+        Ok(Some(
+            n_tokens.min(may_hold_tokens.saturating_sub(req.n_computed)),
+        ))
     }
 
     /// Applies the executed plan: page bytes, block registration, sampling, captures and completions.
     fn apply(&mut self, plan: &Plan, report: &mut StepReport) -> Result<()> {
         for &(id, work) in &plan.entries {
-            if !self.reqs.contains_key(&id) {
+            if !self.table.contains(id) {
                 continue;
             }
             match work {
                 Work::Prefill { first_pos, n } => {
                     report.prefills.push((id, n));
-                    let req = super::req::live(&mut self.reqs, id)?;
+                    let req = self.table.get_mut(id)?;
                     req.n_computed = first_pos + n;
                     req.metrics.prompt_tokens_recomputed += n;
                     self.write_computed(id, first_pos, first_pos + n)?;
                     self.after_compute(id)?;
                     if self
-                        .reqs
-                        .get(&id)
+                        .table
+                        .find(id)
                         .is_some_and(|req| req.n_to_compute() == 0)
                     {
                         self.sample(id, report)?;
@@ -463,7 +437,7 @@ impl<E: Executor> Engine<E> {
                 }
                 Work::Decode { context } => {
                     report.decodes.push(id);
-                    super::req::live(&mut self.reqs, id)?.n_computed = context + 1;
+                    self.table.get_mut(id)?.n_computed = context + 1;
                     self.write_computed(id, context, context + 1)?;
                     self.sample(id, report)?;
                 }
@@ -482,20 +456,15 @@ impl<E: Executor> Engine<E> {
     /// a prompt of several chunks starts its last one, when `capture_prefill_tail`), the prompt end (E2).
     fn after_compute(&mut self, id: RequestId) -> Result<()> {
         self.capture_prompt_slots(id)?;
-        let req = &self.reqs[&id];
-        if req.n_to_compute() == 0
-            && let Some(ledger) = self.ledger.as_mut()
-            && ledger.ticket_state(id) == Some(TicketState::Admitted)
-        {
-            ledger.finish_prompt(id).map_err(|error| {
-                Error::internal(format!("{id}: ending an admitted ticket: {error}"))
-            })?;
+        let req = &self.table.get(id)?;
+        if req.n_to_compute() == 0 {
+            self.policy.finish_prompt(id)?;
         }
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         if req.n_computed < req.prompt_end || req.prompt_captured {
             return Ok(());
         }
-        super::req::live(&mut self.reqs, id)?.prompt_captured = true;
+        self.table.get_mut(id)?.prompt_captured = true;
         self.capture(id, CheckpointKind::Prompt)?;
         Ok(())
     }
@@ -504,7 +473,7 @@ impl<E: Executor> Engine<E> {
     fn capture_prompt_slots(&mut self, id: RequestId) -> Result<()> {
         let chunk_tokens = self.params.chunk_tokens;
         let prefill_tail = self.params.capture_prefill_tail;
-        let req = &self.reqs[&id];
+        let req = &self.table.get(id)?;
         let at_instruction =
             !req.instruction_captured && req.spec.instruction_tokens == Some(req.n_computed);
         let left = req.prompt_end.saturating_sub(req.n_computed);
@@ -517,11 +486,11 @@ impl<E: Executor> Engine<E> {
                 .instruction_tokens
                 .is_none_or(|at| req.n_computed > at);
         if at_instruction {
-            super::req::live(&mut self.reqs, id)?.instruction_captured = true;
+            self.table.get_mut(id)?.instruction_captured = true;
             self.capture(id, CheckpointKind::Instruction)?;
         }
         if at_tail {
-            super::req::live(&mut self.reqs, id)?.prefill_tail_captured = true;
+            self.table.get_mut(id)?.prefill_tail_captured = true;
             self.capture(id, CheckpointKind::PrefillTail)?;
         }
         Ok(())
@@ -529,16 +498,16 @@ impl<E: Executor> Engine<E> {
 
     /// Tokens of `id`'s next prefill chunk from `start` within `budget` tokens: at most the chunk size, and
     /// never past its instruction boundary while that is ahead, so that a chunk ends exactly there (H7).
-    pub(crate) fn prefill_chunk(&self, id: RequestId, start: u32, budget: u32) -> u32 {
-        let req = &self.reqs[&id];
+    pub(crate) fn prefill_chunk(&self, id: RequestId, start: u32, budget: u32) -> Result<u32> {
+        let req = self.table.get(id)?;
         let chunk = (req.tokens.len() as u32)
             .saturating_sub(start)
             .min(self.params.chunk_tokens)
             .min(budget);
-        match req.spec.instruction_tokens {
+        Ok(match req.spec.instruction_tokens {
             Some(at) if start < at => chunk.min(at - start),
             _ => chunk,
-        }
+        })
     }
 
     /// Samples `id`'s next output token; finishes or pauses the answer at its cap or stop token.
@@ -546,7 +515,7 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let now = self.now;
         let model_token = self.model_tokens.remove(&id);
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         let index = req.output.len() as u32;
         let stop = req
             .spec
@@ -563,7 +532,7 @@ impl<E: Executor> Engine<E> {
         req.push_tokens(&[token], block_tokens)?;
         self.last_progress = now;
         self.steps_without_progress = 0;
-        let req = super::req::live(&mut self.reqs, id)?;
+        let req = self.table.get_mut(id)?;
         req.answer_tokens += 1;
         req.stopped = stop;
         req.metrics.decode_tokens += 1;
@@ -573,8 +542,8 @@ impl<E: Executor> Engine<E> {
         }
         self.capture(id, CheckpointKind::Response)?;
         report.finished.push(id);
-        if self.reqs[&id].spec.streaming {
-            self.move_to(id, Phase::Paused)?;
+        if self.table.get(id)?.spec.streaming {
+            self.table.move_to(id, Phase::Paused)?;
             self.register_blocks(id)?;
             return Ok(());
         }
@@ -586,7 +555,7 @@ impl<E: Executor> Engine<E> {
     /// When something happens by itself next: an arrival, a copy completion, a capture reaching the store, a
     /// lookup answer or timeout, or a capacity wait's expiry.
     fn next_event_at(&self) -> Option<Timestamp> {
-        let mut next: Option<Timestamp> = self.arriving.keys().next().map(|(at, _)| *at);
+        let mut next: Option<Timestamp> = self.table.next_arrival();
         let mut consider = |at: Timestamp| next = Some(next.map_or(at, |current| current.min(at)));
         if let Some(at) = self.copies.next_completion_at() {
             consider(at);
@@ -594,8 +563,12 @@ impl<E: Executor> Engine<E> {
         if let Some(at) = self.captures.next_arrival_at() {
             consider(at);
         }
-        for id in self.restoring.values() {
-            let req = &self.reqs[id];
+        for req in self
+            .table
+            .restoring()
+            .values()
+            .filter_map(|id| self.table.find(*id))
+        {
             match req.restore {
                 Restore::Lookup {
                     sent, answer_at, ..

@@ -11,6 +11,8 @@
 //! of the stack, in id order with the lowest on top, without an entry each; the per-page arrays cover only
 //! the pages the pool has handed out (`cover`), so a large pool costs what its requests touch.
 
+use crate::error::{Result, ensure, ensure_eq};
+
 /// Link value of a page that is not on the LRU list, and position of a page that never was on the stack.
 const NOT_LISTED: u32 = u32::MAX;
 
@@ -259,27 +261,28 @@ impl FreeList {
     /// positions agree, it holds no fresh page, the LRU circle is closed both ways and holds `n_cached`
     /// pages, no page is on both, and pages off the LRU list carry no links. Returns, per covered page,
     /// whether it is free (on either, or fresh). O(covered pages).
-    pub(crate) fn check_invariants(&self) -> Vec<bool> {
+    pub(crate) fn check_invariants(&self) -> Result<Vec<bool>> {
         let n_pages = self.next.len();
-        assert!(
+        ensure!(
             self.prev.len() == n_pages && self.stack_pos.len() == n_pages,
             "free list: per-page arrays of different lengths"
         );
-        assert!(
+        ensure!(
             (1..=self.n_pages).contains(&self.fresh) && n_pages <= self.n_pages as usize,
             "free list: fresh page {} or {n_pages} covered pages out of range",
             self.fresh
         );
         let mut seen = vec![false; n_pages];
         for (at, &page) in self.stack.iter().enumerate() {
-            assert!(
+            ensure!(
                 page != LRU && page < self.fresh && (page as usize) < n_pages,
                 "stack: page {page} out of range or fresh"
             );
-            assert!(!seen[page as usize], "stack: page {page} listed twice");
+            ensure!(!seen[page as usize], "stack: page {page} listed twice");
             seen[page as usize] = true;
-            assert_eq!(
-                self.stack_pos[page as usize] as usize, at,
+            ensure_eq!(
+                self.stack_pos[page as usize] as usize,
+                at,
                 "stack: position of page {page}"
             );
         }
@@ -287,47 +290,49 @@ impl FreeList {
         let mut at = LRU;
         loop {
             let after = self.next[at as usize];
-            assert!(
+            ensure!(
                 (after as usize) < n_pages,
                 "lru list: link {at} -> {after} out of range"
             );
-            assert_eq!(
-                self.prev[after as usize], at,
+            ensure_eq!(
+                self.prev[after as usize],
+                at,
                 "lru list: prev of {after} is not {at}"
             );
             if after == LRU {
                 break;
             }
-            assert!(
+            ensure!(
                 !seen[after as usize],
                 "lru list: page {after} listed twice or also on the stack"
             );
             seen[after as usize] = true;
             count += 1;
-            assert!(
+            ensure!(
                 count <= self.n_cached,
                 "lru list: more than {} pages linked",
                 self.n_cached
             );
             at = after;
         }
-        assert_eq!(
-            count, self.n_cached,
+        ensure_eq!(
+            count,
+            self.n_cached,
             "lru list: length counter disagrees with the links"
         );
         for (page, listed) in seen.iter_mut().enumerate().skip(self.fresh as usize) {
-            assert!(!*listed, "free list: fresh page {page} also listed");
+            ensure!(!*listed, "free list: fresh page {page} also listed");
             *listed = true;
         }
         for (page, &listed) in seen.iter().enumerate().skip(1) {
             if !listed || self.is_stacked(page as u32) || page >= self.fresh as usize {
-                assert_eq!(
+                ensure_eq!(
                     (self.prev[page], self.next[page]),
                     (NOT_LISTED, NOT_LISTED),
                     "free list: page {page} off the lru list has links"
                 );
             }
         }
-        seen
+        Ok(seen)
     }
 }

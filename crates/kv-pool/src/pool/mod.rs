@@ -26,6 +26,7 @@ mod prefix;
 mod tests;
 
 use crate::error::{Error, Result};
+use crate::error::{ensure, ensure_eq};
 use crate::page::{BlockKey, PageId};
 
 use free_list::FreeList;
@@ -389,30 +390,32 @@ impl PagePool {
         Ok(())
     }
 
-    /// Assert every invariant of the pool (O(n); for tests and simulations, after every step):
+    /// Checks every invariant of the pool (O(n); for tests and simulations, after every step), returning
+    /// `InvariantBroken` naming the first that fails:
     /// `n_free + n_in_use + 1 == n_total`, the free lists are consistent and hold exactly the unreferenced
     /// usable pages, the LRU list exactly those of them that hold a key and the stack the others, the null
     /// page is unreferenced and uncached, `n_cached_free` matches, and the prefix index and per-page keys are
     /// inverse maps.
-    pub fn check_invariants(&self) {
+    pub fn check_invariants(&self) -> Result<()> {
         let n_covered = self.n_covered();
-        let listed = self.free_list.check_invariants();
-        assert_eq!(
+        let listed = self.free_list.check_invariants()?;
+        ensure_eq!(
             listed.len(),
             n_covered as usize,
             "page words and free lists cover different pages"
         );
-        assert!(
+        ensure!(
             (1..=self.n_pages).contains(&n_covered),
             "{n_covered} pages covered of {}",
             self.n_pages
         );
-        assert!(
+        ensure!(
             self.free_list.fresh() <= n_covered,
             "a page beyond the covered ones was handed out"
         );
-        assert_eq!(
-            self.page_words[0].word, 0,
+        ensure_eq!(
+            self.page_words[0].word,
+            0,
             "the null page is referenced or cached"
         );
         self.prefix.check_invariants(
@@ -421,8 +424,8 @@ impl PagePool {
                 .map(PageId)
                 .filter(|&page| self.holds_key(page))
                 .map(|page| (page, self.page_words[page.idx()].key_bits)),
-        );
-        assert!(!listed[0], "the null page is free");
+        )?;
+        ensure!(!listed[0], "the null page is free");
         // Pages beyond the covered ones are free, uncached and fresh.
         let mut n_free = self.n_pages - n_covered;
         let mut n_in_use = 0;
@@ -430,7 +433,7 @@ impl PagePool {
         for page in 1..n_covered {
             let word = self.page_words[page as usize].word;
             let free = word & REF_MASK == 0;
-            assert_eq!(
+            ensure_eq!(
                 free,
                 listed[page as usize],
                 "page {page}: free list membership disagrees with ref count {}",
@@ -446,38 +449,39 @@ impl PagePool {
             }
         }
         for page in self.free_list.iter_cached_lru() {
-            assert!(
+            ensure!(
                 self.holds_key(PageId(page)),
                 "page {page} on the LRU list holds no key"
             );
         }
         let covered = |&page: &u32| page < n_covered;
         for page in self.free_list.iter_uncached().take_while(covered) {
-            assert!(
+            ensure!(
                 !self.holds_key(PageId(page)),
                 "page {page} on the uncached stack holds a key"
             );
         }
-        assert_eq!(
+        ensure_eq!(
             n_free,
             self.n_free(),
             "free counter disagrees with the pages"
         );
-        assert_eq!(
+        ensure_eq!(
             n_in_use,
             self.n_in_use(),
             "in-use counter disagrees with the pages"
         );
-        assert_eq!(
+        ensure_eq!(
             n_cached_free,
             self.n_cached_free(),
             "cached-free counter disagrees with the pages"
         );
-        assert_eq!(
+        ensure_eq!(
             n_free + n_in_use + 1,
             self.n_total(),
             "free + in use + null != total"
         );
+        Ok(())
     }
 
     /// Free pages in the order allocations will take them: the uncached ones from the top of the stack

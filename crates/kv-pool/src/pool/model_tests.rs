@@ -235,7 +235,7 @@ impl Model {
 
 /// Compare every observable of the pool with the model, and the invariants that need no model.
 fn assert_agrees(pool: &PagePool, model: &Model, universe: &[Vec<BlockKey>]) {
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     let n_in_use = model.ref_counts.iter().filter(|&&r| r > 0).count() as u32;
     // The model's own split: the stack holds exactly the uncached free pages, the LRU list the cached ones.
     assert!(model.stack.iter().all(|p| model.keys[p.idx()].is_none()));

@@ -13,6 +13,7 @@
 //! knows its page, so it compares page ids only; a lookup compares the whole key when the hash bits match;
 //! an insert probes once, ending on the key (already cached) or on the empty entry it takes.
 
+use crate::error::{Result, ensure, ensure_eq};
 use std::hash::BuildHasher;
 
 use crate::page::{BlockKey, BlockKeyHashBuilder, PageId};
@@ -179,19 +180,19 @@ impl PrefixIndex {
         self.table[hole] = EMPTY;
     }
 
-    /// Asserts that the index holds exactly the keys of `held` (every page holding a key with its recorded
+    /// Checks that the index holds exactly the keys of `held` (every page holding a key with its recorded
     /// hash bits, each page once): each with the bits of its key and found by a lookup, and no other. O(n).
     pub(crate) fn check_invariants(
         &self,
         n_covered: u32,
         held: impl IntoIterator<Item = (PageId, u32)>,
-    ) {
-        assert_eq!(
+    ) -> Result<()> {
+        ensure_eq!(
             self.key_by_page.len(),
             n_covered as usize,
             "the index covers other pages than the pool"
         );
-        assert!(
+        ensure!(
             self.table.len() >= Self::table_entries(n_covered) && self.mask == self.table.len() - 1,
             "key table of {} entries for {n_covered} pages",
             self.table.len()
@@ -199,22 +200,23 @@ impl PrefixIndex {
         let mut n_held = 0;
         for (page, bits) in held {
             n_held += 1;
-            assert!(!page.is_null(), "the null page holds a key");
+            ensure!(!page.is_null(), "the null page holds a key");
             let key = self.key_at(page);
-            assert_eq!(
+            ensure_eq!(
                 bits,
                 self.hash_bits(&key),
                 "hash bits of {page:?} disagree with its key"
             );
-            assert_eq!(
+            ensure_eq!(
                 self.lookup(&key),
                 Some(page),
                 "page {page:?} key {key:?} not indexed"
             );
         }
         let n_entries = self.table.iter().filter(|&&entry| entry != EMPTY).count();
-        assert_eq!(n_held, n_entries, "index holds keys no page holds");
-        assert_eq!(n_held, self.n_keys, "key count disagrees with the pages");
+        ensure_eq!(n_held, n_entries, "index holds keys no page holds");
+        ensure_eq!(n_held, self.n_keys, "key count disagrees with the pages");
+        Ok(())
     }
 }
 
@@ -256,10 +258,12 @@ mod tests {
                     assert_eq!(index.lookup(key), Some(PageId(page)), "step {step}");
                 }
                 assert_eq!(index.len(), model.len());
-                index.check_invariants(
-                    n_pages,
-                    model.iter().map(|(&page, &(_, bits))| (PageId(page), bits)),
-                );
+                index
+                    .check_invariants(
+                        n_pages,
+                        model.iter().map(|(&page, &(_, bits))| (PageId(page), bits)),
+                    )
+                    .unwrap();
             }
         }
     }

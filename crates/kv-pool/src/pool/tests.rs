@@ -23,7 +23,7 @@ fn new_counts_pages_and_rejects_tiny_pools() {
     assert_eq!(pool.n_cached_free(), 0);
     assert_eq!(pool.n_in_use(), 0);
     assert_eq!(pool.free_pages_in_reuse_order(), ids(&[1, 2, 3, 4]));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     assert_eq!(
         PagePool::new(0).unwrap_err(),
         Error::PoolTooSmall { n_pages: 0 }
@@ -46,7 +46,7 @@ fn allocate_takes_a_new_pool_in_id_order_with_ref_one_and_never_the_null_page() 
     assert_eq!((pool.n_free(), pool.n_in_use()), (2, 2));
     assert_eq!(pool.allocate(2).unwrap(), ids(&[3, 4]));
     assert_eq!(pool.allocate(0).unwrap(), ids(&[]));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -76,7 +76,7 @@ fn allocate_is_all_or_nothing() {
             free: 0
         }
     );
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -119,7 +119,7 @@ fn allocate_one_follows_the_reuse_order_evicts_the_key_and_errors_when_empty() {
     assert_eq!(pool.lookup(&key(1)), None);
     assert_eq!(pool.key_of(a), Ok(None));
     assert_eq!(pool.n_cached_free(), 0);
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -133,7 +133,7 @@ fn uncached_free_pages_are_reused_most_recently_freed_first() {
     assert_eq!(pool.cached_free_pages_lru(), ids(&[]));
     assert_eq!(pool.allocate(1).unwrap(), ids(&[1]));
     assert_eq!(pool.allocate(1).unwrap(), ids(&[3]));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -165,7 +165,7 @@ fn cached_free_pages_are_evicted_in_lru_order_only_when_no_uncached_page_is_left
     );
     assert_eq!(pool.n_cached_free(), 1);
     assert_eq!(pool.lookup(&key(4)), Some(PageId(5)));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -178,7 +178,7 @@ fn a_freed_uncached_page_is_reused_before_an_older_cached_one() {
     assert_eq!(pool.allocate(1).unwrap(), vec![pages[1]]);
     assert_eq!(pool.lookup(&key(1)), Some(pages[0]), "the cache survives");
     assert_eq!(pool.n_cached_free(), 1);
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -202,7 +202,7 @@ fn free_errors_name_the_page() {
         pool.free(pages[0]).unwrap_err(),
         Error::DoubleFree { page: 1 }
     );
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -215,7 +215,7 @@ fn shared_page_is_free_only_after_last_reference() {
     assert_eq!((pool.ref_count(page), pool.n_free()), (Ok(1), 1));
     pool.free(page).unwrap();
     assert_eq!((pool.ref_count(page), pool.n_free()), (Ok(0), 2));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -233,7 +233,7 @@ fn free_all_frees_in_reverse_order() {
     pool.free_all(&pages).unwrap();
     // Cached: the tail block sits at the LRU end and is evicted first.
     assert_eq!(pool.cached_free_pages_lru(), ids(&[4, 3, 2, 1]));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -267,13 +267,13 @@ fn free_all_validates_everything_before_changing_anything() {
         for &page in &pages {
             assert_eq!(pool.ref_count(page), Ok(1));
         }
-        pool.check_invariants();
+        pool.check_invariants().unwrap();
     }
     // A page listed twice with two references is fine.
     pool.touch(pages[0]).unwrap();
     pool.free_all(&[pages[0], pages[0]]).unwrap();
     assert_eq!(pool.ref_count(pages[0]), Ok(0));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -291,7 +291,7 @@ fn touch_takes_a_free_page_back_and_keeps_its_key() {
     assert_eq!(pool.ref_count(page), Ok(1));
     assert_eq!(pool.lookup(&key(1)), Some(page));
     assert!(!pool.free_pages_in_reuse_order().contains(&page));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -307,7 +307,7 @@ fn touch_takes_a_cached_page_out_of_the_lru_list_keeping_the_order_of_the_others
     pool.touch(PageId(2)).unwrap();
     assert_eq!(pool.cached_free_pages_lru(), ids(&[1, 3, 4]));
     assert_eq!(pool.n_cached_free(), 3);
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -321,12 +321,12 @@ fn touch_takes_an_uncached_free_page_off_the_stack_in_place_of_the_top_page() {
     pool.touch(PageId(2)).unwrap();
     assert_eq!(pool.free_pages_in_reuse_order(), ids(&[3, 1, 5]));
     assert_eq!((pool.n_free(), pool.n_cached_free()), (3, 0));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     // Freed again: back on top.
     pool.free(PageId(4)).unwrap();
     assert_eq!(pool.free_pages_in_reuse_order(), ids(&[4, 3, 1, 5]));
     assert_eq!(pool.allocate(2).unwrap(), ids(&[4, 3]));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -405,7 +405,7 @@ fn cache_block_registers_in_use_pages_only() {
         Error::PageAlreadyCached { page: pages[0].0 }
     );
     assert_eq!(pool.lookup(&key(2)), None);
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -430,7 +430,7 @@ fn freed_cached_page_stays_findable_until_reused_then_loses_its_key() {
     assert_eq!(pool.lookup(&key(1)), None);
     assert_eq!(pool.key_of(pages[0]), Ok(None));
     assert_eq!(pool.n_cached_free(), 0);
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -464,7 +464,7 @@ fn uncache_drops_the_key_and_says_whether_there_was_one() {
     );
     // The key can now be cached by another page.
     assert_eq!(pool.cache_block(pages[0], key(2)), Ok(true));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -484,7 +484,7 @@ fn longest_prefix_stops_at_first_miss_and_does_not_touch() {
     assert_eq!(pool.longest_prefix(&keys), pages[..2]);
     assert_eq!(pool.longest_prefix(&keys[1..]), pages[1..2]);
     assert_eq!(pool.n_in_use(), 0, "lookups do not touch");
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -529,7 +529,7 @@ fn reset_prefix_cache_drops_every_key_when_nothing_is_in_use() {
     // Each page uncached goes on top in page order; page 4 (never cached) stays below.
     assert_eq!(pool.free_pages_in_reuse_order(), ids(&[3, 2, 1, 4]));
     assert_eq!(pool.cached_free_pages_lru(), ids(&[]));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -595,7 +595,7 @@ fn a_big_pool_holds_bookkeeping_only_for_the_pages_it_used() {
     }
     pool.free_all(&pages).unwrap();
     assert_eq!(pool.lookup(&key(7)), Some(pages[7]));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     assert!(
         pool.bookkeeping_bytes() < 64 * 1024,
         "100 pages used of {BIG_POOL} hold {} bytes",
@@ -609,7 +609,7 @@ fn a_big_pool_holds_bookkeeping_only_for_the_pages_it_used() {
         "100 000 pages used hold {bytes} bytes"
     );
     pool.free_all(&held).unwrap();
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     assert_eq!(pool.n_free(), BIG_POOL - 1);
 }
 
@@ -619,10 +619,10 @@ fn every_page_of_a_big_pool_is_allocated_in_id_order_once() {
     let pages = pool.allocate(pool.n_free()).unwrap();
     assert_eq!(pages, (1..1 << 16).map(PageId).collect::<Vec<_>>());
     assert_eq!(pool.n_free(), 0);
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     pool.free_all(&pages).unwrap();
     assert_eq!(pool.n_free(), pool.n_usable());
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }
 
 #[test]
@@ -636,7 +636,7 @@ fn touching_a_page_never_handed_out_takes_it_off_the_stack_as_any_free_page() {
         pool.free_pages_in_reuse_order(),
         ids(&[3, 4, 2, 6, 7, 8, 9])
     );
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     // With a page freed on top, that page takes the hole instead.
     pool.free(PageId(1)).unwrap();
     pool.touch(PageId(7)).unwrap();
@@ -644,9 +644,9 @@ fn touching_a_page_never_handed_out_takes_it_off_the_stack_as_any_free_page() {
         pool.free_pages_in_reuse_order(),
         ids(&[3, 4, 2, 6, 1, 8, 9])
     );
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     assert_eq!(pool.allocate(7).unwrap(), ids(&[3, 4, 2, 6, 1, 8, 9]));
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     // A page never handed out is unreferenced: freeing it is a double free, and it holds no key.
     let mut pool = PagePool::new(BIG_POOL).unwrap();
     let last = PageId(BIG_POOL - 1);
@@ -670,5 +670,5 @@ fn touching_a_page_never_handed_out_takes_it_off_the_stack_as_any_free_page() {
         })
     );
     assert!(pool.bookkeeping_bytes() < 16 * 1024);
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
 }

@@ -78,7 +78,7 @@ fn r1_reserve_takes_pages_slot_and_credits_together_or_nothing() {
         ledger.ticket_state(request(1)),
         Some(TicketState::Importing)
     );
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
 
     // 4 free, 2 protected: the next restore (4 pages) gets nothing at all.
     let free_before = pool.n_free();
@@ -94,7 +94,7 @@ fn r1_reserve_takes_pages_slot_and_credits_together_or_nothing() {
         (1, 2, 1)
     );
     assert_eq!(ledger.ticket_state(request(2)), None);
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
 }
 
 #[test]
@@ -348,7 +348,7 @@ fn r4_invalid_input_names_the_problem_and_changes_nothing() {
             request: request(9)
         })
     );
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
 }
 
 #[test]
@@ -399,7 +399,7 @@ fn r5_at_most_k_tickets_with_k_free_slots_and_earlier_ones_stay_admissible() {
         );
     }
     assert_eq!(ledger.slots_held(), 0);
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
 }
 
 #[test]
@@ -469,7 +469,7 @@ fn q2_capacity_waiter_holds_back_only_later_restores() {
         )
         .expect("hold lifted");
     pool.free_all(&decode).expect("free");
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
 }
 
 #[test]
@@ -511,7 +511,7 @@ fn q3_requests_ahead_of_a_capacity_waiter_are_never_blocked_by_it() {
         at(1),
     );
     assert_eq!(err.expect_err("full").kind(), ErrorKind::Pressure);
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
 }
 
 /// Counts `WARN` events; everything else is ignored.
@@ -616,7 +616,7 @@ fn release_is_idempotent_and_frees_only_the_pages_the_ticket_still_holds() {
     assert_eq!(released.freed_import_pages, 0);
     assert_eq!((pool.n_in_use(), ledger.slots_held()), (2, 0));
     pool.free_all(&handed).expect("held by the holder");
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
     // Cancel a ready import: slot, credits and ownership at once.
     let _ticket = reserve(&mut ledger, &mut pool, 7, at(0)).expect("fits");
     ledger.publish(request(7)).expect("importing");

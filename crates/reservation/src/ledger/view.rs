@@ -1,6 +1,7 @@
 //! Read-only views of the ledger: `snapshot` with its `LedgerSnapshot`, `TicketView` and `WaiterView` (for
-//! tests and the engine's trace), and `check_invariants`, which asserts the ledger's bookkeeping against a pool.
+//! tests and the engine's trace), and `check_invariants`, which checks the ledger's bookkeeping against a pool.
 
+use crate::error::{Result, ensure, ensure_eq};
 use kv_pool::PagePool;
 
 use super::{Ledger, TicketEntry, TicketState};
@@ -89,62 +90,61 @@ impl Ledger {
         }
     }
 
-    /// Asserts the ledger's invariants against `pool`: slots held by tickets never exceed the limit and match
+    /// Checks the ledger's invariants against `pool` (`InvariantBroken` names the first that fails): slots held by tickets never exceed the limit and match
     /// the tickets; the credit total is the sum of outstanding credits; every page a ticket holds
     /// is referenced in `pool`; a request is never both a ticket holder and a waiter; waiter indexes agree.
-    pub fn check_invariants(&self, pool: &PagePool) {
+    pub fn check_invariants(&self, pool: &PagePool) -> Result<()> {
         let slots = self
             .tickets
             .values()
             .filter(|entry| entry.holds_slot())
             .count() as u32;
-        assert_eq!(slots, self.slots_held, "slot count drifted");
-        assert!(
+        ensure_eq!(slots, self.slots_held, "slot count drifted");
+        ensure!(
             self.slots_held <= self.config.max_running_slots,
             "{} ticket slots exceed the limit {}",
             self.slots_held,
             self.config.max_running_slots
         );
         let credits: u32 = self.tickets.values().map(TicketEntry::outstanding).sum();
-        assert_eq!(credits, self.credit_pages, "credit total drifted");
+        ensure_eq!(credits, self.credit_pages, "credit total drifted");
         let ticket_pages = self.tickets.values().flat_map(|entry| &entry.import_pages);
         for &page in ticket_pages {
-            let ref_count = pool
-                .ref_count(page)
-                .expect("ledger page in range and not null");
-            assert!(
+            let ref_count = pool.ref_count(page)?;
+            ensure!(
                 ref_count > 0,
                 "ledger holds {page:?} but the pool has it free"
             );
         }
         for (&request, entry) in &self.tickets {
-            assert!(
+            ensure!(
                 !self.waiter_orders.contains_key(&request),
                 "{request} is both a ticket and a waiter"
             );
             if entry.state == TicketState::Admitted {
-                assert!(
+                ensure!(
                     entry.import_pages.is_empty(),
                     "admitted {request} still holds import pages"
                 );
             }
             if entry.handed_over {
-                assert!(
+                ensure!(
                     entry.import_pages.is_empty(),
                     "{request} handed its pages over and still holds some"
                 );
             }
         }
-        assert_eq!(
+        ensure_eq!(
             self.waiters.len(),
             self.waiter_orders.len(),
             "waiter indexes disagree"
         );
         for (&request, &order) in &self.waiter_orders {
-            assert!(
+            ensure!(
                 self.waiters.contains_key(&(order, request)),
                 "waiter {request} missing at {order:?}"
             );
         }
+        Ok(())
     }
 }

@@ -130,7 +130,7 @@ fn run_consumer(geometry: &Geometry, spec: &RestoreSpec, extra_pages: u32) -> Ou
         ledger
             .release_window_pages(request, drop)
             .expect("admitted");
-        ledger.check_invariants(&pool);
+        ledger.check_invariants(&pool).unwrap();
         outcome.steps += 1;
         start = end;
         if end == spec.prompt_tokens {
@@ -146,7 +146,7 @@ fn run_consumer(geometry: &Geometry, spec: &RestoreSpec, extra_pages: u32) -> Ou
     pool.free_all(&ticket.import_pages).expect("free");
     pool.free_all(&competitor).expect("free");
     assert_eq!(pool.n_free(), n_usable, "pool not fully free");
-    pool.check_invariants();
+    pool.check_invariants().unwrap();
     outcome
 }
 
@@ -340,7 +340,7 @@ fn c5_running_decodes_may_use_credit_protected_pages_without_preemption() {
     // Decodes allocate without the credit check, eating into protected pages.
     let decode = pool.allocate(4).expect("decode pages");
     assert!(pool.n_free() < ledger.credit_pages());
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
     assert_eq!(ledger.available_pages(&pool, &Preflight::default()), 0);
     // The ledger keeps its ticket (nothing is revoked, nobody is asked to preempt) and refuses newcomers.
     assert_eq!(ledger.credit_pages_of(RequestId(1)), 5);
@@ -357,7 +357,7 @@ fn c5_running_decodes_may_use_credit_protected_pages_without_preemption() {
         .expect_err("no unprotected page");
     assert_eq!(err.kind(), ErrorKind::Pressure);
     pool.free_all(&decode).expect("free");
-    ledger.check_invariants(&pool);
+    ledger.check_invariants(&pool).unwrap();
 }
 
 #[test]

@@ -216,8 +216,8 @@ proptest! {
                 }
                 Op::Advance { secs } => now = now.after(Duration::from_secs(secs)),
             }
-            ledger.check_invariants(&pool);
-            pool.check_invariants();
+            ledger.check_invariants(&pool).unwrap();
+            pool.check_invariants().unwrap();
             prop_assert!(ledger.credit_pages() <= pool.n_free(), "credits {} > free {}", ledger.credit_pages(), pool.n_free());
             prop_assert!(ledger.slots_held() <= 3);
         }

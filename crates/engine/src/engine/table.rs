@@ -1,0 +1,322 @@
+//! The request table: every live request, and the one container its phase names. Every lifecycle edge moves a
+//! request's `Phase` and its container together, through `RequestTable::move_to`, the only code that writes a
+//! phase or a container's membership (the admission walk pops the heads of `waiting` and `ready` itself, then
+//! moves what it took). Together with `check_containers` (every live request is in exactly the container its
+//! phase names) this makes a forgotten container an immediate internal error instead of a stray request found
+//! many steps later. A request the engine's state names but the table does not hold is `Error::Internal`, never
+//! a panic.
+//!
+//! ```text
+//!              submit
+//!                |
+//!            Arriving ----------------------.
+//!                | arrival: local prefix      | arrival: ask the store
+//!                v covers it                  v
+//!   .------> Waiting <---- fallback ----- Restoring <--.  retry (O7), refresh (G4)
+//!   |          |   ^                         |   |     |
+//!   |          |   '------ lost pages ---.   |   '-----'
+//!   |  admit   |  (cold, restore at once) |   | published (reserved)
+//!   |          v                          |   v
+//!   |       Running <----- admit -------- Ready   (ready: walk; ready-logits: isolated step, Q4)
+//!   |        |  |  ^
+//!   '--------'  |  '------------- Resuming <-- resume (Q7) --.
+//!  preempt      | stream answer ends                          |
+//!  (or to       '---------------------------------------> Paused
+//!  Restoring)
+//! any phase -> gone: finished, cancelled, rejected (retire)
+//! ```
+//!
+//! Glossary, the four state machines side by side:
+//!
+//! | `Phase` (`RequestPhase`) | `Restore` (engine)         | `TicketState` (ledger, `reserved`) | `ImportState` (index)   |
+//! |--------------------|----------------------------|------------------------------------|-------------------------|
+//! | Arriving           | Idle                       | none                               | none                    |
+//! | Restoring          | Lookup / Answered          | none, or a capacity waiter         | none                    |
+//! | Restoring          | Importing                  | Importing                          | Staged                  |
+//! | Ready              | Importing                  | Ready                              | Published               |
+//! | Waiting            | Idle (or Answered, ordinary)| none                              | none                    |
+//! | Running            | Idle                       | Admitted until the prompt is computed, then none | none (acquired) |
+//! | Running (ordinary, restore at once) | Idle (`Req::loading`) | none                 | Staged, then released   |
+//! | Paused / Resuming  | Idle                       | none                               | none                    |
+//! | gone (cancelled while copying) | -              | none (slot and credits released)   | Cancelled until drained |
+
+use std::collections::{BTreeMap, VecDeque};
+
+use admission::WaitingQueue;
+use foldhash::HashMap;
+use kv_pool::{AdmissionOrder, RequestId, Timestamp};
+
+use super::req::{Phase, Req, Restore};
+use crate::error::{Error, Result};
+
+/// Every live request and the containers of the lifecycle's phases.
+#[derive(Debug, Default)]
+pub(crate) struct RequestTable {
+    reqs: HashMap<RequestId, Req>,
+    /// Submitted, by arrival time and sequence.
+    arriving: BTreeMap<(Timestamp, u64), RequestId>,
+    /// Requests waiting for ordinary admission, at their place (pending restores are in `restoring`).
+    pub(crate) waiting: WaitingQueue,
+    restoring: BTreeMap<AdmissionOrder, RequestId>,
+    /// Published imports owned by their request (`reserved`): they may pass a blocked head (Q1).
+    pub(crate) ready: WaitingQueue,
+    /// Ready imports of a whole prompt with saved logits: admitted by their isolated logits-only step (Q4).
+    ready_logits: BTreeMap<AdmissionOrder, RequestId>,
+    running: Vec<RequestId>,
+    resuming: VecDeque<RequestId>,
+}
+
+impl RequestTable {
+    /// `id`'s live request, or `Error::Internal`: the engine's state names it, so it must be live.
+    pub(crate) fn get(&self, id: RequestId) -> Result<&Req> {
+        self.reqs.get(&id).ok_or_else(|| not_live(id))
+    }
+
+    /// `get`, mutably.
+    pub(crate) fn get_mut(&mut self, id: RequestId) -> Result<&mut Req> {
+        self.reqs.get_mut(&id).ok_or_else(|| not_live(id))
+    }
+
+    /// `id`'s live request, if it is live (a caller's id, or one a step may have retired).
+    pub(crate) fn find(&self, id: RequestId) -> Option<&Req> {
+        self.reqs.get(&id)
+    }
+
+    /// `find`, mutably.
+    pub(crate) fn find_mut(&mut self, id: RequestId) -> Option<&mut Req> {
+        self.reqs.get_mut(&id)
+    }
+
+    pub(crate) fn contains(&self, id: RequestId) -> bool {
+        self.reqs.contains_key(&id)
+    }
+
+    /// Live requests.
+    pub(crate) fn len(&self) -> usize {
+        self.reqs.len()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&RequestId, &Req)> {
+        self.reqs.iter()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Req> {
+        self.reqs.values()
+    }
+
+    /// The running requests, in admission order.
+    pub(crate) fn running(&self) -> &[RequestId] {
+        &self.running
+    }
+
+    /// Pending restores, in admission order.
+    pub(crate) fn restoring(&self) -> &BTreeMap<AdmissionOrder, RequestId> {
+        &self.restoring
+    }
+
+    /// Ready imports admitted by their own logits-only step (Q4), in admission order.
+    pub(crate) fn ready_logits(&self) -> &BTreeMap<AdmissionOrder, RequestId> {
+        &self.ready_logits
+    }
+
+    /// The paused stream that resumed first.
+    pub(crate) fn first_resuming(&self) -> Option<RequestId> {
+        self.resuming.front().copied()
+    }
+
+    /// When the next request arrives.
+    pub(crate) fn next_arrival(&self) -> Option<Timestamp> {
+        self.arriving.keys().next().map(|(at, _)| *at)
+    }
+
+    /// Whether any request waits, restores, is ready, runs or resumes (arriving and paused ones do not count).
+    pub(crate) fn is_active(&self) -> bool {
+        !(self.waiting.is_empty()
+            && self.restoring.is_empty()
+            && self.ready.is_empty()
+            && self.ready_logits.is_empty()
+            && self.running.is_empty()
+            && self.resuming.is_empty())
+    }
+
+    /// A checked submission enters: it arrives at its `arrival_key`.
+    pub(crate) fn enter(&mut self, req: Req) {
+        let id = req.spec.id;
+        self.arriving.insert(req.arrival_key, id);
+        self.reqs.insert(id, req);
+    }
+
+    /// Takes out the first request arrived by `now`: it leaves the arriving queue and is moved on by its
+    /// arrival (`Engine::on_arrival`).
+    pub(crate) fn pop_arrived(&mut self, now: Timestamp) -> Option<RequestId> {
+        let (&(at, seq), &id) = self.arriving.first_key_value()?;
+        if at > now {
+            return None;
+        }
+        self.arriving.remove(&(at, seq));
+        Some(id)
+    }
+
+    /// Takes every ready import waiting for its logits-only step (Q4): each is admitted or sent back.
+    pub(crate) fn take_ready_logits(&mut self) -> Vec<RequestId> {
+        std::mem::take(&mut self.ready_logits)
+            .into_values()
+            .collect()
+    }
+
+    /// Takes `id` out of the table: gone (finished, cancelled, rejected).
+    pub(crate) fn remove(&mut self, id: RequestId) -> Option<Req> {
+        self.leave_container(id);
+        self.reqs.remove(&id)
+    }
+
+    /// Moves `id` to phase `to`: out of the container its phase names, into the one `to` names (its place
+    /// in the order for queues, the back for the running list and the resume queue). An edge the lifecycle
+    /// does not have is `Error::Internal`, and nothing changes.
+    pub(crate) fn move_to(&mut self, id: RequestId, to: Phase) -> Result<()> {
+        let from = self
+            .reqs
+            .get(&id)
+            .ok_or_else(|| Error::internal(format!("{id} moves to {to:?} but is not live")))?
+            .phase;
+        if !edge_exists(from, to) {
+            return Err(Error::internal(format!(
+                "{id} cannot move from {from:?} to {to:?}"
+            )));
+        }
+        self.leave_container(id);
+        let req = self.get(id)?;
+        let order = req.order;
+        match to {
+            Phase::Arriving => {
+                self.arriving.insert(req.arrival_key, id);
+            }
+            Phase::Waiting => {
+                self.waiting.insert(order, id);
+            }
+            Phase::Restoring => {
+                self.restoring.insert(order, id);
+            }
+            Phase::Ready if whole_prompt_with_logits(req) => {
+                // Its own isolated step admits it (Q4), not the admission walk.
+                self.ready_logits.insert(order, id);
+            }
+            Phase::Ready => {
+                self.ready.insert(order, id);
+            }
+            Phase::Running => self.running.push(id),
+            Phase::Resuming => self.resuming.push_back(id),
+            Phase::Paused => {}
+        }
+        self.get_mut(id)?.phase = to;
+        Ok(())
+    }
+
+    /// Takes `id` out of whatever container its phase names (idempotent: a queue the admission walk already
+    /// took it from is left as it is).
+    pub(crate) fn leave_container(&mut self, id: RequestId) {
+        let Some(req) = self.reqs.get(&id) else {
+            return;
+        };
+        let order = req.order;
+        match req.phase {
+            Phase::Arriving => {
+                self.arriving.remove(&req.arrival_key);
+            }
+            Phase::Waiting => {
+                self.waiting.remove(&order);
+            }
+            Phase::Restoring => {
+                self.restoring.remove(&order);
+            }
+            Phase::Ready => {
+                self.ready.remove(&order);
+                self.ready_logits.remove(&order);
+            }
+            Phase::Running => self.running.retain(|running| *running != id),
+            Phase::Resuming => self.resuming.retain(|resuming| *resuming != id),
+            Phase::Paused => {}
+        }
+    }
+
+    /// Every live request is in exactly the container its phase names, at its own key.
+    pub(crate) fn check_containers(&self) -> Result<()> {
+        let broken = |invariant: String| Err(Error::internal(invariant));
+        let mut in_containers = 0usize;
+        let mut expect =
+            |id: RequestId, phase: Phase, order: Option<AdmissionOrder>, what: &str| {
+                in_containers += 1;
+                match self.reqs.get(&id) {
+                    Some(req) if req.phase != phase => broken(format!(
+                        "{id} is {:?} but in the {what} container",
+                        req.phase
+                    )),
+                    Some(req) if order.is_some_and(|order| order != req.order) => {
+                        broken(format!("{id}'s {what} key drifted"))
+                    }
+                    Some(_) => Ok(()),
+                    None => broken(format!("{id} is in the {what} container but not live")),
+                }
+            };
+        for id in self.arriving.values() {
+            expect(*id, Phase::Arriving, None, "arriving")?;
+        }
+        for (order, id) in self.waiting.iter() {
+            expect(id, Phase::Waiting, Some(order), "waiting queue")?;
+        }
+        for (order, id) in self.ready.iter() {
+            expect(id, Phase::Ready, Some(order), "ready queue")?;
+        }
+        for (order, id) in &self.ready_logits {
+            expect(*id, Phase::Ready, Some(*order), "ready-logits")?;
+        }
+        for (order, id) in &self.restoring {
+            expect(*id, Phase::Restoring, Some(*order), "restoring")?;
+        }
+        for id in &self.running {
+            expect(*id, Phase::Running, None, "running")?;
+        }
+        for id in &self.resuming {
+            expect(*id, Phase::Resuming, None, "resuming")?;
+        }
+        let n_paused = self
+            .reqs
+            .values()
+            .filter(|req| req.phase == Phase::Paused)
+            .count();
+        if in_containers + n_paused != self.reqs.len() {
+            return broken(format!(
+                "{} live requests but {in_containers} in containers and {n_paused} paused",
+                self.reqs.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn not_live(id: RequestId) -> Error {
+    Error::internal(format!("{id} is named by the engine's state but not live"))
+}
+
+/// Whether `req`'s ready import restores its whole prompt and the request has saved logits (Q4).
+fn whole_prompt_with_logits(req: &Req) -> bool {
+    req.spec.saved_logits
+        && matches!(req.restore, Restore::Importing { tokens, .. }
+            if tokens as usize == req.tokens.len())
+}
+
+/// The lifecycle's edges (same-phase moves re-queue a request at its place: a retried lookup, a request
+/// the admission walk put back).
+fn edge_exists(from: Phase, to: Phase) -> bool {
+    use Phase::{Arriving, Paused, Ready, Restoring, Resuming, Running, Waiting};
+    matches!(
+        (from, to),
+        (Arriving, Waiting | Restoring)
+            | (Waiting, Waiting | Restoring | Running)
+            | (Restoring, Restoring | Waiting | Ready)
+            | (Ready, Running | Waiting)
+            | (Running, Waiting | Restoring | Paused)
+            | (Paused, Resuming)
+            | (Resuming, Running)
+    )
+}
