@@ -7,6 +7,7 @@
 use pyo3::exceptions::{PyFileNotFoundError, PyKeyboardInterrupt, PyOSError, PyRuntimeError};
 use pyo3::prelude::*;
 
+use kvgate::workload::mooncake::TraceError;
 use kvgate::{EngineError, Error, PoolError, TransferError};
 
 /// The kind of an error, as the name of its class in `kvgate.errors`.
@@ -50,6 +51,12 @@ pub(crate) fn facade(py: Python<'_>, error: Error) -> PyErr {
             PyFileNotFoundError::new_err(message)
         }
         Error::ReadFile { .. } => PyOSError::new_err(message),
+        Error::Trace(TraceError::Io { source, .. })
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            PyFileNotFoundError::new_err(message)
+        }
+        Error::Trace(TraceError::Io { .. }) => PyOSError::new_err(message),
         Error::Engine(engine) => raise(py, engine_kind(&engine), &message),
         Error::Internal(_) => raise(py, Kind::Internal, &message),
         Error::Incomplete { .. } => raise(py, Kind::Pressure, &message),

@@ -355,6 +355,14 @@ pub(crate) fn replay<'py>(
     let max_hit_pct = mooncake::theoretical_max_hit_pct(&trace);
     let later = run::later_turns(&trace);
     if replay.engines > 1 {
+        if series {
+            let error = kvgate::Error::InvalidArgument {
+                name: "series",
+                value: format!("with engines {}", replay.engines),
+                allowed: "the series of a replay on one engine (engines=1)",
+            };
+            return Err(errors::facade(py, error));
+        }
         let spec = ClusterSpec {
             n_engines: replay.engines,
             router,

@@ -327,6 +327,10 @@ class Engine:
         """Every finished or cancelled request's metrics, in completion order."""
         return self._engine.request_metrics()
 
+    def reset_prefix_cache(self, force: bool = False) -> None:
+        """Drops every cached prefix block; a ``PressureError`` while pages are in use, unless ``force``."""
+        self._engine.reset_prefix_cache(_bool("force", force))
+
     def is_idle(self) -> bool:
         """Whether no request is live."""
         return self._engine.is_idle()
