@@ -162,3 +162,18 @@ def test_a_run_releases_the_gil():
     thread.join()
     # The counter thread kept running through the run: at least a tick every 20 ms of it.
     assert len(ticks) - before >= elapsed / 0.02
+
+
+def test_a_live_run_on_the_reference_model_restores_turns_and_leaks_nothing():
+    report = kvgate.agents(executor="reference", agents=2, turns=2, policies="reserved", series=True)
+    (run,) = report["runs"]
+    assert run["later_turns_restored"] == 2 and run["leaked_pages"] == 0
+    assert run["aggregate_decode_tok_s"] > 0
+    assert len(run["series"]["requests"]["id"]) == 4
+
+
+def test_a_replay_series_has_a_row_per_request_of_the_trace():
+    report = kvgate.replay(TRACE, limit=50, policies="oracle", series=True)
+    requests = report["runs"][0]["series"]["requests"]
+    assert sorted(requests["id"]) == list(range(50))
+    assert "turn" not in requests
