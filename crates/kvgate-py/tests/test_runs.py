@@ -177,3 +177,15 @@ def test_a_replay_series_has_a_row_per_request_of_the_trace():
     requests = report["runs"][0]["series"]["requests"]
     assert sorted(requests["id"]) == list(range(50))
     assert "turn" not in requests
+
+
+def test_an_exception_in_the_progress_callback_stops_a_cluster_replay():
+    calls = []
+
+    def progress(policy, done, total):
+        calls.append(done)
+        raise ValueError("stop here")
+
+    with pytest.raises(ValueError, match="stop here"):
+        kvgate.replay(TRACE, engines=2, policies="reserved", progress=progress)
+    assert len(calls) == 1

@@ -12,7 +12,8 @@ file).
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Union
+from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 from . import _kvgate
 from .errors import (
