@@ -13,7 +13,9 @@ use kv_pool::{BlockKey, Timestamp};
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::limits::ENGINES_MAX;
-use crate::run::{Progress, keyed_trace_request, replay_arrivals, submit_keyed_or_reject};
+use crate::run::{
+    NoObserver, Observer, Progress, keyed_trace_request, replay_arrivals, submit_keyed_or_reject,
+};
 use crate::workload::mooncake::TraceRequest;
 
 /// How a cluster replay picks the engine of each request.
@@ -196,6 +198,20 @@ pub fn run_cluster_replay(
     cluster: ClusterSpec,
     progress: Progress<'_>,
 ) -> Result<ClusterRun> {
+    let run = (time_scale, policy, cluster);
+    run_cluster_replay_observed(config, trace, later_turn, run, progress, &mut NoObserver)
+}
+
+/// `run_cluster_replay` (time scale, policy and cluster in `run`), with `observer` shown each engine's every
+/// step; its `stop` ends the replay there with `Error::Interrupted`.
+pub fn run_cluster_replay_observed(
+    config: &EngineConfig,
+    trace: &[TraceRequest],
+    later_turn: &[bool],
+    (time_scale, policy, cluster): (f64, Policy, ClusterSpec),
+    progress: Progress<'_>,
+    observer: &mut dyn Observer,
+) -> Result<ClusterRun> {
     check_engines(cluster.n_engines)?;
     check_memory(config, &[policy], cluster.n_engines)?;
     let arrivals = replay_arrivals(trace, later_turn, time_scale)?;
@@ -247,12 +263,15 @@ pub fn run_cluster_replay(
         };
         let engine = &mut engines[index];
         match engine.step() {
-            Ok(_report) => {}
+            Ok(report) => observer.step(engine, &report),
             Err(stalled @ engine::Error::Stalled { .. }) => {
                 stopped = Some(format!("engine {index}: {stalled}"));
                 break;
             }
             Err(error) => return Err(error.into()),
+        }
+        if observer.stop() {
+            return Err(Error::Interrupted);
         }
         busy[index] = !engine.is_idle();
         for _ in engine.take_finished() {

@@ -31,6 +31,9 @@ pub enum Error {
         /// The policies whose runs stopped, comma-separated.
         policies: String,
     },
+    /// An observer stopped the run before every request ended (`Observer::stop`: Ctrl-C in Python).
+    #[error("the run was interrupted before every request ended")]
+    Interrupted,
     /// The metrics endpoint cannot listen.
     #[error("cannot serve metrics on {addr}: {reason}; give a free address such as 127.0.0.1:9464")]
     Metrics {

@@ -21,11 +21,14 @@ pub use config::{ConfigFile, EngineConfig};
 pub use error::{Error, Result};
 
 pub use checkpoint_transfer::{
-    CheckpointStore, DiskStore, Fault, HostStore, RedisStore, SharedStore,
+    CheckpointStore, DiskStore, Error as TransferError, Fault, HostStore, RedisStore, SharedStore,
 };
 pub use engine::{
-    CostModel, Engine, EngineParams, FallbackReason, FinishedRequest, KeyedRequest, Policy,
-    PromptSource, RejectReason, RequestMetrics, RequestPhase, RequestSpec, RequestView, RunMetrics,
-    STOP_TOKEN, StepReport, output_token,
+    CostModel, Engine, EngineParams, Error as EngineError, Executor, FallbackReason,
+    FinishedRequest, KeyedRequest, Policy, PromptSource, ReferenceExecutor, RejectReason,
+    RequestMetrics, RequestPhase, RequestSpec, RequestView, RunMetrics, STOP_TOKEN, ShutdownReport,
+    SimExecutor, StepReport, output_token,
 };
-pub use kv_pool::{BlockKey, CacheGroup, Geometry, GroupKind, PageId, RequestId, Timestamp};
+pub use kv_pool::{
+    BlockKey, CacheGroup, Error as PoolError, Geometry, GroupKind, PageId, RequestId, Timestamp,
+};

@@ -26,6 +26,11 @@ pub trait Observer<E: Executor = SimExecutor> {
     fn step(&mut self, engine: &Engine<E>, report: &StepReport);
     /// Once the run has finished.
     fn finish(&mut self, _engine: &Engine<E>) {}
+    /// Asked after each step (after `step`): `true` ends the run there with `Error::Interrupted` (the Python
+    /// package's Ctrl-C).
+    fn stop(&mut self) -> bool {
+        false
+    }
 }
 
 /// An observer that does nothing.
@@ -48,6 +53,10 @@ impl<E: Executor> Observer<E> for Vec<&mut dyn Observer<E>> {
         for observer in self.iter_mut() {
             observer.finish(engine);
         }
+    }
+
+    fn stop(&mut self) -> bool {
+        self.iter_mut().any(|observer| observer.stop())
     }
 }
 
@@ -73,17 +82,19 @@ pub fn run_agents_observed(
     let mut engine = Engine::new(config.engine_params(policy)?)?;
     drive_agents(&mut engine, spec, progress, &mut |engine, report| {
         observer.step(engine, report);
+        !observer.stop()
     })?;
     observer.finish(&engine);
     Ok(engine.metrics())
 }
 
-/// Runs every turn of every session of `spec` through `engine`, showing each step to `on_step`.
+/// Runs every turn of every session of `spec` through `engine`, showing each step to `on_step`; `on_step`
+/// returning `false` ends the run there with `Error::Interrupted`.
 pub(crate) fn drive_agents<E: Executor>(
     engine: &mut Engine<E>,
     spec: &AgentsSpec,
     progress: Progress<'_>,
-    on_step: &mut dyn FnMut(&Engine<E>, &StepReport),
+    on_step: &mut dyn FnMut(&Engine<E>, &StepReport) -> bool,
 ) -> Result<()> {
     let total = u64::from(spec.n_agents) * u64::from(spec.turns);
     // Each session's context so far: every earlier prompt and response.
@@ -94,7 +105,9 @@ pub(crate) fn drive_agents<E: Executor>(
     let mut finished = 0u64;
     while !engine.is_idle() {
         let report = engine.step()?;
-        on_step(engine, &report);
+        if !on_step(engine, &report) {
+            return Err(Error::Interrupted);
+        }
         for done in engine.take_finished() {
             finished += 1;
             progress(finished, total);
@@ -293,6 +306,9 @@ fn drive_replay(
             Err(error) => return Err(error.into()),
         };
         observer.step(engine, &report);
+        if observer.stop() {
+            return Err(Error::Interrupted);
+        }
         for _ in engine.take_finished() {
             finished += 1;
             if finished.is_multiple_of(64) || started.elapsed() > Duration::from_secs(1) {

@@ -492,3 +492,29 @@ fn a_cluster_replay_the_watchdog_stops_keeps_its_report_marked_stopped() {
         serde_json::json!(stopped)
     );
 }
+
+#[test]
+fn an_observer_stops_a_cluster_replay_at_the_step_it_asks() {
+    struct StopAfter(u64);
+    impl Observer for StopAfter {
+        fn step(&mut self, _engine: &Engine, _report: &engine::StepReport) {
+            self.0 = self.0.saturating_sub(1);
+        }
+        fn stop(&mut self) -> bool {
+            self.0 == 0
+        }
+    }
+    let trace = trace_slice(60);
+    let later = later_turns(&trace);
+    let spec = ClusterSpec {
+        n_engines: 2,
+        router: Router::RoundRobin,
+    };
+    let run = (1.0, Policy::Reserved, spec);
+    let mut stop = StopAfter(4);
+    let config = trace_config();
+    let stopped =
+        run_cluster_replay_observed(&config, &trace, &later, run, &mut |_, _| {}, &mut stop);
+    assert!(matches!(stopped, Err(Error::Interrupted)), "{stopped:?}");
+    assert_eq!(stop.0, 0);
+}

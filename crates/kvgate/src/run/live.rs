@@ -190,6 +190,7 @@ pub fn run_agents_live_observed(
     let mut engine = Engine::with_executor(params, executor)?;
     drive_agents(&mut engine, spec, progress, &mut |engine, report| {
         observer.step(engine, report);
+        !observer.stop()
     })?;
     observer.finish(&engine);
     let _shutdown = engine.shutdown()?;

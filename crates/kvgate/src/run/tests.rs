@@ -36,6 +36,7 @@ fn l2_reordering_copies_from_the_config_run_agents_with_every_restore_verified()
             // The reordering engine's write check (L2) runs with the other invariants.
             checked = engine.check_invariants();
         }
+        true
     })
     .unwrap();
     checked.unwrap();
@@ -140,4 +141,58 @@ fn a_replay_the_watchdog_stops_keeps_its_report_marked_stopped() {
         crate::report::run_json(&run)["stopped"],
         serde_json::json!(stopped)
     );
+}
+
+/// Stops the run it watches after `steps` steps, counting the steps it saw.
+struct StopAfter {
+    steps: u64,
+    seen: u64,
+}
+
+impl Observer for StopAfter {
+    fn step(&mut self, _engine: &Engine, _report: &StepReport) {
+        self.seen += 1;
+    }
+
+    fn stop(&mut self) -> bool {
+        self.seen >= self.steps
+    }
+}
+
+#[test]
+fn an_observer_stops_an_agents_run_or_a_replay_at_the_step_it_asks() {
+    let (config, spec) = small_agents();
+    let mut stop = StopAfter { steps: 5, seen: 0 };
+    let stopped = run_agents_observed(&config, &spec, Policy::Reserved, &mut |_, _| {}, &mut stop);
+    assert!(matches!(stopped, Err(Error::Interrupted)), "{stopped:?}");
+    assert_eq!(stop.seen, 5);
+
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/workloads/mooncake/conversation_trace_head.jsonl");
+    let trace = crate::workload::mooncake::read_trace(&path).unwrap();
+    let later = later_turns(&trace);
+    let mut config = EngineConfig::default();
+    config.pool.pages = 8192;
+    let mut stop = StopAfter { steps: 3, seen: 0 };
+    let replay = |stop: &mut StopAfter| {
+        run_replay_observed(
+            &config,
+            &trace,
+            &later,
+            1.0,
+            Policy::Reserved,
+            &mut |_, _| {},
+            stop,
+        )
+    };
+    assert!(matches!(replay(&mut stop), Err(Error::Interrupted)));
+    assert_eq!(stop.seen, 3);
+    // An observer that never asks lets the run finish.
+    let mut never = StopAfter {
+        steps: u64::MAX,
+        seen: 0,
+    };
+    let finished = replay(&mut never).unwrap();
+    assert_eq!(finished.stopped, None);
+    assert!(never.seen > 3);
 }
