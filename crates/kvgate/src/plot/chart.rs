@@ -164,7 +164,10 @@ fn cache_share(area: &Area<'_>, turn_label: &str, timelines: &[Timeline]) -> Dra
         .collect();
     let x_max = series.iter().flatten().map(|p| p.0).fold(1.0, f64::max);
     let mut chart = ChartBuilder::on(area)
-        .caption("Prompt tokens from cache (local hits and restores)", ("sans-serif", 20))
+        .caption(
+            "Prompt tokens from cache (local hits and restores)",
+            ("sans-serif", 20),
+        )
         .margin(12)
         .x_label_area_size(45)
         .y_label_area_size(60)
