@@ -265,6 +265,10 @@ fn a_replay_keeps_its_metrics_up_for_the_linger_and_they_equal_the_report() {
     let _ignored = child.kill();
     let output = child.wait_with_output().unwrap();
     let report: Value = serde_json::from_slice(&output.stdout).unwrap();
+    // A request a second: every policy's engine kept up, and the JSON says so.
+    for policy in ["ordinary", "pages-only", "reserved", "oracle"] {
+        assert_eq!(report["keep_up"][policy]["kept_up"], true, "{report}");
+    }
     for run in report["runs"].as_array().unwrap() {
         let policy = run["policy"].as_str().unwrap();
         let series = |name: &str, labels: &str| -> f64 {

@@ -599,8 +599,21 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             )));
         }
     }
+    // The trace's first and last arrival on the engine clock: whether each engine kept up with them.
+    let arrival_s = |ms: u64| ms as f64 / 1000.0 * args.time_scale;
+    let first_s = trace
+        .iter()
+        .map(|r| r.timestamp)
+        .min()
+        .map_or(0.0, arrival_s);
+    let last_s = trace
+        .iter()
+        .map(|r| r.timestamp)
+        .max()
+        .map_or(0.0, arrival_s);
     if args.run.json {
         let extra = [
+            ("keep_up", report::replay_keep_up_json(&runs, last_s)),
             (
                 "theoretical_max_hit_pct",
                 serde_json::json!((max_hit_pct * 1000.0).round() / 1000.0),
@@ -643,17 +656,6 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             run::describe_stores(&stores),
         );
         out!("{}", report::table(&runs));
-        let arrival_s = |ms: u64| ms as f64 / 1000.0 * args.time_scale;
-        let first_s = trace
-            .iter()
-            .map(|r| r.timestamp)
-            .min()
-            .map_or(0.0, arrival_s);
-        let last_s = trace
-            .iter()
-            .map(|r| r.timestamp)
-            .max()
-            .map_or(0.0, arrival_s);
         out!("\n{}", report::replay_keep_up(&runs, first_s, last_s));
     }
     MetricsEndpoint::linger(server);

@@ -113,8 +113,7 @@ pub fn replay_keep_up(runs: &[RunMetrics], first_arrival_s: f64, last_arrival_s:
     let span_s = (last_arrival_s - first_arrival_s).max(0.0);
     let mut out = String::new();
     for run in runs {
-        let drain_s = (run.sim_seconds - last_arrival_s).max(0.0);
-        let kept_up = drain_s <= KEEP_UP_DRAIN_S_MAX && run.p99_ttft_s <= KEEP_UP_P99_TTFT_S_MAX;
+        let (kept_up, drain_s) = kept_up(run, last_arrival_s);
         if kept_up {
             out.push_str(&format!(
                 "{}: kept up with the trace's arrivals: last finish {drain_s:.1} s after the last arrival, p99 \
@@ -141,6 +140,31 @@ pub fn replay_keep_up(runs: &[RunMetrics], first_arrival_s: f64, last_arrival_s:
         ));
     }
     out
+}
+
+/// Whether `run` kept up with arrivals ending at `last_arrival_s` (the cluster's rule), and how long after the
+/// last arrival its last request finished.
+fn kept_up(run: &RunMetrics, last_arrival_s: f64) -> (bool, f64) {
+    let drain_s = (run.sim_seconds - last_arrival_s).max(0.0);
+    (
+        drain_s <= KEEP_UP_DRAIN_S_MAX && run.p99_ttft_s <= KEEP_UP_P99_TTFT_S_MAX,
+        drain_s,
+    )
+}
+
+/// [`replay_keep_up`] for machines: `{policy: {"kept_up", "drain_s"}}`.
+pub fn replay_keep_up_json(runs: &[RunMetrics], last_arrival_s: f64) -> Value {
+    let by_policy: Map<String, Value> = runs
+        .iter()
+        .map(|run| {
+            let (kept_up, drain_s) = kept_up(run, last_arrival_s);
+            (
+                run.policy.clone(),
+                json!({"kept_up": kept_up, "drain_s": round(drain_s, 3)}),
+            )
+        })
+        .collect();
+    Value::Object(by_policy)
 }
 
 /// A cluster replay as a person reads it: the table with one column per engine and one for the cluster,

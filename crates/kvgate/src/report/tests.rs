@@ -2,7 +2,7 @@
 
 use engine::RunMetrics;
 
-use super::{replay_keep_up, table};
+use super::{replay_keep_up, replay_keep_up_json, table};
 
 fn run(policy: &str) -> RunMetrics {
     RunMetrics {
@@ -44,7 +44,11 @@ fn a_replay_that_falls_behind_says_by_how_much() {
         p99_ttft_s: 90.0,
         ..run("pages-only")
     };
-    assert!(replay_keep_up(&[queued], 0.0, 1_000.0).contains("FELL BEHIND"));
+    assert!(replay_keep_up(std::slice::from_ref(&queued), 0.0, 1_000.0).contains("FELL BEHIND"));
+    let json = replay_keep_up_json(&[behind, queued], 1_000.0);
+    assert_eq!(json["ordinary"]["kept_up"], false);
+    assert_eq!(json["ordinary"]["drain_s"], 3_000.0);
+    assert_eq!(json["pages-only"]["kept_up"], false);
 }
 
 #[test]
