@@ -15,13 +15,6 @@ impl RequestId {
     }
 }
 
-/// `done.id == 1`: a request id against the number the caller gave it.
-impl PartialEq<u64> for RequestId {
-    fn eq(&self, other: &u64) -> bool {
-        self.0 == *other
-    }
-}
-
 impl std::fmt::Display for RequestId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "req-{}", self.0)

@@ -26,7 +26,7 @@
 //!     let report = engine.step()?;
 //!     kvgate::Observer::step(&mut metrics, &engine, &report);
 //!     for done in engine.take_finished() {
-//!         if done.id == 1 {
+//!         if done.id.get() == 1 {
 //!             // The next turn: the whole context so far and 50 new tokens, a second of think time later.
 //!             let mut prompt = first_prompt.clone();
 //!             prompt.extend(&done.output);
