@@ -124,7 +124,7 @@ fn a_bad_environment_override_is_named() {
 #[test]
 fn the_shipped_scenarios_run_from_the_command_line() {
     let path = repo_root().join("tests/scenarios/restore_after_reset.json");
-    let (ok, stdout, stderr) = kvgate(&["scenario", path.to_str().unwrap()]);
+    let (ok, stdout, stderr) = kvgate(&["scenario", path.to_str().unwrap(), "--json"]);
     assert!(ok, "{stderr}");
     let trace: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert!(
@@ -132,14 +132,27 @@ fn the_shipped_scenarios_run_from_the_command_line() {
             .as_array()
             .is_some_and(|steps| !steps.is_empty())
     );
+    // Without --json: a short summary naming each request's phases and the metrics.
+    let (ok, summary, stderr) = kvgate(&["scenario", path.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    assert!(summary.lines().count() < 20, "{summary}");
+    assert!(summary.contains("policy reserved, "), "{summary}");
+    assert!(summary.contains("request 1: "), "{summary}");
+    assert!(summary.contains("leaked pages 0"), "{summary}");
+    assert!(summary.ends_with("(--json prints the per-step trace; docs/scenarios.md)\n"));
 }
 
 #[test]
 fn a_scenario_runs_on_every_model_preset_from_the_command_line() {
     let path = repo_root().join("tests/scenarios/restore_after_reset.json");
     for preset in kvgate::config::MODEL_PRESETS {
-        let (ok, stdout, stderr) =
-            kvgate(&["scenario", path.to_str().unwrap(), "--preset", preset]);
+        let (ok, stdout, stderr) = kvgate(&[
+            "scenario",
+            path.to_str().unwrap(),
+            "--preset",
+            preset,
+            "--json",
+        ]);
         assert!(ok, "{preset}: {stderr}");
         let trace: serde_json::Value = serde_json::from_str(&stdout).unwrap();
         assert_eq!(trace["metrics"]["leaked_pages"], 0, "{preset}");
@@ -178,8 +191,12 @@ fn logs_written_to_a_file_carry_no_colour_codes() {
     let dir = tempfile::tempdir().unwrap();
     let config = store_config(dir.path());
     // A foreign manifest: opening the store warns that it is skipped.
-    std::fs::create_dir(dir.path().join("store")).unwrap();
-    std::fs::write(dir.path().join("store/ckpt-61.manifest"), b"foreign").unwrap();
+    std::fs::create_dir_all(dir.path().join("store/reserved")).unwrap();
+    std::fs::write(
+        dir.path().join("store/reserved/ckpt-61.manifest"),
+        b"foreign",
+    )
+    .unwrap();
     let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args(["agents", "--config", config.to_str().unwrap()])
         .args([

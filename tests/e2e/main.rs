@@ -1,6 +1,7 @@
 //! The workspace's end-to-end tests: scenario traces and a small agents run as insta snapshots, the cluster
 //! replay through the binary, and the `kvgate` binary's answers to bad input (a few by hand, and the corpus
-//! under `tests/bad_inputs/`). Every run verifies every restored page against recompute (E3, L5), in release
+//! under `tests/bad_inputs/`), and what a new user runs first (`newcomer`: the README's figures, printed
+//! configs, metrics, warm stores). Every run verifies every restored page against recompute (E3, L5), in release
 //! builds too: configs start from [`verified_config`], and runs of the binary pass `--verify`.
 #![allow(
     clippy::disallowed_methods,
@@ -12,6 +13,7 @@ mod bad_inputs;
 mod cli;
 mod cluster;
 mod incidents;
+mod newcomer;
 mod presets;
 mod redis;
 mod scenarios;

@@ -1,8 +1,8 @@
 //! The engine on a Redis checkpoint store (a real `redis-server` on a loopback port): engine A finishes a
 //! turn and engine B, sharing the server, restores it byte for byte (E3, verified by the engine in debug
 //! builds); the conversation trace replays with the Redis store; a server lost mid-run or full makes requests
-//! recompute, never crash. Each test prints that it skipped without `redis-server` (and fails instead under
-//! `KVGATE_REQUIRE_REDIS=1`).
+//! recompute, never crash; a server holding checkpoints is named warm. Each test prints that it skipped
+//! without `redis-server` (and fails instead under `KVGATE_REQUIRE_REDIS=1`).
 
 use engine::Policy;
 use kvgate::workload::mooncake::read_trace;
@@ -156,5 +156,31 @@ fn the_conversation_trace_replays_with_the_redis_store() {
     assert!(
         metrics.prompt_tokens_restored + metrics.prompt_tokens_local_hit > 0,
         "{metrics:?}"
+    );
+}
+
+#[test]
+fn a_redis_store_holding_checkpoints_is_named_warm() {
+    let Some(server) = RedisServer::start("a_redis_store_holding_checkpoints_is_named_warm") else {
+        return;
+    };
+    let config = config(&server);
+    let cold = run::store_at_start(&config, Policy::Reserved).unwrap();
+    assert_eq!((cold.kind, cold.checkpoints), ("redis", 0), "{cold:?}");
+    let mut engine = EngineBuilder::new(config.clone())
+        .policy(Policy::Reserved)
+        .build()
+        .unwrap();
+    run_one(
+        &mut engine,
+        RequestSpec::new(1, first_prompt(), 8, Timestamp::ZERO),
+    );
+    drop(engine);
+    let warm = run::store_at_start(&config, Policy::Reserved).unwrap();
+    assert!(warm.warm(), "{warm:?}");
+    assert!(warm.location.starts_with(&server.url()), "{warm:?}");
+    assert!(
+        run::describe_stores(&[("reserved".to_string(), warm)]).contains("started warm"),
+        "the report names a warm store"
     );
 }

@@ -138,7 +138,6 @@ fn gpu() -> Result<(), String> {
     )?;
     let bench = [
         "bench",
-        "--quiet",
         "--locked",
         "-p",
         "checkpoint-transfer",
@@ -160,7 +159,6 @@ fn live_agents(root: &Path, what: &str, run: &[&str], cuda: &[&str]) -> Result<(
     let mut args = vec![
         "run",
         "--release",
-        "--quiet",
         "--locked",
         "-p",
         "kvgate",

@@ -62,6 +62,14 @@ impl RequestSpec {
         }
     }
 
+    /// This request marked as a later turn of a session (`is_later_turn`): the `later_turns` metrics count
+    /// it, and a store miss counts as its restore fallback (a first turn has nothing to restore). The engine
+    /// cannot tell a later turn from a new request sharing a prefix, so the caller says.
+    pub fn later_turn(mut self) -> RequestSpec {
+        self.is_later_turn = true;
+        self
+    }
+
     /// This request with its prompt's block keys computed for blocks of `block_tokens` tokens (the engine's
     /// `Geometry::block_tokens`), for [`Engine::submit_keyed`](crate::Engine::submit_keyed). Hashing a long
     /// prompt is most of a submit's cost; a caller that builds requests ahead, on another thread, pays it

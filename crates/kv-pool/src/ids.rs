@@ -8,6 +8,13 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RequestId(pub u64);
 
+impl RequestId {
+    /// The number the caller gave (`RequestSpec::new`'s `id`).
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
 impl std::fmt::Display for RequestId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "req-{}", self.0)
@@ -23,6 +30,11 @@ impl Timestamp {
     /// The clock's origin.
     pub const ZERO: Timestamp = Timestamp(Duration::ZERO);
 
+    /// `secs` whole seconds after the origin (`engine.now().after(d)` is `d` after now).
+    pub fn from_secs(secs: u64) -> Timestamp {
+        Timestamp(Duration::from_secs(secs))
+    }
+
     /// Seconds since the origin.
     pub fn as_secs_f64(self) -> f64 {
         self.0.as_secs_f64()
@@ -37,6 +49,13 @@ impl Timestamp {
     /// years) instead of overflowing: a clock jumped that far stays there.
     pub fn after(self, by: Duration) -> Timestamp {
         Timestamp(self.0.saturating_add(by))
+    }
+}
+
+/// The timestamp `since_origin` after the clock's origin.
+impl From<Duration> for Timestamp {
+    fn from(since_origin: Duration) -> Timestamp {
+        Timestamp(since_origin)
     }
 }
 

@@ -1,7 +1,51 @@
 //! The kvgate facade: `EngineConfig` (TOML, validated), the `EngineBuilder`, the workloads (`agents`, the
 //! Mooncake trace), their drivers (one engine, or a cluster of engines sharing one store), reports,
-//! scenarios, and the `kvgate` binary. It re-exports the types an embedding server needs, so a server
-//! depends on this crate alone; the layers below stay embeddable one by one.
+//! scenarios, Prometheus metrics, and the `kvgate` binary. It re-exports the types an embedding server needs,
+//! so a server depends on this crate alone; the layers below stay embeddable one by one. The `cli` feature (on
+//! by default) adds what only the binaries need (argument parsing, the charts of `plot`, the allocator); a
+//! server takes the library without it (`default-features = false`).
+//!
+//! Driving an engine from your own loop, as a server would: submit requests, step, collect what finished,
+//! and submit the next turn of a session (its prompt extends the previous turn's, so its prefix is restored
+//! from the checkpoint store, or found in the pool):
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use kvgate::{EngineBuilder, EngineConfig, Policy, Registry, RequestSpec, Timestamp};
+//!
+//! let mut config = EngineConfig::default();
+//! config.pool.pages = 256;
+//! let mut registry = Registry::default();
+//! let (mut engine, mut metrics) = EngineBuilder::new(config)
+//!     .policy(Policy::Reserved)
+//!     .build_with_metrics(&mut registry)?;
+//! let first_prompt: Vec<u32> = (0..1_000).map(|i| i % 30_000 + 1).collect();
+//! engine.submit(RequestSpec::new(1, first_prompt.clone(), 16, Timestamp::ZERO))?;
+//! while !engine.is_idle() {
+//!     let report = engine.step()?;
+//!     kvgate::Observer::step(&mut metrics, &engine, &report);
+//!     for done in engine.take_finished() {
+//!         if done.id.get() == 1 {
+//!             // The next turn: the whole context so far and 50 new tokens, a second of think time later.
+//!             let mut prompt = first_prompt.clone();
+//!             prompt.extend(&done.output);
+//!             prompt.extend(40_000..40_050);
+//!             let arrival = engine.now().after(Duration::from_secs(1));
+//!             engine.submit(RequestSpec::new(2, prompt, 16, arrival).later_turn())?;
+//!         }
+//!     }
+//! }
+//! let run = engine.metrics();
+//! assert_eq!(run.later_turns, 1);
+//! assert_eq!(run.leaked_pages, 0);
+//! // The second turn's prompt came from the cache: found in the pool or restored, not recomputed.
+//! assert!(run.prompt_tokens_local_hit + run.prompt_tokens_restored >= 1_000);
+//! // What a `/metrics` endpoint serves (`metrics::serve`, or any server with `metrics::encode`).
+//! let text = kvgate::metrics::encode(&registry, kvgate::metrics::Format::Classic)?;
+//! assert!(text.contains("kvgate_prompt_tokens_total{policy=\"reserved\",source=\"recomputed\"}"));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod builder;
 pub mod cluster;
@@ -10,6 +54,7 @@ mod error;
 pub mod fidelity;
 pub mod limits;
 pub mod metrics;
+#[cfg(feature = "cli")]
 pub mod plot;
 pub mod report;
 pub mod run;
@@ -19,6 +64,8 @@ pub mod workload;
 pub use builder::EngineBuilder;
 pub use config::{ConfigFile, EngineConfig};
 pub use error::{Error, Result};
+pub use prometheus_client::registry::Registry;
+pub use run::Observer;
 
 pub use checkpoint_transfer::{
     CheckpointStore, DiskStore, Error as TransferError, Fault, HostStore, RedisStore, SharedStore,

@@ -45,9 +45,13 @@ use kvgate::{EngineConfig, cluster, metrics, report, run};
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// The environment variables every command reads, shown under each `--help`.
+const ENV_HELP: &str = "Environment:\n  KVGATE_LOG                 log filter for stderr (default warn; e.g. info shows every \
+capacity wait)\n  KVGATE_RESTORE_MAX_WAIT_S  overrides [restore] max_wait_s of the config, in seconds (0 to 1e9)";
+
 /// kvgate: restore-admission for LLM serving, on a simulated engine.
 #[derive(Debug, Parser)]
-#[command(name = "kvgate", version, about)]
+#[command(name = "kvgate", version, about, after_help = ENV_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -56,15 +60,22 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Agent sessions whose contexts outgrow the pool, under every policy side by side (the main job).
+    #[command(after_help = ENV_HELP)]
     Agents(AgentsArgs),
     /// Replay a Mooncake-format JSONL trace by its timestamps.
+    #[command(after_help = ENV_HELP)]
     Replay(ReplayArgs),
     /// Simulate measured vLLM experiments and print predicted against measured, with the errors (issue 31).
     Fidelity(kvgate::fidelity::cli::FidelityArgs),
     /// Fit the step-time coefficients on measured vLLM experiments and write them (TOML).
     Calibrate(kvgate::fidelity::cli::CalibrateArgs),
-    /// Run a scripted timeline and print the per-step trace as JSON (format: docs/scenarios.md).
+    /// Run a scripted timeline and print what each request went through (--json: the per-step trace,
+    /// format in docs/scenarios.md).
+    #[command(after_help = ENV_HELP)]
     Scenario {
+        /// Print the per-step trace as JSON instead of the summary.
+        #[arg(long, conflicts_with = "suite")]
+        json: bool,
         /// The scenario file (JSON).
         #[arg(required_unless_present = "suite")]
         file: Option<PathBuf>,
@@ -82,9 +93,15 @@ enum Command {
 /// Options every run command shares.
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// Engine config (TOML, see `EngineConfig`); options below override it.
-    #[arg(long)]
+    /// Engine config file (TOML; every field with its default, unit and limits in docs/kvgate.toml);
+    /// KVGATE_RESTORE_MAX_WAIT_S overrides its restore.max_wait_s, and the options below override it.
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Print the config this command would run (TOML: the file, the environment and the options applied)
+    /// and exit without running; --config reads it back. [pool] pages is left out when neither the file nor
+    /// --pool-pages sets it (the command sizes the pool).
+    #[arg(long)]
+    print_config: bool,
     /// Usable pages in the KV pool. Default: the config file's [pool] pages when it sets them, else the
     /// run's own: for agents 16384 tokens of the model's pages per rank (1024 pages of 16 tokens), 192
     /// pages with --executor reference; for replay 4095.
@@ -127,6 +144,15 @@ struct RunArgs {
     /// over time.
     #[arg(long, value_name = "DIR")]
     plot: Option<PathBuf>,
+    /// Serve Prometheus metrics of the running engines at http://ADDR/metrics while the run lasts (for
+    /// example 127.0.0.1:9464; port 0 picks a free one, named on stderr): OpenMetrics, or the classic text
+    /// format when the scraper's Accept header prefers text/plain.
+    #[arg(long, value_name = "ADDR")]
+    metrics_addr: Option<String>,
+    /// Keep serving the metrics this many seconds after the run has printed its report, so a scraper sees
+    /// the final counts (needs --metrics-addr).
+    #[arg(long, value_name = "SECONDS", requires = "metrics_addr")]
+    metrics_linger: Option<f64>,
 }
 
 #[derive(Debug, Args)]
@@ -156,10 +182,6 @@ struct AgentsArgs {
     /// 48-token responses, well under a minute on 2 cores).
     #[arg(long, value_enum, default_value_t = ExecutorArg::Sim)]
     executor: ExecutorArg,
-    /// Serve Prometheus metrics of the running engines at http://ADDR/metrics while the run lasts (for
-    /// example 127.0.0.1:9464; port 0 picks a free one, named on stderr).
-    #[arg(long, value_name = "ADDR")]
-    metrics_addr: Option<String>,
 }
 
 /// Which executor an agents run drives.
@@ -212,10 +234,9 @@ fn main() -> ExitCode {
             out!("{}", kvgate::scenario::suite::report(&runs));
             kvgate::scenario::suite::verdict(&dir, &runs)
         }),
-        Command::Scenario { file, preset, .. } => {
-            kvgate::scenario::run_file_with_preset(&file.unwrap_or_default(), preset.as_deref())
-                .map(|trace| outln!("{trace}"))
-        }
+        Command::Scenario {
+            file, preset, json, ..
+        } => scenario(&file.unwrap_or_default(), preset.as_deref(), json),
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -224,6 +245,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `kvgate scenario FILE`: the summary, or with `json` the per-step trace.
+fn scenario(file: &std::path::Path, preset: Option<&str>, json: bool) -> kvgate::Result<()> {
+    let trace = kvgate::scenario::run_file_with_preset(file, preset)?;
+    if json {
+        outln!("{trace}");
+        return Ok(());
+    }
+    let trace: serde_json::Value = serde_json::from_str(&trace)
+        .map_err(|e| kvgate::Error::Internal(format!("the scenario trace does not parse: {e}")))?;
+    out!(
+        "{}(--json prints the per-step trace; docs/scenarios.md)\n",
+        kvgate::scenario::summary(&trace)
+    );
+    Ok(())
 }
 
 /// At most `ERROR_CHARS_MAX` characters of `message`: an error quotes the value it refuses, which may be huge.
@@ -272,6 +309,9 @@ fn init_logging() -> kvgate::Result<()> {
 fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     let live = args.executor == ExecutorArg::Reference;
     let (mut config, pool_pages_set) = load_config(&args.run)?;
+    if args.run.print_config {
+        return print_config(&config, pool_pages_set);
+    }
     // The agents run's own pool unless --pool-pages or the config file's [pool] pages sets one.
     if !pool_pages_set {
         config.pool.pages = if live {
@@ -300,20 +340,12 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         spec.validate()?;
     }
     let policies = policies(&args.run.policy)?;
+    let stores = stores_at_start(&config, &policies)?;
     let plot = args.run.plot.is_some();
     let mut registry = prometheus_client::registry::Registry::default();
     let families = metrics::MetricFamilies::register(&mut registry);
-    let _server = match &args.metrics_addr {
-        Some(addr) => {
-            let server = metrics::serve(addr, std::sync::Arc::new(registry))?;
-            errln!(
-                "kvgate: serving metrics at http://{}/metrics",
-                server.local_addr()
-            );
-            Some(server)
-        }
-        None => None,
-    };
+    let server = MetricsEndpoint::start(&args.run, registry)?;
+    let serving = server.is_some();
     // A live run's pages are the reference model's (a model preset's shape, scaled down).
     let model = run::reference_model(&config);
     let (tokens_per_page, context_parallel) = if live {
@@ -334,7 +366,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         ),
     };
     let runs = run_policies(&policies, |policy, progress| {
-        let config = config_of(&config, policy, policies.len());
+        let config = config_of(&config, policy);
         let spec_of_turn = spec.clone();
         let mut timeline = Timeline::new(policy.name(), move |id| {
             run::agent_turn(&spec_of_turn, id).1
@@ -346,7 +378,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             if plot {
                 observers.push(&mut timeline);
             }
-            if args.metrics_addr.is_some() {
+            if serving {
                 observers.push(&mut engine_metrics);
             }
             run::run_agents_live_observed(&config, &spec, policy, progress, &mut observers)?
@@ -355,7 +387,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             if plot {
                 observers.push(&mut timeline);
             }
-            if args.metrics_addr.is_some() {
+            if serving {
                 observers.push(&mut engine_metrics);
             }
             run::run_agents_observed(&config, &spec, policy, progress, &mut observers)?
@@ -372,32 +404,102 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         "turn",
         runs,
     )?;
+    let header = AgentsHeader {
+        spec: &spec,
+        config: &config,
+        tokens_per_page,
+        context_parallel,
+        preset_label: &preset_label,
+        stores: &stores,
+    };
     if args.run.json {
-        let extra = [("turn_priority", serde_json::json!(spec.turn_priority))];
-        outln!("{}", report::runs_json(&runs, &extra));
+        outln!("{}", report::runs_json(&runs, &header.json()));
     } else {
-        outln!(
+        outln!("{}\n", header.text());
+        out!("{}", report::table(&runs));
+    }
+    MetricsEndpoint::linger(server);
+    Ok(())
+}
+
+/// What an agents report says above its table: the workload, the pool, the preset, the seed and the stores.
+#[derive(Debug)]
+struct AgentsHeader<'a> {
+    spec: &'a AgentsSpec,
+    config: &'a EngineConfig,
+    tokens_per_page: u32,
+    context_parallel: u32,
+    preset_label: &'a str,
+    stores: &'a [(String, run::StoreAtStart)],
+}
+
+impl AgentsHeader<'_> {
+    /// Whether any engine's store held checkpoints of earlier runs: then the workload's ceiling on prompt
+    /// tokens from cache does not hold.
+    fn warm(&self) -> bool {
+        self.stores.iter().any(|(_, store)| store.warm())
+    }
+
+    fn text(&self) -> String {
+        let spec = self.spec;
+        let ceiling = if self.warm() {
+            format!(
+                "the store started warm, so the workload's ceiling of {:.1}% from cache (a cold store's) does not \
+                 apply",
+                spec.max_from_cache_pct()
+            )
+        } else {
+            format!(
+                "the workload allows at most {:.1}% from cache",
+                spec.max_from_cache_pct()
+            )
+        };
+        format!(
             "{} agents x {} turns ({} first-prompt tokens, about {} new tokens and {} response tokens a turn), \
-             pool {} pages of {} tokens{}, preset {}{}; the workload allows at most {:.1}% from cache\n",
+             pool {} pages of {} tokens{}, preset {}, seed {}{}; {ceiling}\n{}",
             spec.n_agents,
             spec.turns,
             spec.first_prompt_tokens,
             spec.turn_input_tokens,
             spec.response_tokens,
-            config.pool.pages,
-            tokens_per_page,
-            ranks_suffix(context_parallel),
-            preset_label,
+            self.config.pool.pages,
+            self.tokens_per_page,
+            ranks_suffix(self.context_parallel),
+            self.preset_label,
+            self.config.seed,
             match spec.turn_priority {
                 TurnPriority::Arrival => "",
                 TurnPriority::Progress =>
                     ", turns admitted by session progress (--turn-priority progress)",
             },
-            spec.max_from_cache_pct()
-        );
-        out!("{}", report::table(&runs));
+            run::describe_stores(self.stores),
+        )
     }
-    Ok(())
+
+    /// The same as top-level JSON fields beside `runs`.
+    fn json(&self) -> Vec<(&'static str, serde_json::Value)> {
+        let spec = self.spec;
+        vec![
+            ("agents", serde_json::json!(spec.n_agents)),
+            ("turns", serde_json::json!(spec.turns)),
+            (
+                "first_prompt_tokens",
+                serde_json::json!(spec.first_prompt_tokens),
+            ),
+            ("pool_pages", serde_json::json!(self.config.pool.pages)),
+            ("tokens_per_page", serde_json::json!(self.tokens_per_page)),
+            ("context_parallel", serde_json::json!(self.context_parallel)),
+            ("preset", serde_json::json!(self.preset_label)),
+            ("seed", serde_json::json!(self.config.seed)),
+            ("turn_priority", serde_json::json!(spec.turn_priority)),
+            (
+                "max_from_cache_pct",
+                serde_json::json!((spec.max_from_cache_pct() * 1000.0).round() / 1000.0),
+            ),
+            ("store_started_warm", serde_json::json!(self.warm())),
+            ("stores", stores_json(self.stores)),
+        ]
+    }
 }
 
 /// The trace `args` names, cut to its first `--limit` requests. Errors: `InvalidArgument` for `--limit 0`
@@ -418,7 +520,10 @@ fn replay_trace(args: &ReplayArgs) -> kvgate::Result<Vec<mooncake::TraceRequest>
 }
 
 fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
-    let (config, _) = load_config(&args.run)?;
+    let (config, pool_pages_set) = load_config(&args.run)?;
+    if args.run.print_config {
+        return print_config(&config, pool_pages_set);
+    }
     run::check_time_scale(args.time_scale)?;
     let router: cluster::Router = args.router.parse()?;
     cluster::check_engines(args.engines)?;
@@ -431,17 +536,25 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let max_hit_pct = mooncake::theoretical_max_hit_pct(&trace);
     let later = run::later_turns(&trace);
     let policies = policies(&args.run.policy)?;
+    let stores = stores_at_start(&config, &policies)?;
     let plot = args.run.plot.is_some();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let families = metrics::MetricFamilies::register(&mut registry);
+    let server = MetricsEndpoint::start(&args.run, registry)?;
+    let serving = server.is_some();
     // The cache-share chart's x axis: the trace in arrival order, in 40 buckets.
     let bucket = (trace.len() as u64).div_ceil(REPLAY_BUCKETS).max(1);
     let runs = run_policies(&policies, |policy, progress| {
-        let config = config_of(&config, policy, policies.len());
+        let config = config_of(&config, policy);
         let mut timeline = Timeline::new(policy.name(), move |id| (id.0 / bucket) as u32);
-        let observer: &mut dyn run::Observer = if plot {
-            &mut timeline
-        } else {
-            &mut run::NoObserver
-        };
+        let mut engine_metrics = families.engine(policy.name());
+        let mut observers: Vec<&mut dyn run::Observer> = Vec::new();
+        if plot {
+            observers.push(&mut timeline);
+        }
+        if serving {
+            observers.push(&mut engine_metrics);
+        }
         let metrics = run::run_replay_observed(
             &config,
             &trace,
@@ -449,7 +562,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             args.time_scale,
             policy,
             progress,
-            observer,
+            &mut observers,
         )?;
         Ok((metrics, timeline))
     })?;
@@ -465,10 +578,15 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
         &format!("trace bucket ({bucket} requests each, arrival order)"),
         runs,
     )?;
+    let warm = stores.iter().any(|(_, store)| store.warm());
     for run in &runs {
         // No engine can serve more from cache than the trace allows; more would be a counting bug. The
-        // maximum counts every request of the trace, so it bounds a run only when none was rejected (K1).
+        // maximum counts every request of the trace, so it bounds a run only when none was rejected (K1) and
+        // the store started empty.
         let rejected: u32 = run.rejected_requests.values().sum();
+        if warm {
+            continue;
+        }
         if rejected > 0 {
             errln!(
                 "kvgate: {}: {rejected} request(s) rejected as never runnable; the trace's maximum counts them",
@@ -481,24 +599,66 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             )));
         }
     }
+    // The trace's first and last arrival on the engine clock: whether each engine kept up with them.
+    let arrival_s = |ms: u64| ms as f64 / 1000.0 * args.time_scale;
+    let first_s = trace
+        .iter()
+        .map(|r| r.timestamp)
+        .min()
+        .map_or(0.0, arrival_s);
+    let last_s = trace
+        .iter()
+        .map(|r| r.timestamp)
+        .max()
+        .map_or(0.0, arrival_s);
     if args.run.json {
-        let extra = [(
-            "theoretical_max_hit_pct",
-            serde_json::json!((max_hit_pct * 1000.0).round() / 1000.0),
-        )];
+        let extra = [
+            ("keep_up", report::replay_keep_up_json(&runs, last_s)),
+            (
+                "theoretical_max_hit_pct",
+                serde_json::json!((max_hit_pct * 1000.0).round() / 1000.0),
+            ),
+            ("requests", serde_json::json!(trace.len())),
+            ("time_scale", serde_json::json!(args.time_scale)),
+            ("pool_pages", serde_json::json!(config.pool.pages)),
+            (
+                "tokens_per_page",
+                serde_json::json!(config.model.tokens_per_page),
+            ),
+            (
+                "context_parallel",
+                serde_json::json!(config.model.context_parallel),
+            ),
+            ("preset", serde_json::json!(config.model.preset)),
+            ("seed", serde_json::json!(config.seed)),
+            ("store_started_warm", serde_json::json!(warm)),
+            ("stores", stores_json(&stores)),
+        ];
         outln!("{}", report::runs_json(&runs, &extra));
     } else {
+        let ceiling = if warm {
+            format!(
+                "the store started warm, so the trace's theoretical maximum prompt cache hit ({max_hit_pct:.1}%, \
+                 a cold store's) does not apply"
+            )
+        } else {
+            format!("theoretical maximum prompt cache hit {max_hit_pct:.1}%")
+        };
         outln!(
-            "{} requests, arrivals stretched {}x, pool {} pages of {} tokens{}; theoretical maximum prompt cache \
-             hit {max_hit_pct:.1}%\n",
+            "{} requests, arrivals stretched {}x, pool {} pages of {} tokens{}, preset {}, seed {}; {ceiling}\n{}\n",
             trace.len(),
             args.time_scale,
             config.pool.pages,
             config.model.tokens_per_page,
-            ranks_suffix(config.model.context_parallel)
+            ranks_suffix(config.model.context_parallel),
+            config.model.preset,
+            config.seed,
+            run::describe_stores(&stores),
         );
         out!("{}", report::table(&runs));
+        out!("\n{}", report::replay_keep_up(&runs, first_s, last_s));
     }
+    MetricsEndpoint::linger(server);
     incomplete(&runs)
 }
 
@@ -531,6 +691,13 @@ fn replay_cluster(
             allowed: "a chart of a replay on one engine (--engines 1)",
         });
     }
+    if args.run.metrics_addr.is_some() {
+        return Err(kvgate::Error::InvalidArgument {
+            name: "--metrics-addr",
+            value: format!("with --engines {}", args.engines),
+            allowed: "metrics of a replay on one engine (--engines 1)",
+        });
+    }
     let trace = replay_trace(args)?;
     let max_hit_pct = mooncake::theoretical_max_hit_pct(&trace);
     let later = run::later_turns(&trace);
@@ -540,7 +707,7 @@ fn replay_cluster(
         router,
     };
     let runs = run_policies(&policies, |policy, progress| {
-        let config = config_of(config, policy, policies.len());
+        let config = config_of(config, policy);
         cluster::run_cluster_replay(
             &config,
             &trace,
@@ -594,6 +761,56 @@ fn replay_cluster(
     }
     let totals: Vec<RunMetrics> = runs.iter().map(|run| run.total.clone()).collect();
     incomplete(&totals)
+}
+
+/// The `/metrics` endpoint of a run (`--metrics-addr`) and how long it stays up once the run has reported
+/// (`--metrics-linger`).
+#[derive(Debug)]
+struct MetricsEndpoint {
+    server: metrics::MetricsServer,
+    linger: std::time::Duration,
+}
+
+impl MetricsEndpoint {
+    /// Serves `registry` where `args` asks, saying where on stderr; `None` without `--metrics-addr`. Errors:
+    /// `InvalidArgument` for a `--metrics-linger` that is not 0 to 1e9 seconds, `Metrics` when the address
+    /// cannot be bound.
+    fn start(
+        args: &RunArgs,
+        registry: prometheus_client::registry::Registry,
+    ) -> kvgate::Result<Option<MetricsEndpoint>> {
+        let Some(addr) = &args.metrics_addr else {
+            return Ok(None);
+        };
+        let linger_s = args.metrics_linger.unwrap_or(0.0);
+        let linger = kvgate::limits::duration_s(linger_s, false).map_err(|allowed| {
+            kvgate::Error::InvalidArgument {
+                name: "--metrics-linger",
+                value: kvgate::limits::show(linger_s),
+                allowed,
+            }
+        })?;
+        let server = metrics::serve(addr, std::sync::Arc::new(registry))?;
+        errln!(
+            "kvgate: serving metrics at http://{}/metrics",
+            server.local_addr()
+        );
+        Ok(Some(MetricsEndpoint { server, linger }))
+    }
+
+    /// Keeps serving for the `--metrics-linger` seconds, saying so on stderr, then stops.
+    fn linger(endpoint: Option<MetricsEndpoint>) {
+        if let Some(endpoint) = endpoint
+            && !endpoint.linger.is_zero()
+        {
+            errln!(
+                "kvgate: the run is over; metrics stay at http://{}/metrics for {} s",
+                endpoint.server.local_addr(),
+                endpoint.linger.as_secs_f64()
+            );
+            std::thread::sleep(endpoint.linger);
+        }
+    }
 }
 
 /// Buckets of a replay's requests on the cache-share chart's x axis.
@@ -656,14 +873,53 @@ fn load_config(args: &RunArgs) -> kvgate::Result<(EngineConfig, bool)> {
     Ok((config, pool_pages_set))
 }
 
-/// The config of `policy`'s engine when `n_policies` run at once: with several, each has its own store
-/// directory (`<store.dir>/<policy>`), since one directory holds one engine's checkpoints.
-fn config_of(config: &EngineConfig, policy: Policy, n_policies: usize) -> EngineConfig {
-    if n_policies > 1 {
-        config.for_one_of_several(policy)
-    } else {
-        config.clone()
+/// Prints `config` as TOML (`--print-config`), without `[pool] pages` unless `pool_pages_set`: the command
+/// sizes its pool where neither the file nor `--pool-pages` did.
+fn print_config(config: &EngineConfig, pool_pages_set: bool) -> kvgate::Result<()> {
+    let text = config.to_toml()?;
+    if pool_pages_set {
+        out!("{text}");
+        return Ok(());
     }
+    let mut table: toml::Table = toml::from_str(&text)
+        .map_err(|e| kvgate::Error::Internal(format!("a written config does not parse: {e}")))?;
+    if let Some(pool) = table.get_mut("pool").and_then(toml::Value::as_table_mut) {
+        pool.remove("pages");
+    }
+    let text = toml::to_string(&table)
+        .map_err(|e| kvgate::Error::Internal(format!("a config that TOML cannot hold: {e}")))?;
+    out!("{text}");
+    Ok(())
+}
+
+/// The config of `policy`'s engine: its disk store, if any, in `<store.dir>/<policy>` and its Redis keys under
+/// `<store.key_prefix><policy>:`, whether it runs alone (`--policy`) or beside others, since one directory
+/// holds one engine's checkpoints and a policy restoring another's would not compare policies.
+fn config_of(config: &EngineConfig, policy: Policy) -> EngineConfig {
+    config.for_one_of_several(policy)
+}
+
+/// The checkpoint store each policy's engine will open, and what it holds now (`run::store_at_start`).
+fn stores_at_start(
+    config: &EngineConfig,
+    policies: &[Policy],
+) -> kvgate::Result<Vec<(String, run::StoreAtStart)>> {
+    policies
+        .iter()
+        .map(|&policy| {
+            let store = run::store_at_start(&config_of(config, policy), policy)?;
+            Ok((policy.name().to_string(), store))
+        })
+        .collect()
+}
+
+/// The stores of a report's JSON: the description, and each policy's store.
+fn stores_json(stores: &[(String, run::StoreAtStart)]) -> serde_json::Value {
+    let by_policy: serde_json::Map<String, serde_json::Value> = stores
+        .iter()
+        .map(|(policy, store)| (policy.clone(), serde_json::json!(store)))
+        .collect();
+    serde_json::Value::Object(by_policy)
 }
 
 fn policies(names: &[String]) -> kvgate::Result<Vec<Policy>> {

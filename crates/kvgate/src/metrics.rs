@@ -1,11 +1,13 @@
 //! Prometheus metrics of running engines (`prometheus-client`), kept by the facade from what each step
 //! reports: no lower layer knows Prometheus. `MetricFamilies::register` adds the families to a `Registry`
 //! (every series labelled with the engine's `policy`); an `EngineMetrics` per engine is an `Observer` that
-//! updates them after every step; `serve` answers `GET /metrics` in the text exposition format over plain
-//! `std::net` (one thread, no async runtime). Copies in flight, owned imports, capacity waiters and the restore
+//! updates them after every step; `serve` answers `GET /metrics` over plain `std::net` (no async runtime), in
+//! OpenMetrics or the classic text format as the scraper's `Accept` asks (`negotiate`, `encode`, for any
+//! server showing a registry). Copies in flight, owned imports, capacity waiters and the restore
 //! latency (from a copy's start to its end, on the engine clock) come from `Engine::restore_gauges`, under every
 //! policy.
 
+mod exposition;
 mod http;
 
 use std::collections::{HashMap, HashSet};
@@ -19,6 +21,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub use self::exposition::{Format, encode, negotiate};
 pub use self::http::{MetricsServer, serve};
 use crate::run::Observer;
 

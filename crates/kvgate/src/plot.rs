@@ -1,9 +1,10 @@
 //! Charts of runs, policies side by side, as one SVG (`plotters`, SVG backend only: no system fonts). A
-//! `Timeline` records what a run did, from the engine itself: after every step the pool's pages (used,
-//! free and protected by credits, free for anyone) and the capacity waiters; at the end every request's
-//! prompt tokens from cache and its turn time. `write_svg` draws the share of prompt tokens from cache per
-//! turn, the turn-time CDF, capacity waiters over time and pool pages over time (one panel per policy), the time series averaged
-//! over 400 spans of the run.
+//! `Timeline` records what a run did, from the engine itself: after every step the pool's pages (in use,
+//! free) and the capacity waiters of every policy (`Engine::restore_gauges`);
+//! at the end every finished request's prompt tokens from cache and its turn time, the numbers the report's
+//! table sums. `write_svg` draws the share of prompt tokens from cache per turn, the turn-time CDF (log time
+//! axis), capacity waiters over time and pool pages over time (one panel per policy), the time series
+//! averaged over spans of the run, with the legends beside the panels, not over them.
 
 mod chart;
 
@@ -14,9 +15,6 @@ use kv_pool::RequestId;
 
 use crate::error::{Error, Result};
 use crate::run::Observer;
-
-/// Spans of engine time each time series is averaged over.
-const SAMPLE_BINS: usize = 400;
 
 /// What one policy's run did, for the charts.
 pub struct Timeline {
@@ -40,8 +38,8 @@ impl std::fmt::Debug for Timeline {
 #[derive(Clone, Copy, Debug)]
 struct Sample {
     t_s: f64,
+    /// Pages not free: held by running requests, by restores and by imports their consumer owns.
     used_pages: u32,
-    credit_pages: u32,
     free_pages: u32,
     capacity_waiters: u32,
 }
@@ -99,18 +97,44 @@ impl Timeline {
             .collect()
     }
 
-    /// The samples averaged over `SAMPLE_BINS` equal spans of engine time (a span without a sample is left
-    /// out), so a chart shows the trend rather than step-to-step noise.
-    fn binned_samples(&self) -> Vec<Sample> {
+    /// Prompt tokens from cache and prompt tokens over every finished turn: what the table's "prompt tokens
+    /// from cache" divides.
+    pub fn cached_and_prompt_tokens(&self) -> (u64, u64) {
+        self.turns.iter().fold((0, 0), |(cached, prompt), point| {
+            (
+                cached + u64::from(point.cached_tokens),
+                prompt + u64::from(point.prompt_tokens),
+            )
+        })
+    }
+
+    /// Turn times (arrival to finish) of the finished requests, in seconds, in the order they finished.
+    pub fn turn_times_s(&self) -> Vec<f64> {
+        self.turns.iter().map(|point| point.turn_s).collect()
+    }
+
+    /// The most capacity waiters after any step.
+    pub fn peak_capacity_waiters(&self) -> u32 {
+        self.samples
+            .iter()
+            .map(|sample| sample.capacity_waiters)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The samples averaged over `n_bins` equal spans of engine time (a span without a sample is left out),
+    /// so a chart shows the trend rather than step-to-step noise.
+    fn binned_samples(&self, n_bins: usize) -> Vec<Sample> {
         let t_max = self.samples.last().map_or(0.0, |s| s.t_s);
-        let span = (t_max / SAMPLE_BINS as f64).max(f64::MIN_POSITIVE);
-        let mut bins: Vec<(u32, [f64; 4])> = vec![(0, [0.0; 4]); SAMPLE_BINS + 1];
+        let span = (t_max / n_bins as f64).max(f64::MIN_POSITIVE);
+        let mut bins: Vec<(u32, [f64; 3])> = vec![(0, [0.0; 3]); n_bins + 1];
         for sample in &self.samples {
-            let bin = &mut bins[((sample.t_s / span) as usize).min(SAMPLE_BINS)];
+            let Some(bin) = bins.get_mut(((sample.t_s / span) as usize).min(n_bins)) else {
+                continue;
+            };
             bin.0 += 1;
             let values = [
                 sample.used_pages,
-                sample.credit_pages,
                 sample.free_pages,
                 sample.capacity_waiters,
             ];
@@ -122,13 +146,13 @@ impl Timeline {
             .enumerate()
             .filter(|(_, (n, _))| *n > 0)
             .map(|(idx, (n, sums))| {
-                let mean = |i: usize| (sums[i] / f64::from(n)).round() as u32;
+                let mean =
+                    |i: usize| (sums.get(i).copied().unwrap_or(0.0) / f64::from(n)).round() as u32;
                 Sample {
                     t_s: (idx as f64 + 0.5) * span,
                     used_pages: mean(0),
-                    credit_pages: mean(1),
-                    free_pages: mean(2),
-                    capacity_waiters: mean(3),
+                    free_pages: mean(1),
+                    capacity_waiters: mean(2),
                 }
             })
             .collect()
@@ -138,15 +162,13 @@ impl Timeline {
 impl<E: Executor> Observer<E> for Timeline {
     fn step(&mut self, engine: &Engine<E>, report: &StepReport) {
         let pool = engine.pool();
-        let capacity_waiters = engine
-            .ledger_snapshot()
-            .map_or(0, |snapshot| snapshot.waiters.len() as u32);
+        // The waiters of every policy (not only the ledger `reserved` keeps): what the report counts.
+        let gauges = engine.restore_gauges();
         self.samples.push(Sample {
             t_s: report.now.as_secs_f64(),
             used_pages: pool.n_usable().saturating_sub(report.free_pages),
-            credit_pages: report.credit_pages.min(report.free_pages),
             free_pages: report.free_pages,
-            capacity_waiters,
+            capacity_waiters: gauges.waiters.len() as u32,
         });
     }
 

@@ -105,6 +105,68 @@ pub fn cluster_json(run: &ClusterRun) -> Value {
     object
 }
 
+/// Whether one engine's replay kept up with the trace whose arrivals (on the engine clock, stretched) run
+/// from `first_arrival_s` to `last_arrival_s`, by the cluster's rule (its last request finished within
+/// [`KEEP_UP_DRAIN_S_MAX`] of the last arrival, p99 time to first token at most [`KEEP_UP_P99_TTFT_S_MAX`]):
+/// one line per run, and for a run that fell behind by how much.
+pub fn replay_keep_up(runs: &[RunMetrics], first_arrival_s: f64, last_arrival_s: f64) -> String {
+    let span_s = (last_arrival_s - first_arrival_s).max(0.0);
+    let mut out = String::new();
+    for run in runs {
+        let (kept_up, drain_s) = kept_up(run, last_arrival_s);
+        if kept_up {
+            out.push_str(&format!(
+                "{}: kept up with the trace's arrivals: last finish {drain_s:.1} s after the last arrival, p99 \
+                 ttft {:.2} s\n",
+                run.policy, run.p99_ttft_s
+            ));
+            continue;
+        }
+        let served_s = (run.sim_seconds - first_arrival_s).max(0.0);
+        let slower = if span_s > 0.0 {
+            format!(
+                ", {:.2}x the {span_s:.0} s the trace spans",
+                served_s / span_s
+            )
+        } else {
+            String::new()
+        };
+        out.push_str(&format!(
+            "{}: FELL BEHIND the trace's arrivals: served them in {served_s:.0} s{slower}; the last request \
+             finished {drain_s:.0} s after the last arrival, p99 ttft {:.1} s (keeping up: within \
+             {KEEP_UP_DRAIN_S_MAX} s and {KEEP_UP_P99_TTFT_S_MAX} s); the turn times above include that \
+             queueing. Stretch the arrivals (--time-scale) or spread them over engines (--engines)\n",
+            run.policy, run.p99_ttft_s
+        ));
+    }
+    out
+}
+
+/// Whether `run` kept up with arrivals ending at `last_arrival_s` (the cluster's rule), and how long after the
+/// last arrival its last request finished.
+fn kept_up(run: &RunMetrics, last_arrival_s: f64) -> (bool, f64) {
+    let drain_s = (run.sim_seconds - last_arrival_s).max(0.0);
+    (
+        drain_s <= KEEP_UP_DRAIN_S_MAX && run.p99_ttft_s <= KEEP_UP_P99_TTFT_S_MAX,
+        drain_s,
+    )
+}
+
+/// [`replay_keep_up`] for machines: `{policy: {"kept_up", "drain_s"}}`.
+pub fn replay_keep_up_json(runs: &[RunMetrics], last_arrival_s: f64) -> Value {
+    let by_policy: Map<String, Value> = runs
+        .iter()
+        .map(|run| {
+            let (kept_up, drain_s) = kept_up(run, last_arrival_s);
+            (
+                run.policy.clone(),
+                json!({"kept_up": kept_up, "drain_s": round(drain_s, 3)}),
+            )
+        })
+        .collect();
+    Value::Object(by_policy)
+}
+
 /// A cluster replay as a person reads it: the table with one column per engine and one for the cluster,
 /// then the throughput the trace needs against what the cluster sustained.
 pub fn cluster_table(run: &ClusterRun) -> String {
@@ -150,26 +212,74 @@ pub fn cluster_table(run: &ClusterRun) -> String {
 /// The side-by-side table of `columns` (header, run).
 fn table_of(columns: &[(&str, &RunMetrics)]) -> String {
     let runs: Vec<&RunMetrics> = columns.iter().map(|(_, run)| *run).collect();
-    type Row = (&'static str, fn(&RunMetrics) -> String);
-    let rows: [Row; 18] = [
-        ("prompt tokens from cache", |r| {
+    let rows = rows_of(&runs);
+    let label_width = rows.iter().map(|(label, _)| label.len()).max().unwrap_or(0);
+    let widths: Vec<usize> = columns
+        .iter()
+        .enumerate()
+        .map(|(col, (header, _))| {
+            rows.iter()
+                .filter_map(|(_, cells)| cells.get(col).map(String::len))
+                .chain([header.len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = format!("{:label_width$}", "");
+    for ((header, _), width) in columns.iter().zip(&widths) {
+        out.push_str(&format!("  {header:>width$}"));
+    }
+    out.push('\n');
+    for (label, row) in &rows {
+        out.push_str(&format!("{label:label_width$}"));
+        for (cell, width) in row.iter().zip(&widths) {
+            out.push_str(&format!("  {cell:>width$}"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// A row of the table: its label and one cell per run.
+type Row = (String, Vec<String>);
+
+/// The table's rows for `runs`: the headline metrics, and under the restore fallbacks and the rejected
+/// requests one row per reason that any run counts.
+fn rows_of(runs: &[&RunMetrics]) -> Vec<Row> {
+    type Cell = fn(&RunMetrics) -> String;
+    let row = |label: &str, cell: Cell| -> Row {
+        (
+            label.to_string(),
+            runs.iter().map(|run| cell(run)).collect(),
+        )
+    };
+    let mut rows: Vec<Row> = vec![
+        row("prompt tokens from cache", |r| {
             format!("{:.1}%", r.prompt_tokens_from_cache_pct)
         }),
-        ("  restored / local hit", |r| {
+        row("  restored / local hit", |r| {
             format!(
                 "{} / {}",
                 r.prompt_tokens_restored, r.prompt_tokens_local_hit
             )
         }),
-        ("  recomputed", |r| r.prompt_tokens_recomputed.to_string()),
-        ("later turns with a restore", |r| {
+        row("  recomputed", |r| r.prompt_tokens_recomputed.to_string()),
+        row("later turns with a restore", |r| {
             format!("{}/{}", r.later_turns_restored, r.later_turns)
         }),
-        ("  or a full local hit", |r| {
+        row("  or a full local hit", |r| {
             r.later_turns_local_hit.to_string()
         }),
-        ("restore fallbacks", |r| by_most(&r.restore_fallbacks)),
-        ("rejected requests", |r| by_most(&r.rejected_requests)),
+        row("restore fallbacks", |r| {
+            r.restore_fallbacks.values().sum::<u32>().to_string()
+        }),
+    ];
+    rows.extend(by_reason(runs, |r| &r.restore_fallbacks));
+    rows.push(row("rejected requests", |r| {
+        r.rejected_requests.values().sum::<u32>().to_string()
+    }));
+    rows.extend(by_reason(runs, |r| &r.rejected_requests));
+    let rest: [(&str, Cell); 11] = [
         ("mean turn time", |r| format!("{:.1} s", r.mean_turn_s)),
         ("p50 / p99 ttft", |r| {
             format!("{:.2} / {:.2} s", r.p50_ttft_s, r.p99_ttft_s)
@@ -199,34 +309,33 @@ fn table_of(columns: &[(&str, &RunMetrics)]) -> String {
         ("simulated time", |r| format!("{:.1} s", r.sim_seconds)),
         ("wall time", |r| format!("{:.2} s", r.wall_seconds)),
     ];
-    let label_width = rows.iter().map(|(label, _)| label.len()).max().unwrap_or(0);
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|(_, cell)| runs.iter().map(|run| cell(run)).collect())
-        .collect();
-    let widths: Vec<usize> = (0..runs.len())
-        .map(|col| {
-            cells
-                .iter()
-                .map(|row| row[col].len())
-                .chain([columns[col].0.len()])
-                .max()
-                .unwrap_or(0)
-        })
-        .collect();
-    let mut out = format!("{:label_width$}", "");
-    for ((header, _), width) in columns.iter().zip(&widths) {
-        out.push_str(&format!("  {header:>width$}"));
-    }
-    out.push('\n');
-    for ((label, _), row) in rows.iter().zip(&cells) {
-        out.push_str(&format!("{label:label_width$}"));
-        for (cell, width) in row.iter().zip(&widths) {
-            out.push_str(&format!("  {cell:>width$}"));
+    rows.extend(rest.into_iter().map(|(label, cell)| row(label, cell)));
+    rows
+}
+
+/// One row per reason any of `runs` counts in `counts`, labelled `  <reason>`, most frequent first.
+fn by_reason(
+    runs: &[&RunMetrics],
+    counts: impl Fn(&RunMetrics) -> &std::collections::BTreeMap<String, u32>,
+) -> Vec<Row> {
+    let mut totals: std::collections::BTreeMap<&str, u64> = Default::default();
+    for run in runs {
+        for (reason, n) in counts(run) {
+            *totals.entry(reason.as_str()).or_default() += u64::from(*n);
         }
-        out.push('\n');
     }
-    out
+    let mut reasons: Vec<(&str, u64)> = totals.into_iter().filter(|(_, n)| *n > 0).collect();
+    reasons.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    reasons
+        .into_iter()
+        .map(|(reason, _)| {
+            let cells = runs
+                .iter()
+                .map(|run| counts(run).get(reason).copied().unwrap_or(0).to_string())
+                .collect();
+            (format!("  {reason}"), cells)
+        })
+        .collect()
 }
 
 /// The line under a table naming a run the watchdog stopped, and why; empty for a run that finished.
@@ -237,19 +346,10 @@ fn stopped_line(run: &RunMetrics) -> String {
         .unwrap_or_default()
 }
 
-/// A count by reason as its total and the most frequent reason.
-fn by_most(counts: &std::collections::BTreeMap<String, u32>) -> String {
-    let total: u32 = counts.values().sum();
-    if total == 0 {
-        return "0".to_string();
-    }
-    let mut reasons: Vec<(&String, &u32)> = counts.iter().collect();
-    reasons.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
-    let (top, n) = reasons[0];
-    format!("{total} (most: {top} {n})")
-}
-
 fn round(value: f64, digits: i32) -> f64 {
     let scale = 10f64.powi(digits);
     (value * scale).round() / scale
 }
+
+#[cfg(test)]
+mod tests;

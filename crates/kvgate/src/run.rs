@@ -473,6 +473,7 @@ pub(crate) fn small_agents() -> (EngineConfig, AgentsSpec) {
 }
 
 mod live;
+mod store;
 #[cfg(test)]
 mod tests;
 
@@ -481,3 +482,4 @@ pub use live::{
     check_live_geometry, live_agents_spec, live_params, live_pool_pages, reference_model,
     run_agents_live, run_agents_live_observed,
 };
+pub use store::{StoreAtStart, describe_stores, store_at_start};

@@ -506,6 +506,9 @@ fn step_json(
 }
 
 pub mod suite;
+mod summary;
+
+pub use summary::summary;
 
 #[cfg(test)]
 mod tests;

@@ -16,6 +16,7 @@
 //! names (`../shared/fidelity` in CI).
 
 pub mod calibrate;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod experiment;
 pub mod report;

@@ -1,4 +1,5 @@
-//! `serve`: a minimal HTTP server for `GET /metrics` on `std::net`, one request per connection. An accept
+//! `serve`: a minimal HTTP server for `GET /metrics` on `std::net`, one request per connection, in the format
+//! the request's `Accept` header asks for (`exposition::negotiate`). An accept
 //! thread hands each connection to a thread of its own, at most `CONNECTIONS_MAX` at once, so a client that
 //! sends nothing never delays another's scrape; a connection beyond the limit is answered 503 at once.
 //! Anything but `GET /metrics` is answered 404; a connection that has not sent its request head within
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use prometheus_client::registry::Registry;
 
+use super::exposition::{encode, negotiate};
 use crate::error::{Error, Result};
 
 /// How long a client may take to send its whole request head (request line and headers).
@@ -59,7 +61,8 @@ impl Drop for MetricsServer {
     }
 }
 
-/// Listens on `addr` and answers `GET /metrics` with `registry` in the Prometheus text format, on threads of
+/// Listens on `addr` and answers `GET /metrics` with `registry` in the text format the scraper asks for
+/// (OpenMetrics unless its `Accept` prefers the classic `text/plain; version=0.0.4`), on threads of
 /// its own, until the returned server is dropped. `Error::Metrics` when `addr` cannot be bound.
 pub fn serve(addr: &str, registry: Arc<Registry>) -> Result<MetricsServer> {
     serve_at_most(addr, registry, CONNECTIONS_MAX)
@@ -192,23 +195,23 @@ fn answer(mut stream: TcpStream, registry: &Registry) -> std::io::Result<()> {
     let mut reader = BufReader::new(request.take(REQUEST_BYTES_MAX));
     let mut request_line = String::new();
     reader.read_line(&mut request_line)?;
-    // Drain the headers, up to the blank line (or the end of what may be read).
+    // Drain the headers, up to the blank line (or the end of what may be read), keeping `Accept`.
     let mut header = String::new();
+    let mut accept = None;
     while reader.read_line(&mut header)? > 2 {
+        if let Some((name, value)) = header.split_once(':')
+            && name.trim().eq_ignore_ascii_case("accept")
+        {
+            accept = Some(value.trim().to_string());
+        }
         header.clear();
     }
     let mut parts = request_line.split_whitespace();
     match (parts.next(), parts.next()) {
         (Some("GET"), Some("/metrics")) => {
-            let mut body = String::new();
-            prometheus_client::encoding::text::encode(&mut body, registry)
-                .map_err(std::io::Error::other)?;
-            respond(
-                &mut stream,
-                "200 OK",
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                &body,
-            )
+            let format = negotiate(accept.as_deref());
+            let body = encode(registry, format).map_err(std::io::Error::other)?;
+            respond(&mut stream, "200 OK", format.content_type(), &body)
         }
         _ => respond(
             &mut stream,

@@ -1,6 +1,7 @@
 //! The `/metrics` endpoint of a small agents run, scraped over HTTP and parsed as the text format: every
-//! family is there, and the prompt tokens by source add up to the run's own metrics; a live run (the
-//! reference model on the wall clock) is scraped while it runs.
+//! family is there, and under every policy the counters equal the run's own report; the classic format is
+//! served to a scraper that asks for it (and passes `promtool check metrics`); a live run (the reference model
+//! on the wall clock) is scraped while it runs.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -10,19 +11,25 @@ use std::sync::Arc;
 use engine::Policy;
 use prometheus_client::registry::Registry;
 
-use super::{MetricFamilies, serve};
+use super::{Format, MetricFamilies, encode, negotiate, serve};
 use crate::config::EngineConfig;
 use crate::run;
 use crate::workload::agents::AgentsSpec;
 
 /// `GET path` on `addr`: (status line, body).
 fn get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    let (head, body) = get_with(addr, path, "");
+    (head.lines().next().unwrap().to_string(), body)
+}
+
+/// `GET path` on `addr` with extra header lines (each ending in CRLF): (response head, body).
+fn get_with(addr: std::net::SocketAddr, path: &str, headers: &str) -> (String, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: test\r\n{headers}\r\n").unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
+    (head.to_string(), body.to_string())
 }
 
 /// Parses the text exposition format: series (name and labels as written) to value.
@@ -47,7 +54,7 @@ fn metrics_are_served_over_http_in_the_text_format() {
     let families = MetricFamilies::register(&mut registry);
     let server = serve("127.0.0.1:0", Arc::new(registry)).unwrap();
     let mut runs = Vec::new();
-    for policy in [Policy::Ordinary, Policy::Reserved] {
+    for policy in Policy::ALL {
         let mut metrics = families.engine(policy.name());
         runs.push(
             run::run_agents_observed(&config, &spec, policy, &mut |_, _| {}, &mut metrics).unwrap(),
@@ -187,4 +194,164 @@ fn a_live_run_serves_its_metrics_while_it_runs() {
     }
     assert!(run.prompt_tokens_restored > 0, "{run:?}");
     assert!(series["kvgate_restore_latency_seconds_count{policy=\"reserved\"}"] > 0.0);
+}
+
+#[test]
+fn the_format_follows_the_accept_header() {
+    let check = |accept: Option<&str>, expect: Format| {
+        assert_eq!(negotiate(accept), expect, "{accept:?}");
+    };
+    check(None, Format::OpenMetrics);
+    check(Some("*/*"), Format::OpenMetrics);
+    check(Some("text/plain"), Format::Classic);
+    check(Some("text/plain; version=0.0.4"), Format::Classic);
+    check(Some("TEXT/PLAIN;version=0.0.4"), Format::Classic);
+    check(
+        Some("application/openmetrics-text; version=1.0.0"),
+        Format::OpenMetrics,
+    );
+    // What a Prometheus server sends: OpenMetrics first, text as the fallback.
+    check(
+        Some(
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+             text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+        ),
+        Format::OpenMetrics,
+    );
+    // A scraper that prefers the classic format.
+    check(
+        Some("text/plain;version=0.0.4,application/openmetrics-text;q=0.5"),
+        Format::Classic,
+    );
+    // A refused type (q=0) is not asked for; a malformed q counts as 1.
+    check(Some("text/plain;q=0"), Format::OpenMetrics);
+    check(Some("text/plain;q=x"), Format::Classic);
+    check(Some(""), Format::OpenMetrics);
+}
+
+/// A registry holding one engine's families after a small run under `policy`.
+fn registry_after(policy: Policy) -> Registry {
+    let (config, spec) = run::small_agents();
+    let mut registry = Registry::default();
+    let families = MetricFamilies::register(&mut registry);
+    let mut metrics = families.engine(policy.name());
+    run::run_agents_observed(&config, &spec, policy, &mut |_, _| {}, &mut metrics).unwrap();
+    registry
+}
+
+#[test]
+fn the_classic_format_describes_each_counter_by_its_series_name() {
+    let registry = registry_after(Policy::Ordinary);
+    let openmetrics = encode(&registry, Format::OpenMetrics).unwrap();
+    let classic = encode(&registry, Format::Classic).unwrap();
+    assert!(openmetrics.contains("# TYPE kvgate_preemptions counter\n"));
+    assert!(classic.contains("# TYPE kvgate_preemptions_total counter\n"));
+    assert!(classic.contains("# HELP kvgate_preemptions_total Running requests preempted"));
+    assert!(!classic.contains("# EOF"), "{classic}");
+    // Every sample has a HELP and a TYPE line naming its family (the histogram's by its base name).
+    let described: Vec<&str> = classic
+        .lines()
+        .filter_map(|line| line.strip_prefix("# HELP "))
+        .filter_map(|rest| rest.split_once(' ').map(|(name, _)| name))
+        .collect();
+    let typed: Vec<&str> = classic
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split_once(' ').map(|(name, _)| name))
+        .collect();
+    assert_eq!(described, typed);
+    for line in classic.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .filter(|base| described.contains(base))
+            .unwrap_or(name);
+        assert!(described.contains(&family), "{line}: no HELP for {family}");
+    }
+    // The samples themselves are the same in both formats.
+    let samples = |text: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(str::to_string)
+            .collect()
+    };
+    assert_eq!(samples(&openmetrics), samples(&classic));
+}
+
+#[test]
+fn a_scraper_asking_for_the_classic_format_gets_it() {
+    let registry = registry_after(Policy::Reserved);
+    let server = serve("127.0.0.1:0", Arc::new(registry)).unwrap();
+    let (head, body) = get_with(
+        server.local_addr(),
+        "/metrics",
+        "Accept: text/plain;version=0.0.4\r\n",
+    );
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4; charset=utf-8"),
+        "{head}"
+    );
+    assert!(body.contains("# TYPE kvgate_prompt_tokens_total counter\n"));
+    let (head, body) = get_with(server.local_addr(), "/metrics", "");
+    assert!(
+        head.contains("Content-Type: application/openmetrics-text; version=1.0.0"),
+        "{head}"
+    );
+    assert!(body.ends_with("# EOF\n"));
+}
+
+/// `promtool check metrics` (Debian's `prometheus` package) on the classic scrape of a run under every
+/// policy: no lint problem. Without promtool it prints that it skipped, and fails under
+/// `KVGATE_REQUIRE_PROMTOOL=1` (set by `.ci/run`, which installs it).
+#[test]
+fn promtool_accepts_the_classic_scrape() {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the test reads whether CI requires promtool"
+    )]
+    let required = std::env::var("KVGATE_REQUIRE_PROMTOOL").is_ok_and(|v| v == "1");
+    let promtool = std::process::Command::new("promtool")
+        .arg("--version")
+        .output();
+    if promtool.is_err() {
+        assert!(
+            !required,
+            "promtool is not installed and KVGATE_REQUIRE_PROMTOOL=1"
+        );
+        #[allow(clippy::print_stderr, reason = "a skipped test says so")]
+        {
+            eprintln!("skipped: promtool is not installed (Debian's prometheus package has it)");
+        }
+        return;
+    }
+    let (config, spec) = run::small_agents();
+    let mut registry = Registry::default();
+    let families = MetricFamilies::register(&mut registry);
+    for policy in Policy::ALL {
+        let mut metrics = families.engine(policy.name());
+        run::run_agents_observed(&config, &spec, policy, &mut |_, _| {}, &mut metrics).unwrap();
+    }
+    let server = serve("127.0.0.1:0", Arc::new(registry)).unwrap();
+    let (_, body) = get_with(server.local_addr(), "/metrics", "Accept: text/plain\r\n");
+    let mut check = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    check
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let output = check.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check metrics: {}{}\n{body}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

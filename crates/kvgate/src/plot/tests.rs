@@ -55,3 +55,50 @@ fn the_agents_chart_has_a_series_for_every_policy() {
 }
 
 use plotters::style::RGBColor;
+
+/// The chart draws the numbers the table prints: per policy, the cache share over every turn is the table's
+/// "prompt tokens from cache", the CDF holds every finished turn and their mean is the table's mean turn
+/// time, and a policy the table counts capacity waits for (pages-only included) has waiters on the chart.
+#[test]
+fn the_chart_series_come_from_the_numbers_of_the_table() {
+    let (config, spec) = run::small_agents();
+    let mut waits_seen = 0;
+    for policy in Policy::ALL {
+        let spec_copy = spec.clone();
+        let mut timeline = Timeline::new(policy.name(), move |id| agent_turn(&spec_copy, id).1);
+        let run = run::run_agents_observed(&config, &spec, policy, &mut |_, _| {}, &mut timeline)
+            .unwrap();
+        let (cached, prompt) = timeline.cached_and_prompt_tokens();
+        assert_eq!(
+            cached,
+            run.prompt_tokens_local_hit + run.prompt_tokens_restored,
+            "{policy:?}"
+        );
+        assert_eq!(prompt, run.prompt_tokens, "{policy:?}");
+        let share = 100.0 * cached as f64 / prompt as f64;
+        assert!(
+            (share - run.prompt_tokens_from_cache_pct).abs() < 1e-9,
+            "{policy:?}: {share} against {}",
+            run.prompt_tokens_from_cache_pct
+        );
+        let times = timeline.turn_times_s();
+        assert_eq!(times.len(), run.requests_finished as usize, "{policy:?}");
+        let mean = times.iter().sum::<f64>() / times.len() as f64;
+        assert!(
+            (mean - run.mean_turn_s).abs() < 1e-9,
+            "{policy:?}: {mean} against {}",
+            run.mean_turn_s
+        );
+        assert_eq!(
+            timeline.peak_capacity_waiters() > 0,
+            run.capacity_waits > 0,
+            "{policy:?}: {} waits in the report",
+            run.capacity_waits
+        );
+        waits_seen += run.capacity_waits;
+    }
+    assert!(
+        waits_seen > 0,
+        "no policy waited: the comparison compares nothing"
+    );
+}

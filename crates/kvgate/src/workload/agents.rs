@@ -39,7 +39,8 @@ pub struct AgentsSpec {
 
 /// The priority a turn asks for. The engine admits by priority, then arrival (contract Q1), so this is the
 /// admission order of the capacity waiters; it is the client's choice, the same under every policy.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "kebab-case")]
 pub enum TurnPriority {
     /// Every turn the same priority: arrival order (FCFS).

@@ -13,7 +13,7 @@
 //!   were packed into the pool with no page idle, every session ending together: the packed span less a
 //!   session's mean think time, over its turns.
 //!
-//! Run it with `cargo run --release -p kvgate --example capacity_waits [-- --pool-pages N] [--turn-priority
+//! Run it with `cargo run --release -p kvgate --bin capacity_waits [-- --pool-pages N] [--turn-priority
 //! arrival|progress]`.
 #![allow(
     clippy::print_stderr,
