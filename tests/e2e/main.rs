@@ -15,6 +15,7 @@ mod incidents;
 mod presets;
 mod redis;
 mod scenarios;
+mod serve;
 
 use serde_json::Value;
 

@@ -14,6 +14,7 @@ pub mod plot;
 pub mod report;
 pub mod run;
 pub mod scenario;
+pub mod serve;
 pub mod workload;
 
 pub use builder::EngineBuilder;
