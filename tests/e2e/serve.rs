@@ -541,3 +541,63 @@ fn serve_binary_drains_and_exits_0_on_sigterm() {
         "{tail}"
     );
 }
+
+#[test]
+fn serve_ends_the_answer_before_a_stop_sequence() {
+    let Some(model) = model_file("serve_ends_the_answer_before_a_stop_sequence") else {
+        return;
+    };
+    let server = Server::start(&small_config(), &options(model)).unwrap();
+    let addr = server.local_addr();
+    let (status, _, whole) = post(addr, "/v1/chat/completions", &chat("say something", 24));
+    assert_eq!(status, 200, "{whole}");
+    let text = whole["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // A stop sequence from the middle of the greedy answer: the same chat now ends just before it.
+    let chars: Vec<char> = text.chars().collect();
+    assert!(chars.len() >= 8, "{text:?}");
+    let start = chars.len() / 2;
+    let stop: String = chars[start..start + 3].iter().collect();
+    let before = &text[..text.find(&stop).unwrap()];
+    for stream in [false, true] {
+        let mut body = chat("say something", 24);
+        body["stop"] = json!([stop]);
+        body["stream"] = json!(stream);
+        let answer = runtime().block_on(async {
+            let client = ApiClient::new(&format!("http://{addr}")).unwrap();
+            client.stream("/v1/chat/completions", &body).await.unwrap()
+        });
+        let (got, finish, usage) = if stream {
+            (
+                answer.text.clone(),
+                answer.finish_reason.clone().unwrap(),
+                answer.usage.clone().unwrap(),
+            )
+        } else {
+            let (_, _, answer) = post(addr, "/v1/chat/completions", &body);
+            let choice = &answer["choices"][0];
+            (
+                choice["message"]["content"].as_str().unwrap().to_owned(),
+                choice["finish_reason"].as_str().unwrap().to_owned(),
+                answer["usage"].clone(),
+            )
+        };
+        assert_eq!(got, before, "stream {stream}: stop {stop:?} in {text:?}");
+        assert_eq!(finish, "stop", "stream {stream}");
+        assert!(
+            usage["completion_tokens"].as_u64().unwrap() < 24,
+            "stream {stream}: {usage}"
+        );
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(addr, "kvgate_requests_total{outcome=\"cancelled\"}") < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped requests were not cancelled in the engine"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(server.shutdown().unwrap().leaked_pages, 0);
+}
