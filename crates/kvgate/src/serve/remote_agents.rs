@@ -228,7 +228,11 @@ fn words(spec: &AgentsSpec, agent: u32, turn: u32) -> String {
         if idx > 0 {
             text.push(' ');
         }
-        text.push_str(WORDS[(z % WORDS.len() as u64) as usize]);
+        text.push_str(
+            WORDS
+                .get((z % WORDS.len() as u64) as usize)
+                .unwrap_or(&"the"),
+        );
     }
     text
 }

@@ -143,7 +143,7 @@ impl Generation {
         match event {
             Some(Event::Tokens(tokens)) => self.take_tokens(&tokens),
             Some(Event::Finished(outcome)) => {
-                let rest = self.detokenizer.finish();
+                let rest = self.detokenizer.finish(&self.state.codec);
                 if !rest.is_empty() {
                     self.pending.push_back(Piece::Text(rest));
                 }

@@ -132,8 +132,8 @@ impl Detokenizer {
             return String::new();
         }
         self.tokens.push(token);
-        let prefix = codec.decode(&self.tokens[self.prefix_offset..self.read_offset]);
-        let full = codec.decode(&self.tokens[self.prefix_offset..]);
+        let prefix = codec.decode(self.window(self.read_offset));
+        let full = codec.decode(self.window(self.tokens.len()));
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') {
             if let Some(piece) = full.get(prefix.len()..) {
                 self.text.push_str(piece);
@@ -144,9 +144,23 @@ impl Detokenizer {
         self.release(false)
     }
 
-    /// The text held back at the end (a partial stop sequence that never completed).
-    pub fn finish(&mut self) -> String {
+    /// The text held back at the end: tokens that ended inside a character (decoded as they are) and a
+    /// partial stop sequence that never completed.
+    pub fn finish(&mut self, codec: &TextCodec) -> String {
+        if !self.stopped && self.read_offset < self.tokens.len() {
+            let prefix = codec.decode(self.window(self.read_offset));
+            let full = codec.decode(self.window(self.tokens.len()));
+            if let Some(piece) = full.get(prefix.len()..) {
+                self.text.push_str(piece);
+            }
+            self.read_offset = self.tokens.len();
+        }
         self.release(true)
+    }
+
+    /// The tokens from the decoding window's start to `end`.
+    fn window(&self, end: usize) -> &[u32] {
+        self.tokens.get(self.prefix_offset..end).unwrap_or_default()
     }
 
     /// Hands out what no stop sequence can still claim.
