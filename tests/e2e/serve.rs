@@ -466,6 +466,7 @@ fn serve_under_concurrent_streamed_sessions_counts_what_the_clients_count() {
     let table = kvgate::serve::remote_agents::table(&run);
     assert!(run.failures.is_empty(), "{table}");
     assert_eq!(run.turns.len(), 48, "{table}");
+    assert!(run.turns.iter().all(|t| t.has_usage), "{table}");
     let output: u64 = run.turns.iter().map(|t| t.completion_tokens).sum();
     assert_eq!(run.server_counts, Some((48, output)), "{table}");
     // Later turns resend their history: most of it comes from the prefix cache.
