@@ -183,10 +183,8 @@ impl Generation {
                 return;
             }
             if self.state.codec.is_stop(token) {
-                // The engine ends the request itself at its own stop token; a model's end of turn it may not
-                // know, so the request is cancelled there.
+                // The engine ended the request at its stop token; the outcome follows.
                 self.stop_token = true;
-                self.guard.cancel();
                 return;
             }
             let piece = self.detokenizer.push(&self.state.codec, token);

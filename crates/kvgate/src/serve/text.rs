@@ -68,9 +68,11 @@ impl TextCodec {
         }
     }
 
-    /// Whether `token` ends the answer: the engine's stop token or the model's end of turn.
+    /// Whether `token` ends the answer: the engine's stop token. A model's end of turn is the engine's to
+    /// stop at (its executor samples it); the simulated and reference executors' tokens are no language
+    /// model's, so an id that happens to be `<|im_end|>` ends nothing.
     pub fn is_stop(&self, token: u32) -> bool {
-        token == STOP_TOKEN || self.tokenizer.is_end_of_turn(token)
+        token == STOP_TOKEN
     }
 
     /// The vocabulary id an output token is shown as: the executors other than a real model draw ids from
