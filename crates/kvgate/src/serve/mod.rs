@@ -27,6 +27,9 @@ pub mod routes;
 pub mod sse;
 pub mod text;
 
+#[cfg(test)]
+mod tests;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
