@@ -4,6 +4,10 @@
 //! agrees with, and graceful shutdown of the binary on SIGTERM. The server speaks the real model's
 //! tokenizer: without the model file these tests print that they skipped, and fail under
 //! `KVGATE_REQUIRE_MODEL=1` (CI).
+//!
+//! A full engine queue (503) is not provoked here: the engine thread empties its queue every step, so no test
+//! fills it deterministically, and that path is untested; the shutdown test checks the 503 of a server
+//! that is draining.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -490,7 +494,7 @@ fn serve_binary_drains_and_exits_0_on_sigterm() {
     };
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
-        .args(["serve", "--addr", "127.0.0.1:0", "--shutdown-grace-s", "1"])
+        .args(["serve", "--addr", "127.0.0.1:0", "--shutdown-grace-s", "3"])
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
@@ -523,6 +527,22 @@ fn serve_binary_drains_and_exits_0_on_sigterm() {
         .status()
         .unwrap();
     assert!(status.success());
+    // While the running stream has its grace time, new requests are refused with 503 and Retry-After.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while raw(addr, "GET", "/health", b"").0 != 503 {
+        assert!(
+            Instant::now() < deadline,
+            "{test}: /health never said it is shutting down"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (status, head, error) = post(addr, "/v1/chat/completions", &chat("too late", 2));
+    assert_eq!(status, 503, "{error}");
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    assert_eq!(error["error"]["type"], "server_error");
     let mut rest = String::new();
     stream
         .set_read_timeout(Some(Duration::from_secs(30)))
