@@ -622,3 +622,58 @@ fn serve_ends_the_answer_before_a_stop_sequence() {
     }
     assert_eq!(server.shutdown().unwrap().leaked_pages, 0);
 }
+
+#[test]
+fn agents_target_refuses_engine_options_and_other_schemes() {
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (ok, stderr) = run(&[
+        "agents",
+        "--target",
+        "http://127.0.0.1:1",
+        "--policy",
+        "reserved",
+    ]);
+    assert!(
+        !ok && stderr.contains("--policy with --target is invalid"),
+        "{stderr}"
+    );
+    let (ok, stderr) = run(&["agents", "--target", "ftp://127.0.0.1:1"]);
+    assert!(
+        !ok && stderr.contains("the target must be http://HOST:PORT"),
+        "{stderr}"
+    );
+    let (ok, stderr) = run(&[
+        "agents",
+        "--target",
+        "http://127.0.0.1:1",
+        "--duration-s",
+        "0",
+    ]);
+    assert!(
+        !ok && stderr.contains("--duration-s 0 is invalid"),
+        "{stderr}"
+    );
+    let (ok, stderr) = run(&[
+        "agents",
+        "--target",
+        "http://127.0.0.1:1",
+        "--agents",
+        "1",
+        "--turns",
+        "1",
+    ]);
+    assert!(
+        !ok && stderr.contains("client:"),
+        "a server that is not there: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

@@ -463,6 +463,30 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
 
 /// `kvgate agents --target URL`: the sessions as a client of a server.
 fn remote_agents(args: &AgentsArgs, target: &str) -> kvgate::Result<()> {
+    let run = &args.run;
+    let engine_options = [
+        ("--config", run.config.is_some()),
+        ("--pool-pages", run.pool_pages.is_some()),
+        ("--store-pages", run.store_pages.is_some()),
+        ("--preset", run.preset.is_some()),
+        ("--preemption", run.preemption.is_some()),
+        ("--storage", run.storage.is_some()),
+        ("--copy-engine", run.copy_engine.is_some()),
+        ("--policy", !run.policy.is_empty()),
+        ("--json", run.json),
+        ("--verify", run.verify),
+        ("--plot", run.plot.is_some()),
+        ("--executor", args.executor != ExecutorArg::Sim),
+        ("--metrics-addr", args.metrics_addr.is_some()),
+    ];
+    if let Some((name, _)) = engine_options.iter().find(|(_, given)| *given) {
+        return Err(kvgate::Error::InvalidArgument {
+            name,
+            value: "with --target".into(),
+            allowed: "none of the engine's options with --target: the server runs the engine (give them to \
+                      `kvgate serve`)",
+        });
+    }
     let defaults = AgentsSpec::default();
     let spec = AgentsSpec {
         n_agents: args.agents.unwrap_or(defaults.n_agents),
