@@ -499,8 +499,14 @@ fn serve_binary_drains_and_exits_0_on_sigterm() {
         .spawn()
         .unwrap();
     let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    // The address is on the line that says it is serving (a log line may come first).
     let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
+    while !line.contains("serving") {
+        line.clear();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+    }
     let addr: SocketAddr = line
         .trim()
         .rsplit("http://")

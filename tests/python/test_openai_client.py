@@ -23,8 +23,13 @@ def server():
         stderr=subprocess.PIPE,
         text=True,
     )
-    line = proc.stderr.readline()
-    assert "http://" in line, f"kvgate serve did not start: {line!r}"
+    lines = []
+    for _ in range(100):
+        line = proc.stderr.readline()
+        lines.append(line)
+        if "serving" in line or not line:
+            break
+    assert "http://" in line, f"kvgate serve did not start: {lines!r}"
     base = line.strip().rsplit("http://", 1)[1]
     yield f"http://{base}/v1"
     proc.send_signal(signal.SIGTERM)
