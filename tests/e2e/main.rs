@@ -17,6 +17,7 @@ mod newcomer;
 mod presets;
 mod redis;
 mod scenarios;
+mod serve;
 
 use serde_json::Value;
 

@@ -24,6 +24,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "admission",
             "checkpoint-transfer",
             "engine",
+            // `kvgate serve` tokenizes with the real model's tokenizer and chat template.
+            "llama",
         ],
     ),
     // The real model (GGUF, the Llama forward pass, its tokenizer) sits beside kv-pool at the bottom: it

@@ -42,6 +42,15 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// The model file cannot be used.
+    #[error("model {0}; fetch it with `cargo xtask model` or name another with --model")]
+    Model(String),
+    /// The server cannot start or stopped on an error.
+    #[error("serve: {0}")]
+    Serve(String),
+    /// An HTTP client run against a server failed.
+    #[error("client: {0}")]
+    Client(String),
     /// A config file is not valid TOML for `EngineConfig`.
     #[error("{path}: {message}")]
     ConfigSyntax {

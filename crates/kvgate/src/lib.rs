@@ -59,6 +59,8 @@ pub mod plot;
 pub mod report;
 pub mod run;
 pub mod scenario;
+#[cfg(feature = "cli")]
+pub mod serve;
 pub mod workload;
 
 pub use builder::EngineBuilder;

@@ -65,6 +65,8 @@ enum Command {
     /// Replay a Mooncake-format JSONL trace by its timestamps.
     #[command(after_help = ENV_HELP)]
     Replay(ReplayArgs),
+    /// Serve an OpenAI-compatible HTTP API (chat and text completions, streamed or not) from one engine.
+    Serve(ServeArgs),
     /// Simulate measured vLLM experiments and print predicted against measured, with the errors (issue 31).
     Fidelity(kvgate::fidelity::cli::FidelityArgs),
     /// Fit the step-time coefficients on measured vLLM experiments and write them (TOML).
@@ -182,6 +184,61 @@ struct AgentsArgs {
     /// 48-token responses, well under a minute on 2 cores).
     #[arg(long, value_enum, default_value_t = ExecutorArg::Sim)]
     executor: ExecutorArg,
+    /// Run the sessions as a client of the OpenAI-compatible server at this URL (http://HOST:PORT: `kvgate
+    /// serve`, or any other) instead of an engine in this process: streamed chat completions, each turn
+    /// resending the whole chat, think times in real seconds; the table is what the client measured.
+    #[arg(long, value_name = "URL")]
+    target: Option<String>,
+    /// With --target: the model to ask for (default: the first the server lists).
+    #[arg(long, requires = "target")]
+    model_name: Option<String>,
+    /// With --target: start no turn after this many seconds (a bounded load run).
+    #[arg(long, requires = "target")]
+    duration_s: Option<f64>,
+    /// With --target: response tokens a turn asks for (default 224).
+    #[arg(long, requires = "target")]
+    response_tokens: Option<u32>,
+    /// With --target: new input tokens (words) of each later turn (default 32).
+    #[arg(long, requires = "target")]
+    turn_input_tokens: Option<u32>,
+    /// With --target: tokens (words) of each session's first prompt (default 1024).
+    #[arg(long, requires = "target")]
+    first_prompt_tokens: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    addr: String,
+    /// The GGUF model file whose tokenizer and chat template the server speaks. Default: the cached
+    /// SmolLM2-135M-Instruct (`cargo xtask model`).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// The model's name in requests and /v1/models.
+    #[arg(long, default_value = kvgate::serve::MODEL_NAME)]
+    model_name: String,
+    /// The executor: `sim` (modeled step times, slept in real time; its tokens are no language model's) or
+    /// `reference` (the small reference transformer computing real KV into the pool).
+    #[arg(long, value_enum, default_value_t = ExecutorArg::Sim)]
+    executor: ExecutorArg,
+    /// Requests in flight at most; more get 429 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    max_in_flight: usize,
+    /// Requests queued for the engine at most; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 256)]
+    queue: usize,
+    /// Largest request body in bytes; larger get 413.
+    #[arg(long, default_value_t = 4 << 20)]
+    body_limit: usize,
+    /// Output tokens of a request that gives no max_tokens.
+    #[arg(long, default_value_t = 256)]
+    default_max_tokens: u32,
+    /// On SIGTERM, seconds running requests get to finish before they are cancelled.
+    #[arg(long, default_value_t = 30.0)]
+    shutdown_grace_s: f64,
 }
 
 /// Which executor an agents run drives.
@@ -222,6 +279,7 @@ fn main() -> ExitCode {
     let result = init_logging().and_then(|()| match cli.command {
         Command::Agents(args) => agents(&args),
         Command::Replay(args) => replay(&args),
+        Command::Serve(args) => serve(&args),
         Command::Fidelity(args) => kvgate::fidelity::cli::fidelity(&args)
             .map(|text| outln!("{text}"))
             .map_err(Into::into),
@@ -307,6 +365,9 @@ fn init_logging() -> kvgate::Result<()> {
 }
 
 fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
+    if let Some(target) = &args.target {
+        return remote_agents(args, target);
+    }
     let live = args.executor == ExecutorArg::Reference;
     let (mut config, pool_pages_set) = load_config(&args.run)?;
     if args.run.print_config {
@@ -500,6 +561,167 @@ impl AgentsHeader<'_> {
             ("stores", stores_json(self.stores)),
         ]
     }
+}
+
+/// `kvgate agents --target URL`: the sessions as a client of a server.
+fn remote_agents(args: &AgentsArgs, target: &str) -> kvgate::Result<()> {
+    let run = &args.run;
+    let engine_options = [
+        ("--config", run.config.is_some()),
+        ("--pool-pages", run.pool_pages.is_some()),
+        ("--store-pages", run.store_pages.is_some()),
+        ("--preset", run.preset.is_some()),
+        ("--preemption", run.preemption.is_some()),
+        ("--storage", run.storage.is_some()),
+        ("--copy-engine", run.copy_engine.is_some()),
+        ("--policy", !run.policy.is_empty()),
+        ("--json", run.json),
+        ("--verify", run.verify),
+        ("--plot", run.plot.is_some()),
+        ("--executor", args.executor != ExecutorArg::Sim),
+        ("--metrics-addr", args.run.metrics_addr.is_some()),
+    ];
+    if let Some((name, _)) = engine_options.iter().find(|(_, given)| *given) {
+        return Err(kvgate::Error::InvalidArgument {
+            name,
+            value: "with --target".into(),
+            allowed: "none of the engine's options with --target: the server runs the engine (give them to \
+                      `kvgate serve`)",
+        });
+    }
+    let defaults = AgentsSpec::default();
+    let spec = AgentsSpec {
+        n_agents: args.agents.unwrap_or(defaults.n_agents),
+        turns: args.turns.unwrap_or(defaults.turns),
+        think_s: args.think_s.unwrap_or(defaults.think_s),
+        response_tokens: args.response_tokens.unwrap_or(defaults.response_tokens),
+        turn_input_tokens: args.turn_input_tokens.unwrap_or(defaults.turn_input_tokens),
+        first_prompt_tokens: args
+            .first_prompt_tokens
+            .unwrap_or(defaults.first_prompt_tokens),
+        seed: args.run.seed.unwrap_or(defaults.seed),
+        turn_priority: args.turn_priority,
+    };
+    spec.validate()?;
+    let duration = match args.duration_s {
+        Some(s) if s.is_finite() && s > 0.0 && s <= kvgate::limits::SECONDS_MAX => {
+            Some(std::time::Duration::from_secs_f64(s))
+        }
+        Some(s) => {
+            return Err(kvgate::Error::InvalidArgument {
+                name: "--duration-s",
+                value: s.to_string(),
+                allowed: "a number of seconds above 0, at most 1e9",
+            });
+        }
+        None => None,
+    };
+    let run = kvgate::serve::remote_agents::run_remote_agents(
+        target,
+        &spec,
+        args.model_name.as_deref(),
+        duration,
+    )?;
+    outln!(
+        "{} sessions x {} turns over HTTP ({} first-prompt words, about {} new words and {} response tokens a turn)\n",
+        spec.n_agents,
+        spec.turns,
+        spec.first_prompt_tokens,
+        spec.turn_input_tokens,
+        spec.response_tokens
+    );
+    out!("{}", kvgate::serve::remote_agents::table(&run));
+    let disagrees = run.server_counts.is_some_and(|(finished, tokens)| {
+        finished != run.turns.len() as u64
+            || tokens != run.turns.iter().map(|t| t.completion_tokens).sum::<u64>()
+    });
+    if !run.failures.is_empty() || disagrees {
+        return Err(kvgate::Error::Client(format!(
+            "{} failed request(s){}",
+            run.failures.len(),
+            if disagrees {
+                "; the server's /metrics disagree with the client's counts"
+            } else {
+                ""
+            }
+        )));
+    }
+    Ok(())
+}
+
+/// `kvgate serve`: serves until SIGTERM or SIGINT, then drains and reports.
+fn serve(args: &ServeArgs) -> kvgate::Result<()> {
+    let (config, _) = load_config(&args.run)?;
+    let policy = match args.run.policy.as_slice() {
+        [] => Policy::Reserved,
+        [name] => name.parse::<Policy>()?,
+        _ => {
+            return Err(kvgate::Error::InvalidArgument {
+                name: "--policy",
+                value: args.run.policy.join(","),
+                allowed: "one policy: a server runs one engine",
+            });
+        }
+    };
+    if args.run.json || args.run.plot.is_some() {
+        return Err(kvgate::Error::InvalidArgument {
+            name: "--json/--plot",
+            value: String::new(),
+            allowed: "neither: serve prints no report (see /metrics)",
+        });
+    }
+    let model = match &args.model {
+        Some(path) => path.clone(),
+        None => llama::cached_model(
+            std::env::var_os(llama::MODEL_DIR_ENV).as_deref(),
+            std::env::var_os("HOME").as_deref(),
+        )
+        .ok_or_else(|| {
+            kvgate::Error::Model(format!("{} is not in the model cache", llama::MODEL_FILE))
+        })?,
+    };
+    if !(args.shutdown_grace_s.is_finite() && (0.0..=3600.0).contains(&args.shutdown_grace_s)) {
+        return Err(kvgate::Error::InvalidArgument {
+            name: "--shutdown-grace-s",
+            value: args.shutdown_grace_s.to_string(),
+            allowed: "0 to 3600 seconds",
+        });
+    }
+    let mut options = kvgate::serve::ServeOptions::new(model);
+    options.addr.clone_from(&args.addr);
+    options.model_name.clone_from(&args.model_name);
+    options.executor = match args.executor {
+        ExecutorArg::Sim => kvgate::serve::ExecutorKind::Sim,
+        ExecutorArg::Reference => kvgate::serve::ExecutorKind::Reference,
+    };
+    options.policy = policy;
+    options.max_in_flight = args.max_in_flight;
+    options.queue_capacity = args.queue;
+    options.body_limit_bytes = args.body_limit;
+    options.default_max_tokens = args.default_max_tokens;
+    options.shutdown_grace = std::time::Duration::from_secs_f64(args.shutdown_grace_s);
+    let server = kvgate::serve::Server::start(&config, &options)?;
+    errln!(
+        "kvgate: serving {} (executor {}, policy {}) at http://{}",
+        options.model_name,
+        options.executor.name(),
+        policy.name(),
+        server.local_addr()
+    );
+    let report = server.run_until_signal()?;
+    errln!(
+        "kvgate: stopped: {} request(s) cancelled, {} copies drained, {} leaked pages",
+        report.cancelled,
+        report.copies_drained,
+        report.leaked_pages
+    );
+    if report.leaked_pages > 0 {
+        return Err(kvgate::Error::Internal(format!(
+            "{} pages leaked",
+            report.leaked_pages
+        )));
+    }
+    Ok(())
 }
 
 /// The trace `args` names, cut to its first `--limit` requests. Errors: `InvalidArgument` for `--limit 0`

@@ -198,6 +198,12 @@ impl<E: Executor> Engine<E> {
         })
     }
 
+    /// The output tokens a live request has produced so far (a server streams them as they come); `None`
+    /// once it finished or was cancelled (`take_finished` then has them all).
+    pub fn output_tokens(&self, id: RequestId) -> Option<&[u32]> {
+        self.table.find(id).map(|req| req.output.as_slice())
+    }
+
     /// Restore gauges now: copies in flight, restores copying, capacity waiters, pages owned by ready
     /// imports.
     pub fn restore_gauges(&self) -> RestoreGauges {
