@@ -1,15 +1,36 @@
 //! `kvgate replay --engines N --router R` through the binary: the same report twice, every request routed
-//! once, and `--engines 1` printing what a plain replay prints.
+//! once, and `--engines 1` printing what a plain replay prints; `trace generate`, which makes their input.
 
 use std::process::Command;
 
 use serde_json::Value;
 
-use crate::{repo_root, without_wall_time};
+use crate::without_wall_time;
 
-/// `kvgate replay` of the vendored trace slice's first 60 requests with `extra` arguments: its JSON report.
+/// `kvgate trace generate` with `args`: the trace's text.
+fn generated(args: &[&str]) -> String {
+    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        .args(["trace", "generate"])
+        .args(args)
+        .output()
+        .expect("the binary runs");
+    assert!(
+        output.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("the trace is UTF-8")
+}
+
+/// `kvgate replay` of a generated trace's first 60 requests with `extra` arguments: its JSON report.
 fn replay_json(extra: &[&str]) -> Value {
-    let trace = repo_root().join("tests/workloads/mooncake/conversation_trace_head.jsonl");
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let trace = dir.path().join("generated.jsonl");
+    std::fs::write(
+        &trace,
+        generated(&["--seed", "1", "--requests", "200", "--rate", "4"]),
+    )
+    .expect("the trace is written");
     let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
         .args(["replay", trace.to_str().unwrap()])
         .args([
@@ -73,4 +94,26 @@ fn one_engine_prints_what_a_plain_replay_prints() {
         assert_eq!(without_wall_time(one), plain, "{router}");
     }
     assert!(plain["runs"][0].get("engines").is_none());
+}
+
+#[test]
+fn trace_generate_writes_the_same_trace_for_the_same_seed_and_each_knob_changes_it() {
+    let base = ["--seed", "5", "--requests", "50"];
+    let trace = generated(&base);
+    assert_eq!(trace.lines().count(), 50);
+    assert_eq!(trace, generated(&base), "the same options, the same trace");
+    let requests =
+        kvgate::workload::mooncake::parse_trace(std::io::Cursor::new(&trace), "generated")
+            .expect("the trace reads back");
+    assert_eq!(requests.len(), 50);
+    assert_ne!(trace, generated(&["--seed", "6", "--requests", "50"]));
+    for knob in [
+        ["--prompt", "short"],
+        ["--reuse", "low"],
+        ["--arrival", "bursty"],
+        ["--rate", "2"],
+    ] {
+        let other = generated(&[&base[..], &knob[..]].concat());
+        assert_ne!(other, trace, "{knob:?}");
+    }
 }

@@ -5,7 +5,7 @@
 //! without `redis-server` (and fails instead under `KVGATE_REQUIRE_REDIS=1`).
 
 use engine::Policy;
-use kvgate::workload::mooncake::read_trace;
+use kvgate::workload::mooncake::generate::{TraceShape, generate};
 use kvgate::{Engine, EngineBuilder, EngineConfig, RequestSpec, RunMetrics, Timestamp, run};
 
 #[path = "../support/redis_server.rs"]
@@ -130,15 +130,16 @@ fn a_full_redis_server_fails_the_puts_and_the_engine_goes_on() {
 }
 
 #[test]
-fn the_conversation_trace_replays_with_the_redis_store() {
-    let Some(server) = RedisServer::start("the_conversation_trace_replays_with_the_redis_store")
-    else {
+fn a_generated_trace_replays_with_the_redis_store() {
+    let Some(server) = RedisServer::start("a_generated_trace_replays_with_the_redis_store") else {
         return;
     };
-    let trace = read_trace(
-        &crate::repo_root().join("tests/workloads/mooncake/conversation_trace_head.jsonl"),
-    )
-    .unwrap();
+    let shape = TraceShape {
+        n_requests: 200,
+        rate_per_s: 4.0,
+        ..TraceShape::default()
+    };
+    let trace = generate(&shape).unwrap();
     let later = run::later_turns(&trace);
     let mut config = config(&server);
     config.pool.pages = 16_384;

@@ -1,25 +1,46 @@
 //! `cargo xtask bench`: runs every benchmark target of the workspace (each lives next to the code it
 //! measures, as `benches/*.rs` with `harness = false`, and prints one JSON object of figures on stdout) and
-//! merges their figures into one JSON object, with the machine they were measured on.
+//! merges their figures into one JSON object, with the machine they were measured on. `--grid` instead runs
+//! the replay grid (`grid`): traces and pools under every policy, each cell alone, against the peer.
 
 use std::process::{Command, Stdio};
 
 use serde_json::{Map, Value};
 
+mod grid;
+
 pub(crate) fn run(args: &[String]) -> Result<(), String> {
     let mut json = false;
+    let mut grid = false;
+    let mut rounds = 3;
+    let mut quick = false;
     let mut pass_through = Vec::new();
-    for arg in args {
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
         match arg.as_str() {
             "--json" => json = true,
+            "--grid" => grid = true,
+            "--rounds" => {
+                rounds = args
+                    .next()
+                    .and_then(|n| n.parse().ok())
+                    .filter(|&n| (1..=100).contains(&n))
+                    .ok_or("--rounds takes a number of rounds from 1 to 100")?;
+            }
             "--gpu" => pass_through.push("--gpu".to_string()),
-            "--quick" => pass_through.push("--quick".to_string()),
+            "--quick" => {
+                quick = true;
+                pass_through.push("--quick".to_string());
+            }
             other => {
                 return Err(format!(
-                    "unknown bench option `{other}` (known: --json, --gpu, --quick)"
+                    "unknown bench option `{other}` (known: --json, --gpu, --quick, --grid, --rounds N)"
                 ));
             }
         }
+    }
+    if grid {
+        return grid::run(rounds, quick, json);
     }
     let root = crate::root();
     let mut figures = Map::new();
@@ -100,7 +121,7 @@ fn bench_targets(root: &std::path::Path) -> Result<Vec<(String, String)>, String
 }
 
 /// A one-line description of this machine: CPU model, cores and memory.
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
         .lines()

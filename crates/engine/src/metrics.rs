@@ -200,6 +200,8 @@ pub struct RunMetrics {
     pub aggregate_decode_tok_s: f64,
     /// Mean arrival-to-finish time of finished requests.
     pub mean_turn_s: f64,
+    /// Mean time to first token of finished requests.
+    pub mean_ttft_s: f64,
     /// Median time to first token.
     pub p50_ttft_s: f64,
     /// 99th percentile time to first token.
@@ -288,6 +290,9 @@ impl RunMetrics {
         }
         if run.sim_seconds > 0.0 {
             run.aggregate_decode_tok_s = run.decode_tokens as f64 / run.sim_seconds;
+        }
+        if !ttfts.is_empty() {
+            run.mean_ttft_s = ttfts.iter().sum::<f64>() / ttfts.len() as f64;
         }
         ttfts.sort_by(f64::total_cmp);
         run.p50_ttft_s = percentile(&ttfts, 0.50);

@@ -223,6 +223,7 @@ fn run_metrics_aggregate_hits_restores_and_percentiles() {
     assert_eq!(run.restore_fallbacks.get("wait_expired"), Some(&1));
     assert!((run.mean_turn_s - 4.0).abs() < 1e-9);
     assert!((run.p50_ttft_s - 3.0).abs() < 1e-9 && (run.p99_ttft_s - 5.0).abs() < 1e-9);
+    assert!((run.mean_ttft_s - 3.0).abs() < 1e-9, "{}", run.mean_ttft_s);
     assert!((run.aggregate_decode_tok_s - 3.0).abs() < 1e-9);
 }
 

@@ -1,17 +1,17 @@
 //! Replay benchmark: wall time and peak RSS of `kvgate replay` (the release binary, run as a child process)
 //! on the shared Mooncake conversation trace with one policy (`ordinary`, 65,536 pages of 16 tokens,
-//! arrivals not stretched), and linear growth: a synthetic trace of 12,000 requests against one of 200,000
-//! requests (16.7x as many), generated here, with the ratio of their wall times. The shared trace lives
-//! outside the repository (`../shared/workloads/mooncake/conversation_trace.jsonl`); without it the bench says
-//! so and reports `null` for those figures. Peak RSS is the child's maximum resident set as `/usr/bin/time`
-//! reports it (`null` without that tool). Prints progress on stderr and one JSON object on stdout. Flags:
-//! `--quick` (3,000 against 50,000 synthetic requests); `--gpu` and anything else are ignored. The growth pair
-//! runs twice: with the default store, and with a store full from the first requests (`FULL_STORE_PAGES`);
-//! every growth run takes part in each of `ROUNDS` rounds (the short ones `SMALL_PER_ROUND` times), and each
-//! figure is the median of its runs. Growth after the warm-up, default store: the large trace cut at twice the
-//! small trace's length and at half its own (`--limit`); what a request of its second half costs against
-//! one between the two cuts (`replay_synthetic_steady_cost_ratio`, linear: 1.0). Both segments are long,
-//! so the ratio is not a difference of two short runs' noise.
+//! arrivals not stretched; it lives outside the repository, in `../shared/workloads/mooncake/`, and where it
+//! is absent a trace of its shape made by `kvgate trace generate` stands in, `replay_conv_trace` naming
+//! which), and linear growth: a synthetic trace of 12,000 requests against one of 200,000 requests (16.7x as
+//! many), generated here, with the ratio of their wall times. Peak RSS is the child's maximum resident set as
+//! `/usr/bin/time` reports it (`null` without that tool). Prints progress on stderr and one JSON object on
+//! stdout. Flags: `--quick` (3,000 against 50,000 synthetic requests); `--gpu` and anything else are
+//! ignored. The growth pair runs twice: with the default store, and with a store full from the first requests
+//! (`FULL_STORE_PAGES`); every growth run takes part in each of `ROUNDS` rounds (the short ones
+//! `SMALL_PER_ROUND` times), and each figure is the median of its runs. Growth after the warm-up, default
+//! store: the large trace cut at twice the small trace's length and at half its own (`--limit`); what a
+//! request of its second half costs against one between the two cuts (`replay_synthetic_steady_cost_ratio`,
+//! linear: 1.0). Both segments are long, so the ratio is not a difference of two short runs' noise.
 #![allow(clippy::disallowed_methods, reason = "a bench times itself")]
 #![allow(
     clippy::print_stdout,
@@ -31,6 +31,10 @@ const FULL_STORE_PAGES: u64 = 4_096;
 /// Rounds of the growth runs (each large run once a round), and runs of each short one a round.
 const ROUNDS: usize = 3;
 const SMALL_PER_ROUND: usize = 2;
+/// `kvgate trace generate` options for a trace of the conversation trace's shape, where it is absent: as many
+/// requests, long prompts, heavy reuse, its mean rate.
+const CONVERSATION_LIKE: &str =
+    "--seed 0 --requests 12031 --prompt long --reuse high --arrival steady --rate 3.4";
 /// Milliseconds between two arrivals of the synthetic traces.
 const SYNTHETIC_GAP_MS: u64 = 20;
 
@@ -42,28 +46,36 @@ fn main() {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_kvgate"));
     let conversation = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../../shared/workloads/mooncake/conversation_trace.jsonl");
-    let (conv_wall_s, conv_rss_mb) = if smoke {
-        (None, None)
-    } else if conversation.is_file() {
-        eprintln!(
-            "kvgate bench: replay of {} under {POLICY}, {POOL_PAGES} pages",
-            conversation.display()
-        );
-        let run = replay(&binary, &conversation);
+    let dir = tempfile::tempdir().expect("a temporary directory for the synthetic traces");
+    let (conv_wall_s, conv_rss_mb, conv_trace) = if smoke {
+        (None, None, "none (smoke run)".to_string())
+    } else {
+        let (path, name) = if conversation.is_file() {
+            (conversation, "the shared conversation trace".to_string())
+        } else {
+            let path = dir.path().join("conversation-like.jsonl");
+            let args = CONVERSATION_LIKE.split(' ');
+            let output = Command::new(&binary)
+                .args(["trace", "generate"])
+                .args(args)
+                .output()
+                .expect("running kvgate trace generate");
+            assert!(output.status.success(), "kvgate trace generate failed");
+            std::fs::write(&path, output.stdout).expect("writing the generated trace");
+            (
+                path,
+                format!("generated: kvgate trace generate {CONVERSATION_LIKE}"),
+            )
+        };
+        eprintln!("kvgate bench: replay of {name} under {POLICY}, {POOL_PAGES} pages");
+        let run = replay(&binary, &path);
         eprintln!(
             "kvgate bench: {:.2} s, peak RSS {}",
             run.wall_s,
             run.peak_rss_mb
                 .map_or("unknown".to_string(), |mb| format!("{mb:.0} MB"))
         );
-        (Some(run.wall_s), run.peak_rss_mb)
-    } else {
-        eprintln!(
-            "kvgate bench: the conversation trace is absent ({}): replay_conv_wall_s and \
-             replay_conv_peak_rss_mb are not measured",
-            conversation.display()
-        );
-        (None, None)
+        (Some(run.wall_s), run.peak_rss_mb, name)
     };
 
     let (small, large) = if smoke {
@@ -73,7 +85,6 @@ fn main() {
     } else {
         (12_000, 200_000)
     };
-    let dir = tempfile::tempdir().expect("a temporary directory for the synthetic traces");
     let paths = [small, large].map(|n_requests| {
         let path = dir.path().join(format!("synthetic-{n_requests}.jsonl"));
         std::fs::write(&path, synthetic_trace(n_requests)).expect("writing a synthetic trace");
@@ -132,7 +143,7 @@ fn main() {
         per_request_us(small_s, small)
     );
     println!(
-        "{{\"replay_conv_wall_s\": {}, \"replay_conv_peak_rss_mb\": {}, \
+        "{{\"replay_conv_trace\": {:?}, \"replay_conv_wall_s\": {}, \"replay_conv_peak_rss_mb\": {}, \
          \"replay_synthetic_small_requests\": {small}, \"replay_synthetic_small_wall_s\": {:.3}, \
          \"replay_synthetic_large_requests\": {large}, \"replay_synthetic_large_wall_s\": {:.3}, \
          \"replay_synthetic_growth_ratio\": {growth_ratio:.2}, \
@@ -140,6 +151,7 @@ fn main() {
          \"replay_synthetic_full_store_large_wall_s\": {:.3}, \
          \"replay_synthetic_full_store_growth_ratio\": {full_growth_ratio:.2}, \
          \"replay_synthetic_steady_cost_ratio\": {}}}",
+        conv_trace,
         json_number(conv_wall_s),
         json_number(conv_rss_mb),
         small_s,

@@ -1,4 +1,4 @@
-//! The `kvgate` command line: `agents` (the main job), `replay TRACE` and `scenario FILE`.
+//! The `kvgate` command line: `agents` (the main job), `replay TRACE`, `trace generate` and `scenario FILE`.
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
@@ -36,7 +36,7 @@ use clap::{Args, Parser, Subcommand};
 use engine::{Policy, RunMetrics};
 use kvgate::plot::{self, Timeline};
 use kvgate::workload::agents::{AgentsSpec, TurnPriority};
-use kvgate::workload::mooncake;
+use kvgate::workload::mooncake::{self, generate};
 use kvgate::{EngineConfig, cluster, metrics, report, run};
 
 /// mimalloc instead of the system allocator: a long replay frees checkpoints of every size while new ones
@@ -67,6 +67,9 @@ enum Command {
     Replay(ReplayArgs),
     /// Serve an OpenAI-compatible HTTP API (chat and text completions, streamed or not) from one engine.
     Serve(ServeArgs),
+    /// Mooncake-format traces: `trace generate` writes a seeded one on stdout.
+    #[command(subcommand)]
+    Trace(TraceCommand),
     /// Simulate measured vLLM experiments and print predicted against measured, with the errors (issue 31).
     Fidelity(kvgate::fidelity::cli::FidelityArgs),
     /// Fit the step-time coefficients on measured vLLM experiments and write them (TOML).
@@ -90,6 +93,37 @@ enum Command {
         #[arg(long, value_name = "DIR", conflicts_with = "file")]
         suite: Option<PathBuf>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+enum TraceCommand {
+    /// Write a seeded Mooncake-format trace (JSON lines) on stdout: chat sessions whose later turns extend
+    /// their earlier turns' hash ids, behind shared system prompts. The same options give the same trace.
+    Generate(GenerateArgs),
+}
+
+#[derive(Debug, Args)]
+struct GenerateArgs {
+    /// Seed of the trace.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Requests in the trace (1 to 1000000).
+    #[arg(long, default_value_t = 1_000)]
+    requests: u32,
+    /// Prompt lengths: short (a system prompt of 1-2 blocks of 512 tokens, a first message of 64-1536
+    /// tokens) or long (2-6 blocks, 2048-20480 tokens).
+    #[arg(long, default_value = "long")]
+    prompt: String,
+    /// Prefix reuse: low (sessions of 1-2 turns behind 64 system prompts, half behind none) or high
+    /// (sessions of 2-10 turns behind 4 shared system prompts, three requests in four a later turn).
+    #[arg(long, default_value = "high")]
+    reuse: String,
+    /// Arrivals: steady (Poisson) or bursty (bursts of 8-32 requests at 10x the rate, then a pause).
+    #[arg(long, default_value = "steady")]
+    arrival: String,
+    /// Mean arrivals per second (0.01 to 1e6).
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
 }
 
 /// Options every run command shares.
@@ -280,6 +314,7 @@ fn main() -> ExitCode {
         Command::Agents(args) => agents(&args),
         Command::Replay(args) => replay(&args),
         Command::Serve(args) => serve(&args),
+        Command::Trace(TraceCommand::Generate(args)) => generate_trace(&args),
         Command::Fidelity(args) => kvgate::fidelity::cli::fidelity(&args)
             .map(|text| outln!("{text}"))
             .map_err(Into::into),
@@ -721,6 +756,21 @@ fn serve(args: &ServeArgs) -> kvgate::Result<()> {
             report.leaked_pages
         )));
     }
+    Ok(())
+}
+
+/// `trace generate`: the trace on stdout.
+fn generate_trace(args: &GenerateArgs) -> kvgate::Result<()> {
+    let shape = generate::TraceShape {
+        seed: args.seed,
+        n_requests: args.requests,
+        prompt: args.prompt.parse()?,
+        reuse: args.reuse.parse()?,
+        arrival: args.arrival.parse()?,
+        rate_per_s: args.rate,
+    };
+    let trace = generate::generate(&shape)?;
+    out!("{}", generate::to_jsonl(&trace));
     Ok(())
 }
 

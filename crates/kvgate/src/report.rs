@@ -36,6 +36,7 @@ pub fn run_json(run: &RunMetrics) -> Value {
         "decode_tokens": run.decode_tokens,
         "aggregate_decode_tok_s": round(run.aggregate_decode_tok_s, 3),
         "mean_turn_s": round(run.mean_turn_s, 3),
+        "mean_ttft_s": round(run.mean_ttft_s, 3),
         "p50_ttft_s": round(run.p50_ttft_s, 3),
         "p99_ttft_s": round(run.p99_ttft_s, 3),
         "leaked_pages": run.leaked_pages,

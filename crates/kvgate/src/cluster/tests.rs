@@ -2,14 +2,12 @@
 //! checkpoints, every request runs exactly once, the run is deterministic, one engine replays as
 //! `run_replay` does, and bad engine counts and router names are refused.
 
-use std::path::Path;
-
 use checkpoint_transfer::HostStore;
 use engine::{EngineParams, RequestSpec};
 
 use super::*;
 use crate::run::{later_turns, run_replay};
-use crate::workload::mooncake::read_trace;
+use crate::workload::mooncake::generate::{TraceShape, generate};
 
 /// A small pool's config: 512 pages of 16 tokens.
 fn small_config() -> EngineConfig {
@@ -160,12 +158,15 @@ fn engines_sharing_a_store_restore_each_others_checkpoints() {
     assert_eq!(metrics.leaked_pages, 0);
 }
 
-fn trace_slice(n: usize) -> Vec<TraceRequest> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/workloads/mooncake/conversation_trace_head.jsonl");
-    let mut trace = read_trace(&path).unwrap();
-    trace.truncate(n);
-    trace
+/// A generated trace of `n` requests: long prompts, high reuse, 4 arrivals a second (the conversation
+/// trace's rate is 3.4).
+fn generated_trace(n: u32) -> Vec<TraceRequest> {
+    let shape = TraceShape {
+        n_requests: n,
+        rate_per_s: 4.0,
+        ..TraceShape::default()
+    };
+    generate(&shape).unwrap()
 }
 
 /// `trace` replayed under `reserved` on `n_engines` engines with `config`, at the trace's own rate.
@@ -189,7 +190,7 @@ fn replay_with(
     .unwrap()
 }
 
-/// A config for the trace slice: 8192 pages, enough for its longest prompt (87 169 tokens).
+/// A config for the generated traces: 8192 pages of 16 tokens, twice their longest prompt.
 fn trace_config() -> EngineConfig {
     let mut config = EngineConfig::default();
     config.pool.pages = 8192;
@@ -207,7 +208,7 @@ fn replay(trace: &[TraceRequest], n_engines: u32, router: Router) -> ClusterRun 
 
 #[test]
 fn a_cluster_replay_runs_every_request_once_and_is_deterministic() {
-    let trace = trace_slice(60);
+    let trace = generated_trace(60);
     for router in Router::ALL {
         let run = replay(&trace, 3, router);
         assert_eq!(run.routed.iter().sum::<u64>(), 60, "{router}");
@@ -238,7 +239,7 @@ fn a_cluster_replay_runs_every_request_once_and_is_deterministic() {
 
 #[test]
 fn one_engine_replays_as_run_replay_does() {
-    let trace = trace_slice(40);
+    let trace = generated_trace(40);
     let later = later_turns(&trace);
     let mut alone = run_replay(
         &trace_config(),
@@ -260,7 +261,7 @@ fn one_engine_replays_as_run_replay_does() {
 
 #[test]
 fn keep_up_compares_the_traces_rate_with_the_clusters() {
-    let trace = trace_slice(40);
+    let trace = generated_trace(40);
     let run = replay(&trace, 2, Router::LeastLoaded);
     let keep_up = &run.keep_up;
     let span_s = (trace[39].timestamp - trace[0].timestamp) as f64 / 1000.0;
@@ -321,7 +322,7 @@ fn engine_counts_out_of_range_are_refused() {
 
 #[test]
 fn a_cluster_replay_refuses_zero_engines_before_building_any() {
-    let trace = trace_slice(2);
+    let trace = generated_trace(2);
     let later = later_turns(&trace);
     let spec = ClusterSpec {
         n_engines: 0,
@@ -397,7 +398,7 @@ fn a_cluster_whose_pools_pass_the_memory_limit_is_refused_naming_what_to_lower()
 
 #[test]
 fn a_cluster_replay_refuses_pools_past_the_memory_limit_before_building_any() {
-    let trace = trace_slice(2);
+    let trace = generated_trace(2);
     let later = later_turns(&trace);
     let spec = ClusterSpec {
         n_engines: ENGINES_MAX,
@@ -427,7 +428,7 @@ fn a_cluster_replay_refuses_pools_past_the_memory_limit_before_building_any() {
 fn a_cluster_of_big_pools_allocates_only_what_its_requests_touch() {
     // 13 engines of 4 Mi pages each (what the memory limit allows under one policy) replay two requests:
     // their pools and page storage hold what those touch, not the 8.3 GB of every page.
-    let trace = trace_slice(2);
+    let trace = generated_trace(2);
     let later = later_turns(&trace);
     let config = largest_pool_config();
     let params = config.engine_params(Policy::Reserved).unwrap();
@@ -473,7 +474,7 @@ fn a_cluster_of_big_pools_allocates_only_what_its_requests_touch() {
 fn a_cluster_replay_the_watchdog_stops_keeps_its_report_marked_stopped() {
     let mut config = trace_config();
     config.scheduler.stall_timeout_s = 1e-6;
-    let run = replay_with(&config, &trace_slice(8), 2, Router::RoundRobin);
+    let run = replay_with(&config, &generated_trace(8), 2, Router::RoundRobin);
     let stopped = run
         .total
         .stopped

@@ -13,6 +13,8 @@ use serde::Deserialize;
 use super::token;
 use crate::limits::{MODEL_LEN_MAX, SECONDS_MAX, TRACE_LINE_BYTES_MAX};
 
+pub mod generate;
+
 /// Tokens per hash block in the Mooncake traces.
 pub const TRACE_BLOCK_TOKENS: u32 = 512;
 

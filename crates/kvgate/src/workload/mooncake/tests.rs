@@ -119,14 +119,26 @@ fn empty_trace_and_missing_file_are_errors() {
 }
 
 #[test]
-fn the_vendored_trace_slice_parses_and_has_a_bounded_maximum() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/workloads/mooncake/conversation_trace_head.jsonl");
-    let trace = read_trace(&path).unwrap();
-    assert_eq!(trace.len(), 200);
-    assert_eq!(theoretical_max_hit_tokens(&trace), (164_864, 2_782_179));
-    let pct = theoretical_max_hit_pct(&trace);
-    assert!(pct > 0.0 && pct < 100.0, "{pct}");
+fn a_generated_trace_reads_from_a_file_and_has_a_bounded_maximum() {
+    let shape = generate::TraceShape {
+        n_requests: 200,
+        ..generate::TraceShape::default()
+    };
+    let trace = generate::generate(&shape).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("generated.jsonl");
+    std::fs::write(&path, generate::to_jsonl(&trace)).unwrap();
+    let read = read_trace(&path).unwrap();
+    assert_eq!(read, trace);
+    let (hit, total) = theoretical_max_hit_tokens(&read);
+    let input: u64 = read.iter().map(|r| u64::from(r.input_length)).sum();
+    assert_eq!(total, input);
+    assert!(hit > 0 && hit < total, "{hit} of {total}");
+    let pct = theoretical_max_hit_pct(&read);
+    assert!(
+        (pct - 100.0 * hit as f64 / total as f64).abs() < 1e-9,
+        "{pct}"
+    );
 }
 
 #[test]
