@@ -1,15 +1,20 @@
 //! Where page bytes live: the `PageStorage` trait (read, write and copy whole pages by id, per rank shard),
-//! `HostStorage` (aligned host memory, the embedded default) and `CudaStorage` (a device arena through cudarc,
-//! libcuda loaded at run time). Layout: `n_ranks` shards of `n_pages` pages of `bytes_per_page` bytes; page
+//! `HostStorage` (aligned host memory, the embedded default) and `DeviceStorage` over a `Device`:
+//! `CudaStorage` (device arenas through cudarc, libcuda loaded at run time) or the host-backed stand-in
+//! `FakeDevice` that runs the CUDA path's logic in CI. Layout: `n_ranks` shards of `n_pages` pages of `bytes_per_page` bytes; page
 //! `p` of rank `r` lives in shard `r` at offset `p * bytes_per_page`. Page 0 is the null page: it reads as
 //! zeros and is never written.
 
 mod cuda;
+mod device;
+mod fake_device;
 mod host;
 #[cfg(test)]
 mod tests;
 
-pub use cuda::{CudaStorage, cuda_available};
+pub use cuda::{CudaDriver, CudaPinned, CudaStorage, cuda_available};
+pub use device::{Device, DeviceStorage};
+pub use fake_device::{FakeDevice, FakeEvent, FakeFault, FakePinned, FakeStats};
 pub use host::HostStorage;
 
 use crate::error::{Error, Result};
