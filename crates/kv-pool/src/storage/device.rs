@@ -220,6 +220,15 @@ impl<D: Device> DeviceStorage<D> {
 }
 
 impl<D: Device> PageStorage for DeviceStorage<D> {
+    fn read_prefix(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
+        super::check_prefix_len(dst.len(), self.shape.bytes_per_page)?;
+        self.shape.check_page(rank, page)?;
+        self.await_pages(rank, &[page], "read")?;
+        self.device
+            .read(rank, self.offset(page), dst)
+            .map_err(|reason| failed("read", reason))
+    }
+
     fn n_ranks(&self) -> u32 {
         self.shape.n_ranks
     }

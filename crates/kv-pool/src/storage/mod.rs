@@ -36,6 +36,35 @@ pub trait PageStorage: Send + Sync {
     /// Copy page `src` of `rank` over page `dst` of the same rank (copy-on-write of a partial page);
     /// `dst` is never the null page. Copying a page onto itself does nothing.
     fn copy(&self, rank: u32, src: PageId, dst: PageId) -> Result<()>;
+    /// Copy the first `dst.len()` bytes (at most `bytes_per_page`) of page `page` of `rank` into `dst`: a
+    /// smaller kind of page stored inside larger pool pages. The default reads the whole page into a
+    /// buffer; the backends read only the prefix.
+    fn read_prefix(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
+        let bytes_per_page = self.bytes_per_page();
+        if dst.len() == bytes_per_page {
+            return self.read(rank, page, dst);
+        }
+        check_prefix_len(dst.len(), bytes_per_page)?;
+        let mut whole = vec![0u8; bytes_per_page];
+        self.read(rank, page, &mut whole)?;
+        let prefix = whole.get(..dst.len()).ok_or(Error::BufferLength {
+            len: dst.len(),
+            bytes_per_page,
+        })?;
+        dst.copy_from_slice(prefix);
+        Ok(())
+    }
+}
+
+/// Check a prefix buffer is no longer than a page.
+pub(crate) fn check_prefix_len(len: usize, bytes_per_page: usize) -> Result<()> {
+    if len > bytes_per_page {
+        return Err(Error::BufferLength {
+            len,
+            bytes_per_page,
+        });
+    }
+    Ok(())
 }
 
 /// The validated shape of a storage, shared by the backends.

@@ -50,6 +50,27 @@ fn check_backend(storage: &dyn PageStorage) {
     storage.copy(0, PageId(2), PageId(2)).unwrap();
     storage.read(0, PageId(1), &mut buffer).unwrap();
     assert_eq!(buffer, pattern(1, bytes_per_page), "neighbours untouched");
+    // A prefix reads the page's first bytes only; longer than a page or out of range is an error.
+    let mut prefix = vec![0u8; bytes_per_page.min(10)];
+    storage.read_prefix(0, PageId(1), &mut prefix).unwrap();
+    assert_eq!(prefix, pattern(1, bytes_per_page)[..prefix.len()]);
+    let mut whole = vec![0u8; bytes_per_page];
+    storage.read_prefix(0, PageId(2), &mut whole).unwrap();
+    assert_eq!(whole, pattern(3, bytes_per_page));
+    let mut long = vec![0u8; bytes_per_page + 1];
+    assert_eq!(
+        storage.read_prefix(0, PageId(1), &mut long).unwrap_err(),
+        Error::BufferLength {
+            len: bytes_per_page + 1,
+            bytes_per_page
+        }
+    );
+    assert!(matches!(
+        storage
+            .read_prefix(0, PageId(storage.n_pages()), &mut prefix)
+            .unwrap_err(),
+        Error::PageOutOfRange { .. }
+    ));
     // Errors.
     let n_pages = storage.n_pages();
     let n_ranks = storage.n_ranks();
