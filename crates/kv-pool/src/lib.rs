@@ -5,6 +5,7 @@
 
 mod error;
 mod geometry;
+mod gpu_test;
 mod ids;
 mod page;
 mod pool;
@@ -12,7 +13,11 @@ mod storage;
 
 pub use error::{Error, Result};
 pub use geometry::{CacheGroup, Continuation, Geometry, GroupKind, RestoreNeed};
+pub use gpu_test::{GPU_TEST_LOG_ENV, REQUIRE_GPU_ENV, gpu_test_gate};
 pub use ids::{AdmissionOrder, RequestId, Timestamp};
 pub use page::{BlockKey, BlockKeyHashBuilder, BlockKeyHasher, PageId};
 pub use pool::PagePool;
-pub use storage::{CudaStorage, HostStorage, PageStorage, cuda_available};
+pub use storage::{
+    CudaDriver, CudaPinned, CudaStorage, Device, DeviceStorage, FakeDevice, FakeEvent, FakeFault,
+    FakePinned, FakeStats, HostStorage, PageStorage, cuda_available,
+};

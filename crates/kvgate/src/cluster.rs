@@ -1,7 +1,8 @@
 //! Cluster replay: a trace replayed on N engines that share one simulated clock and one checkpoint store. A
 //! router sends each request to one engine at its arrival time; the driver always steps the engine whose
 //! clock is earliest (ties to the lowest index), so the run is deterministic. The report has each engine's
-//! metrics, the cluster's, and whether the cluster kept up with the trace's own arrival rate ([`KeepUp`]).
+//! metrics, the cluster's, and how the cluster kept pace with the trace's own arrival rate: its lag and p99 time to first token
+//! against the service-level objective [`TTFT_SLO_P99_S`] ([`KeepUp`]).
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -127,20 +128,17 @@ pub struct ClusterSpec {
     pub router: Router,
 }
 
-/// The longest the last request may finish after the last arrival for the cluster to have kept up: a
-/// cluster that falls behind ends the trace with a backlog that takes as long to drain as it took to build
-/// (minutes to an hour on the shipped trace), while one that keeps up ends with the last requests' own
-/// service times (prefill and a few hundred decode steps: seconds).
-pub const KEEP_UP_DRAIN_S_MAX: f64 = 60.0;
+/// The service-level objective a cluster replay is held to: the p99 time to first token of the whole trace
+/// at most 10 s. Fixed before any cluster figure was measured (commit d2476c0, issue 14 part 2) and kept
+/// after them (it had been raised to 60 s in the commit that wrote the figures: issue 36, item 10). It is
+/// looser than a published long-context serving objective, MLPerf Inference v5.0's Llama 3.1 405B server
+/// scenario (p99 TTFT at most 6 s, mlcommons.org/2025/04/llm-inference-v5); the reports give the p99 and
+/// the lag themselves, so either objective can be read off them.
+pub const TTFT_SLO_P99_S: f64 = 10.0;
 
-/// The highest p99 time to first token of a cluster that kept up: queueing grows it without bound when the
-/// engines fall behind (hundreds to thousands of seconds on the shipped trace), while the longest prompts'
-/// own prefill keeps it near 10 s however many engines serve them, so the bound is loose.
-pub const KEEP_UP_P99_TTFT_S_MAX: f64 = 60.0;
-
-/// The throughput a trace asks for at its own arrival times, what the cluster sustained, and whether it
-/// kept up: its last request finished within [`KEEP_UP_DRAIN_S_MAX`] of the last arrival and its p99 time
-/// to first token is at most [`KEEP_UP_P99_TTFT_S_MAX`].
+/// The throughput a trace asks for at its own arrival times, what the cluster sustained, how far behind
+/// the last arrival it finished (`drain_s`, the lag), its p99 time to first token, and whether that meets
+/// [`TTFT_SLO_P99_S`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct KeepUp {
     /// Requests of the trace.
@@ -163,8 +161,8 @@ pub struct KeepUp {
     pub drain_s: f64,
     /// The cluster's p99 time to first token.
     pub p99_ttft_s: f64,
-    /// Whether the cluster kept up (see the type's doc).
-    pub kept_up: bool,
+    /// Whether the replay ran to the end with a p99 time to first token within [`TTFT_SLO_P99_S`].
+    pub meets_ttft_slo: bool,
 }
 
 /// A cluster replay's results under one policy.
@@ -289,7 +287,7 @@ pub fn run_cluster_replay_observed(
     let mut total_metrics = cluster_metrics(policy, &engines, &store, started.elapsed());
     let mut keep_up = keep_up(trace, &arrivals, &engines, &total_metrics);
     // A replay that stopped did not serve the trace.
-    keep_up.kept_up &= stopped.is_none();
+    keep_up.meets_ttft_slo &= stopped.is_none();
     total_metrics.stopped = stopped;
     Ok(ClusterRun {
         router: cluster.router,
@@ -374,7 +372,7 @@ fn keep_up(
         sustained_prompt_tok_per_s: per_s(total.prompt_tokens as f64, served_span_s),
         drain_s,
         p99_ttft_s: total.p99_ttft_s,
-        kept_up: drain_s <= KEEP_UP_DRAIN_S_MAX && total.p99_ttft_s <= KEEP_UP_P99_TTFT_S_MAX,
+        meets_ttft_slo: total.p99_ttft_s <= TTFT_SLO_P99_S,
     }
 }
 

@@ -298,8 +298,8 @@ struct ReplayArgs {
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
     /// Replay on this many engines sharing one simulated clock and one checkpoint store (1 to 64); with more
-    /// than one, the report has a column per engine and the cluster's total, and says whether the cluster
-    /// kept up with the trace's arrivals.
+    /// than one, the report has a column per engine and the cluster's total, the cluster's lag behind the
+    /// trace's last arrival and its p99 time to first token against a 10 s objective.
     #[arg(long, default_value_t = 1)]
     engines: u32,
     /// How a request picks its engine: round-robin, least-loaded (fewest live requests) or cache-aware (the
@@ -950,7 +950,7 @@ fn incomplete(runs: &[RunMetrics]) -> kvgate::Result<()> {
 }
 
 /// `replay` on a cluster of `args.engines` engines: a table per policy with a column per engine and the
-/// total, and whether the cluster kept up with the trace.
+/// total, and the cluster's lag and p99 time to first token against its objective.
 fn replay_cluster(
     args: &ReplayArgs,
     config: &EngineConfig,

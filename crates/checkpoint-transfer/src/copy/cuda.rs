@@ -1,239 +1,205 @@
-//! `CudaCopyEngine`: restores straight into the pool's device pages, which kv-pool's `CudaStorage` lends
-//! (`CudaStorage::enqueue_write`), on a stream of its own, from pinned host staging, with one event per job.
-//! `submit` copies a restore's buffers into a pinned staging buffer and queues one host-to-device transfer
-//! per page; `poll` queries each job's event and never blocks; a cancelled job is reported only once its
-//! event completed, since queued transfers cannot be recalled; `wait_all` synchronizes the stream.
-//!
-//! It compiles without CUDA, and needs a `CudaStorage` to exist, which fails without a driver
-//! (`kv_pool::Error::CudaUnavailable`); every driver call runs under `catch_unwind`, so a failure of the
-//! driver or of cudarc's loader is an error value, never a panic. A job whose transfer or event fails is
-//! reported `Failed`, after the stream was synchronized, so nothing of it can still write.
-#![allow(
-    unsafe_code,
-    reason = "pinned staging is allocated uninitialized and read by the device after `submit` returned; each \
-              block has a SAFETY note"
-)]
+//! `DeviceCopyEngine`: restores straight into the pool's device pages (`kv_pool::DeviceStorage`), one copy
+//! stream per rank; `CudaCopyEngine` is it over the real driver, and over `kv_pool::FakeDevice` the same
+//! logic runs in CI. `submit` only records the job and hands it to its rank's staging thread (`stager`),
+//! which fills pinned chunks of a bounded pool and queues one host-to-device transfer per run of
+//! consecutive pages, with an event after each chunk; `poll` queries each job's last event and never
+//! blocks; a cancelled job stops staging chunks and is reported once what it queued completed. A job is
+//! reported (done, cancelled or failed) only once the device says nothing of it can still run: its last
+//! event completed, or its rank's stream synchronized. When the device can say neither (a failed context),
+//! the job stays in flight, its pages listed by `in_flight_pages` and its staging held; `wait_all` then
+//! returns without it.
 
 use std::collections::VecDeque;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
 
-use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaEvent, CudaStream, DriverError, PinnedHostSlice};
-use kv_pool::Timestamp;
-use kv_pool::{CudaStorage, PageId, PageStorage};
+use crossbeam::channel::Sender;
+use kv_pool::{CudaDriver, Device, DeviceStorage, PageId, PageStorage, Timestamp};
 
+pub use super::stager::StagingLimits;
+use super::stager::{JobRecord, Order, Shared, run_stager};
 use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome};
 use crate::error::{Error, Result};
-use crate::page_buf::PageBuf;
 
-/// Pinned staging buffers kept for reuse once their job completed; more are freed.
-const SPARE_STAGING_MAX: usize = 8;
+/// Copies into CUDA device pages: `DeviceCopyEngine` over the real driver.
+pub type CudaCopyEngine = DeviceCopyEngine<CudaDriver>;
 
-struct CudaJob {
-    id: CopyJobId,
-    rank: u32,
-    /// The job's pool pages.
-    pages: Vec<PageId>,
-    /// Recorded on the stream after the job's last transfer; `None` when nothing of it is in flight.
-    event: Option<CudaEvent>,
-    /// The pinned bytes the device reads while the job runs; released only once nothing reads them.
-    staging: Option<PinnedHostSlice<u8>>,
-    cancelled: bool,
-    failure: Option<String>,
-}
-
-/// Copies into a `CudaStorage` on a stream of its own.
-pub struct CudaCopyEngine {
-    storage: Arc<CudaStorage>,
-    stream: Arc<CudaStream>,
-    /// Pinned staging buffers of completed jobs, for the next restores.
-    spare_staging: Vec<PinnedHostSlice<u8>>,
-    in_flight: VecDeque<CudaJob>,
+/// Copies into a `DeviceStorage`, one staging thread and copy stream per rank.
+pub struct DeviceCopyEngine<D: Device> {
+    storage: Arc<DeviceStorage<D>>,
+    shared: Arc<Shared<D::Event>>,
+    /// Rank `r`'s staging thread's orders; empty once the engine is dropped.
+    orders: Vec<Sender<Order>>,
+    stagers: Vec<JoinHandle<()>>,
+    /// Jobs not reported yet, in submission order.
+    in_flight: VecDeque<CopyJobId>,
     next_job: u64,
 }
 
-impl std::fmt::Debug for CudaCopyEngine {
+impl<D: Device> std::fmt::Debug for DeviceCopyEngine<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaCopyEngine")
+        f.debug_struct("DeviceCopyEngine")
             .field("storage", &self.storage)
             .field("n_in_flight", &self.in_flight.len())
-            .field("n_spare_staging", &self.spare_staging.len())
             .finish_non_exhaustive()
     }
 }
 
-impl CudaCopyEngine {
-    /// Copies into `storage`'s device pages, on a new stream of its context. Errors:
-    /// `Error::Unavailable` with the driver's reason when the stream cannot be made.
-    pub fn new(storage: Arc<CudaStorage>) -> Result<Self> {
-        let context = Arc::clone(storage.context());
-        let stream = guarded("creating a stream", || context.new_stream())?;
+/// What the engine thread reads of a job to decide whether it is over, taken under the lock.
+struct Snapshot<E> {
+    rank: u32,
+    staged: bool,
+    unconfirmed: bool,
+    last_event: Option<Arc<E>>,
+}
+
+impl<D: Device> DeviceCopyEngine<D> {
+    /// Copies into `storage` with the default staging bound (`StagingLimits::default`).
+    pub fn new(storage: Arc<DeviceStorage<D>>) -> Result<Self> {
+        Self::with_staging(storage, StagingLimits::default())
+    }
+
+    /// Copies into `storage`, each rank staging through at most `limits` of pinned memory. Errors:
+    /// `Error::Unavailable` for an empty bound or when a staging thread cannot start.
+    pub fn with_staging(storage: Arc<DeviceStorage<D>>, limits: StagingLimits) -> Result<Self> {
+        if limits.chunk_bytes == 0 || limits.chunks_per_rank == 0 {
+            return Err(Error::Unavailable(format!(
+                "staging of {} chunks of {} bytes per rank holds nothing; give both a positive value",
+                limits.chunks_per_rank, limits.chunk_bytes
+            )));
+        }
+        let shared = Arc::new(Shared {
+            jobs: std::sync::Mutex::new(std::collections::HashMap::new()),
+            staged: std::sync::Condvar::new(),
+        });
+        let mut orders = Vec::new();
+        let mut stagers = Vec::new();
+        for rank in 0..storage.n_ranks() {
+            let (sender, receiver) = crossbeam::channel::unbounded();
+            let (storage, shared) = (Arc::clone(&storage), Arc::clone(&shared));
+            let stager = std::thread::Builder::new()
+                .name(format!("kvgate-stage-{rank}"))
+                .spawn(move || run_stager(&storage, &shared, rank, &receiver, limits))
+                .map_err(|e| Error::Unavailable(format!("cannot start a staging thread: {e}")))?;
+            orders.push(sender);
+            stagers.push(stager);
+        }
         Ok(Self {
             storage,
-            stream,
-            spare_staging: Vec::new(),
+            shared,
+            orders,
+            stagers,
             in_flight: VecDeque::new(),
             next_job: 0,
         })
     }
 
-    /// Baseline for benchmarks: the time to upload `pages` of `rank` straight from one pinned page with
-    /// `cudaMemcpyAsync`-equivalent calls on the engine's stream, waiting for the last one. Nothing may be
-    /// in flight.
+    /// The storage the engine writes.
+    pub fn storage(&self) -> &Arc<DeviceStorage<D>> {
+        &self.storage
+    }
+
+    /// Baseline for benchmarks: the time to upload `total_bytes` (rounded up to whole runs) into pages
+    /// `first..first + n_pages` of `rank` straight from one pinned buffer of that run, one transfer per run
+    /// on the rank's copy stream (the `cudaMemcpyAsync` a hand-written restore would make), waiting for
+    /// the last. Returns the time and the bytes moved. Nothing may be in flight.
     pub fn time_pinned_upload(
         &mut self,
         rank: u32,
-        pages: &[PageId],
-    ) -> Result<std::time::Duration> {
+        first: PageId,
+        n_pages: u32,
+        total_bytes: usize,
+    ) -> Result<(Duration, usize)> {
         if !self.in_flight.is_empty() {
             return Err(Error::Unavailable(format!(
                 "{} copies in flight: the upload baseline needs an idle engine",
                 self.in_flight.len()
             )));
         }
-        let bytes_per_page = self.storage.bytes_per_page();
-        let staging = self.take_staging(bytes_per_page)?;
-        let stream = Arc::clone(&self.stream);
-        guarded("synchronizing", || stream.synchronize())?;
+        let device = self.storage.device();
+        let run_bytes = n_pages as usize * self.storage.bytes_per_page();
+        let mut pinned = device.alloc_pinned(run_bytes).map_err(Error::Unavailable)?;
+        device
+            .fill_pinned(&mut pinned, &mut |bytes| bytes.fill(0x5A))
+            .map_err(Error::Unavailable)?;
+        device.synchronize(rank).map_err(Error::Unavailable)?;
         #[allow(
             clippy::disallowed_methods,
             reason = "measures the pinned upload's wall time for the bandwidth figure"
         )]
         let started = std::time::Instant::now();
-        let source = guarded("reading pinned staging", || staging.as_slice())?;
+        let mut moved = 0;
         let mut outcome = Ok(());
-        for &page in pages {
-            // SAFETY: `staging` is alive and unchanged until the stream is synchronized below.
-            outcome = unsafe {
-                self.storage
-                    .enqueue_write(&stream, rank, page, &source[..bytes_per_page])
-            };
-            if outcome.is_err() {
-                break;
-            }
+        while moved < total_bytes && outcome.is_ok() {
+            outcome = enqueue_baseline(&self.storage, rank, first, n_pages, &pinned);
+            moved += run_bytes;
         }
-        let synced = guarded("synchronizing", || stream.synchronize());
+        let synced = device.synchronize(rank);
         let elapsed = started.elapsed();
-        self.spare(staging);
+        if synced.is_err() {
+            // The pinned buffer may still be read: never free it under a transfer.
+            std::mem::forget(pinned);
+        }
         outcome?;
-        synced?;
-        Ok(elapsed)
+        synced.map_err(Error::Unavailable)?;
+        Ok((elapsed, moved))
     }
 
-    /// A pinned staging buffer of at least `n_bytes` (at least one byte): a spare one, or a new one.
-    fn take_staging(&mut self, n_bytes: usize) -> Result<PinnedHostSlice<u8>> {
-        let n_bytes = n_bytes.max(1);
-        if let Some(idx) = self
-            .spare_staging
-            .iter()
-            .position(|staging| staging.len() >= n_bytes)
-        {
-            return Ok(self.spare_staging.swap_remove(idx));
-        }
-        let context = Arc::clone(self.storage.context());
-        let len = n_bytes.next_power_of_two();
-        // SAFETY: the buffer comes back uninitialized; it is zeroed below through its raw pointer before
-        // any slice of it is made.
-        let mut staging = guarded("allocating pinned staging", || unsafe {
-            context.alloc_pinned_with_flags::<u8>(len, 0)
-        })?;
-        let ptr = guarded("zeroing pinned staging", || staging.as_mut_ptr())?;
-        // SAFETY: `ptr` points to the `len` bytes just allocated, which nothing else uses yet.
-        unsafe { std::ptr::write_bytes(ptr, 0, len) };
-        Ok(staging)
+    fn snapshot(&self, id: CopyJobId) -> Option<Snapshot<D::Event>> {
+        let jobs = self.shared.lock();
+        jobs.get(&id).map(|job| Snapshot {
+            rank: job.rank,
+            staged: job.staged,
+            unconfirmed: job.unconfirmed,
+            last_event: job.events.last().cloned(),
+        })
     }
 
-    /// Keeps a staging buffer nothing reads any more for reuse, freeing the smallest beyond the limit.
-    fn spare(&mut self, staging: PinnedHostSlice<u8>) {
-        self.spare_staging.push(staging);
-        if self.spare_staging.len() > SPARE_STAGING_MAX
-            && let Some((idx, _)) = self
-                .spare_staging
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, staging)| staging.len())
-        {
-            drop(self.spare_staging.swap_remove(idx));
-        }
-    }
-
-    /// Copies a restore's buffers into pinned staging and queues one transfer per page into the storage;
-    /// the staging goes into `job`, which keeps it until its event completed. The first error stops it.
-    fn enqueue_restore(
-        &mut self,
-        rank: u32,
-        pages: &[(PageBuf, PageId)],
-        job: &mut CudaJob,
-    ) -> Result<(), String> {
-        let bytes_per_page = self.storage.bytes_per_page();
-        if let Some((bytes, page)) = pages.iter().find(|(b, _)| b.len() != bytes_per_page) {
-            return Err(format!(
-                "the restore buffer of page {} holds {} bytes, pages hold {bytes_per_page}",
-                page.0,
-                bytes.len()
-            ));
-        }
-        let mut staging = self
-            .take_staging(pages.len() * bytes_per_page)
-            .map_err(|e| e.to_string())?;
-        let filled = guarded_str("filling pinned staging", || {
-            let host = staging.as_mut_slice()?;
-            for ((bytes, _), chunk) in pages.iter().zip(host.chunks_exact_mut(bytes_per_page)) {
-                chunk.copy_from_slice(bytes);
-            }
-            Ok(())
-        });
-        let source =
-            filled.and_then(|()| guarded_str("reading pinned staging", || staging.as_slice()));
-        let source = match source {
-            Ok(source) => source,
-            Err(reason) => {
-                self.spare(staging);
-                return Err(reason);
-            }
-        };
-        let mut outcome = Ok(());
-        for ((_, page), chunk) in pages.iter().zip(source.chunks_exact(bytes_per_page)) {
-            // SAFETY: `chunk` lies in `staging`, which moves into `job` below and is released (spared or
-            // freed) only once the job's event completed or the stream was synchronized (`finish`, `Drop`).
-            // Moving the `PinnedHostSlice` does not move the page-locked memory it points to.
-            let queued = unsafe { self.storage.enqueue_write(&self.stream, rank, *page, chunk) };
-            if let Err(error) = queued {
-                outcome = Err(error.to_string());
-                break;
-            }
-        }
-        job.staging = Some(staging);
-        outcome
-    }
-
-    /// Whether `job` can no longer touch its pages, querying its event without blocking. A failed query
-    /// synchronizes the stream first and fails the job.
-    fn finished(&self, job: &mut CudaJob) -> bool {
-        let Some(event) = &job.event else {
+    /// Whether the device says nothing of job `id` can still run, asking without blocking unless `block`.
+    /// A failed query or wait fails the job; it is over only once its rank's stream synchronized.
+    fn is_over(&self, id: CopyJobId, block: bool) -> bool {
+        let Some(job) = self.snapshot(id) else {
             return true;
         };
-        match guarded_str("querying a copy's event", || event.try_is_complete()) {
-            Ok(done) => done,
-            Err(reason) => {
-                let synced = guarded_str("synchronizing after a failed query", || {
-                    self.stream.synchronize()
-                });
-                job.failure.get_or_insert(
-                    synced
-                        .err()
-                        .map_or(reason.clone(), |s| format!("{reason}; {s}")),
-                );
-                true
+        if !job.staged {
+            return false;
+        }
+        let device = self.storage.device();
+        let mut failure = None;
+        let mut over = true;
+        if job.unconfirmed {
+            over = device
+                .synchronize(job.rank)
+                .inspect_err(|reason| failure = Some(reason.clone()))
+                .is_ok();
+        }
+        if over && let Some(event) = &job.last_event {
+            let status = if block {
+                device.wait(event).map(|()| true)
+            } else {
+                device.query(event)
+            };
+            over = status.unwrap_or_else(|reason| {
+                failure = Some(reason);
+                device.synchronize(job.rank).is_ok()
+            });
+        }
+        let mut jobs = self.shared.lock();
+        if let Some(record) = jobs.get_mut(&id) {
+            record.unconfirmed &= !over;
+            if let Some(reason) = failure {
+                record.failure.get_or_insert(reason);
             }
         }
+        over
     }
 
-    /// Reports a job that can no longer touch its pages, sparing its staging.
-    fn finish(&mut self, mut job: CudaJob) -> CopyCompletion {
-        if let Some(staging) = job.staging.take() {
-            self.spare(staging);
+    /// Removes job `id`, which is over, forgetting its page marks, and says how it ended.
+    fn complete(&self, id: CopyJobId) -> Option<CopyCompletion> {
+        let job: JobRecord<D::Event> = self.shared.lock().remove(&id)?;
+        for event in &job.events {
+            self.storage.settle(job.rank, &job.pages, event);
         }
         let outcome = if let Some(reason) = job.failure {
             CopyOutcome::Failed { reason }
@@ -242,73 +208,89 @@ impl CudaCopyEngine {
         } else {
             CopyOutcome::Done
         };
-        CopyCompletion {
-            job: job.id,
+        Some(CopyCompletion {
+            job: id,
             rank: job.rank,
             outcome,
             invalidated: Vec::new(),
-        }
-    }
-}
-
-impl CopyEngine for CudaCopyEngine {
-    fn in_flight_pages(&self) -> Vec<PageId> {
-        self.in_flight
-            .iter()
-            .flat_map(|job| job.pages.iter().copied())
-            .collect()
+        })
     }
 
-    fn submit(&mut self, job: CopyJob, _now: Timestamp) -> Result<CopyJobId> {
-        let id = CopyJobId(self.next_job);
-        self.next_job += 1;
-        let mut record = CudaJob {
-            id,
-            rank: job.rank,
-            pages: job.pool_pages(),
-            event: None,
-            staging: None,
-            cancelled: false,
-            failure: None,
-        };
-        record.failure = self
-            .enqueue_restore(job.rank, &job.pages, &mut record)
-            .err();
-        let stream = &self.stream;
-        let no_timing = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        match guarded_str("recording an event", || stream.record_event(no_timing)) {
-            Ok(event) => record.event = Some(event),
-            Err(reason) => {
-                // No event: wait for the stream, so nothing of the job can write once it is reported.
-                let synced = guarded_str("synchronizing", || stream.synchronize());
-                let reason = synced
-                    .err()
-                    .map_or(reason.clone(), |s| format!("{reason}; {s}"));
-                record.failure.get_or_insert(reason);
-            }
-        }
-        self.in_flight.push_back(record);
-        Ok(id)
-    }
-
-    fn poll(&mut self, _now: Timestamp) -> Vec<CopyCompletion> {
+    /// Reports every job in flight that is over, in submission order.
+    fn collect(&mut self, block: bool) -> Vec<CopyCompletion> {
         let mut completions = Vec::new();
         let mut waiting = VecDeque::with_capacity(self.in_flight.len());
-        while let Some(mut job) = self.in_flight.pop_front() {
-            if self.finished(&mut job) {
-                completions.push(self.finish(job));
+        while let Some(id) = self.in_flight.pop_front() {
+            if self.is_over(id, block) {
+                completions.extend(self.complete(id));
             } else {
-                waiting.push_back(job);
+                waiting.push_back(id);
             }
         }
         self.in_flight = waiting;
         completions
     }
+}
+
+/// Queues the baseline's one run from `pinned`.
+#[allow(
+    unsafe_code,
+    reason = "the baseline queues a transfer from pinned memory; the block has a SAFETY note"
+)]
+fn enqueue_baseline<D: Device>(
+    storage: &DeviceStorage<D>,
+    rank: u32,
+    first: PageId,
+    n_pages: u32,
+    pinned: &D::Pinned,
+) -> Result<()> {
+    // SAFETY: `pinned` is neither changed nor freed before the stream is synchronized (or it is leaked).
+    unsafe { storage.enqueue_run(rank, first, n_pages, pinned, 0) }.map_err(Error::Pool)
+}
+
+impl<D: Device> CopyEngine for DeviceCopyEngine<D> {
+    fn submit(&mut self, job: CopyJob, _now: Timestamp) -> Result<CopyJobId> {
+        let Some(orders) = self.orders.get(job.rank as usize) else {
+            return Err(Error::Pool(kv_pool::Error::RankOutOfRange {
+                rank: job.rank,
+                n_ranks: self.storage.n_ranks(),
+            }));
+        };
+        let id = CopyJobId(self.next_job);
+        self.next_job += 1;
+        let record = JobRecord {
+            rank: job.rank,
+            pages: job.pool_pages(),
+            cancelled: false,
+            staged: false,
+            events: Vec::new(),
+            failure: None,
+            unconfirmed: false,
+        };
+        self.shared.lock().insert(id, record);
+        self.in_flight.push_back(id);
+        let order = Order {
+            id,
+            pages: job.pages,
+        };
+        if orders.send(order).is_err() {
+            // The staging thread is gone: nothing of the job was queued.
+            if let Some(record) = self.shared.lock().get_mut(&id) {
+                record.staged = true;
+                record.failure = Some("the staging thread of its rank stopped".to_string());
+            }
+        }
+        Ok(id)
+    }
+
+    fn poll(&mut self, _now: Timestamp) -> Vec<CopyCompletion> {
+        self.collect(false)
+    }
 
     fn cancel(&mut self, job: CopyJobId) {
-        // Queued transfers cannot be recalled: the job is reported `Cancelled` once its event completed.
-        if let Some(job) = self.in_flight.iter_mut().find(|j| j.id == job) {
-            job.cancelled = true;
+        // What is queued cannot be recalled; chunks not staged yet are skipped. Reported once over.
+        if let Some(record) = self.shared.lock().get_mut(&job) {
+            record.cancelled = true;
         }
     }
 
@@ -317,36 +299,44 @@ impl CopyEngine for CudaCopyEngine {
     }
 
     fn wait_all(&mut self) -> Vec<CopyCompletion> {
-        let stream = &self.stream;
-        if let Err(reason) = guarded_str("synchronizing", || stream.synchronize()) {
-            for job in &mut self.in_flight {
-                job.failure.get_or_insert_with(|| reason.clone());
+        {
+            let mut jobs = self.shared.lock();
+            while self
+                .in_flight
+                .iter()
+                .any(|id| jobs.get(id).is_some_and(|job| !job.staged))
+            {
+                jobs = self
+                    .shared
+                    .staged
+                    .wait(jobs)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
             }
         }
-        let jobs: Vec<CudaJob> = self.in_flight.drain(..).collect();
-        jobs.into_iter().map(|job| self.finish(job)).collect()
+        self.collect(true)
+    }
+
+    fn in_flight_pages(&self) -> Vec<PageId> {
+        let jobs = self.shared.lock();
+        self.in_flight
+            .iter()
+            .filter_map(|id| jobs.get(id))
+            .flat_map(|job| job.pages.iter().copied())
+            .collect()
     }
 }
 
-impl Drop for CudaCopyEngine {
+impl<D: Device> Drop for DeviceCopyEngine<D> {
     fn drop(&mut self) {
-        // The staging buffers of jobs in flight are freed after this: the device must be done reading them.
-        let stream = &self.stream;
-        if let Err(reason) = guarded_str("synchronizing at drop", || stream.synchronize()) {
-            tracing::warn!(%reason, "cuda copy engine dropped with a failed stream");
+        // Stop staging, then let each staging thread release its chunks once its stream is idle.
+        for record in self.shared.lock().values_mut() {
+            record.cancelled = true;
         }
-    }
-}
-
-fn guarded<T>(what: &str, call: impl FnOnce() -> Result<T, DriverError>) -> Result<T> {
-    guarded_str(what, call).map_err(Error::Unavailable)
-}
-
-/// Runs a driver call, turning its error or a panic of cudarc's loader into a message.
-fn guarded_str<T>(what: &str, call: impl FnOnce() -> Result<T, DriverError>) -> Result<T, String> {
-    match catch_unwind(AssertUnwindSafe(call)) {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(format!("{what}: {error}")),
-        Err(_) => Err(format!("{what}: the cuda driver loader panicked")),
+        self.orders.clear();
+        for stager in self.stagers.drain(..) {
+            if stager.join().is_err() {
+                tracing::warn!("a staging thread panicked");
+            }
+        }
     }
 }

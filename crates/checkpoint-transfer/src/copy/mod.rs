@@ -3,18 +3,20 @@
 //! (done, cancelled or failed) and only after it can no longer touch its pages: that is what lets the index
 //! free a destination page only after its copy drained (O5). Implementations: `InlineCopyEngine` (modeled
 //! time, deterministic, fault injection), `ThreadedCopyEngine` (worker threads, real memcpy),
-//! `CudaCopyEngine`, and `ReorderingCopyEngine` (threaded copies that a seeded adversary delays and reorders,
+//! `DeviceCopyEngine` (device pages through pinned staging and per-rank streams: `CudaCopyEngine` on the
+//! real driver, or on the host-backed `FakeDevice` stand-in in CI), and `ReorderingCopyEngine` (threaded copies that a seeded adversary delays and reorders,
 //! checking that no page is written by anyone else while a copy owns it: L2).
 
 mod cuda;
 mod inline;
 mod reordering;
+mod stager;
 mod threaded;
 
 use kv_pool::PageId;
 use kv_pool::Timestamp;
 
-pub use cuda::CudaCopyEngine;
+pub use cuda::{CudaCopyEngine, DeviceCopyEngine, StagingLimits};
 pub use inline::{CopyModel, Fault, InlineCopyEngine};
 pub use reordering::{REORDER_DELAY_POLLS_MAX, ReorderingCopyEngine};
 pub use threaded::ThreadedCopyEngine;
@@ -119,5 +121,7 @@ pub trait CopyEngine: Send + std::fmt::Debug {
     }
 }
 
+#[cfg(test)]
+mod device_tests;
 #[cfg(test)]
 mod tests;

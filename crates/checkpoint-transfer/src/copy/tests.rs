@@ -1,37 +1,33 @@
 //! Copy engines: modeled timing and fault injection of the inline engine, real bytes and drain semantics of
-//! the threaded engine, the reordering engine's seeded schedule and its check of writes by others (L2), and
-//! the CUDA engine (skipped, saying why, without a driver).
+//! the threaded engine, and the reordering engine's seeded schedule and its check of writes by others (L2).
+//! The device engine's tests are in `device_tests.rs`.
 #![allow(
     clippy::disallowed_methods,
     reason = "tests time real copies and read their environment"
-)]
-#![allow(
-    clippy::print_stderr,
-    reason = "a CUDA test says on stderr that it skipped and why"
 )]
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use kv_pool::Timestamp;
-use kv_pool::{CudaStorage, HostStorage, PageId, PageStorage};
+use kv_pool::{HostStorage, PageId, PageStorage};
 
 use crate::copy::{
-    CopyCompletion, CopyEngine, CopyJob, CopyModel, CopyOutcome, CudaCopyEngine, Fault,
-    InlineCopyEngine, ReorderingCopyEngine, ThreadedCopyEngine,
+    CopyCompletion, CopyEngine, CopyJob, CopyModel, CopyOutcome, Fault, InlineCopyEngine,
+    ReorderingCopyEngine, ThreadedCopyEngine,
 };
 use crate::page_buf::PageBuf;
 
-const BYTES_PER_PAGE: usize = 256;
+pub(super) const BYTES_PER_PAGE: usize = 256;
 
-fn page_bytes(seed: u8) -> PageBuf {
+pub(super) fn page_bytes(seed: u8) -> PageBuf {
     (0..BYTES_PER_PAGE)
         .map(|i| (i as u8).wrapping_mul(3) ^ seed)
         .collect::<Vec<u8>>()
         .into()
 }
 
-fn restore_job(rank: u32, pages: &[u32]) -> CopyJob {
+pub(super) fn restore_job(rank: u32, pages: &[u32]) -> CopyJob {
     CopyJob {
         rank,
         pages: pages
@@ -263,127 +259,6 @@ fn a_panicking_worker_fails_its_copy_and_never_hangs_the_engine() {
         (after[0].job, &after[0].outcome),
         (later, &CopyOutcome::Done)
     );
-}
-
-/// CUDA page storage of 2 ranks x `n_pages` and a copy engine over it; `None` (printing why) without a driver,
-/// unless `KVGATE_REQUIRE_GPU=1`, which makes a missing driver a failure.
-fn cuda_engine(n_pages: u32) -> Option<(Arc<CudaStorage>, CudaCopyEngine)> {
-    match CudaStorage::new(0, 2, n_pages, BYTES_PER_PAGE) {
-        Ok(storage) => {
-            let storage = Arc::new(storage);
-            let copies = CudaCopyEngine::new(Arc::clone(&storage)).unwrap();
-            Some((storage, copies))
-        }
-        Err(kv_pool::Error::CudaUnavailable { reason }) => {
-            assert!(
-                std::env::var("KVGATE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "KVGATE_REQUIRE_GPU=1 but CUDA is unavailable: {reason}"
-            );
-            eprintln!("skipped: {reason}");
-            None
-        }
-        Err(other) => panic!("unexpected error: {other}"),
-    }
-}
-
-fn read_back(storage: &CudaStorage, rank: u32, page: u32) -> Vec<u8> {
-    let mut bytes = vec![0u8; BYTES_PER_PAGE];
-    storage.read(rank, PageId(page), &mut bytes).unwrap();
-    bytes
-}
-
-#[test]
-fn cuda_engine_without_a_driver_is_a_clear_error() {
-    if let Err(reason) = kv_pool::cuda_available() {
-        let err = CudaStorage::new(0, 1, 4, BYTES_PER_PAGE).unwrap_err();
-        assert_eq!(
-            err,
-            kv_pool::Error::CudaUnavailable {
-                reason: reason.clone()
-            }
-        );
-        eprintln!("skipped: {reason}");
-    } else {
-        assert!(cuda_engine(4).is_some());
-    }
-}
-
-#[test]
-fn cuda_restore_writes_the_pool_pages() {
-    let Some((storage, mut copies)) = cuda_engine(16) else {
-        return;
-    };
-    copies
-        .submit(restore_job(1, &[1, 2, 3, 4, 5, 6]), Timestamp::ZERO)
-        .unwrap();
-    let done = copies.wait_all();
-    assert_eq!(done[0].outcome, CopyOutcome::Done);
-    for page in 1..=6u32 {
-        assert_eq!(
-            read_back(&storage, 1, page),
-            page_bytes(page as u8).to_vec(),
-            "the restore wrote the storage's own page {page}"
-        );
-        assert_eq!(read_back(&storage, 0, page), vec![0u8; BYTES_PER_PAGE]);
-    }
-}
-
-#[test]
-fn cuda_restores_complete_by_polling_events_and_reuse_their_staging() {
-    let Some((storage, mut copies)) = cuda_engine(64) else {
-        return;
-    };
-    for round in 0..4u32 {
-        let pages: Vec<u32> = (1..64).filter(|p| p % 4 == round).collect();
-        copies
-            .submit(restore_job(0, &pages), Timestamp::ZERO)
-            .unwrap();
-    }
-    let mut done = Vec::new();
-    for _ in 0..1_000_000 {
-        done.extend(copies.poll(Timestamp::ZERO));
-        if copies.n_in_flight() == 0 {
-            break;
-        }
-        std::thread::yield_now();
-    }
-    assert_eq!(done.len(), 4, "every job reported once by poll: {done:?}");
-    assert!(copies.in_flight_pages().is_empty());
-    for page in 1..64u32 {
-        assert_eq!(
-            read_back(&storage, 0, page),
-            page_bytes(page as u8).to_vec()
-        );
-    }
-    let bad = CopyJob {
-        rank: 0,
-        pages: vec![(page_bytes(1), PageId(0))],
-    };
-    copies.submit(bad, Timestamp::ZERO).unwrap();
-    let done = copies.wait_all();
-    assert!(
-        matches!(&done[0].outcome, CopyOutcome::Failed { reason } if reason.contains("null page")),
-        "{done:?}"
-    );
-}
-
-#[test]
-fn cuda_cancelled_job_drains_before_it_is_reported() {
-    let Some((storage, mut copies)) = cuda_engine(16) else {
-        return;
-    };
-    let job = copies
-        .submit(restore_job(0, &[1, 2, 3]), Timestamp::ZERO)
-        .unwrap();
-    copies.cancel(job);
-    let mut done = copies.poll(Timestamp::ZERO);
-    done.extend(copies.wait_all());
-    assert_eq!(done.len(), 1);
-    assert_eq!(done[0].outcome, CopyOutcome::Cancelled);
-    assert_eq!(copies.n_in_flight(), 0);
-    // Reported only once it could no longer write: a write now is never overwritten by the copy.
-    storage.write(0, PageId(2), &[7u8; BYTES_PER_PAGE]).unwrap();
-    assert_eq!(read_back(&storage, 0, 2), vec![7u8; BYTES_PER_PAGE]);
 }
 
 fn reordering(seed: u64) -> (Arc<HostStorage>, ReorderingCopyEngine) {

@@ -435,10 +435,8 @@ impl PageStorage for PagePrefix<'_> {
             return self.inner.read(rank, page, dst);
         }
         check_len(dst.len(), self.bytes_per_page)?;
-        let mut whole = vec![0u8; self.inner.bytes_per_page()];
-        self.inner.read(rank, page, &mut whole)?;
-        dst.copy_from_slice(&whole[..self.bytes_per_page]);
-        Ok(())
+        // Only the prefix: no page-sized buffer per access, and on a device only these bytes move.
+        self.inner.read_prefix(rank, page, dst)
     }
 
     fn write(&self, rank: u32, page: PageId, src: &[u8]) -> kv_pool::Result<()> {

@@ -2,12 +2,9 @@
 //! `storage` (asserted here, on machines without a GPU); with one, agents sessions restore through CUDA
 //! copies straight into the pool's device pages and every restored page is read back from the device and
 //! compared with recompute (E3), and cancel, reset and shutdown with copies in flight leave no page leaked.
-//! The GPU tests print `skipped: <reason>` without a driver and return, unless `KVGATE_REQUIRE_GPU=1`, which
-//! makes a missing driver a failure (`cargo xtask gpu` sets it on machines with a driver).
-#![allow(
-    clippy::print_stderr,
-    reason = "a GPU test says on stderr that it skipped and why"
-)]
+//! The GPU tests pass `kv_pool::gpu_test_gate` first: without a driver they print `skipped: <test>: <reason>`
+//! and log it for `cargo xtask` to count, unless `KVGATE_REQUIRE_GPU=1`, which makes a missing driver a
+//! failure (`cargo xtask gpu` sets it on machines with a driver).
 
 use engine::{CopyEngineKind, Engine, EngineParams, Error, Policy, StorageKind};
 use kv_pool::RequestId;
@@ -27,20 +24,10 @@ fn cuda_params(policy: Policy, n_pages: u32) -> EngineParams {
     }
 }
 
-/// Whether the GPU tests run here: `false` (printing why) without a driver, a failure instead when
-/// `KVGATE_REQUIRE_GPU=1`.
-fn gpu_present() -> bool {
-    match kv_pool::cuda_available() {
-        Ok(()) => true,
-        Err(reason) => {
-            assert!(
-                std::env::var("KVGATE_REQUIRE_GPU").as_deref() != Ok("1"),
-                "KVGATE_REQUIRE_GPU=1 but CUDA is unavailable: {reason}"
-            );
-            eprintln!("skipped: {reason}");
-            false
-        }
-    }
+/// Whether GPU test `test` runs here: `false` (printed, and logged for `cargo xtask`) without a driver, a
+/// failure instead when `KVGATE_REQUIRE_GPU=1`.
+fn gpu_present(test: &str) -> bool {
+    kv_pool::gpu_test_gate(test).unwrap()
 }
 
 #[test]
@@ -100,7 +87,7 @@ fn cuda_copies_need_cuda_storage_and_host_copies_take_any_storage() {
 
 #[test]
 fn cuda_agents_restore_into_device_pages_verified_under_every_policy() {
-    if !gpu_present() {
+    if !gpu_present("cuda_agents_restore_into_device_pages_verified_under_every_policy") {
         return;
     }
     let agents = Agents {
@@ -149,7 +136,7 @@ fn cuda_agents_restore_into_device_pages_verified_under_every_policy() {
 
 #[test]
 fn cuda_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
-    if !gpu_present() {
+    if !gpu_present("cuda_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing") {
         return;
     }
     cancel_reset_and_shutdown_with_copies_in_flight(|policy| cuda_params(policy, 256));

@@ -1,21 +1,24 @@
-//! `CudaStorage`: page bytes in device memory through cudarc, one contiguous device allocation (arena) per
-//! rank, libcuda loaded at run time. It compiles on machines without CUDA; asking for it there is the error
+//! `CudaStorage`: page bytes in device memory through cudarc (`DeviceStorage` over `CudaDriver`), one
+//! contiguous device allocation (arena) and one copy stream per rank, libcuda loaded at run time. It compiles on machines without CUDA; asking for it there is the error
 //! `CudaUnavailable`, never a panic: `cuda_available` probes for libcuda before any driver call (cudarc's
 //! loader panics when the library or a symbol is missing), and every driver call runs under `catch_unwind`.
 #![allow(
     unsafe_code,
-    reason = "probing for libcuda goes through cudarc's unsafe loader check; each block has a SAFETY note"
+    reason = "raw driver copies, pinned staging and the loader probe; each block has a SAFETY note"
 )]
 
 use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, OnceLock};
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DriverError};
+use cudarc::driver::sys::{CUdeviceptr, CUevent_flags, CUstream};
+use cudarc::driver::{
+    CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, DriverError, PinnedHostSlice, result,
+};
 
-use super::{PageStorage, Shape};
+use super::Shape;
+use super::device::{Device, DeviceStorage};
 use crate::error::{Error, Result};
-use crate::page::PageId;
 
 /// Whether CUDA storage can be used here: `Ok`, or why not (no libcuda, no device, the driver failed to
 /// initialize). Probed once per process; never panics.
@@ -24,27 +27,45 @@ pub fn cuda_available() -> std::result::Result<(), String> {
     PROBE.get_or_init(probe).clone()
 }
 
-/// Page bytes in device memory: per rank one device allocation of `n_pages * bytes_per_page` bytes.
-/// Transfers run on one stream and are complete when a call returns.
-pub struct CudaStorage {
-    shape: Shape,
+/// Page bytes in CUDA device memory: per rank one device allocation of `n_pages * bytes_per_page` bytes and
+/// one copy stream. Copy engines queue restores on the rank's stream (`DeviceStorage::enqueue_run`); reads,
+/// writes and copies through `PageStorage` run on the calling thread's per-thread stream after the events of
+/// the transfers queued into the pages they touch, and are complete when the call returns.
+pub type CudaStorage = DeviceStorage<CudaDriver>;
+
+/// The real driver behind `Device`: a CUDA context with cudarc's per-allocation event tracking turned off
+/// (this crate orders accesses by page events instead), one non-blocking copy stream and one arena per rank.
+pub struct CudaDriver {
     device_ordinal: usize,
     context: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    /// Rank `r`'s arena; page `p` at byte offset `p * bytes_per_page`.
-    shards: Vec<RwLock<CudaSlice<u8>>>,
+    /// Rank `r`'s copy stream.
+    streams: Vec<Arc<CudaStream>>,
+    /// The per-thread default stream: each thread's synchronous accesses wait only for their own work.
+    access: Arc<CudaStream>,
+    /// Rank `r`'s arena and its device address; page `p` at byte offset `p * bytes_per_page`.
+    arenas: Vec<(CudaSlice<u8>, CUdeviceptr)>,
 }
 
-impl std::fmt::Debug for CudaStorage {
+/// Pinned host memory and its address, fixed for its lifetime.
+#[derive(Debug)]
+pub struct CudaPinned {
+    slice: PinnedHostSlice<u8>,
+    ptr: *mut u8,
+}
+
+// SAFETY: `ptr` is the address of `slice`'s page-locked allocation, which `PinnedHostSlice` (itself `Send`)
+// owns; the pointer is only dereferenced through `&CudaPinned` / `&mut CudaPinned` borrows.
+unsafe impl Send for CudaPinned {}
+
+impl std::fmt::Debug for CudaDriver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaStorage")
+        f.debug_struct("CudaDriver")
             .field("device_ordinal", &self.device_ordinal)
-            .field("shape", &self.shape)
             .finish_non_exhaustive()
     }
 }
 
-impl CudaStorage {
+impl DeviceStorage<CudaDriver> {
     /// Zeroed device storage of `n_ranks` shards of `n_pages` pages (the null page included) of
     /// `bytes_per_page` bytes on device `device_ordinal`. Errors: `CudaUnavailable` without a driver or
     /// device, `CudaFailed` when allocation fails, `EmptyStorage` / `StorageTooLarge` for a bad shape.
@@ -55,6 +76,18 @@ impl CudaStorage {
         bytes_per_page: usize,
     ) -> Result<CudaStorage> {
         let shape = Shape::new(n_ranks, n_pages, bytes_per_page)?;
+        let driver = CudaDriver::new(device_ordinal, shape)?;
+        Ok(DeviceStorage::from_device(shape, driver))
+    }
+
+    /// The CUDA context the pages live in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.device().context
+    }
+}
+
+impl CudaDriver {
+    fn new(device_ordinal: usize, shape: Shape) -> Result<CudaDriver> {
         cuda_available().map_err(|reason| Error::CudaUnavailable { reason })?;
         let unavailable = |reason| Error::CudaUnavailable { reason };
         let n_devices =
@@ -68,161 +101,197 @@ impl CudaStorage {
         }
         let context = guarded("creating a context", || CudaContext::new(device_ordinal))
             .map_err(unavailable)?;
-        let stream = context.default_stream();
-        let mut shards = Vec::with_capacity(n_ranks as usize);
-        for _ in 0..n_ranks {
-            let arena = guarded("allocating a shard", || {
-                stream.alloc_zeros::<u8>(shape.bytes_per_shard())
-            })
-            .map_err(|reason| Error::CudaFailed {
-                operation: "allocate",
-                reason,
-            })?;
-            shards.push(RwLock::new(arena));
-        }
-        guarded("synchronizing", || stream.synchronize()).map_err(|reason| Error::CudaFailed {
+        // SAFETY: the storage orders every use of its arenas itself: transfers on a rank's copy stream are
+        // marked by events per page, accesses wait for those events and synchronize before returning, and
+        // `Drop` synchronizes every copy stream before the arenas are freed.
+        unsafe { context.disable_event_tracking() };
+        let alloc_failed = |reason| Error::CudaFailed {
             operation: "allocate",
             reason,
-        })?;
-        Ok(CudaStorage {
-            shape,
+        };
+        let mut streams = Vec::with_capacity(shape.n_ranks as usize);
+        let mut arenas = Vec::with_capacity(shape.n_ranks as usize);
+        for _ in 0..shape.n_ranks {
+            let stream =
+                guarded("creating a copy stream", || context.new_stream()).map_err(alloc_failed)?;
+            let arena = guarded("allocating a shard", || {
+                let arena = stream.alloc_zeros::<u8>(shape.bytes_per_shard())?;
+                stream.synchronize()?;
+                Ok(arena)
+            })
+            .map_err(alloc_failed)?;
+            let ptr = arena.device_ptr(&stream).0;
+            arenas.push((arena, ptr));
+            streams.push(stream);
+        }
+        let access = context.per_thread_stream();
+        Ok(CudaDriver {
             device_ordinal,
             context,
-            stream,
-            shards,
+            streams,
+            access,
+            arenas,
         })
     }
 
-    /// The CUDA context the pages live in: a copy engine makes its stream and pinned staging here.
-    pub fn context(&self) -> &Arc<CudaContext> {
-        &self.context
+    fn stream(&self, rank: u32) -> Result<&Arc<CudaStream>, String> {
+        self.streams
+            .get(rank as usize)
+            .ok_or_else(|| format!("no copy stream for rank {rank}"))
     }
 
-    /// Queues a copy of `src` (exactly `bytes_per_page` long) into page `page` of `rank` on `stream`, a
-    /// stream of this storage's context, and returns without waiting for it: the copy has happened once
-    /// work recorded on `stream` after this call has completed (an event). It runs after every earlier use
-    /// of the shard on any stream. Errors: a bad page, rank or length, the null page, a stream of another
-    /// context (nothing queued), or the driver's refusal (`CudaFailed`).
-    ///
-    /// # Safety
-    ///
-    /// `src` must stay allocated and unchanged until the copy has completed: from page-locked (pinned)
-    /// memory the device reads it asynchronously, after this call returned. (From pageable memory the driver
-    /// stages it before returning, but the caller cannot tell the two apart by type.)
-    pub unsafe fn enqueue_write(
+    /// The device address of `n_bytes` at `offset` of `rank`'s arena, checked against its length.
+    fn address(&self, rank: u32, offset: usize, n_bytes: usize) -> Result<CUdeviceptr, String> {
+        let (arena, base) = self
+            .arenas
+            .get(rank as usize)
+            .ok_or_else(|| format!("no arena for rank {rank}"))?;
+        let end = offset
+            .checked_add(n_bytes)
+            .filter(|&end| end <= arena.len());
+        end.ok_or_else(|| {
+            format!(
+                "bytes {offset}..+{n_bytes} outside an arena of {}",
+                arena.len()
+            )
+        })?;
+        Ok(base + offset as CUdeviceptr)
+    }
+
+    /// Runs `queue` (async calls on the per-thread stream), then waits for that stream.
+    fn on_access_stream(
         &self,
-        stream: &Arc<CudaStream>,
-        rank: u32,
-        page: PageId,
-        src: &[u8],
-    ) -> Result<()> {
-        self.shape.check_len(src.len())?;
-        self.shape.check_writable(rank, page)?;
-        if **stream.context() != *self.context {
-            return Err(Error::CudaFailed {
-                operation: "enqueue a write",
-                reason: "the stream belongs to another CUDA context than the storage".to_string(),
-            });
-        }
-        let mut shard = self.shards[rank as usize]
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut view = shard.slice_mut(self.page_range(page));
-        guarded("enqueue a write", || stream.memcpy_htod(src, &mut view)).map_err(|reason| {
-            Error::CudaFailed {
-                operation: "enqueue a write",
-                reason,
-            }
+        what: &str,
+        queue: impl FnOnce(CUstream) -> std::result::Result<(), DriverError>,
+    ) -> std::result::Result<(), String> {
+        let access = &self.access;
+        guarded(what, || {
+            self.context.bind_to_thread()?;
+            queue(access.cu_stream())?;
+            access.synchronize()
         })
-    }
-
-    fn page_range(&self, page: PageId) -> Range<usize> {
-        let start = page.idx() * self.shape.bytes_per_page;
-        start..start + self.shape.bytes_per_page
     }
 }
 
-impl PageStorage for CudaStorage {
-    fn n_ranks(&self) -> u32 {
-        self.shape.n_ranks
-    }
-
-    fn n_pages(&self) -> u32 {
-        self.shape.n_pages
-    }
-
-    fn bytes_per_page(&self) -> usize {
-        self.shape.bytes_per_page
-    }
-
-    fn read(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
-        self.shape.check_len(dst.len())?;
-        self.shape.check_page(rank, page)?;
-        let shard = self.shards[rank as usize]
-            .read()
-            .unwrap_or_else(PoisonError::into_inner);
-        let view = shard.slice(self.page_range(page));
-        guarded("read", || {
-            self.stream.memcpy_dtoh(&view, dst)?;
-            self.stream.synchronize()
-        })
-        .map_err(|reason| Error::CudaFailed {
-            operation: "read",
-            reason,
-        })
-    }
-
-    fn write(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()> {
-        self.shape.check_len(src.len())?;
-        self.shape.check_writable(rank, page)?;
-        let mut shard = self.shards[rank as usize]
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        let mut view = shard.slice_mut(self.page_range(page));
-        guarded("write", || {
-            self.stream.memcpy_htod(src, &mut view)?;
-            self.stream.synchronize()
-        })
-        .map_err(|reason| Error::CudaFailed {
-            operation: "write",
-            reason,
-        })
-    }
-
-    fn copy(&self, rank: u32, src: PageId, dst: PageId) -> Result<()> {
-        self.shape.check_page(rank, src)?;
-        self.shape.check_writable(rank, dst)?;
-        if src == dst {
-            return Ok(());
+impl Drop for CudaDriver {
+    fn drop(&mut self) {
+        // The arenas are freed after this: nothing queued may still write them.
+        for stream in &self.streams {
+            if let Err(reason) = guarded("synchronizing at drop", || stream.synchronize()) {
+                tracing::warn!(%reason, "cuda storage dropped with a failed copy stream");
+            }
         }
-        let bytes_per_page = self.shape.bytes_per_page;
-        let src_range = self.page_range(src);
-        let dst_range = self.page_range(dst);
-        let mut shard = self.shards[rank as usize]
-            .write()
-            .unwrap_or_else(PoisonError::into_inner);
-        // Split the arena between the two pages so one half is read and the other written.
-        let split_at = src_range.start.max(dst_range.start);
-        let (low, mut high) = shard.split_at_mut(split_at);
-        let outcome = if src < dst {
-            let from = low.slice(src_range);
-            let mut to = high.slice_mut(0..bytes_per_page);
-            guarded("copy", || {
-                self.stream.memcpy_dtod(&from, &mut to)?;
-                self.stream.synchronize()
-            })
-        } else {
-            let mut low = low;
-            let from = high.slice(0..bytes_per_page);
-            let mut to = low.slice_mut(dst_range);
-            guarded("copy", || {
-                self.stream.memcpy_dtod(&from, &mut to)?;
-                self.stream.synchronize()
-            })
-        };
-        outcome.map_err(|reason| Error::CudaFailed {
-            operation: "copy",
-            reason,
+    }
+}
+
+impl Device for CudaDriver {
+    type Pinned = CudaPinned;
+    type Event = CudaEvent;
+
+    fn alloc_pinned(&self, n_bytes: usize) -> std::result::Result<CudaPinned, String> {
+        let n_bytes = n_bytes.max(1);
+        let context = &self.context;
+        // SAFETY: the buffer comes back uninitialized; it is zeroed below through its pointer before any
+        // slice of it is made.
+        let mut slice = guarded("allocating pinned staging", || unsafe {
+            context.alloc_pinned_with_flags::<u8>(n_bytes, 0)
+        })?;
+        let ptr = guarded("addressing pinned staging", || slice.as_mut_ptr())?;
+        // SAFETY: `ptr` points to the `n_bytes` just allocated, which nothing else uses yet.
+        unsafe { std::ptr::write_bytes(ptr, 0, n_bytes) };
+        Ok(CudaPinned { slice, ptr })
+    }
+
+    fn pinned_len(&self, pinned: &CudaPinned) -> usize {
+        pinned.slice.len()
+    }
+
+    fn fill_pinned(
+        &self,
+        pinned: &mut CudaPinned,
+        fill: &mut dyn FnMut(&mut [u8]),
+    ) -> std::result::Result<(), String> {
+        // SAFETY: `ptr` addresses `slice.len()` initialized bytes owned by `pinned`, borrowed mutably here;
+        // the caller guarantees no queued transfer still reads them (`Device::fill_pinned`).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(pinned.ptr, pinned.slice.len()) };
+        fill(bytes);
+        Ok(())
+    }
+
+    unsafe fn enqueue_htod(
+        &self,
+        rank: u32,
+        dst_offset: usize,
+        pinned: &CudaPinned,
+        src: Range<usize>,
+    ) -> std::result::Result<(), String> {
+        let n_bytes = src.end.saturating_sub(src.start);
+        if src.start > src.end || src.end > pinned.slice.len() {
+            return Err(format!(
+                "staging bytes {src:?} outside {} bytes",
+                pinned.slice.len()
+            ));
+        }
+        let dst = self.address(rank, dst_offset, n_bytes)?;
+        let stream = self.stream(rank)?;
+        // SAFETY: `src` lies inside the pinned allocation (checked above); the caller keeps it alive and
+        // unchanged until the transfer completed.
+        let source = unsafe { std::slice::from_raw_parts(pinned.ptr.add(src.start), n_bytes) };
+        guarded("queueing a host-to-device copy", || {
+            self.context.bind_to_thread()?;
+            // SAFETY: `dst` addresses `n_bytes` inside the rank's arena (checked by `address`), which lives
+            // until `Drop` synchronized this stream.
+            unsafe { result::memcpy_htod_async(dst, source, stream.cu_stream()) }
+        })
+    }
+
+    fn record(&self, rank: u32) -> std::result::Result<CudaEvent, String> {
+        let stream = self.stream(rank)?;
+        let no_timing = Some(CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        guarded("recording an event", || stream.record_event(no_timing))
+    }
+
+    fn query(&self, event: &CudaEvent) -> std::result::Result<bool, String> {
+        guarded("querying an event", || event.try_is_complete())
+    }
+
+    fn wait(&self, event: &CudaEvent) -> std::result::Result<(), String> {
+        guarded("waiting for an event", || event.synchronize())
+    }
+
+    fn synchronize(&self, rank: u32) -> std::result::Result<(), String> {
+        let stream = self.stream(rank)?;
+        guarded("synchronizing a copy stream", || stream.synchronize())
+    }
+
+    fn read(&self, rank: u32, offset: usize, dst: &mut [u8]) -> std::result::Result<(), String> {
+        let src = self.address(rank, offset, dst.len())?;
+        // SAFETY: `src` addresses `dst.len()` bytes of the arena; `dst` outlives the synchronization.
+        self.on_access_stream("read", |stream| unsafe {
+            result::memcpy_dtoh_async(dst, src, stream)
+        })
+    }
+
+    fn write(&self, rank: u32, offset: usize, src: &[u8]) -> std::result::Result<(), String> {
+        let dst = self.address(rank, offset, src.len())?;
+        // SAFETY: `dst` addresses `src.len()` bytes of the arena; `src` outlives the synchronization.
+        self.on_access_stream("write", |stream| unsafe {
+            result::memcpy_htod_async(dst, src, stream)
+        })
+    }
+
+    fn copy_within(
+        &self,
+        rank: u32,
+        src_offset: usize,
+        dst_offset: usize,
+        n_bytes: usize,
+    ) -> std::result::Result<(), String> {
+        let src = self.address(rank, src_offset, n_bytes)?;
+        let dst = self.address(rank, dst_offset, n_bytes)?;
+        // SAFETY: both ranges lie in the arena (checked by `address`) and do not overlap (distinct pages).
+        self.on_access_stream("copy", |stream| unsafe {
+            result::memcpy_dtod_async(dst, src, n_bytes, stream)
         })
     }
 }

@@ -242,6 +242,16 @@ fn read_lock(page: &RwLock<AlignedPage>) -> RwLockReadGuard<'_, AlignedPage> {
 }
 
 impl PageStorage for HostStorage {
+    fn read_prefix(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
+        super::check_prefix_len(dst.len(), self.shape.bytes_per_page)?;
+        let len = dst.len();
+        self.with_page(rank, page, |bytes| {
+            if let Some(prefix) = bytes.get(..len) {
+                dst.copy_from_slice(prefix);
+            }
+        })
+    }
+
     fn n_ranks(&self) -> u32 {
         self.shape.n_ranks
     }

@@ -1,15 +1,20 @@
 //! Where page bytes live: the `PageStorage` trait (read, write and copy whole pages by id, per rank shard),
-//! `HostStorage` (aligned host memory, the embedded default) and `CudaStorage` (a device arena through cudarc,
-//! libcuda loaded at run time). Layout: `n_ranks` shards of `n_pages` pages of `bytes_per_page` bytes; page
+//! `HostStorage` (aligned host memory, the embedded default) and `DeviceStorage` over a `Device`:
+//! `CudaStorage` (device arenas through cudarc, libcuda loaded at run time) or the host-backed stand-in
+//! `FakeDevice` that runs the CUDA path's logic in CI. Layout: `n_ranks` shards of `n_pages` pages of `bytes_per_page` bytes; page
 //! `p` of rank `r` lives in shard `r` at offset `p * bytes_per_page`. Page 0 is the null page: it reads as
 //! zeros and is never written.
 
 mod cuda;
+mod device;
+mod fake_device;
 mod host;
 #[cfg(test)]
 mod tests;
 
-pub use cuda::{CudaStorage, cuda_available};
+pub use cuda::{CudaDriver, CudaPinned, CudaStorage, cuda_available};
+pub use device::{Device, DeviceStorage};
+pub use fake_device::{FakeDevice, FakeEvent, FakeFault, FakePinned, FakeStats};
 pub use host::HostStorage;
 
 use crate::error::{Error, Result};
@@ -31,6 +36,35 @@ pub trait PageStorage: Send + Sync {
     /// Copy page `src` of `rank` over page `dst` of the same rank (copy-on-write of a partial page);
     /// `dst` is never the null page. Copying a page onto itself does nothing.
     fn copy(&self, rank: u32, src: PageId, dst: PageId) -> Result<()>;
+    /// Copy the first `dst.len()` bytes (at most `bytes_per_page`) of page `page` of `rank` into `dst`: a
+    /// smaller kind of page stored inside larger pool pages. The default reads the whole page into a
+    /// buffer; the backends read only the prefix.
+    fn read_prefix(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
+        let bytes_per_page = self.bytes_per_page();
+        if dst.len() == bytes_per_page {
+            return self.read(rank, page, dst);
+        }
+        check_prefix_len(dst.len(), bytes_per_page)?;
+        let mut whole = vec![0u8; bytes_per_page];
+        self.read(rank, page, &mut whole)?;
+        let prefix = whole.get(..dst.len()).ok_or(Error::BufferLength {
+            len: dst.len(),
+            bytes_per_page,
+        })?;
+        dst.copy_from_slice(prefix);
+        Ok(())
+    }
+}
+
+/// Check a prefix buffer is no longer than a page.
+pub(crate) fn check_prefix_len(len: usize, bytes_per_page: usize) -> Result<()> {
+    if len > bytes_per_page {
+        return Err(Error::BufferLength {
+            len,
+            bytes_per_page,
+        });
+    }
+    Ok(())
 }
 
 /// The validated shape of a storage, shared by the backends.

@@ -1,13 +1,15 @@
 //! Tests of page storage: host round trips, alignment, copies, every error, concurrent writers; CUDA tests
-//! (`cuda_*`) print that they skipped when no driver is present, and fail then if `KVGATE_REQUIRE_GPU=1`.
-#![allow(
-    clippy::disallowed_methods,
-    reason = "GPU tests read KVGATE_REQUIRE_GPU"
-)]
+//! (`cuda_*`) print that they skipped when no driver is present, and fail then if `KVGATE_REQUIRE_GPU=1`;
+//! the same device storage logic on the host-backed stand-in (`fake_*`): page-event ordering and its errors.
 
 use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::Duration;
 
-use super::{CudaStorage, HostStorage, PageStorage, cuda_available};
+use super::{
+    CudaStorage, Device, DeviceStorage, FakeDevice, FakeFault, HostStorage, PageStorage,
+    cuda_available,
+};
 use crate::error::Error;
 use crate::page::PageId;
 
@@ -48,6 +50,27 @@ fn check_backend(storage: &dyn PageStorage) {
     storage.copy(0, PageId(2), PageId(2)).unwrap();
     storage.read(0, PageId(1), &mut buffer).unwrap();
     assert_eq!(buffer, pattern(1, bytes_per_page), "neighbours untouched");
+    // A prefix reads the page's first bytes only; longer than a page or out of range is an error.
+    let mut prefix = vec![0u8; bytes_per_page.min(10)];
+    storage.read_prefix(0, PageId(1), &mut prefix).unwrap();
+    assert_eq!(prefix, pattern(1, bytes_per_page)[..prefix.len()]);
+    let mut whole = vec![0u8; bytes_per_page];
+    storage.read_prefix(0, PageId(2), &mut whole).unwrap();
+    assert_eq!(whole, pattern(3, bytes_per_page));
+    let mut long = vec![0u8; bytes_per_page + 1];
+    assert_eq!(
+        storage.read_prefix(0, PageId(1), &mut long).unwrap_err(),
+        Error::BufferLength {
+            len: bytes_per_page + 1,
+            bytes_per_page
+        }
+    );
+    assert!(matches!(
+        storage
+            .read_prefix(0, PageId(storage.n_pages()), &mut prefix)
+            .unwrap_err(),
+        Error::PageOutOfRange { .. }
+    ));
     // Errors.
     let n_pages = storage.n_pages();
     let n_ranks = storage.n_ranks();
@@ -242,14 +265,13 @@ fn concurrent_writers_and_opposite_copies(bytes_per_page: usize) {
 
 /// `Some(storage)` with a driver; `None` after printing why the test skipped (a failure instead when
 /// `KVGATE_REQUIRE_GPU=1`).
-#[allow(clippy::print_stderr, reason = "a skipped GPU test says so")]
-fn cuda_storage_or_skip(n_ranks: u32, n_pages: u32, bytes_per_page: usize) -> Option<CudaStorage> {
-    if let Err(reason) = cuda_available() {
-        assert!(
-            std::env::var("KVGATE_REQUIRE_GPU").as_deref() != Ok("1"),
-            "KVGATE_REQUIRE_GPU=1 but cuda is unavailable: {reason}"
-        );
-        eprintln!("skipped: {reason}");
+fn cuda_storage_or_skip(
+    test: &str,
+    n_ranks: u32,
+    n_pages: u32,
+    bytes_per_page: usize,
+) -> Option<CudaStorage> {
+    if !crate::gpu_test_gate(test).unwrap() {
         return None;
     }
     Some(CudaStorage::new(0, n_ranks, n_pages, bytes_per_page).unwrap())
@@ -257,7 +279,9 @@ fn cuda_storage_or_skip(n_ranks: u32, n_pages: u32, bytes_per_page: usize) -> Op
 
 #[test]
 fn cuda_storage_round_trips_copies_and_errors() {
-    let Some(storage) = cuda_storage_or_skip(2, 4, 100) else {
+    let Some(storage) =
+        cuda_storage_or_skip("cuda_storage_round_trips_copies_and_errors", 2, 4, 100)
+    else {
         return;
     };
     check_backend(&storage);
@@ -265,7 +289,8 @@ fn cuda_storage_round_trips_copies_and_errors() {
 
 #[test]
 fn cuda_storage_large_pages_round_trip() {
-    let Some(storage) = cuda_storage_or_skip(1, 8, 1 << 20) else {
+    let Some(storage) = cuda_storage_or_skip("cuda_storage_large_pages_round_trip", 1, 8, 1 << 20)
+    else {
         return;
     };
     let page = pattern(9, 1 << 20);
@@ -344,4 +369,147 @@ fn host_storage_allocates_only_the_pages_written() {
             written - untouched
         );
     }
+}
+
+#[test]
+fn fake_device_storage_round_trips_copies_and_errors() {
+    let storage = DeviceStorage::fake(2, 4, 100).unwrap();
+    check_backend(&storage);
+    assert!(storage.device().violations().is_empty());
+}
+
+/// Queues `n_pages` pages of `pattern(seed)` into pages `first..` of rank 0 and records their event; the
+/// caller keeps the returned staging until the stream ran.
+fn queue_pages(
+    storage: &DeviceStorage<FakeDevice>,
+    first: u32,
+    n_pages: u32,
+    seed: u8,
+) -> super::FakePinned {
+    let bytes_per_page = storage.bytes_per_page();
+    let device = storage.device();
+    let mut pinned = device
+        .alloc_pinned(n_pages as usize * bytes_per_page)
+        .unwrap();
+    device
+        .fill_pinned(&mut pinned, &mut |bytes| {
+            for (idx, page) in bytes.chunks_exact_mut(bytes_per_page).enumerate() {
+                page.copy_from_slice(&pattern(seed + idx as u8, bytes_per_page));
+            }
+        })
+        .unwrap();
+    // SAFETY (test): `pinned` is kept alive below until the rank's stream is synchronized.
+    #[allow(unsafe_code, reason = "the test queues a transfer from pinned memory")]
+    unsafe {
+        storage
+            .enqueue_run(0, PageId(first), n_pages, &pinned, 0)
+            .unwrap();
+    }
+    let pages: Vec<PageId> = (first..first + n_pages).map(PageId).collect();
+    storage.record(0, &pages).unwrap();
+    pinned
+}
+
+/// The property the CUDA path needs (issue 36, item 3): an access to a page waits for the transfers queued
+/// into that page, and not for transfers into other pages.
+#[test]
+fn fake_device_access_waits_for_its_pages_transfers_only() {
+    let storage = Arc::new(DeviceStorage::fake(1, 8, 64).unwrap());
+    storage.device().pause(0, true);
+    let staging = queue_pages(&storage, 1, 2, 10);
+    assert_eq!(storage.n_pending_pages(0), 2);
+    // Page 3 has no transfer queued: its write and read return although the stream is stopped.
+    storage.write(0, PageId(3), &pattern(3, 64)).unwrap();
+    let mut buffer = vec![0; 64];
+    storage.read(0, PageId(3), &mut buffer).unwrap();
+    assert_eq!(buffer, pattern(3, 64));
+    // Page 2's read waits for its transfer.
+    let (sender, receiver) = mpsc::channel();
+    let reader = Arc::clone(&storage);
+    let thread = std::thread::spawn(move || {
+        let mut buffer = vec![0; 64];
+        reader.read(0, PageId(2), &mut buffer).unwrap();
+        sender.send(buffer).unwrap();
+    });
+    assert_eq!(
+        receiver.recv_timeout(Duration::from_millis(50)),
+        Err(mpsc::RecvTimeoutError::Timeout),
+        "a read of a page under a queued transfer returned before it ran"
+    );
+    storage.device().pause(0, false);
+    assert_eq!(receiver.recv().unwrap(), pattern(11, 64));
+    thread.join().unwrap();
+    // A copy out of page 1 waits too, and sees the restored bytes.
+    storage.copy(0, PageId(1), PageId(4)).unwrap();
+    storage.read(0, PageId(4), &mut buffer).unwrap();
+    assert_eq!(buffer, pattern(10, 64));
+    storage.device().synchronize(0).unwrap();
+    assert_eq!(storage.n_pending_pages(0), 0);
+    assert!(
+        storage.device().violations().is_empty(),
+        "{:?}",
+        storage.device().violations()
+    );
+    assert_eq!(
+        storage.device().stats().transfers,
+        1,
+        "one transfer for the run of two pages"
+    );
+    drop(staging);
+}
+
+/// A bad run is refused before anything is queued; a failed device keeps the page marked and its access
+/// fails until the device recovers.
+#[test]
+fn fake_device_storage_refuses_bad_runs_and_keeps_failed_pages_marked() {
+    let storage = DeviceStorage::fake(1, 8, 64).unwrap();
+    let device = storage.device();
+    let pinned = device.alloc_pinned(128).unwrap();
+    #[allow(unsafe_code, reason = "the test queues transfers from pinned memory")]
+    let refused = |first: u32, n_pages: u32, src_offset: usize, rank: u32| {
+        // SAFETY (test): nothing is queued by these refused calls.
+        unsafe { storage.enqueue_run(rank, PageId(first), n_pages, &pinned, src_offset) }
+            .unwrap_err()
+    };
+    assert_eq!(refused(0, 1, 0, 0), Error::NullPage);
+    assert_eq!(
+        refused(7, 2, 0, 0),
+        Error::PageOutOfRange {
+            page: 8,
+            n_pages: 8
+        }
+    );
+    assert_eq!(
+        refused(1, 1, 0, 1),
+        Error::RankOutOfRange {
+            rank: 1,
+            n_ranks: 1
+        }
+    );
+    assert!(matches!(refused(1, 2, 64, 0), Error::CudaFailed { .. }));
+    assert!(matches!(refused(1, 0, 0, 0), Error::CudaFailed { .. }));
+    device.inject(FakeFault::Enqueue);
+    assert!(matches!(refused(1, 1, 0, 0), Error::CudaFailed { .. }));
+    assert_eq!(device.n_queued(0), 0, "nothing queued by a refused run");
+    // A transfer that fails leaves its stream failed: the page stays marked and reads of it fail.
+    device.inject(FakeFault::Transfer);
+    let staging = queue_pages(&storage, 1, 1, 1);
+    let mut buffer = vec![0; 64];
+    let error = storage.read(0, PageId(1), &mut buffer).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::CudaFailed {
+                operation: "read",
+                ..
+            }
+        ),
+        "{error}"
+    );
+    assert_eq!(storage.n_pending_pages(0), 1);
+    device.recover(0);
+    storage.read(0, PageId(1), &mut buffer).unwrap();
+    assert_eq!(storage.n_pending_pages(0), 0);
+    assert!(device.violations().is_empty(), "{:?}", device.violations());
+    drop(staging);
 }
