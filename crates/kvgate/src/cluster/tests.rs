@@ -510,7 +510,7 @@ fn an_observer_stops_a_cluster_replay_at_the_step_it_asks() {
             self.0 == 0
         }
     }
-    let trace = trace_slice(60);
+    let trace = generated_trace(60);
     let later = later_turns(&trace);
     let spec = ClusterSpec {
         n_engines: 2,
