@@ -12,6 +12,7 @@ mod bad_inputs;
 mod cli;
 mod cluster;
 mod incidents;
+mod model;
 mod presets;
 mod redis;
 mod scenarios;

@@ -10,6 +10,7 @@ mod error;
 pub mod fidelity;
 pub mod limits;
 pub mod metrics;
+pub mod model;
 pub mod plot;
 pub mod report;
 pub mod run;
