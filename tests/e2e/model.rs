@@ -100,3 +100,48 @@ fn alone(model: &LoadedModel, spec: &ChatSpec) -> std::collections::BTreeMap<(u3
     }
     answers
 }
+
+#[test]
+fn the_model_executor_refuses_another_geometry_draft_tokens_saved_logits_and_unknown_tokens() {
+    use engine::Executor as _;
+    let Some(model) = model("the_model_executor_refuses") else {
+        return;
+    };
+    let executor = ModelExecutor::new(Arc::clone(&model), kvgate::model::VerifyTime::default());
+    let config = crate::verified_config();
+    let params = run::model_params(&config, &model, Policy::Reserved).unwrap();
+    executor.check_params(&params).unwrap();
+    let layout_bytes = model.layout().bytes_per_page() as u64;
+    let group = |kind| kvgate::CacheGroup {
+        kind,
+        bytes_per_page: layout_bytes,
+    };
+    let cases = [
+        (
+            kvgate::Geometry::new(vec![group(kvgate::GroupKind::Full)], 32, 1, 1024).unwrap(),
+            0,
+            "32 tokens per page",
+        ),
+        (
+            kvgate::Geometry::new(vec![group(kvgate::GroupKind::Full)], 16, 2, 1024).unwrap(),
+            0,
+            "2 context-parallel ranks",
+        ),
+        (params.geometry.clone(), 2, "2 draft tokens"),
+    ];
+    for (geometry, draft_tokens, what) in cases {
+        let mut bad = params.clone();
+        bad.geometry = geometry;
+        bad.draft_tokens = draft_tokens;
+        let err = executor.check_params(&bad).unwrap_err().to_string();
+        assert!(err.contains(what), "{what}: {err}");
+    }
+    let vocab = model.llama.config().vocab as u32;
+    let spec = kvgate::RequestSpec::new(1, vec![1, vocab], 4, kvgate::Timestamp::ZERO);
+    let err = executor.check_request(&spec).unwrap_err().to_string();
+    assert!(err.contains("outside the model's vocabulary"), "{err}");
+    let mut spec = kvgate::RequestSpec::new(1, vec![1, 2], 4, kvgate::Timestamp::ZERO);
+    spec.saved_logits = true;
+    let err = executor.check_request(&spec).unwrap_err().to_string();
+    assert!(err.contains("saved logits"), "{err}");
+}

@@ -87,7 +87,7 @@ struct RunArgs {
     config: Option<PathBuf>,
     /// Usable pages in the KV pool. Default: the config file's [pool] pages when it sets them, else the
     /// run's own: for agents 16384 tokens of the model's pages per rank (1024 pages of 16 tokens), 192
-    /// pages with --executor reference; for replay 4095.
+    /// pages with --executor reference, 16 with --executor model; for replay 4095.
     #[arg(long)]
     pool_pages: Option<u32>,
     /// Checkpoint store capacity in pages.
@@ -133,10 +133,10 @@ struct RunArgs {
 struct AgentsArgs {
     #[command(flatten)]
     run: RunArgs,
-    /// Agent sessions. Default 8.
+    /// Agent sessions. Default 8; 4 with `--executor model`.
     #[arg(long)]
     agents: Option<u32>,
-    /// Turns per session. Default 32; 8 with `--executor reference`.
+    /// Turns per session. Default 32; 8 with `--executor reference`, 3 with `--executor model`.
     #[arg(long)]
     turns: Option<u32>,
     /// Think time between turns, in seconds. Default 2 (engine time); 0.5 (wall time) with
@@ -155,8 +155,8 @@ struct AgentsArgs {
     /// tokens unless --pool-pages, shorter sessions by default: 8 x 8 turns of 1024-token first prompts,
     /// 48-token responses, well under a minute on 2 cores).
     /// `model`: chats on the real model, SmolLM2-135M-Instruct (`cargo xtask model` fetches it; --model
-    /// names another copy), its keys and values in the pool's pages: 3 chats x 3 turns, answers of at most
-    /// 16 tokens, 20 pages of 16 tokens unless --pool-pages, a few minutes on 2 cores. Live runs run each
+    /// names another copy), its keys and values in the pool's pages: 4 chats x 3 turns, answers of at most
+    /// 16 tokens, 16 pages of 16 tokens unless --pool-pages, a few minutes on 2 cores. Live runs run each
     /// policy alone, one after another, and time --verify's recompute apart from the turns.
     #[arg(long, value_enum, default_value_t = ExecutorArg::Sim)]
     executor: ExecutorArg,

@@ -22,10 +22,10 @@ use crate::error::{Error, Result};
 use crate::limits::duration_s;
 use crate::model::{LoadedModel, ModelExecutor, VerifyExcludedClock, VerifyTime};
 
-/// Usable pages of a model run's pool unless told otherwise: 20 pages of 16 tokens (320 tokens, 14 MiB),
-/// which three sessions of up to ~250 tokens outgrow about twice over by their last turns, while one
+/// Usable pages of a model run's pool unless told otherwise: 16 pages of 16 tokens (256 tokens, 11 MiB),
+/// which four sessions of up to ~220 tokens outgrow about three times over by their last turns, while one
 /// session and its continuation always fit.
-pub const MODEL_POOL_PAGES: u32 = 20;
+pub const MODEL_POOL_PAGES: u32 = 16;
 /// Longest context of a model run, in tokens.
 pub const MODEL_MAX_MODEL_LEN: u32 = 1024;
 /// Running slots of a model run (the `oracle` pool holds each at the model run's length: 325 pages).
@@ -78,11 +78,11 @@ pub struct ChatSpec {
 }
 
 impl Default for ChatSpec {
-    /// Three sessions of three turns, answers of at most 16 tokens, 0.5 s think time (a few minutes for the
+    /// Four sessions of three turns, answers of at most 16 tokens, 0.5 s think time (a few minutes for the
     /// four policies on 2 cores).
     fn default() -> ChatSpec {
         ChatSpec {
-            n_agents: 3,
+            n_agents: 4,
             turns: 3,
             answer_tokens: 16,
             think_s: 0.5,

@@ -141,3 +141,71 @@ fn a_replay_the_watchdog_stops_keeps_its_report_marked_stopped() {
         serde_json::json!(stopped)
     );
 }
+
+#[test]
+fn a_model_run_refuses_sizes_past_its_limits_naming_the_option() {
+    assert!(ChatSpec::default().validate().is_ok());
+    let cases = [
+        (
+            ChatSpec {
+                n_agents: 0,
+                ..ChatSpec::default()
+            },
+            "--agents",
+        ),
+        (
+            ChatSpec {
+                n_agents: MODEL_AGENTS_MAX + 1,
+                ..ChatSpec::default()
+            },
+            "--agents",
+        ),
+        (
+            ChatSpec {
+                turns: 0,
+                ..ChatSpec::default()
+            },
+            "--turns",
+        ),
+        (
+            ChatSpec {
+                turns: MODEL_TURNS_MAX + 1,
+                ..ChatSpec::default()
+            },
+            "--turns",
+        ),
+        (
+            ChatSpec {
+                answer_tokens: 0,
+                ..ChatSpec::default()
+            },
+            "answer tokens",
+        ),
+        (
+            ChatSpec {
+                think_s: f64::NAN,
+                ..ChatSpec::default()
+            },
+            "--think-s",
+        ),
+        (
+            ChatSpec {
+                think_s: -1.0,
+                ..ChatSpec::default()
+            },
+            "--think-s",
+        ),
+    ];
+    for (spec, option) in cases {
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains(option), "{spec:?}: {err}");
+    }
+}
+
+#[test]
+fn every_chat_turn_has_a_question_of_its_own_session() {
+    let spec = ChatSpec::default();
+    assert_ne!(spec.question(0, 0), spec.question(1, 0));
+    assert_ne!(spec.question(0, 1), spec.question(0, 0));
+    assert!(!spec.question(7, 7).is_empty());
+}
