@@ -3,7 +3,7 @@
 docs/benchmarks.md beside `cargo xtask bench`'s model_* figures. Run outside CI (see docs/model.md for
 how llama-cpp-python was built):
 
-    python3 scripts/llama_cpp_speed.py MODEL.gguf [THREADS]
+    python3 scripts/llama_cpp_speed.py MODEL.gguf [THREADS [REPEATS]]
 
 One thread per core unless THREADS is given; an f32 KV cache and no flash attention, as for the vectors.
 Prompt processing: a 512-token prompt in one batch (tok/s, best of 3); generation: 128 tokens after it,
@@ -24,6 +24,7 @@ REPEATS = 3
 def main():
     path = sys.argv[1]
     threads = int(sys.argv[2]) if len(sys.argv) > 2 else os.cpu_count()
+    repeats = int(sys.argv[3]) if len(sys.argv) > 3 else REPEATS
     llm = llama_cpp.Llama(
         model_path=path,
         n_ctx=PROMPT_TOKENS + GEN_TOKENS + 8,
@@ -39,7 +40,7 @@ def main():
     text = " ".join(["The quick brown fox jumps over the lazy dog."] * 200)
     prompt = llm.tokenize(text.encode(), add_bos=False)[:PROMPT_TOKENS]
     best_pp, best_tg = 0.0, 0.0
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         llm.reset()
         started = time.perf_counter()
         llm.eval(prompt)
@@ -53,6 +54,7 @@ def main():
     print(json.dumps({
         "llama_cpp_python": llama_cpp.__version__,
         "threads": threads,
+        "repeats": repeats,
         "prompt_tokens": len(prompt),
         "prompt_tok_s": round(best_pp, 1),
         "gen_tokens": GEN_TOKENS,
