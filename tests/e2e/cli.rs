@@ -581,3 +581,32 @@ fn an_agents_report_names_its_turn_priority() {
         }
     }
 }
+
+#[test]
+fn agents_on_a_model_file_that_is_not_there_names_the_file_and_how_to_get_it() {
+    let (ok, _stdout, stderr) = kvgate(&[
+        "agents",
+        "--executor",
+        "model",
+        "--model",
+        "/nonexistent/model.gguf",
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("/nonexistent/model.gguf"), "{stderr}");
+    assert!(stderr.contains("cargo xtask model"), "{stderr}");
+}
+
+#[test]
+fn agents_on_a_file_that_is_not_a_model_says_so() {
+    let dir = temp_file("bad.gguf", "not a gguf file at all");
+    let path = dir.path().join("bad.gguf");
+    let (ok, _stdout, stderr) = kvgate(&[
+        "agents",
+        "--executor",
+        "model",
+        "--model",
+        path.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("not a GGUF file"), "{stderr}");
+}

@@ -13,6 +13,7 @@ mod bad_inputs;
 mod cli;
 mod cluster;
 mod incidents;
+mod model;
 mod newcomer;
 mod presets;
 mod redis;

@@ -29,7 +29,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     // The real model (GGUF, the Llama forward pass, its tokenizer) sits beside kv-pool at the bottom: it
-    // depends on nothing of ours, and the engine will plug its page tables into its KV interface.
+    // depends on nothing of ours; the facade plugs the engine's page tables into its KV interface
+    // (`kvgate::model`).
     ("llama", &[]),
     // xtask is no layer; it asks kv-pool whether a CUDA driver is present (`cargo xtask gpu`).
     ("xtask", &["kv-pool"]),

@@ -1,10 +1,8 @@
 //! Bench (issue 11, L4): the reference model's kernels on the tiny preset, into `HostStorage`. Prefill
-//! throughput (8 prompts of 512 tokens in one batch), decode throughput at a 1,024-token context with batches
-//! of 1 and 8, and the whole value of a restore: copying the pages of a 4,096-token context (attention pages
-//! and the state page) from one storage to another against recomputing them (prefilling 4,096 tokens in
-//! chunks of 512). Prints progress on stderr and one JSON line of medians on stdout: `ref_prefill_tok_s`,
-//! `ref_decode_tok_s_batch1`, `ref_decode_tok_s_batch8`, `ref_restore_4k_s`, `ref_recompute_4k_s` and
-//! `ref_recompute_vs_restore_4k`.
+//! throughput (8 prompts of 512 tokens in one batch) and decode throughput at a 1,024-token context with
+//! batches of 1 and 8. Prints progress on stderr and one JSON line of medians on stdout: `ref_prefill_tok_s`,
+//! `ref_decode_tok_s_batch1` and `ref_decode_tok_s_batch8`. What a restore is worth (`ref_restore_4k_s`
+//! against `ref_recompute_4k_s`) is measured through the engine, in `crates/kvgate/benches/model.rs`.
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
@@ -16,7 +14,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use engine::executor::{ForwardEntry, ModelStorage, ReferenceConfig, ReferenceModel};
-use kv_pool::{HostStorage, PageId, PageStorage};
+use kv_pool::{HostStorage, PageId};
 
 /// Sizes of one run: the smoke run (no `--bench`) shrinks every context.
 #[derive(Clone, Copy, Debug)]
@@ -24,7 +22,6 @@ struct Sizes {
     prefill_tokens: u32,
     decode_context: u32,
     decode_steps: u32,
-    restore_tokens: u32,
     chunk_tokens: u32,
     repetitions: usize,
 }
@@ -193,59 +190,6 @@ fn decode_tok_s(model: &ReferenceModel, sizes: Sizes, batch: u32) -> f64 {
     median(samples)
 }
 
-/// Seconds to restore (copy every page of the context, state page included, into another storage) and to
-/// recompute (prefill in chunks) a context of `restore_tokens` tokens.
-fn restore_and_recompute_s(model: &ReferenceModel, sizes: Sizes) -> (f64, f64) {
-    let config = model.config();
-    let n_pages = config.pages_for_tokens(sizes.restore_tokens);
-    let request = Request::new(0, sizes.restore_tokens, sizes.restore_tokens, 1, config);
-    let source = Storages::new(config, n_pages + 1);
-    prefill(
-        model,
-        &source,
-        &request,
-        sizes.restore_tokens,
-        sizes.chunk_tokens,
-    );
-    let mut restores = Vec::new();
-    let mut recomputes = Vec::new();
-    for repetition in 0..sizes.repetitions {
-        let target = Storages::new(config, n_pages + 1);
-        let mut bytes = vec![0u8; config.bytes_per_page()];
-        let mut state = vec![0u8; config.recurrent_bytes_per_page()];
-        let start = Instant::now();
-        for &page in &request.pages {
-            source.attention.read(0, page, &mut bytes).expect("read");
-            target.attention.write(0, page, &bytes).expect("write");
-        }
-        source
-            .recurrent
-            .read(0, request.state_pages[0], &mut state)
-            .expect("read");
-        target
-            .recurrent
-            .write(0, request.state_pages[0], &state)
-            .expect("write");
-        let restore_s = start.elapsed().as_secs_f64();
-        let target = Storages::new(config, n_pages + 1);
-        let start = Instant::now();
-        prefill(
-            model,
-            &target,
-            &request,
-            sizes.restore_tokens,
-            sizes.chunk_tokens,
-        );
-        let recompute_s = start.elapsed().as_secs_f64();
-        eprintln!(
-            "restore vs recompute: repetition {repetition}: {restore_s:.6} s vs {recompute_s:.3} s"
-        );
-        restores.push(restore_s);
-        recomputes.push(recompute_s);
-    }
-    (median(restores), median(recomputes))
-}
-
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     // `cargo bench` passes `--bench`; without it (`cargo test --all-targets`) the bench is a quick smoke run.
@@ -256,7 +200,6 @@ fn main() {
             prefill_tokens: 32,
             decode_context: 64,
             decode_steps: 4,
-            restore_tokens: 128,
             chunk_tokens: 64,
             repetitions: 1,
         }
@@ -265,7 +208,6 @@ fn main() {
             prefill_tokens: 512,
             decode_context: 1024,
             decode_steps: 64,
-            restore_tokens: 4096,
             chunk_tokens: 512,
             repetitions: if quick { 3 } else { 5 },
         }
@@ -274,11 +216,8 @@ fn main() {
     let prefill = prefill_tok_s(&model, sizes);
     let decode_1 = decode_tok_s(&model, sizes, 1);
     let decode_8 = decode_tok_s(&model, sizes, 8);
-    let (restore_s, recompute_s) = restore_and_recompute_s(&model, sizes);
     println!(
         "{{\"ref_prefill_tok_s\": {prefill:.0}, \"ref_decode_tok_s_batch1\": {decode_1:.0}, \
-         \"ref_decode_tok_s_batch8\": {decode_8:.0}, \"ref_restore_4k_s\": {restore_s:.6}, \
-         \"ref_recompute_4k_s\": {recompute_s:.4}, \"ref_recompute_vs_restore_4k\": {:.1}}}",
-        recompute_s / restore_s
+         \"ref_decode_tok_s_batch8\": {decode_8:.0}}}"
     );
 }

@@ -14,6 +14,16 @@ pub enum Error {
         /// Why.
         source: std::io::Error,
     },
+    /// The model file cannot be loaded (`--executor model`): missing, damaged, or not the model.
+    #[error(
+        "model {path}: {source}; `cargo xtask model` fetches it, `--model PATH` names another copy"
+    )]
+    Model {
+        /// The model file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: llama::LlamaError,
+    },
     /// A chart could not be written.
     #[error("cannot write chart {path}: {reason}; check that the directory is writable")]
     Plot {

@@ -54,6 +54,7 @@ mod error;
 pub mod fidelity;
 pub mod limits;
 pub mod metrics;
+pub mod model;
 #[cfg(feature = "cli")]
 pub mod plot;
 pub mod report;

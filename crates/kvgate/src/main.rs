@@ -140,7 +140,7 @@ struct RunArgs {
     print_config: bool,
     /// Usable pages in the KV pool. Default: the config file's [pool] pages when it sets them, else the
     /// run's own: for agents 16384 tokens of the model's pages per rank (1024 pages of 16 tokens), 192
-    /// pages with --executor reference; for replay 4095.
+    /// pages with --executor reference, 16 with --executor model; for replay 4095.
     #[arg(long)]
     pool_pages: Option<u32>,
     /// Checkpoint store capacity in pages.
@@ -195,10 +195,10 @@ struct RunArgs {
 struct AgentsArgs {
     #[command(flatten)]
     run: RunArgs,
-    /// Agent sessions. Default 8.
+    /// Agent sessions. Default 8; 4 with `--executor model`.
     #[arg(long)]
     agents: Option<u32>,
-    /// Turns per session. Default 32; 8 with `--executor reference`.
+    /// Turns per session. Default 32; 8 with `--executor reference`, 3 with `--executor model`.
     #[arg(long)]
     turns: Option<u32>,
     /// Think time between turns, in seconds. Default 2 (engine time); 0.5 (wall time) with
@@ -216,6 +216,10 @@ struct AgentsArgs {
     /// its own geometry, or a model preset's shape scaled down with --preset, 192 16-token pages' worth of
     /// tokens unless --pool-pages, shorter sessions by default: 8 x 8 turns of 1024-token first prompts,
     /// 48-token responses, well under a minute on 2 cores).
+    /// `model`: chats on the real model, SmolLM2-135M-Instruct (`cargo xtask model` fetches it; --model
+    /// names another copy), its keys and values in the pool's pages: 4 chats x 3 turns, answers of at most
+    /// 16 tokens, 16 pages of 16 tokens unless --pool-pages, a few minutes on 2 cores. Live runs run each
+    /// policy alone, one after another, and time --verify's recompute apart from the turns.
     #[arg(long, value_enum, default_value_t = ExecutorArg::Sim)]
     executor: ExecutorArg,
     /// Run the sessions as a client of the OpenAI-compatible server at this URL (http://HOST:PORT: `kvgate
@@ -238,6 +242,9 @@ struct AgentsArgs {
     /// With --target: tokens (words) of each session's first prompt (default 1024).
     #[arg(long, requires = "target")]
     first_prompt_tokens: Option<u32>,
+    /// The model file of `--executor model` (GGUF). Default: the cached SmolLM2-135M-Instruct.
+    #[arg(long, value_name = "PATH")]
+    model: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -282,6 +289,8 @@ enum ExecutorArg {
     Sim,
     /// The reference model, live on the wall clock.
     Reference,
+    /// The real model (SmolLM2-135M-Instruct), live on the wall clock.
+    Model,
 }
 
 #[derive(Debug, Args)]
@@ -403,6 +412,9 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     if let Some(target) = &args.target {
         return remote_agents(args, target);
     }
+    if args.executor == ExecutorArg::Model {
+        return agents_model(args);
+    }
     let live = args.executor == ExecutorArg::Reference;
     let (mut config, pool_pages_set) = load_config(&args.run)?;
     if args.run.print_config {
@@ -461,23 +473,25 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             preset.name
         ),
     };
-    let runs = run_policies(&policies, |policy, progress| {
-        let config = config_of(&config, policy);
+    let runs = run_policies(&policies, live, |policy, progress| {
+        let config = config_of(&config, policy, policies.len());
         let spec_of_turn = spec.clone();
         let mut timeline = Timeline::new(policy.name(), move |id| {
             run::agent_turn(&spec_of_turn, id).1
         });
         let mut engine_metrics = families.engine(policy.name());
-        let metrics = if live {
+        let (metrics, verify) = if live {
             // The same observers watch the live run: the chart and `/metrics` while it runs.
-            let mut observers: Vec<&mut dyn run::Observer<engine::ReferenceExecutor>> = Vec::new();
+            let mut observers: Vec<&mut dyn run::Observer<run::LiveReference>> = Vec::new();
             if plot {
                 observers.push(&mut timeline);
             }
             if serving {
                 observers.push(&mut engine_metrics);
             }
-            run::run_agents_live_observed(&config, &spec, policy, progress, &mut observers)?
+            let (metrics, verify) =
+                run::run_agents_live_observed(&config, &spec, policy, progress, &mut observers)?;
+            (metrics, Some(verify))
         } else {
             let mut observers: Vec<&mut dyn run::Observer> = Vec::new();
             if plot {
@@ -486,10 +500,13 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
             if serving {
                 observers.push(&mut engine_metrics);
             }
-            run::run_agents_observed(&config, &spec, policy, progress, &mut observers)?
+            let metrics =
+                run::run_agents_observed(&config, &spec, policy, progress, &mut observers)?;
+            (metrics, None)
         };
-        Ok((metrics, timeline))
+        Ok(((metrics, timeline), verify))
     })?;
+    let (runs, verify): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
     let runs = write_plot(
         args.run.plot.as_deref(),
         "agents",
@@ -500,19 +517,21 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         "turn",
         runs,
     )?;
-    let header = AgentsHeader {
-        spec: &spec,
-        config: &config,
-        tokens_per_page,
-        context_parallel,
-        preset_label: &preset_label,
-        stores: &stores,
-    };
+    let verify: Option<Vec<f64>> = verify
+        .into_iter()
+        .map(|v| v.map(|d| d.as_secs_f64()))
+        .collect();
+    let verify = verify.filter(|_| config.restore.verify);
     if args.run.json {
-        outln!("{}", report::runs_json(&runs, &header.json()));
+        let mut extra = header.json();
+        extra.extend(report::live_json(&runs, live, verify.as_deref()));
+        outln!("{}", report::runs_json(&runs, &extra));
     } else {
         outln!("{}\n", header.text());
         out!("{}", report::table(&runs));
+        if live {
+            out!("{}", report::live_note(&runs, verify.as_deref()));
+        }
     }
     MetricsEndpoint::linger(server);
     Ok(())
@@ -774,6 +793,124 @@ fn generate_trace(args: &GenerateArgs) -> kvgate::Result<()> {
     Ok(())
 }
 
+/// `kvgate agents --executor model`: the chat sessions on the real model, each policy alone in turn.
+fn agents_model(args: &AgentsArgs) -> kvgate::Result<()> {
+    let (mut config, pool_pages_set) = load_config(&args.run)?;
+    if !pool_pages_set {
+        config.pool.pages = run::MODEL_POOL_PAGES;
+    }
+    let defaults = run::ChatSpec::default();
+    let spec = run::ChatSpec {
+        n_agents: args.agents.unwrap_or(defaults.n_agents),
+        turns: args.turns.unwrap_or(defaults.turns),
+        think_s: args.think_s.unwrap_or(defaults.think_s),
+        ..defaults
+    };
+    spec.validate()?;
+    let path = match &args.model {
+        Some(path) => path.clone(),
+        None => default_model_path()?,
+    };
+    let model = kvgate::model::LoadedModel::load(&path)?;
+    let policies = policies(&args.run.policy)?;
+    let plot = args.run.plot.is_some();
+    let (families, _server) = metrics_server(args.metrics_addr.as_deref())?;
+    let runs = run_policies(&policies, true, |policy, progress| {
+        let config = config_of(&config, policy, policies.len());
+        let turns = spec.turns;
+        let mut timeline = Timeline::new(policy.name(), move |id| (id.0 % u64::from(turns)) as u32);
+        let mut engine_metrics = families.engine(policy.name());
+        let mut observers: Vec<&mut dyn run::Observer<kvgate::model::ModelExecutor>> = Vec::new();
+        if plot {
+            observers.push(&mut timeline);
+        }
+        if args.metrics_addr.is_some() {
+            observers.push(&mut engine_metrics);
+        }
+        let chat = run::run_chats_live(&config, &spec, &model, policy, progress, &mut observers)?;
+        Ok(((chat.metrics, timeline), Some(chat.verify)))
+    })?;
+    let (runs, verify): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
+    let runs = write_plot(
+        args.run.plot.as_deref(),
+        "agents",
+        &format!(
+            "kvgate agents --executor model: {} chats x {} turns, pool {} pages of {} tokens",
+            spec.n_agents,
+            spec.turns,
+            config.pool.pages,
+            kvgate::model::MODEL_TOKENS_PER_PAGE
+        ),
+        "turn",
+        runs,
+    )?;
+    let verify: Option<Vec<f64>> = config.restore.verify.then(|| {
+        verify
+            .iter()
+            .map(|v| v.map_or(0.0, |d| d.as_secs_f64()))
+            .collect()
+    });
+    if args.run.json {
+        let mut extra = vec![("model", serde_json::json!(path.display().to_string()))];
+        extra.extend(report::live_json(&runs, true, verify.as_deref()));
+        outln!("{}", report::runs_json(&runs, &extra));
+    } else {
+        outln!(
+            "{} chats x {} turns (a shared system prompt, a task each, then follow-up questions; answers of \
+             at most {} tokens), pool {} pages of {} tokens, {} live on the wall clock ({} layers, {} KV heads \
+             of {}: {} KiB a page)\n",
+            spec.n_agents,
+            spec.turns,
+            spec.answer_tokens,
+            config.pool.pages,
+            kvgate::model::MODEL_TOKENS_PER_PAGE,
+            path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned()
+            ),
+            model.llama.config().layers,
+            model.llama.config().kv_heads,
+            model.llama.config().head_dim,
+            model.layout().bytes_per_page() / 1024,
+        );
+        out!("{}", report::table(&runs));
+        out!("{}", report::live_note(&runs, verify.as_deref()));
+    }
+    Ok(())
+}
+
+/// The cached model file (`cargo xtask model`). Errors: `InvalidArgument` when it is not there.
+fn default_model_path() -> kvgate::Result<PathBuf> {
+    let dir = std::env::var_os(llama::MODEL_DIR_ENV);
+    let home = std::env::var_os("HOME");
+    llama::cached_model(dir.as_deref(), home.as_deref()).ok_or(kvgate::Error::InvalidArgument {
+        name: "--model",
+        value: "(the cached model)".to_string(),
+        allowed: "a GGUF file: `cargo xtask model` fetches SmolLM2-135M-Instruct into ~/.cache/kvgate/models \
+                  (or $KVGATE_MODEL_DIR), or name one with --model PATH",
+    })
+}
+
+/// The metrics families, and the endpoint serving them when `addr` is given.
+fn metrics_server(
+    addr: Option<&str>,
+) -> kvgate::Result<(metrics::MetricFamilies, Option<metrics::MetricsServer>)> {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let families = metrics::MetricFamilies::register(&mut registry);
+    let server = match addr {
+        Some(addr) => {
+            let server = metrics::serve(addr, std::sync::Arc::new(registry))?;
+            errln!(
+                "kvgate: serving metrics at http://{}/metrics",
+                server.local_addr()
+            );
+            Some(server)
+        }
+        None => None,
+    };
+    Ok((families, server))
+}
+
 /// The trace `args` names, cut to its first `--limit` requests. Errors: `InvalidArgument` for `--limit 0`
 /// (a replay of nothing), and whatever reading the trace gives.
 fn replay_trace(args: &ReplayArgs) -> kvgate::Result<Vec<mooncake::TraceRequest>> {
@@ -816,8 +953,8 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let serving = server.is_some();
     // The cache-share chart's x axis: the trace in arrival order, in 40 buckets.
     let bucket = (trace.len() as u64).div_ceil(REPLAY_BUCKETS).max(1);
-    let runs = run_policies(&policies, |policy, progress| {
-        let config = config_of(&config, policy);
+    let runs = run_policies(&policies, false, |policy, progress| {
+        let config = config_of(&config, policy, policies.len());
         let mut timeline = Timeline::new(policy.name(), move |id| (id.0 / bucket) as u32);
         let mut engine_metrics = families.engine(policy.name());
         let mut observers: Vec<&mut dyn run::Observer> = Vec::new();
@@ -978,8 +1115,8 @@ fn replay_cluster(
         n_engines: args.engines,
         router,
     };
-    let runs = run_policies(&policies, |policy, progress| {
-        let config = config_of(config, policy);
+    let runs = run_policies(&policies, false, |policy, progress| {
+        let config = config_of(config, policy, policies.len());
         cluster::run_cluster_replay(
             &config,
             &trace,
@@ -1204,46 +1341,54 @@ fn policies(names: &[String]) -> kvgate::Result<Vec<Policy>> {
         .collect()
 }
 
-/// Runs each policy on its own thread (runs are independent engines) and shows progress on stderr when the
-/// runs take longer than a second and stderr is a terminal.
 /// Seconds between progress lines when stderr is not a terminal.
 const PROGRESS_EVERY_S: f64 = 10.0;
 
+/// Runs every policy: side by side on threads of their own (runs are independent engines) when
+/// `one_after_another` is false, else each alone on this thread in turn (a live run, whose timings would
+/// otherwise share the cores). Shows progress on stderr: one line per policy redrawn on a terminal after a
+/// second, elsewhere a line every `PROGRESS_EVERY_S` seconds.
 fn run_policies<T: Send>(
     policies: &[Policy],
+    one_after_another: bool,
     run: impl Fn(Policy, run::Progress<'_>) -> kvgate::Result<T> + Sync,
 ) -> kvgate::Result<Vec<T>> {
     let started = Instant::now();
     let show = std::io::stderr().is_terminal();
-    let results: Vec<kvgate::Result<T>> = std::thread::scope(|scope| {
-        let handles: Vec<_> = policies
-            .iter()
-            .map(|&policy| {
-                let run = &run;
-                scope.spawn(move || {
-                    // On a terminal, one line redrawn; elsewhere (a log, a pipe) a line every
-                    // `PROGRESS_EVERY_S` seconds, so a long run is never silent.
-                    let mut next_line_s = PROGRESS_EVERY_S;
-                    let mut progress = |done: u64, total: u64| {
-                        let elapsed_s = started.elapsed().as_secs_f64();
-                        if show && elapsed_s > 1.0 {
-                            err!("\r{policy:>10}: {done}/{total} requests finished   ");
-                        } else if !show && elapsed_s >= next_line_s {
-                            errln!(
-                                "kvgate: {policy}: {done}/{total} requests finished after {elapsed_s:.0} s"
-                            );
-                            next_line_s = elapsed_s + PROGRESS_EVERY_S;
-                        }
-                    };
-                    run(policy, &mut progress)
+    let run_one = |policy: Policy| {
+        let mut next_line_s = PROGRESS_EVERY_S;
+        let mut progress = |done: u64, total: u64| {
+            let elapsed_s = started.elapsed().as_secs_f64();
+            if show && elapsed_s > 1.0 {
+                err!("\r{policy:>10}: {done}/{total} requests finished   ");
+            } else if !show && elapsed_s >= next_line_s {
+                errln!("kvgate: {policy}: {done}/{total} requests finished after {elapsed_s:.0} s");
+                next_line_s = elapsed_s + PROGRESS_EVERY_S;
+            }
+        };
+        let result = run(policy, &mut progress);
+        if show && one_after_another && started.elapsed().as_secs_f64() > 1.0 {
+            errln!("");
+        }
+        result
+    };
+    let results: Vec<kvgate::Result<T>> = if one_after_another {
+        policies.iter().map(|&policy| run_one(policy)).collect()
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = policies
+                .iter()
+                .map(|&policy| {
+                    let run_one = &run_one;
+                    scope.spawn(move || run_one(policy))
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a policy run panicked"))
-            .collect()
-    });
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("a policy run panicked"))
+                .collect()
+        })
+    };
     if show && started.elapsed().as_secs_f64() > 1.0 {
         errln!(
             "\r{:60}\rdone in {:.1} s",

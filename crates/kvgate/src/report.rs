@@ -73,6 +73,52 @@ pub fn table(runs: &[RunMetrics]) -> String {
     out
 }
 
+/// How a live run's policies ran, for `--json`: `policies_ran` ("one after another, each alone" in a live
+/// run, "side by side" otherwise) and, when verification was on, `verify_s` (each policy's wall seconds
+/// spent recomputing restores to check them, left out of its turn times).
+pub fn live_json(
+    runs: &[RunMetrics],
+    live: bool,
+    verify_s: Option<&[f64]>,
+) -> Vec<(&'static str, Value)> {
+    let ran = if live {
+        "one after another, each alone"
+    } else {
+        "side by side"
+    };
+    let mut extra = vec![("policies_ran", json!(ran))];
+    if let Some(verify_s) = verify_s {
+        let by_policy: Map<String, Value> = runs
+            .iter()
+            .zip(verify_s)
+            .map(|(run, &s)| (run.policy.clone(), json!(round(s, 3))))
+            .collect();
+        extra.push(("verify_s", Value::Object(by_policy)));
+    }
+    extra
+}
+
+/// The lines under a live run's table: how the policies ran, and with verification on, the time it took
+/// per policy, which the turn times leave out.
+pub fn live_note(runs: &[RunMetrics], verify_s: Option<&[f64]>) -> String {
+    let mut out = String::from(
+        "\nThe policies ran one after another, each alone on the machine (not side by side on shared cores).\n",
+    );
+    if let Some(verify_s) = verify_s {
+        let each: Vec<String> = runs
+            .iter()
+            .zip(verify_s)
+            .map(|(run, s)| format!("{} {s:.1} s", run.policy))
+            .collect();
+        out.push_str(&format!(
+            "--verify recomputed every restore to check it byte for byte: {}; timed apart, not in the turn \
+             times above.\n",
+            each.join(", ")
+        ));
+    }
+    out
+}
+
 /// A cluster replay's JSON: the cluster's metrics by their names (as [`run_json`]), plus `router`,
 /// `engines` (each engine's metrics and `routed`, the requests sent to it) and `keep_up`.
 pub fn cluster_json(run: &ClusterRun) -> Value {

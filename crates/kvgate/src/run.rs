@@ -473,13 +473,19 @@ pub(crate) fn small_agents() -> (EngineConfig, AgentsSpec) {
 }
 
 mod live;
+mod live_model;
 mod store;
 #[cfg(test)]
 mod tests;
 
 pub use live::{
     LIVE_MAX_MODEL_LEN, LIVE_MAX_RUNNING, LIVE_POOL_PAGES, LIVE_SLIDING_WINDOW_TOKENS,
-    check_live_geometry, live_agents_spec, live_params, live_pool_pages, reference_model,
-    run_agents_live, run_agents_live_observed,
+    LiveReference, check_live_geometry, live_agents_spec, live_params, live_pool_pages,
+    reference_model, run_agents_live, run_agents_live_observed,
+};
+pub use live_model::{
+    ChatRun, ChatSpec, MODEL_AGENTS_MAX, MODEL_ANSWER_TOKENS_MAX, MODEL_MAX_MODEL_LEN,
+    MODEL_MAX_RUNNING, MODEL_POOL_PAGES, MODEL_TURNS_MAX, SYSTEM_PROMPT, extend_chat, first_prompt,
+    model_params, run_chats_live,
 };
 pub use store::{StoreAtStart, describe_stores, store_at_start};

@@ -58,6 +58,10 @@ pub enum LlamaError {
     /// KV store's capacity, an empty entry).
     #[error("forward pass: {0}")]
     Forward(String),
+    /// A paged KV store could not read or write its pages (a page table too short, pages too small for the
+    /// layout, or the page storage's own error).
+    #[error("KV pages: {0}")]
+    Pages(String),
 }
 
 /// Result of this crate's fallible operations.

@@ -7,7 +7,8 @@
 //!   attention with grouped KV heads, SwiGLU, tied embeddings) batched over sequences and parallel with
 //!   rayon.
 //! - [`KvStore`]: where a sequence's keys and values live; [`ContiguousKv`] is one buffer per layer, and a
-//!   page-table store implements the same trait.
+//!   page-table store implements the same trait: [`PagedKv`], a sequence's pages in the engine's pool
+//!   through a [`PageAccess`], in a [`PageLayout`].
 //! - [`Tokenizer`]: the file's GPT-2 byte-level BPE and its ChatML template.
 //!
 //! **Batch invariance.** Every value a token produces (its keys, values and logits) is computed by one
@@ -26,6 +27,7 @@ mod kernels;
 mod kv;
 mod model;
 mod model_file;
+mod paged;
 mod quant;
 mod tokenizer;
 
@@ -37,4 +39,5 @@ pub use model::{Entry, Llama, LlamaConfig};
 pub use model_file::{
     MODEL_DIR_ENV, MODEL_FILE, MODEL_SHA256, REQUIRE_MODEL_ENV, cached_model, model_dir,
 };
+pub use paged::{PageAccess, PageLayout, PagedKv};
 pub use tokenizer::{ChatMessage, Tokenizer};

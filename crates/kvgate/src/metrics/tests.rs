@@ -177,7 +177,7 @@ fn a_live_run_serves_its_metrics_while_it_runs() {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    let run = live.join().unwrap().unwrap();
+    let (run, _verify) = live.join().unwrap().unwrap();
     let series = while_running.expect("the live run was scraped while it ran");
     let free = series["kvgate_pool_pages{policy=\"reserved\",state=\"free\"}"];
     assert!(free > 0.0 && free <= 96.0, "{free} free pages");

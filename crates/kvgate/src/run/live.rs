@@ -9,9 +9,12 @@ use engine::{
     ReferenceConfig, ReferenceExecutor, RunMetrics,
 };
 
+use std::time::Duration;
+
 use super::{NoObserver, Observer, Progress, drive_agents};
 use crate::config::{EngineConfig, model_preset};
 use crate::error::{Error, Result};
+use crate::model::{VerifyExcludedClock, VerifyTime, VerifyTimed};
 use crate::workload::agents::AgentsSpec;
 
 /// Usable pages of the live run's pool unless told otherwise, for the tiny model: 3 072 tokens of 16-token
@@ -165,13 +168,18 @@ pub fn check_live_geometry(config: &EngineConfig) -> Result<()> {
     }
 }
 
-/// Runs the agents workload live under `policy` (see the module docs) until every turn has finished.
+/// The executor of a live reference run: the reference model, its restore verification timed apart.
+pub type LiveReference = VerifyTimed<ReferenceExecutor>;
+
+/// Runs the agents workload live under `policy` (see the module docs) until every turn has finished. The
+/// clock leaves out the time `--verify` spends recomputing restores; that time is returned beside the
+/// metrics.
 pub fn run_agents_live(
     config: &EngineConfig,
     spec: &AgentsSpec,
     policy: Policy,
     progress: Progress<'_>,
-) -> Result<RunMetrics> {
+) -> Result<(RunMetrics, Duration)> {
     run_agents_live_observed(config, spec, policy, progress, &mut NoObserver)
 }
 
@@ -182,17 +190,22 @@ pub fn run_agents_live_observed(
     spec: &AgentsSpec,
     policy: Policy,
     progress: Progress<'_>,
-    observer: &mut dyn Observer<ReferenceExecutor>,
-) -> Result<RunMetrics> {
+    observer: &mut dyn Observer<LiveReference>,
+) -> Result<(RunMetrics, Duration)> {
     spec.validate_live()?;
     let params = live_params(config, policy)?;
-    let executor = ReferenceExecutor::new(reference_model(config))?;
+    let verify = VerifyTime::default();
+    let executor = VerifyTimed::new(
+        ReferenceExecutor::new(reference_model(config))?,
+        verify.clone(),
+    );
     let mut engine = Engine::with_executor(params, executor)?;
+    engine.set_clock(Box::new(VerifyExcludedClock::new(verify.clone())));
     drive_agents(&mut engine, spec, progress, &mut |engine, report| {
         observer.step(engine, report);
         !observer.stop()
     })?;
     observer.finish(&engine);
     let _shutdown = engine.shutdown()?;
-    Ok(engine.metrics())
+    Ok((engine.metrics(), verify.total()))
 }

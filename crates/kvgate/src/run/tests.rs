@@ -156,6 +156,63 @@ impl Observer for StopAfter {
 
     fn stop(&mut self) -> bool {
         self.seen >= self.steps
+#[test]
+fn a_model_run_refuses_sizes_past_its_limits_naming_the_option() {
+    assert!(ChatSpec::default().validate().is_ok());
+    let cases = [
+        (
+            ChatSpec {
+                n_agents: 0,
+                ..ChatSpec::default()
+            },
+            "--agents",
+        ),
+        (
+            ChatSpec {
+                n_agents: MODEL_AGENTS_MAX + 1,
+                ..ChatSpec::default()
+            },
+            "--agents",
+        ),
+        (
+            ChatSpec {
+                turns: 0,
+                ..ChatSpec::default()
+            },
+            "--turns",
+        ),
+        (
+            ChatSpec {
+                turns: MODEL_TURNS_MAX + 1,
+                ..ChatSpec::default()
+            },
+            "--turns",
+        ),
+        (
+            ChatSpec {
+                answer_tokens: 0,
+                ..ChatSpec::default()
+            },
+            "answer tokens",
+        ),
+        (
+            ChatSpec {
+                think_s: f64::NAN,
+                ..ChatSpec::default()
+            },
+            "--think-s",
+        ),
+        (
+            ChatSpec {
+                think_s: -1.0,
+                ..ChatSpec::default()
+            },
+            "--think-s",
+        ),
+    ];
+    for (spec, option) in cases {
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains(option), "{spec:?}: {err}");
     }
 }
 
@@ -195,4 +252,9 @@ fn an_observer_stops_an_agents_run_or_a_replay_at_the_step_it_asks() {
     let finished = replay(&mut never).unwrap();
     assert_eq!(finished.stopped, None);
     assert!(never.seen > 3);
+fn every_chat_turn_has_a_question_of_its_own_session() {
+    let spec = ChatSpec::default();
+    assert_ne!(spec.question(0, 0), spec.question(1, 0));
+    assert_ne!(spec.question(0, 1), spec.question(0, 0));
+    assert!(!spec.question(7, 7).is_empty());
 }
