@@ -12,14 +12,22 @@ as `kvgate agents --json` and `kvgate replay --json`: the reports are plain dict
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
 import kvgate
 
 ROOT = Path(__file__).resolve().parents[1]
-TRACE = ROOT / "tests" / "workloads" / "mooncake" / "conversation_trace_head.jsonl"
 OUT_DIR = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")
+# A seeded Mooncake-format trace of 200 requests, from the command line's generator.
+TRACE = OUT_DIR / "trace.jsonl"
+with open(TRACE, "w", encoding="utf-8") as out:
+    subprocess.run(
+        ["cargo", "run", "--release", "-q", "-p", "kvgate", "--", "trace", "generate", "--seed", "0",
+         "--requests", "200", "--rate", "4"],
+        cwd=ROOT, stdout=out, check=True,
+    )
 
 # %% The agents comparison: eight sessions of 32 turns outgrow the pool about four times over.
 last = {}

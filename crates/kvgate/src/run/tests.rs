@@ -224,9 +224,12 @@ fn an_observer_stops_an_agents_run_or_a_replay_at_the_step_it_asks() {
     assert!(matches!(stopped, Err(Error::Interrupted)), "{stopped:?}");
     assert_eq!(stop.seen, 5);
 
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/workloads/mooncake/conversation_trace_head.jsonl");
-    let trace = crate::workload::mooncake::read_trace(&path).unwrap();
+    let shape = crate::workload::mooncake::generate::TraceShape {
+        n_requests: 200,
+        rate_per_s: 4.0,
+        ..Default::default()
+    };
+    let trace = crate::workload::mooncake::generate::generate(&shape).unwrap();
     let later = later_turns(&trace);
     let mut config = EngineConfig::default();
     config.pool.pages = 8192;
