@@ -52,9 +52,9 @@ pub enum Error {
         /// Why.
         reason: String,
     },
-    /// The model file cannot be used.
+    /// The model file the server's tokenizer reads cannot be used.
     #[error("model {0}; fetch it with `cargo xtask model` or name another with --model")]
-    Model(String),
+    ModelFile(String),
     /// The server cannot start or stopped on an error.
     #[error("serve: {0}")]
     Serve(String),

@@ -474,7 +474,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         ),
     };
     let runs = run_policies(&policies, live, |policy, progress| {
-        let config = config_of(&config, policy, policies.len());
+        let config = config_of(&config, policy);
         let spec_of_turn = spec.clone();
         let mut timeline = Timeline::new(policy.name(), move |id| {
             run::agent_turn(&spec_of_turn, id).1
@@ -522,6 +522,14 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         .map(|v| v.map(|d| d.as_secs_f64()))
         .collect();
     let verify = verify.filter(|_| config.restore.verify);
+    let header = AgentsHeader {
+        spec: &spec,
+        config: &config,
+        tokens_per_page,
+        context_parallel,
+        preset_label: &preset_label,
+        stores: &stores,
+    };
     if args.run.json {
         let mut extra = header.json();
         extra.extend(report::live_json(&runs, live, verify.as_deref()));
@@ -731,7 +739,7 @@ fn serve(args: &ServeArgs) -> kvgate::Result<()> {
             std::env::var_os("HOME").as_deref(),
         )
         .ok_or_else(|| {
-            kvgate::Error::Model(format!("{} is not in the model cache", llama::MODEL_FILE))
+            kvgate::Error::ModelFile(format!("{} is not in the model cache", llama::MODEL_FILE))
         })?,
     };
     if !(args.shutdown_grace_s.is_finite() && (0.0..=3600.0).contains(&args.shutdown_grace_s)) {
@@ -747,6 +755,13 @@ fn serve(args: &ServeArgs) -> kvgate::Result<()> {
     options.executor = match args.executor {
         ExecutorArg::Sim => kvgate::serve::ExecutorKind::Sim,
         ExecutorArg::Reference => kvgate::serve::ExecutorKind::Reference,
+        ExecutorArg::Model => {
+            return Err(kvgate::Error::InvalidArgument {
+                name: "--executor",
+                value: "model".into(),
+                allowed: "sim or reference: the server does not run the model executor yet",
+            });
+        }
     };
     options.policy = policy;
     options.max_in_flight = args.max_in_flight;
@@ -814,9 +829,12 @@ fn agents_model(args: &AgentsArgs) -> kvgate::Result<()> {
     let model = kvgate::model::LoadedModel::load(&path)?;
     let policies = policies(&args.run.policy)?;
     let plot = args.run.plot.is_some();
-    let (families, _server) = metrics_server(args.metrics_addr.as_deref())?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let families = metrics::MetricFamilies::register(&mut registry);
+    let server = MetricsEndpoint::start(&args.run, registry)?;
+    let serving = server.is_some();
     let runs = run_policies(&policies, true, |policy, progress| {
-        let config = config_of(&config, policy, policies.len());
+        let config = config_of(&config, policy);
         let turns = spec.turns;
         let mut timeline = Timeline::new(policy.name(), move |id| (id.0 % u64::from(turns)) as u32);
         let mut engine_metrics = families.engine(policy.name());
@@ -824,7 +842,7 @@ fn agents_model(args: &AgentsArgs) -> kvgate::Result<()> {
         if plot {
             observers.push(&mut timeline);
         }
-        if args.metrics_addr.is_some() {
+        if serving {
             observers.push(&mut engine_metrics);
         }
         let chat = run::run_chats_live(&config, &spec, &model, policy, progress, &mut observers)?;
@@ -876,6 +894,7 @@ fn agents_model(args: &AgentsArgs) -> kvgate::Result<()> {
         out!("{}", report::table(&runs));
         out!("{}", report::live_note(&runs, verify.as_deref()));
     }
+    MetricsEndpoint::linger(server);
     Ok(())
 }
 
@@ -889,26 +908,6 @@ fn default_model_path() -> kvgate::Result<PathBuf> {
         allowed: "a GGUF file: `cargo xtask model` fetches SmolLM2-135M-Instruct into ~/.cache/kvgate/models \
                   (or $KVGATE_MODEL_DIR), or name one with --model PATH",
     })
-}
-
-/// The metrics families, and the endpoint serving them when `addr` is given.
-fn metrics_server(
-    addr: Option<&str>,
-) -> kvgate::Result<(metrics::MetricFamilies, Option<metrics::MetricsServer>)> {
-    let mut registry = prometheus_client::registry::Registry::default();
-    let families = metrics::MetricFamilies::register(&mut registry);
-    let server = match addr {
-        Some(addr) => {
-            let server = metrics::serve(addr, std::sync::Arc::new(registry))?;
-            errln!(
-                "kvgate: serving metrics at http://{}/metrics",
-                server.local_addr()
-            );
-            Some(server)
-        }
-        None => None,
-    };
-    Ok((families, server))
 }
 
 /// The trace `args` names, cut to its first `--limit` requests. Errors: `InvalidArgument` for `--limit 0`
@@ -954,7 +953,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     // The cache-share chart's x axis: the trace in arrival order, in 40 buckets.
     let bucket = (trace.len() as u64).div_ceil(REPLAY_BUCKETS).max(1);
     let runs = run_policies(&policies, false, |policy, progress| {
-        let config = config_of(&config, policy, policies.len());
+        let config = config_of(&config, policy);
         let mut timeline = Timeline::new(policy.name(), move |id| (id.0 / bucket) as u32);
         let mut engine_metrics = families.engine(policy.name());
         let mut observers: Vec<&mut dyn run::Observer> = Vec::new();
@@ -1116,7 +1115,7 @@ fn replay_cluster(
         router,
     };
     let runs = run_policies(&policies, false, |policy, progress| {
-        let config = config_of(config, policy, policies.len());
+        let config = config_of(config, policy);
         cluster::run_cluster_replay(
             &config,
             &trace,

@@ -156,6 +156,9 @@ impl Observer for StopAfter {
 
     fn stop(&mut self) -> bool {
         self.seen >= self.steps
+    }
+}
+
 #[test]
 fn a_model_run_refuses_sizes_past_its_limits_naming_the_option() {
     assert!(ChatSpec::default().validate().is_ok());
@@ -255,6 +258,9 @@ fn an_observer_stops_an_agents_run_or_a_replay_at_the_step_it_asks() {
     let finished = replay(&mut never).unwrap();
     assert_eq!(finished.stopped, None);
     assert!(never.seen > 3);
+}
+
+#[test]
 fn every_chat_turn_has_a_question_of_its_own_session() {
     let spec = ChatSpec::default();
     assert_ne!(spec.question(0, 0), spec.question(1, 0));

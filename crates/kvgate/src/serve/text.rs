@@ -26,7 +26,7 @@ impl TextCodec {
             path: path.display().to_string(),
             source,
         })?;
-        let model = |e: llama::LlamaError| Error::Model(format!("{}: {e}", path.display()));
+        let model = |e: llama::LlamaError| Error::ModelFile(format!("{}: {e}", path.display()));
         let gguf = Gguf::parse(&bytes).map_err(model)?;
         let vocab = gguf
             .get_array("tokenizer.ggml.tokens")
