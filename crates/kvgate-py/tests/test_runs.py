@@ -17,11 +17,21 @@ from conftest import SCENARIOS, TRACE, without_wall_time
 SMALL = dict(agents=3, turns=4, seed=5)
 
 
+def same_as_the_command_line(got, expected):
+    """Every field the Python report has equals the command line's, the runs whole (the command line's
+    report also carries header fields, such as the pool, the preset and the stores, that Python's lacks)."""
+    got, expected = without_wall_time(got), without_wall_time(expected)
+    assert got["runs"] == expected["runs"]
+    for key, value in got.items():
+        assert key in expected, key
+        assert value == expected[key], key
+
+
 def test_agents_report_equals_the_command_line(cli):
     expected = cli(["agents", "--agents", "3", "--turns", "4", "--seed", "5", "--json"])
     got = kvgate.agents(**SMALL)
     assert [run["policy"] for run in got["runs"]] == list(kvgate.POLICIES)
-    assert without_wall_time(got) == without_wall_time(expected)
+    same_as_the_command_line(got, expected)
     assert got["runs"][0]["prompt_tokens"] > 0
 
 
@@ -34,13 +44,13 @@ def test_agents_options_reach_the_run_as_on_the_command_line(cli):
         preemption="recompute", think_s=0.5,
     )
     assert got["turn_priority"] == "progress"
-    assert without_wall_time(got) == without_wall_time(expected)
+    same_as_the_command_line(got, expected)
 
 
 def test_replay_report_equals_the_command_line(cli):
     expected = cli(["replay", str(TRACE), "--pool-pages", "2048", "--time-scale", "2", "--json"])
     got = kvgate.replay(TRACE, pool_pages=2048, time_scale=2.0)
-    assert without_wall_time(got) == without_wall_time(expected)
+    same_as_the_command_line(got, expected)
     assert got["theoretical_max_hit_pct"] > 0
 
 
@@ -50,14 +60,14 @@ def test_cluster_replay_report_equals_the_command_line(cli):
     got = kvgate.replay(
         str(TRACE), engines=2, router="round-robin", limit=120, policies=["reserved", "ordinary"]
     )
-    assert without_wall_time(got) == without_wall_time(expected)
+    same_as_the_command_line(got, expected)
     assert len(got["runs"][0]["engines"]) == 2
-    assert "kept_up" in got["runs"][0]["keep_up"]
+    assert "meets_ttft_slo" in got["runs"][0]["keep_up"]
 
 
 def test_scenario_trace_equals_the_command_line(cli):
     path = SCENARIOS / "capacity_wait.json"
-    expected = cli(["scenario", str(path)])
+    expected = cli(["scenario", str(path), "--json"])
     got = kvgate.scenario(path)
     assert without_wall_time(got) == without_wall_time(expected)
     assert got["steps"]
