@@ -16,11 +16,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A consistency check (`check_invariants`) found the state broken: a bug, never the caller's input.
-    #[error("invariant broken: {what}")]
-    InvariantBroken {
-        /// Which invariant, and how it broke.
-        what: String,
-    },
+    #[error("invariant broken: {0}")]
+    InvariantBroken(#[from] kv_pool::InvariantBroken),
     /// The caller's input is wrong; nothing was changed.
     #[error("invalid import: {0}")]
     Invalid(#[from] Invalid),
@@ -317,29 +314,3 @@ pub enum Mismatch {
         found: u32,
     },
 }
-
-/// Returns `Error::InvariantBroken` naming the broken invariant when `$cond` is false (consistency checks
-/// return errors; nothing reachable from the public API panics).
-macro_rules! ensure {
-    ($cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            return Err($crate::Error::InvariantBroken { what: format!($($arg)+) });
-        }
-    };
-}
-
-/// `ensure!` for two values that must be equal; the error shows both.
-macro_rules! ensure_eq {
-    ($left:expr, $right:expr, $($arg:tt)+) => {
-        match (&$left, &$right) {
-            (left, right) => {
-                if left != right {
-                    return Err($crate::Error::InvariantBroken {
-                        what: format!("{}: {:?} != {:?}", format_args!($($arg)+), left, right),
-                    });
-                }
-            }
-        }
-    };
-}
-pub(crate) use {ensure, ensure_eq};

@@ -8,11 +8,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// A consistency check (`check_invariants`) found the state broken: a bug, never the caller's input.
-    #[error("invariant broken: {what}")]
-    InvariantBroken {
-        /// Which invariant, and how it broke.
-        what: String,
-    },
+    #[error("invariant broken: {0}")]
+    InvariantBroken(#[from] InvariantBroken),
     // --- pool and prefix index (pool.rs, prefix.rs) ---
     /// Pressure: fewer free pages (cached-free included) than requested; nothing was allocated.
     #[error("out of pages: requested {requested}, {free} free")]
@@ -212,28 +209,38 @@ pub enum Error {
     },
 }
 
-/// Returns `Error::InvariantBroken` naming the broken invariant when `$cond` is false (consistency checks
-/// return errors; nothing reachable from the public API panics).
+/// Which invariant a consistency check found broken, and how. Every layer's `Error` has an `InvariantBroken`
+/// variant made from it, so one pair of macros (`ensure!`, `ensure_eq!`) serves every `check_invariants`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvariantBroken(pub String);
+
+/// Returns the caller's `Error::InvariantBroken` naming the broken invariant when `$cond` is false
+/// (consistency checks return errors; nothing reachable from the public API panics).
+#[macro_export]
 macro_rules! ensure {
     ($cond:expr, $($arg:tt)+) => {
         if !$cond {
-            return Err($crate::Error::InvariantBroken { what: format!($($arg)+) });
+            return Err(::core::convert::From::from($crate::InvariantBroken(format!($($arg)+))));
         }
     };
 }
 
 /// `ensure!` for two values that must be equal; the error shows both.
+#[macro_export]
 macro_rules! ensure_eq {
     ($left:expr, $right:expr, $($arg:tt)+) => {
         match (&$left, &$right) {
             (left, right) => {
                 if left != right {
-                    return Err($crate::Error::InvariantBroken {
-                        what: format!("{}: {:?} != {:?}", format_args!($($arg)+), left, right),
-                    });
+                    return Err(::core::convert::From::from($crate::InvariantBroken(format!(
+                        "{}: {:?} != {:?}",
+                        format_args!($($arg)+),
+                        left,
+                        right
+                    ))));
                 }
             }
         }
     };
 }
-pub(crate) use {ensure, ensure_eq};

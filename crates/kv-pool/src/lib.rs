@@ -11,7 +11,7 @@ mod page;
 mod pool;
 mod storage;
 
-pub use error::{Error, Result};
+pub use error::{Error, InvariantBroken, Result};
 pub use geometry::{CacheGroup, Continuation, Geometry, GroupKind, RestoreNeed};
 pub use gpu_test::{GPU_TEST_LOG_ENV, REQUIRE_GPU_ENV, gpu_test_gate};
 pub use ids::{AdmissionOrder, RequestId, Timestamp};

@@ -27,11 +27,8 @@ pub enum ErrorKind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
     /// A consistency check (`check_invariants`) found the state broken: a bug, never the caller's input.
-    #[error("invariant broken: {what}")]
-    InvariantBroken {
-        /// Which invariant, and how it broke.
-        what: String,
-    },
+    #[error("invariant broken: {0}")]
+    InvariantBroken(#[from] kv_pool::InvariantBroken),
     // --- pressure ---
     /// Not enough free pages or running slots now, after credits, in-flight prefills, the watermark and the
     /// space of earlier capacity waiters.
@@ -200,34 +197,8 @@ impl Error {
             | Error::NoTicket { .. }
             | Error::WrongTicketState { .. }
             | Error::WindowFreeExceedsHeld { .. }
-            | Error::InvariantBroken { .. }
+            | Error::InvariantBroken(_)
             | Error::Pool(_) => ErrorKind::Invalid,
         }
     }
 }
-
-/// Returns `Error::InvariantBroken` naming the broken invariant when `$cond` is false (consistency checks
-/// return errors; nothing reachable from the public API panics).
-macro_rules! ensure {
-    ($cond:expr, $($arg:tt)+) => {
-        if !$cond {
-            return Err($crate::Error::InvariantBroken { what: format!($($arg)+) });
-        }
-    };
-}
-
-/// `ensure!` for two values that must be equal; the error shows both.
-macro_rules! ensure_eq {
-    ($left:expr, $right:expr, $($arg:tt)+) => {
-        match (&$left, &$right) {
-            (left, right) => {
-                if left != right {
-                    return Err($crate::Error::InvariantBroken {
-                        what: format!("{}: {:?} != {:?}", format_args!($($arg)+), left, right),
-                    });
-                }
-            }
-        }
-    };
-}
-pub(crate) use {ensure, ensure_eq};

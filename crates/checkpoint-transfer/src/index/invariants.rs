@@ -1,8 +1,9 @@
 //! `ResidentIndex::check_invariants`: the index's bookkeeping checked against the pool, for tests and
 //! simulations.
 
-use crate::error::{Result, ensure, ensure_eq};
+use crate::error::Result;
 use kv_pool::PagePool;
+use kv_pool::{ensure, ensure_eq};
 
 use super::{ImportState, ResidentIndex};
 

@@ -11,7 +11,8 @@
 //! of the stack, in id order with the lowest on top, without an entry each; the per-page arrays cover only
 //! the pages the pool has handed out (`cover`), so a large pool costs what its requests touch.
 
-use crate::error::{Result, ensure, ensure_eq};
+use crate::error::Result;
+use crate::{ensure, ensure_eq};
 
 /// Link value of a page that is not on the LRU list, and position of a page that never was on the stack.
 const NOT_LISTED: u32 = u32::MAX;

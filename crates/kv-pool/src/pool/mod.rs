@@ -26,8 +26,8 @@ mod prefix;
 mod tests;
 
 use crate::error::{Error, Result};
-use crate::error::{ensure, ensure_eq};
 use crate::page::{BlockKey, PageId};
+use crate::{ensure, ensure_eq};
 
 use free_list::FreeList;
 use prefix::PrefixIndex;

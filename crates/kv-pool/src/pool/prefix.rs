@@ -13,7 +13,8 @@
 //! knows its page, so it compares page ids only; a lookup compares the whole key when the hash bits match;
 //! an insert probes once, ending on the key (already cached) or on the empty entry it takes.
 
-use crate::error::{Result, ensure, ensure_eq};
+use crate::error::Result;
+use crate::{ensure, ensure_eq};
 use std::hash::BuildHasher;
 
 use crate::page::{BlockKey, BlockKeyHashBuilder, PageId};

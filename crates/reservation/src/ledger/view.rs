@@ -1,8 +1,9 @@
 //! Read-only views of the ledger: `snapshot` with its `LedgerSnapshot`, `TicketView` and `WaiterView` (for
 //! tests and the engine's trace), and `check_invariants`, which checks the ledger's bookkeeping against a pool.
 
-use crate::error::{Result, ensure, ensure_eq};
+use crate::error::Result;
 use kv_pool::PagePool;
+use kv_pool::{ensure, ensure_eq};
 
 use super::{Ledger, TicketEntry, TicketState};
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
