@@ -252,7 +252,8 @@ pub(crate) fn agents<'py>(
             turns: Some(spec.turns),
         };
         let metrics = if live {
-            run::run_agents_live_observed(&config, &spec, policy, progress, &mut recorder)?
+            // The verification time (timed apart from the turns) is not part of the report's runs.
+            run::run_agents_live_observed(&config, &spec, policy, progress, &mut recorder)?.0
         } else {
             run::run_agents_observed(&config, &spec, policy, progress, &mut recorder)?
         };
