@@ -219,14 +219,18 @@ pub fn run_cluster_replay_observed(
     )]
     let started = Instant::now();
     let params = config.engine_params(policy)?;
-    let mut store = SharedStore::new(engine::open_store(&params)?);
-    let mut engines = (0..cluster.n_engines)
+    let store = SharedStore::new(engine::open_store(&params)?);
+    let engines = (0..cluster.n_engines)
         .map(|_| Engine::with_store(params.clone(), Box::new(store.clone())))
         .collect::<Result<Vec<_>, _>>()?;
     let block_tokens = params.geometry.block_tokens();
-    let mut busy = vec![false; engines.len()];
-    let mut routed = vec![0u64; engines.len()];
-    let mut router = RouterState::new(cluster.router);
+    let mut fleet = Fleet {
+        busy: vec![false; engines.len()],
+        routed: vec![0u64; engines.len()],
+        engines,
+        router: RouterState::new(cluster.router),
+        store,
+    };
     let total = trace.len() as u64;
     let mut next = 0usize;
     let mut finished = 0u64;
@@ -235,44 +239,19 @@ pub fn run_cluster_replay_observed(
     // K3: a stalled engine stops the replay; what the cluster did until then is still reported, marked.
     let mut stopped: Option<String> = None;
     loop {
-        // Route every request that has arrived on every busy engine's clock; with none busy, the next one.
-        while next < trace.len() {
-            let arrival = arrivals[next];
-            if earliest_busy(&engines, &busy).is_some_and(|index| arrival > engines[index].now()) {
-                break;
-            }
-            // Keyed once, for the router and the engine; held as its trace record while it waits.
-            let keyed = keyed_trace_request(
-                next,
-                &trace[next],
-                arrival,
-                later_turn[next],
-                block_tokens,
-                &mut scratch,
-            )?;
-            let target = router.choose(&engines, &mut store, keyed.keys());
-            submit_keyed_or_reject(&mut engines[target], keyed)?;
-            busy[target] = !engines[target].is_idle();
-            routed[target] += 1;
-            next += 1;
-        }
-        let Some(index) = earliest_busy(&engines, &busy) else {
+        let requests = (trace, arrivals.as_slice(), later_turn);
+        next = route_arrived(&mut fleet, requests, next, block_tokens, &mut scratch)?;
+        let Some(index) = earliest_busy(&fleet.engines, &fleet.busy) else {
             break;
         };
-        let engine = &mut engines[index];
-        match engine.step() {
-            Ok(report) => observer.step(engine, &report),
-            Err(stalled @ engine::Error::Stalled { .. }) => {
-                stopped = Some(format!("engine {index}: {stalled}"));
+        let n_finished = match fleet.step(index, observer)? {
+            Ok(n_finished) => n_finished,
+            Err(stalled) => {
+                stopped = Some(stalled);
                 break;
             }
-            Err(error) => return Err(error.into()),
-        }
-        if observer.stop() {
-            return Err(Error::Interrupted);
-        }
-        busy[index] = !engine.is_idle();
-        for _ in engine.take_finished() {
+        };
+        for _ in 0..n_finished {
             finished += 1;
             if finished.is_multiple_of(64) || started.elapsed() > Duration::from_secs(1) {
                 progress(finished, total);
@@ -284,6 +263,12 @@ pub fn run_cluster_replay_observed(
         "every request is routed"
     );
     progress(total, total);
+    let Fleet {
+        engines,
+        routed,
+        store,
+        ..
+    } = fleet;
     let mut total_metrics = cluster_metrics(policy, &engines, &store, started.elapsed());
     let mut keep_up = keep_up(trace, &arrivals, &engines, &total_metrics);
     // A replay that stopped did not serve the trace.
@@ -296,6 +281,76 @@ pub fn run_cluster_replay_observed(
         routed,
         keep_up,
     })
+}
+
+/// The engines of a cluster replay, whether each is busy, how many requests each was given, the router
+/// and the store they share.
+struct Fleet {
+    engines: Vec<Engine>,
+    busy: Vec<bool>,
+    routed: Vec<u64>,
+    router: RouterState,
+    store: SharedStore,
+}
+
+impl Fleet {
+    /// Steps engine `index` with `observer` shown the step: how many requests finished in it, or why the
+    /// engine stalled (K3).
+    fn step(
+        &mut self,
+        index: usize,
+        observer: &mut dyn Observer,
+    ) -> Result<std::result::Result<usize, String>> {
+        let engine = &mut self.engines[index];
+        match engine.step() {
+            Ok(report) => observer.step(engine, &report),
+            Err(stalled @ engine::Error::Stalled { .. }) => {
+                return Ok(Err(format!("engine {index}: {stalled}")));
+            }
+            Err(error) => return Err(error.into()),
+        }
+        if observer.stop() {
+            return Err(Error::Interrupted);
+        }
+        self.busy[index] = !engine.is_idle();
+        Ok(Ok(engine.take_finished().len()))
+    }
+}
+
+/// Routes every request from `next` on that has arrived on every busy engine's clock (with none busy,
+/// the next one); `requests` is the trace, its arrivals and its later-turn marks. Returns the new `next`.
+fn route_arrived(
+    fleet: &mut Fleet,
+    (trace, arrivals, later_turn): (&[TraceRequest], &[Timestamp], &[bool]),
+    mut next: usize,
+    block_tokens: u32,
+    scratch: &mut Vec<u32>,
+) -> Result<usize> {
+    while next < trace.len() {
+        let arrival = arrivals[next];
+        if earliest_busy(&fleet.engines, &fleet.busy)
+            .is_some_and(|index| arrival > fleet.engines[index].now())
+        {
+            break;
+        }
+        // Keyed once, for the router and the engine; held as its trace record while it waits.
+        let keyed = keyed_trace_request(
+            next,
+            &trace[next],
+            arrival,
+            later_turn[next],
+            block_tokens,
+            scratch,
+        )?;
+        let target = fleet
+            .router
+            .choose(&fleet.engines, &mut fleet.store, keyed.keys());
+        submit_keyed_or_reject(&mut fleet.engines[target], keyed)?;
+        fleet.busy[target] = !fleet.engines[target].is_idle();
+        fleet.routed[target] += 1;
+        next += 1;
+    }
+    Ok(next)
 }
 
 /// The busy engine whose clock is earliest (ties to the lowest index), if any is busy.

@@ -437,37 +437,7 @@ impl EngineConfig {
         if self.model.groups.is_empty() {
             return invalid("model.groups", "[]", "at least one cache group");
         }
-        check_range(
-            "pool.pages",
-            self.pool.pages,
-            1,
-            EngineParams::N_PAGES_MAX - 1,
-        )?;
-        check_range(
-            "pool.sim_bytes_per_page",
-            self.pool.sim_bytes_per_page,
-            8,
-            EngineParams::SIM_BYTES_PER_PAGE_MAX,
-        )?;
-        check_range(
-            "scheduler.max_running",
-            self.scheduler.max_running,
-            1,
-            1 << 20,
-        )?;
-        check_range(
-            "scheduler.max_batched_tokens",
-            self.scheduler.max_batched_tokens,
-            1,
-            1 << 24,
-        )?;
-        check_range(
-            "scheduler.chunk_tokens",
-            self.scheduler.chunk_tokens,
-            1,
-            1 << 24,
-        )?;
-        check_range("scheduler.draft_tokens", self.scheduler.draft_tokens, 0, 16)?;
+        self.check_sizes()?;
         check_seconds(
             "scheduler.stall_timeout_s",
             self.scheduler.stall_timeout_s,
@@ -507,6 +477,42 @@ impl EngineConfig {
         }
         self.check_store_url()?;
         check_storage(&self.params(Policy::Reserved)?)
+    }
+
+    /// The pool's and scheduler's sizes are in range.
+    fn check_sizes(&self) -> Result<()> {
+        check_range(
+            "pool.pages",
+            self.pool.pages,
+            1,
+            EngineParams::N_PAGES_MAX - 1,
+        )?;
+        check_range(
+            "pool.sim_bytes_per_page",
+            self.pool.sim_bytes_per_page,
+            8,
+            EngineParams::SIM_BYTES_PER_PAGE_MAX,
+        )?;
+        check_range(
+            "scheduler.max_running",
+            self.scheduler.max_running,
+            1,
+            1 << 20,
+        )?;
+        check_range(
+            "scheduler.max_batched_tokens",
+            self.scheduler.max_batched_tokens,
+            1,
+            1 << 24,
+        )?;
+        check_range(
+            "scheduler.chunk_tokens",
+            self.scheduler.chunk_tokens,
+            1,
+            1 << 24,
+        )?;
+        check_range("scheduler.draft_tokens", self.scheduler.draft_tokens, 0, 16)?;
+        Ok(())
     }
 
     /// `store.url` parses as a Redis URL and is not given together with `store.dir`; `store.key_prefix` fits.

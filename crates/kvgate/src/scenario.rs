@@ -303,36 +303,8 @@ fn apply(
     };
     Ok(match action {
         Action::Submit(submit) => {
-            let mut prompt = match submit.extends {
-                Some(earlier) if live.contains(&earlier) => {
-                    return Err(format!(
-                        "request {} extends request {earlier}, which has not finished",
-                        submit.id
-                    ));
-                }
-                Some(earlier) => contexts.get(&earlier).cloned().ok_or_else(|| {
-                    format!("request {} extends unknown request {earlier}", submit.id)
-                })?,
-                None => Vec::new(),
-            };
-            check_prompt_len(engine, "new_tokens", prompt.len(), submit.new_tokens)?;
-            let seed = submit.seed.unwrap_or(submit.id) ^ 0x5CE4_A410;
-            prompt.extend((0..u64::from(submit.new_tokens)).map(|i| token(seed, i)));
-            let now = engine.now();
-            let mut spec =
-                RequestSpec::new(submit.id, prompt.clone(), submit.max_output_tokens, now);
-            spec.stop_after = submit.stop_after;
-            spec.priority = submit.priority;
-            spec.streaming = submit.streaming;
-            spec.saved_logits = submit.saved_logits;
-            spec.instruction_tokens = submit.instruction_tokens;
-            spec.is_later_turn = submit.extends.is_some();
-            let result = engine.submit(spec);
-            if result.is_ok() {
-                contexts.insert(submit.id, prompt);
-                live.insert(submit.id);
-            }
-            outcome(&format!("submit {}", submit.id), result)
+            let (id, result) = submit_action(engine, submit, contexts, live)?;
+            outcome(&format!("submit {id}"), result)
         }
         Action::Cancel { id } => outcome(&format!("cancel {id}"), engine.cancel(RequestId(*id))),
         Action::Reset { forced } => {
@@ -381,6 +353,46 @@ fn apply(
             json!({ format!("advance {by_s} s"): "ok" })
         }
     })
+}
+
+/// Submits `submit`'s request (its prompt extending a finished request's context when it says so); the
+/// engine's answer is part of the trace, a scenario mistake an error.
+fn submit_action(
+    engine: &mut Engine,
+    submit: &Submit,
+    contexts: &mut HashMap<u64, Vec<u32>>,
+    live: &mut BTreeSet<u64>,
+) -> std::result::Result<(u64, std::result::Result<(), engine::Error>), String> {
+    let mut prompt = match submit.extends {
+        Some(earlier) if live.contains(&earlier) => {
+            return Err(format!(
+                "request {} extends request {earlier}, which has not finished",
+                submit.id
+            ));
+        }
+        Some(earlier) => contexts
+            .get(&earlier)
+            .cloned()
+            .ok_or_else(|| format!("request {} extends unknown request {earlier}", submit.id))?,
+        None => Vec::new(),
+    };
+    check_prompt_len(engine, "new_tokens", prompt.len(), submit.new_tokens)?;
+    let seed = submit.seed.unwrap_or(submit.id) ^ 0x5CE4_A410;
+    prompt.extend((0..u64::from(submit.new_tokens)).map(|i| token(seed, i)));
+    let now = engine.now();
+    let mut spec = RequestSpec::new(submit.id, prompt.clone(), submit.max_output_tokens, now);
+    spec.stop_after = submit.stop_after;
+    spec.priority = submit.priority;
+    spec.streaming = submit.streaming;
+    spec.saved_logits = submit.saved_logits;
+    spec.instruction_tokens = submit.instruction_tokens;
+    spec.is_later_turn = submit.extends.is_some();
+    let result = engine.submit(spec);
+    if result.is_ok() {
+        contexts.insert(submit.id, prompt);
+        live.insert(submit.id);
+    }
+    Ok((submit.id, result))
 }
 
 /// Refuses, before the run, an event that could never do what it says: a copy fault on a rank the engine does

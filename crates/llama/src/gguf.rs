@@ -192,123 +192,16 @@ impl Gguf {
         }
         let n_tensors = r.u64("the tensor count")?;
         let n_kv = r.u64("the metadata count")?;
-        // Each metadata entry takes at least 12 bytes (an empty key and a type), each tensor info 24.
-        r.check_count(n_kv, 12, "the metadata entries")?;
-        let mut metadata = HashMap::new();
-        for idx in 0..n_kv {
-            let key = r.string(&format!("metadata key {idx}"))?;
-            let what = format!("metadata `{key}`");
-            let ty = r.u32(&what)?;
-            let value = r.value(ty, &what, 0)?;
-            if metadata.insert(key.clone(), value).is_some() {
-                return Err(LlamaError::Malformed(format!(
-                    "metadata key `{key}` appears twice"
-                )));
-            }
-        }
-        r.check_count(n_tensors, 24, "the tensor infos")?;
-        let mut raw = Vec::new();
-        for idx in 0..n_tensors {
-            let name = r.string(&format!("tensor name {idx}"))?;
-            let what = format!("tensor `{name}`");
-            let n_dims = r.u32(&what)?;
-            if n_dims == 0 || n_dims > MAX_DIMS {
-                return Err(LlamaError::Tensor {
-                    tensor: name,
-                    problem: format!("{n_dims} dimensions (1 to {MAX_DIMS} are valid)"),
-                });
-            }
-            let mut dims = Vec::with_capacity(n_dims as usize);
-            for _ in 0..n_dims {
-                dims.push(r.u64(&what)?);
-            }
-            let type_id = r.u32(&what)?;
-            let offset = r.u64(&what)?;
-            raw.push((name, dims, type_id, offset));
-        }
-        let alignment = match metadata.get("general.alignment") {
-            None => DEFAULT_ALIGNMENT,
-            Some(value) => match value.as_u64() {
-                Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => a,
-                _ => {
-                    return Err(LlamaError::Metadata {
-                        key: "general.alignment".into(),
-                        problem: format!("{value:?} is not a power of two up to 2^20"),
-                    });
-                }
-            },
-        };
+        let metadata = read_metadata(&mut r, n_kv)?;
+        let raw = read_tensor_infos(&mut r, n_tensors)?;
+        let alignment = alignment(&metadata)?;
         let data_start = (r.pos as u64).div_ceil(alignment) * alignment;
         let file_len = bytes.len() as u64;
-        let mut tensors = Vec::with_capacity(raw.len());
-        for (name, dims, type_id, offset) in raw {
-            let Some(ty) = GgmlType::from_id(type_id) else {
-                return Err(LlamaError::Quantization {
-                    tensor: name,
-                    type_id,
-                    type_name: "unknown",
-                    expected: "a GGML type id this reader knows",
-                });
-            };
-            let bad = |problem: String| LlamaError::Tensor {
-                tensor: name.clone(),
-                problem,
-            };
-            let elements = dims
-                .iter()
-                .try_fold(1u64, |acc, &d| acc.checked_mul(d))
-                .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
-            if dims[0] % ty.block != 0 {
-                return Err(bad(format!(
-                    "rows of {} elements are not whole {} blocks of {}",
-                    dims[0], ty.name, ty.block
-                )));
-            }
-            let len = (elements / ty.block)
-                .checked_mul(ty.block_bytes)
-                .ok_or_else(|| bad(format!("the size of dimensions {dims:?} overflows")))?;
-            if offset % alignment != 0 {
-                return Err(bad(format!(
-                    "data offset {offset} is not a multiple of the alignment {alignment}"
-                )));
-            }
-            let start = data_start
-                .checked_add(offset)
-                .filter(|s| s.checked_add(len).is_some_and(|end| end <= file_len))
-                .ok_or_else(|| {
-                    bad(format!(
-                        "data of {len} bytes at offset {offset} (byte {}) ends past the end of the \
-                         file ({file_len} bytes)",
-                        data_start.saturating_add(offset)
-                    ))
-                })?;
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ty,
-                start,
-                len,
-            });
-        }
-        let mut by_start: Vec<&TensorInfo> = tensors.iter().filter(|t| t.len > 0).collect();
-        by_start.sort_by_key(|t| t.start);
-        for pair in by_start.windows(2) {
-            if pair[0].start + pair[0].len > pair[1].start {
-                return Err(LlamaError::Tensor {
-                    tensor: pair[1].name.clone(),
-                    problem: format!("its data overlaps the data of `{}`", pair[0].name),
-                });
-            }
-        }
-        let mut names = std::collections::HashSet::new();
-        for t in &tensors {
-            if !names.insert(t.name.as_str()) {
-                return Err(LlamaError::Malformed(format!(
-                    "tensor `{}` appears twice",
-                    t.name
-                )));
-            }
-        }
+        let tensors = raw
+            .into_iter()
+            .map(|raw| locate(raw, data_start, alignment, file_len))
+            .collect::<LlamaResult<Vec<_>>>()?;
+        check_distinct(&tensors)?;
         Ok(Gguf {
             version,
             metadata,
@@ -509,4 +402,147 @@ impl<'a> Reader<'a> {
             }
         })
     }
+}
+
+/// A tensor info as the header states it: name, dimensions, type id, data offset.
+type RawTensor = (String, Vec<u64>, u32, u64);
+
+/// The `n_kv` metadata entries; a key that appears twice is `Malformed`.
+fn read_metadata(r: &mut Reader<'_>, n_kv: u64) -> LlamaResult<HashMap<String, Value>> {
+    // Each metadata entry takes at least 12 bytes (an empty key and a type).
+    r.check_count(n_kv, 12, "the metadata entries")?;
+    let mut metadata = HashMap::new();
+    for idx in 0..n_kv {
+        let key = r.string(&format!("metadata key {idx}"))?;
+        let what = format!("metadata `{key}`");
+        let ty = r.u32(&what)?;
+        let value = r.value(ty, &what, 0)?;
+        if metadata.insert(key.clone(), value).is_some() {
+            return Err(LlamaError::Malformed(format!(
+                "metadata key `{key}` appears twice"
+            )));
+        }
+    }
+    Ok(metadata)
+}
+
+/// The `n_tensors` tensor infos, each with 1 to `MAX_DIMS` dimensions.
+fn read_tensor_infos(r: &mut Reader<'_>, n_tensors: u64) -> LlamaResult<Vec<RawTensor>> {
+    // Each tensor info takes at least 24 bytes.
+    r.check_count(n_tensors, 24, "the tensor infos")?;
+    let mut raw = Vec::new();
+    for idx in 0..n_tensors {
+        let name = r.string(&format!("tensor name {idx}"))?;
+        let what = format!("tensor `{name}`");
+        let n_dims = r.u32(&what)?;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(LlamaError::Tensor {
+                tensor: name,
+                problem: format!("{n_dims} dimensions (1 to {MAX_DIMS} are valid)"),
+            });
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for _ in 0..n_dims {
+            dims.push(r.u64(&what)?);
+        }
+        let type_id = r.u32(&what)?;
+        let offset = r.u64(&what)?;
+        raw.push((name, dims, type_id, offset));
+    }
+    Ok(raw)
+}
+
+/// The data alignment: `general.alignment`, a power of two up to 2^20, or the default.
+fn alignment(metadata: &HashMap<String, Value>) -> LlamaResult<u64> {
+    match metadata.get("general.alignment") {
+        None => Ok(DEFAULT_ALIGNMENT),
+        Some(value) => match value.as_u64() {
+            Some(a) if a > 0 && a.is_power_of_two() && a <= 1 << 20 => Ok(a),
+            _ => Err(LlamaError::Metadata {
+                key: "general.alignment".into(),
+                problem: format!("{value:?} is not a power of two up to 2^20"),
+            }),
+        },
+    }
+}
+
+/// Where a tensor's data lies: its type known, its size not overflowing, rows of whole blocks, its offset
+/// aligned, its bytes inside the file.
+fn locate(
+    (name, dims, type_id, offset): RawTensor,
+    data_start: u64,
+    alignment: u64,
+    file_len: u64,
+) -> LlamaResult<TensorInfo> {
+    let Some(ty) = GgmlType::from_id(type_id) else {
+        return Err(LlamaError::Quantization {
+            tensor: name,
+            type_id,
+            type_name: "unknown",
+            expected: "a GGML type id this reader knows",
+        });
+    };
+    let bad = |problem: String| LlamaError::Tensor {
+        tensor: name.clone(),
+        problem,
+    };
+    let elements = dims
+        .iter()
+        .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| bad(format!("dimensions {dims:?} overflow")))?;
+    if dims[0] % ty.block != 0 {
+        return Err(bad(format!(
+            "rows of {} elements are not whole {} blocks of {}",
+            dims[0], ty.name, ty.block
+        )));
+    }
+    let len = (elements / ty.block)
+        .checked_mul(ty.block_bytes)
+        .ok_or_else(|| bad(format!("the size of dimensions {dims:?} overflows")))?;
+    if offset % alignment != 0 {
+        return Err(bad(format!(
+            "data offset {offset} is not a multiple of the alignment {alignment}"
+        )));
+    }
+    let start = data_start
+        .checked_add(offset)
+        .filter(|s| s.checked_add(len).is_some_and(|end| end <= file_len))
+        .ok_or_else(|| {
+            bad(format!(
+                "data of {len} bytes at offset {offset} (byte {}) ends past the end of the \
+                 file ({file_len} bytes)",
+                data_start.saturating_add(offset)
+            ))
+        })?;
+    Ok(TensorInfo {
+        name,
+        dims,
+        ty,
+        start,
+        len,
+    })
+}
+
+/// No two tensors' data overlap, and no name appears twice.
+fn check_distinct(tensors: &[TensorInfo]) -> LlamaResult<()> {
+    let mut by_start: Vec<&TensorInfo> = tensors.iter().filter(|t| t.len > 0).collect();
+    by_start.sort_by_key(|t| t.start);
+    for pair in by_start.windows(2) {
+        if pair[0].start + pair[0].len > pair[1].start {
+            return Err(LlamaError::Tensor {
+                tensor: pair[1].name.clone(),
+                problem: format!("its data overlaps the data of `{}`", pair[0].name),
+            });
+        }
+    }
+    let mut names = std::collections::HashSet::new();
+    for t in tensors {
+        if !names.insert(t.name.as_str()) {
+            return Err(LlamaError::Malformed(format!(
+                "tensor `{}` appears twice",
+                t.name
+            )));
+        }
+    }
+    Ok(())
 }

@@ -245,8 +245,23 @@ impl Llama {
     /// Errors: `Forward` for an empty entry, a token outside the vocabulary, or positions past the store's
     /// capacity or the model's context.
     pub fn forward(&self, batch: &mut [Entry<'_>]) -> LlamaResult<Vec<Option<Vec<f32>>>> {
+        let tokens = self.batch_tokens(batch)?;
+        let e = self.config.embedding;
+        let mut x = vec![0.0f32; tokens.len() * e];
+        x.par_chunks_mut(e)
+            .zip(&tokens)
+            .for_each(|(row, &(_, _, t))| self.embed.row(t as usize, row));
+        let mut s = Scratch::new(&self.config, batch, tokens);
+        for (l, layer) in self.layers.iter().enumerate() {
+            self.attention(l, layer, batch, &mut x, &mut s)?;
+            self.feed_forward(layer, &mut x, &mut s);
+        }
+        Ok(self.last_logits(batch, &x))
+    }
+
+    /// Where each of `batch`'s tokens comes from, `(entry, position, token)`, the batch checked whole.
+    fn batch_tokens(&self, batch: &[Entry<'_>]) -> LlamaResult<Vec<(usize, usize, u32)>> {
         let c = &self.config;
-        // Where each token comes from: (entry, position).
         let mut tokens = Vec::new();
         for (idx, entry) in batch.iter().enumerate() {
             let first = entry.kv.len();
@@ -276,79 +291,87 @@ impl Llama {
                     .map(|(i, &t)| (idx, first + i, t)),
             );
         }
-        let firsts: Vec<usize> = batch.iter().map(|entry| entry.kv.len()).collect();
-        let n = tokens.len();
+        Ok(tokens)
+    }
+
+    /// Layer `l`'s attention block: the batch's keys and values rotated and appended to each entry's
+    /// store, each token attending to its own sequence, the projection added to `x`.
+    fn attention(
+        &self,
+        l: usize,
+        layer: &Layer,
+        batch: &mut [Entry<'_>],
+        x: &mut [f32],
+        s: &mut Scratch,
+    ) -> LlamaResult<()> {
+        let c = &self.config;
         let (e, kv_dim) = (c.embedding, c.kv_dim());
-        let mut x = vec![0.0f32; n * e];
-        x.par_chunks_mut(e)
-            .zip(&tokens)
-            .for_each(|(row, &(_, _, t))| self.embed.row(t as usize, row));
-        let mut xn = vec![0.0f32; n * e];
-        let mut acts = vec![QActs::default(); n];
-        let mut q = vec![0.0f32; n * e];
-        let mut k = vec![0.0f32; n * kv_dim];
-        let mut v = vec![0.0f32; n * kv_dim];
-        let mut attn = vec![0.0f32; n * e];
-        let mut proj = vec![0.0f32; n * e];
-        let mut gate = vec![0.0f32; n * c.feed_forward];
-        let mut up = vec![0.0f32; n * c.feed_forward];
-        let mut hidden = vec![0.0f32; n * c.feed_forward];
-        for (l, layer) in self.layers.iter().enumerate() {
-            self.norm_and_quantize(&x, &layer.attn_norm, &mut xn, &mut acts);
-            layer.wq.matmul(&acts, &mut q);
-            layer.wk.matmul(&acts, &mut k);
-            layer.wv.matmul(&acts, &mut v);
-            q.par_chunks_mut(e)
-                .zip(k.par_chunks_mut(kv_dim))
-                .zip(&tokens)
-                .for_each(|((q, k), &(_, pos, _))| {
-                    kernels::rope(q, c.head_dim, pos, self.theta_scale);
-                    kernels::rope(k, c.head_dim, pos, self.theta_scale);
-                });
-            let mut start = 0;
-            for (entry, &first) in batch.iter_mut().zip(&firsts) {
-                let len = entry.tokens.len();
-                let rows = start * kv_dim..(start + len) * kv_dim;
-                entry.kv.write(l, first, &k[rows.clone()], &v[rows])?;
-                start += len;
-            }
-            let views: Vec<_> = batch
-                .iter()
-                .zip(&firsts)
-                .map(|(entry, &first)| entry.kv.read(l, first + entry.tokens.len()))
-                .collect();
-            let group = c.heads / c.kv_heads;
-            attn.par_chunks_mut(e)
-                .zip(q.par_chunks(e))
-                .zip(&tokens)
-                .for_each_init(Vec::new, |scores, ((out, q), &(entry, pos, _))| {
-                    let (keys, values) = &views[entry];
-                    for (h, (out, q)) in out
-                        .chunks_exact_mut(c.head_dim)
-                        .zip(q.chunks_exact(c.head_dim))
-                        .enumerate()
-                    {
-                        let offset = (h / group) * c.head_dim;
-                        kernels::attend(q, keys, values, kv_dim, offset, pos + 1, scores, out);
-                    }
-                });
-            drop(views);
-            quantize_rows(&attn, e, &mut acts);
-            layer.wo.matmul(&acts, &mut proj);
-            add(&mut x, &proj);
-            self.norm_and_quantize(&x, &layer.ffn_norm, &mut xn, &mut acts);
-            layer.gate.matmul(&acts, &mut gate);
-            layer.up.matmul(&acts, &mut up);
-            hidden
-                .par_chunks_mut(c.feed_forward)
-                .zip(gate.par_chunks(c.feed_forward))
-                .zip(up.par_chunks(c.feed_forward))
-                .for_each(|((h, g), u)| kernels::swiglu(g, u, h));
-            quantize_rows(&hidden, c.feed_forward, &mut acts);
-            layer.down.matmul(&acts, &mut proj);
-            add(&mut x, &proj);
+        self.norm_and_quantize(x, &layer.attn_norm, &mut s.xn, &mut s.acts);
+        layer.wq.matmul(&s.acts, &mut s.q);
+        layer.wk.matmul(&s.acts, &mut s.k);
+        layer.wv.matmul(&s.acts, &mut s.v);
+        s.q.par_chunks_mut(e)
+            .zip(s.k.par_chunks_mut(kv_dim))
+            .zip(&s.tokens)
+            .for_each(|((q, k), &(_, pos, _))| {
+                kernels::rope(q, c.head_dim, pos, self.theta_scale);
+                kernels::rope(k, c.head_dim, pos, self.theta_scale);
+            });
+        let mut start = 0;
+        for (entry, &first) in batch.iter_mut().zip(&s.firsts) {
+            let len = entry.tokens.len();
+            let rows = start * kv_dim..(start + len) * kv_dim;
+            entry.kv.write(l, first, &s.k[rows.clone()], &s.v[rows])?;
+            start += len;
         }
-        // The logits of each asking entry's last token, as one product.
+        let views: Vec<_> = batch
+            .iter()
+            .zip(&s.firsts)
+            .map(|(entry, &first)| entry.kv.read(l, first + entry.tokens.len()))
+            .collect();
+        let group = c.heads / c.kv_heads;
+        s.attn
+            .par_chunks_mut(e)
+            .zip(s.q.par_chunks(e))
+            .zip(&s.tokens)
+            .for_each_init(Vec::new, |scores, ((out, q), &(entry, pos, _))| {
+                let (keys, values) = &views[entry];
+                for (h, (out, q)) in out
+                    .chunks_exact_mut(c.head_dim)
+                    .zip(q.chunks_exact(c.head_dim))
+                    .enumerate()
+                {
+                    let offset = (h / group) * c.head_dim;
+                    kernels::attend(q, keys, values, kv_dim, offset, pos + 1, scores, out);
+                }
+            });
+        drop(views);
+        quantize_rows(&s.attn, e, &mut s.acts);
+        layer.wo.matmul(&s.acts, &mut s.proj);
+        add(x, &s.proj);
+        Ok(())
+    }
+
+    /// A layer's SwiGLU feed-forward block, its output added to `x`.
+    fn feed_forward(&self, layer: &Layer, x: &mut [f32], s: &mut Scratch) {
+        let ff = self.config.feed_forward;
+        self.norm_and_quantize(x, &layer.ffn_norm, &mut s.xn, &mut s.acts);
+        layer.gate.matmul(&s.acts, &mut s.gate);
+        layer.up.matmul(&s.acts, &mut s.up);
+        s.hidden
+            .par_chunks_mut(ff)
+            .zip(s.gate.par_chunks(ff))
+            .zip(s.up.par_chunks(ff))
+            .for_each(|((h, g), u)| kernels::swiglu(g, u, h));
+        quantize_rows(&s.hidden, ff, &mut s.acts);
+        layer.down.matmul(&s.acts, &mut s.proj);
+        add(x, &s.proj);
+    }
+
+    /// The logits of each asking entry's last token (computed as one product), `None` for the others.
+    fn last_logits(&self, batch: &[Entry<'_>], x: &[f32]) -> Vec<Option<Vec<f32>>> {
+        let c = &self.config;
+        let e = c.embedding;
         let mut last = Vec::new();
         let mut start = 0;
         for entry in batch.iter() {
@@ -359,7 +382,7 @@ impl Llama {
         }
         let mut results = vec![None; batch.len()];
         if last.is_empty() {
-            return Ok(results);
+            return results;
         }
         let mut final_x = vec![0.0f32; last.len() * e];
         for (row, &t) in final_x.chunks_exact_mut(e).zip(&last) {
@@ -377,7 +400,7 @@ impl Llama {
                 *result = rows.next().map(<[f32]>::to_vec);
             }
         }
-        Ok(results)
+        results
     }
 
     /// `out = rms_norm(x) * weight` row by row, and each row quantized into `acts`.
@@ -391,6 +414,45 @@ impl Llama {
                 kernels::rms_norm(x, weight, eps, o);
                 a.quantize(o);
             });
+    }
+}
+
+/// The buffers of one forward pass, sized for its tokens, reused by every layer.
+struct Scratch {
+    /// Where each token comes from: (entry, position, token).
+    tokens: Vec<(usize, usize, u32)>,
+    /// Each entry's first new position (its store's length before the pass).
+    firsts: Vec<usize>,
+    xn: Vec<f32>,
+    acts: Vec<QActs>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    hidden: Vec<f32>,
+}
+
+impl Scratch {
+    fn new(c: &LlamaConfig, batch: &[Entry<'_>], tokens: Vec<(usize, usize, u32)>) -> Self {
+        let n = tokens.len();
+        let (e, kv_dim, ff) = (c.embedding, c.kv_dim(), c.feed_forward);
+        Scratch {
+            firsts: batch.iter().map(|entry| entry.kv.len()).collect(),
+            tokens,
+            xn: vec![0.0; n * e],
+            acts: vec![QActs::default(); n],
+            q: vec![0.0; n * e],
+            k: vec![0.0; n * kv_dim],
+            v: vec![0.0; n * kv_dim],
+            attn: vec![0.0; n * e],
+            proj: vec![0.0; n * e],
+            gate: vec![0.0; n * ff],
+            up: vec![0.0; n * ff],
+            hidden: vec![0.0; n * ff],
+        }
     }
 }
 

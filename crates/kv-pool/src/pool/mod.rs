@@ -426,28 +426,7 @@ impl PagePool {
                 .map(|page| (page, self.page_words[page.idx()].key_bits)),
         )?;
         ensure!(!listed[0], "the null page is free");
-        // Pages beyond the covered ones are free, uncached and fresh.
-        let mut n_free = self.n_pages - n_covered;
-        let mut n_in_use = 0;
-        let mut n_cached_free = 0;
-        for page in 1..n_covered {
-            let word = self.page_words[page as usize].word;
-            let free = word & REF_MASK == 0;
-            ensure_eq!(
-                free,
-                listed[page as usize],
-                "page {page}: free list membership disagrees with ref count {}",
-                word & REF_MASK
-            );
-            if free {
-                n_free += 1;
-                if self.holds_key(PageId(page)) {
-                    n_cached_free += 1;
-                }
-            } else {
-                n_in_use += 1;
-            }
-        }
+        let (n_free, n_in_use, n_cached_free) = self.count_pages(n_covered, &listed)?;
         for page in self.free_list.iter_cached_lru() {
             ensure!(
                 self.holds_key(PageId(page)),
@@ -482,6 +461,34 @@ impl PagePool {
             "free + in use + null != total"
         );
         Ok(())
+    }
+
+    /// Free, in-use and cached-free pages counted one by one (pages beyond the covered ones are free,
+    /// uncached and fresh), each page's free-list membership checked against its reference count.
+    fn count_pages(&self, n_covered: u32, listed: &[bool]) -> Result<(u32, u32, u32)> {
+        // Pages beyond the covered ones are free, uncached and fresh.
+        let mut n_free = self.n_pages - n_covered;
+        let mut n_in_use = 0;
+        let mut n_cached_free = 0;
+        for page in 1..n_covered {
+            let word = self.page_words[page as usize].word;
+            let free = word & REF_MASK == 0;
+            ensure_eq!(
+                free,
+                listed[page as usize],
+                "page {page}: free list membership disagrees with ref count {}",
+                word & REF_MASK
+            );
+            if free {
+                n_free += 1;
+                if self.holds_key(PageId(page)) {
+                    n_cached_free += 1;
+                }
+            } else {
+                n_in_use += 1;
+            }
+        }
+        Ok((n_free, n_in_use, n_cached_free))
     }
 
     /// Free pages in the order allocations will take them: the uncached ones from the top of the stack

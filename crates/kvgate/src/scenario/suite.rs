@@ -267,6 +267,25 @@ pub fn check(
         (Ok((trace, metrics)), None) => (trace, metrics),
     };
     let values = metric_values(trace, metrics);
+    check_always(scenario, metrics, &values, &mut failures);
+    if let Some(wanted) = &expect.fallbacks {
+        check_fallbacks(metrics, wanted, &mut failures);
+    }
+    check_bounds(expect, &values, &mut failures);
+    for (id, wanted) in &expect.requests {
+        check_request(trace, *id, wanted, &mut failures);
+    }
+    failures
+}
+
+/// The checks every suite run makes: nothing leaked, no watchdog stop, every request ended, and under a
+/// reserving policy no restore admitted in a preempting step (Q6).
+fn check_always(
+    scenario: &Scenario,
+    metrics: &RunMetrics,
+    values: &BTreeMap<String, f64>,
+    failures: &mut Vec<String>,
+) {
     let value = |name: &str| values.get(name).copied().unwrap_or(f64::NAN);
     if value("leaked_pages") != 0.0 {
         failures.push(format!("{} pages leaked", value("leaked_pages")));
@@ -292,26 +311,36 @@ pub fn check(
             "{preempting} restores admitted in a step that preempted a running request (Q6)"
         ));
     }
-    if let Some(wanted) = &expect.fallbacks {
-        let got: BTreeMap<String, u32> = metrics
-            .restore_fallbacks
-            .iter()
-            .filter(|(_, n)| **n > 0)
-            .map(|(reason, n)| (reason.clone(), *n))
-            .collect();
-        let wanted: BTreeMap<String, u32> = wanted
-            .iter()
-            .filter(|(_, n)| **n > 0)
-            .map(|(reason, n)| (reason.clone(), *n))
-            .collect();
-        if got != wanted {
-            failures.push(format!(
-                "fallbacks {} (expected {})",
-                show_counts(&got),
-                show_counts(&wanted)
-            ));
-        }
+}
+
+/// The run's fallbacks by reason equal `wanted` (reasons with zero left out of both).
+fn check_fallbacks(
+    metrics: &RunMetrics,
+    wanted: &BTreeMap<String, u32>,
+    failures: &mut Vec<String>,
+) {
+    let got: BTreeMap<String, u32> = metrics
+        .restore_fallbacks
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(reason, n)| (reason.clone(), *n))
+        .collect();
+    let wanted: BTreeMap<String, u32> = wanted
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(reason, n)| (reason.clone(), *n))
+        .collect();
+    if got != wanted {
+        failures.push(format!(
+            "fallbacks {} (expected {})",
+            show_counts(&got),
+            show_counts(&wanted)
+        ));
     }
+}
+
+/// Each metric `expect` bounds is present and within its bound.
+fn check_bounds(expect: &Expect, values: &BTreeMap<String, f64>, failures: &mut Vec<String>) {
     for (name, bound) in &expect.metrics {
         let Some(&got) = values.get(name.as_str()) else {
             failures.push(format!(
@@ -336,10 +365,6 @@ pub fn check(
             Bound::Exact(_) => {}
         }
     }
-    for (id, wanted) in &expect.requests {
-        check_request(trace, *id, wanted, &mut failures);
-    }
-    failures
 }
 
 /// The run's metrics by name: every number of the trace's `metrics` object and the derived counts.

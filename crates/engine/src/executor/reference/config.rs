@@ -78,6 +78,30 @@ pub struct LocalAttention {
     pub window: LocalWindow,
 }
 
+impl LocalAttention {
+    /// Checks the layer count and the window. Errors: `ModelError::InvalidConfig` naming the field.
+    fn validate(&self) -> ModelResult<()> {
+        let local = self;
+        if !(1..=LAYERS_MAX).contains(&local.n_layers) {
+            return Err(invalid(
+                "local.n_layers",
+                format!("{} is not in 1..={LAYERS_MAX}", local.n_layers),
+            ));
+        }
+        let (name, tokens) = match local.window {
+            LocalWindow::Sliding { window_tokens } => ("local.window_tokens", window_tokens),
+            LocalWindow::Chunked { chunk_tokens } => ("local.chunk_tokens", chunk_tokens),
+        };
+        if !(1..=WINDOW_MAX).contains(&tokens) {
+            return Err(invalid(
+                name,
+                format!("{tokens} is not in 1..={WINDOW_MAX}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Which keys a query of a local layer attends to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum LocalWindow {
@@ -186,22 +210,7 @@ impl ReferenceConfig {
             ));
         }
         if let Some(local) = self.local {
-            if !(1..=LAYERS_MAX).contains(&local.n_layers) {
-                return Err(invalid(
-                    "local.n_layers",
-                    format!("{} is not in 1..={LAYERS_MAX}", local.n_layers),
-                ));
-            }
-            let (name, tokens) = match local.window {
-                LocalWindow::Sliding { window_tokens } => ("local.window_tokens", window_tokens),
-                LocalWindow::Chunked { chunk_tokens } => ("local.chunk_tokens", chunk_tokens),
-            };
-            if !(1..=WINDOW_MAX).contains(&tokens) {
-                return Err(invalid(
-                    name,
-                    format!("{tokens} is not in 1..={WINDOW_MAX}"),
-                ));
-            }
+            local.validate()?;
         }
         let block_tokens = u64::from(self.tokens_per_page) * u64::from(self.context_parallel);
         if block_tokens > u64::from(TOKENS_PER_PAGE_MAX) * 16 {
