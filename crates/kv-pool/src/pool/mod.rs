@@ -363,7 +363,10 @@ impl PagePool {
     /// The prefix changes recorded since the last call, oldest first (none when not recording). The log
     /// holds what happened between two calls: a consumer that drains it after each operation keeps it short.
     pub fn take_prefix_changes(&mut self) -> Vec<PrefixChange> {
-        self.changes.as_mut().map(std::mem::take).unwrap_or_default()
+        self.changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Number of keys cached (on free and in-use pages).

@@ -692,7 +692,12 @@ fn prefix_changes_record_stores_evictions_uncaches_and_resets_in_order() {
     assert!(pool.uncache(pages[1]).unwrap());
     assert_eq!(
         pool.take_prefix_changes(),
-        vec![Removed(key(0)), Stored(key(1)), Stored(key(2)), Removed(key(2))]
+        vec![
+            Removed(key(0)),
+            Stored(key(1)),
+            Stored(key(2)),
+            Removed(key(2))
+        ]
     );
     assert_eq!(pool.cached_keys(), vec![key(1)]);
     assert_eq!(pool.n_cached(), 1);
