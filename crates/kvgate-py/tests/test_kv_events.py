@@ -84,7 +84,7 @@ def test_a_router_rebuilds_the_engines_cached_blocks_from_the_events(policy):
 
 def test_events_carry_vllms_fields_in_vllms_order():
     engine = kvgate.Engine({"pool": {"pages": 48}}, kv_events=True)
-    seen = sessions(engine, Router(), agents=3, turns=2)
+    seen = sessions(engine, Router())
     engine.reset_prefix_cache(force=True)
     seen += engine.take_kv_events()
     by_kind = {}
