@@ -4,6 +4,7 @@
 mod engine;
 mod error;
 pub mod executor;
+pub mod kv_events;
 mod metrics;
 mod params;
 mod policy;
@@ -18,6 +19,7 @@ pub use executor::{
     CostModel, Executor, LocalAttention, LocalWindow, ReferenceConfig, ReferenceExecutor,
     SimExecutor,
 };
+pub use kv_events::{BlockRemoved, BlockStored, KvEvent};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
 pub use params::{
     ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption, StorageKind,

@@ -16,7 +16,7 @@ pub use geometry::{CacheGroup, Continuation, Geometry, GroupKind, RestoreNeed};
 pub use gpu_test::{GPU_TEST_LOG_ENV, REQUIRE_GPU_ENV, gpu_test_gate};
 pub use ids::{AdmissionOrder, RequestId, Timestamp};
 pub use page::{BlockKey, BlockKeyHashBuilder, BlockKeyHasher, PageId};
-pub use pool::PagePool;
+pub use pool::{PagePool, PrefixChange};
 pub use storage::{
     CudaDriver, CudaPinned, CudaStorage, Device, DeviceStorage, FakeDevice, FakeEvent, FakeFault,
     FakePinned, FakeStats, HostStorage, PageStorage, cuda_available,

@@ -17,6 +17,7 @@ use kvgate::{
 
 use crate::convert::{from_py, to_py};
 use crate::errors;
+use crate::kv_events;
 use crate::options::{get, table_toml};
 
 /// An engine error on its way to Python.
@@ -65,7 +66,7 @@ fn engine_config(options: &Bound<'_, PyDict>) -> PyResult<EngineConfig> {
     } else if let Some(table) = options.get_item("config_table")?.filter(|t| !t.is_none()) {
         let table = from_py(&table, "config")?;
         table_toml(&table)
-            .and_then(|(text, _)| EngineConfig::from_toml(&text))
+            .and_then(|text| EngineConfig::from_toml(&text))
             .and_then(EngineConfig::with_env_overrides)
     } else {
         EngineConfig::default().with_env_overrides()
@@ -98,7 +99,10 @@ impl PyEngine {
         if let Some(seed) = get::<u64>(options, "seed")? {
             builder = builder.seed(seed);
         }
-        let engine = builder.build().map_err(FacadeFailed)?;
+        let mut engine = builder.build().map_err(FacadeFailed)?;
+        if let Some(capacity) = get::<usize>(options, "kv_events")? {
+            engine.enable_kv_events(capacity).map_err(Failed)?;
+        }
         Ok(PyEngine {
             engine: Mutex::new(engine),
         })
@@ -220,6 +224,24 @@ impl PyEngine {
             engine.reset_prefix_cache()
         };
         Ok(reset.map_err(Failed)?)
+    }
+
+    /// The KV events since the last call, oldest first, as vLLM's (`kv_events`); empty unless enabled.
+    fn take_kv_events<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let events = self.engine()?.take_kv_events();
+        kv_events::event_list(py, &events)
+    }
+
+    /// KV events dropped, oldest first, because the log was full.
+    #[getter]
+    fn kv_events_dropped(&self) -> PyResult<u64> {
+        Ok(self.engine()?.kv_events_dropped())
+    }
+
+    /// The hashes of every block in the prefix cache now, as `bytes`.
+    fn cached_block_hashes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let hashes = self.engine()?.cached_block_hashes();
+        kv_events::hash_list(py, &hashes)
     }
 
     /// Engine time in seconds.

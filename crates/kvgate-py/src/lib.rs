@@ -7,6 +7,7 @@
 mod convert;
 mod engine;
 mod errors;
+mod kv_events;
 mod options;
 mod runs;
 

@@ -13,13 +13,14 @@ use serde_json::{Value, json};
 
 use kvgate::cluster::{self, ClusterRun, ClusterSpec, Router};
 use kvgate::run::{self, Observer};
-use kvgate::workload::agents::{AgentsSpec, TurnPriority};
+use kvgate::setup::{self, AgentsHeader, config_of, load_config, policies, stores_at_start};
+use kvgate::workload::agents::TurnPriority;
 use kvgate::workload::mooncake::{self, TraceRequest};
 use kvgate::{Engine, EngineConfig, Executor, Policy, RunMetrics, StepReport, report};
 
 use crate::convert::to_py;
 use crate::errors;
-use crate::options::{RunOptions, config_of, get, load_config, policies};
+use crate::options::{RunOptions, get};
 
 /// How often the calling thread checks for Ctrl-C and reports progress while runs go on.
 const POLL: Duration = Duration::from_millis(20);
@@ -235,31 +236,49 @@ pub(crate) fn agents<'py>(
         }
     };
     let series = get::<bool>(options, "series")?.unwrap_or(false);
-    let agents = AgentsOptions {
+    let turn_priority: TurnPriority = match get::<String>(options, "turn_priority")? {
+        None => TurnPriority::Arrival,
+        Some(name) => serde_json::from_value(json!(name)).map_err(|_| {
+            errors::facade(py, invalid("--turn-priority", &name, "arrival or progress"))
+        })?,
+    };
+    let agents = setup::AgentsOptions {
         agents: get(options, "agents")?,
         turns: get(options, "turns")?,
         think_s: get(options, "think_s")?,
-        turn_priority: get(options, "turn_priority")?,
+        turn_priority,
     };
-    let (config, spec) =
-        agents_setup(&agents, &run_options, live).map_err(|error| errors::facade(py, error))?;
-    let policies = policies(&run_options.policies).map_err(|error| errors::facade(py, error))?;
+    let facade = |error| errors::facade(py, error);
+    let (mut config, pool_pages_set) = load_config(&run_options.run).map_err(facade)?;
+    let spec = setup::agents_spec(&mut config, pool_pages_set, &agents, live).map_err(facade)?;
+    let policies = policies(&run_options.policies).map_err(facade)?;
+    let stores = stores_at_start(&config, &policies).map_err(facade)?;
+    let header = AgentsHeader::new(&config, &spec, live, stores);
     let runs = run_policies(py, &policies, progress, |policy, progress, stop| {
-        let config = config_of(&config, policy, policies.len());
+        let config = config_of(&config, policy);
         let mut recorder = Recorder {
             stop,
             series: series.then(Series::default),
             turns: Some(spec.turns),
         };
-        let metrics = if live {
-            // The verification time (timed apart from the turns) is not part of the report's runs.
-            run::run_agents_live_observed(&config, &spec, policy, progress, &mut recorder)?.0
+        let (metrics, verify) = if live {
+            let (metrics, verify) =
+                run::run_agents_live_observed(&config, &spec, policy, progress, &mut recorder)?;
+            (metrics, Some(verify.as_secs_f64()))
         } else {
-            run::run_agents_observed(&config, &spec, policy, progress, &mut recorder)?
+            let metrics =
+                run::run_agents_observed(&config, &spec, policy, progress, &mut recorder)?;
+            (metrics, None)
         };
-        Ok((metrics, recorder.columns()))
+        Ok(((metrics, recorder.columns()), verify))
     })?;
-    let extra = [("turn_priority", json!(spec.turn_priority))];
+    let (runs, verify): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
+    let verify: Option<Vec<f64>> = verify.into_iter().collect();
+    let verify = verify.filter(|_| config.restore.verify);
+    let metrics: Vec<RunMetrics> = runs.iter().map(|(run, _)| run.clone()).collect();
+    let mut extra = header.json();
+    // The policies ran side by side, each on its own thread, live or not.
+    extra.extend(report::live_json(&metrics, false, verify.as_deref()));
     to_py(py, &runs_report(runs, &extra))
 }
 
@@ -270,55 +289,6 @@ fn invalid(name: &'static str, value: &str, allowed: &'static str) -> kvgate::Er
         value: value.to_owned(),
         allowed,
     }
-}
-
-/// The options of an agents run beyond the shared ones.
-struct AgentsOptions {
-    agents: Option<u32>,
-    turns: Option<u32>,
-    think_s: Option<f64>,
-    turn_priority: Option<String>,
-}
-
-/// The config and workload of an agents run (the command line's `agents`, before it runs).
-fn agents_setup(
-    agents: &AgentsOptions,
-    run_options: &RunOptions,
-    live: bool,
-) -> kvgate::Result<(EngineConfig, AgentsSpec)> {
-    let (mut config, pool_pages_set) = load_config(run_options)?;
-    if !pool_pages_set {
-        config.pool.pages = if live {
-            run::live_pool_pages(&run::reference_model(&config))
-        } else {
-            run::agents_pool_pages(&config)
-        };
-    }
-    let defaults = if live {
-        run::live_agents_spec()
-    } else {
-        AgentsSpec::default()
-    };
-    let turn_priority: TurnPriority = match &agents.turn_priority {
-        None => TurnPriority::Arrival,
-        Some(name) => serde_json::from_value(json!(name))
-            .map_err(|_| invalid("--turn-priority", name, "arrival or progress"))?,
-    };
-    let spec = AgentsSpec {
-        n_agents: agents.agents.unwrap_or(defaults.n_agents),
-        turns: agents.turns.unwrap_or(defaults.turns),
-        think_s: agents.think_s.unwrap_or(defaults.think_s),
-        seed: run::agents_seed(&config),
-        turn_priority,
-        ..defaults
-    };
-    if live {
-        spec.validate_live()?;
-        run::check_live_geometry(&config)?;
-    } else {
-        spec.validate()?;
-    }
-    Ok((config, spec))
 }
 
 /// The options of a replay beyond the shared ones.
@@ -369,7 +339,7 @@ pub(crate) fn replay<'py>(
             router,
         };
         let runs = run_policies(py, &policies, progress, |policy, progress, stop| {
-            let config = config_of(&config, policy, policies.len());
+            let config = config_of(&config, policy);
             let mut recorder = Recorder {
                 stop,
                 series: None,
@@ -388,8 +358,9 @@ pub(crate) fn replay<'py>(
         check_max_hit(runs.iter().map(|run| &run.total), max_hit_pct).map_err(facade)?;
         return to_py(py, &cluster_report(&runs, &replay, router, max_hit_pct));
     }
+    let stores = stores_at_start(&config, &policies).map_err(facade)?;
     let runs = run_policies(py, &policies, progress, |policy, progress, stop| {
-        let config = config_of(&config, policy, policies.len());
+        let config = config_of(&config, policy);
         let mut recorder = Recorder {
             stop,
             series: series.then(Series::default),
@@ -407,10 +378,8 @@ pub(crate) fn replay<'py>(
         Ok((metrics, recorder.columns()))
     })?;
     check_max_hit(runs.iter().map(|(run, _)| run), max_hit_pct).map_err(facade)?;
-    let extra = [(
-        "theoretical_max_hit_pct",
-        json!((max_hit_pct * 1000.0).round() / 1000.0),
-    )];
+    let metrics: Vec<RunMetrics> = runs.iter().map(|(run, _)| run.clone()).collect();
+    let extra = setup::replay_header_json(&metrics, &trace, replay.time_scale, &config, &stores);
     to_py(py, &runs_report(runs, &extra))
 }
 
@@ -419,7 +388,7 @@ fn replay_setup(
     run_options: &RunOptions,
     replay: &ReplayOptions,
 ) -> kvgate::Result<(EngineConfig, Router, Vec<Policy>)> {
-    let (config, _) = load_config(run_options)?;
+    let (config, _) = load_config(&run_options.run)?;
     run::check_time_scale(replay.time_scale)?;
     let router: Router = replay.router.parse()?;
     cluster::check_engines(replay.engines)?;

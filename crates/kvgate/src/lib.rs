@@ -62,6 +62,7 @@ pub mod run;
 pub mod scenario;
 #[cfg(feature = "cli")]
 pub mod serve;
+pub mod setup;
 pub mod workload;
 
 pub use builder::EngineBuilder;
@@ -73,6 +74,8 @@ pub use run::Observer;
 pub use checkpoint_transfer::{
     CheckpointStore, DiskStore, Error as TransferError, Fault, HostStore, RedisStore, SharedStore,
 };
+/// KV events in vLLM's format (`Engine::enable_kv_events`, `Engine::take_kv_events`).
+pub use engine::kv_events;
 pub use engine::{
     CostModel, Engine, EngineParams, Error as EngineError, Executor, FallbackReason,
     FinishedRequest, KeyedRequest, Policy, PromptSource, ReferenceExecutor, RejectReason,

@@ -35,6 +35,7 @@ use std::time::Instant;
 use clap::{Args, Parser, Subcommand};
 use engine::{Policy, RunMetrics};
 use kvgate::plot::{self, Timeline};
+use kvgate::setup::{self, AgentsHeader, config_of, policies, ranks_suffix, stores_at_start};
 use kvgate::workload::agents::{AgentsSpec, TurnPriority};
 use kvgate::workload::mooncake::{self, generate};
 use kvgate::{EngineConfig, cluster, metrics, report, run};
@@ -420,59 +421,20 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     if args.run.print_config {
         return print_config(&config, pool_pages_set);
     }
-    // The agents run's own pool unless --pool-pages or the config file's [pool] pages sets one.
-    if !pool_pages_set {
-        config.pool.pages = if live {
-            run::live_pool_pages(&run::reference_model(&config))
-        } else {
-            kvgate::run::agents_pool_pages(&config)
-        };
-    }
-    let defaults = if live {
-        run::live_agents_spec()
-    } else {
-        AgentsSpec::default()
-    };
-    let spec = AgentsSpec {
-        n_agents: args.agents.unwrap_or(defaults.n_agents),
-        turns: args.turns.unwrap_or(defaults.turns),
-        think_s: args.think_s.unwrap_or(defaults.think_s),
-        seed: run::agents_seed(&config),
+    let agents_options = setup::AgentsOptions {
+        agents: args.agents,
+        turns: args.turns,
+        think_s: args.think_s,
         turn_priority: args.turn_priority,
-        ..defaults
     };
-    if live {
-        spec.validate_live()?;
-        run::check_live_geometry(&config)?;
-    } else {
-        spec.validate()?;
-    }
+    let spec = setup::agents_spec(&mut config, pool_pages_set, &agents_options, live)?;
     let policies = policies(&args.run.policy)?;
-    let stores = stores_at_start(&config, &policies)?;
+    let header = AgentsHeader::new(&config, &spec, live, stores_at_start(&config, &policies)?);
     let plot = args.run.plot.is_some();
     let mut registry = prometheus_client::registry::Registry::default();
     let families = metrics::MetricFamilies::register(&mut registry);
     let server = MetricsEndpoint::start(&args.run, registry)?;
     let serving = server.is_some();
-    // A live run's pages are the reference model's (a model preset's shape, scaled down).
-    let model = run::reference_model(&config);
-    let (tokens_per_page, context_parallel) = if live {
-        (model.tokens_per_page, model.context_parallel)
-    } else {
-        (config.model.tokens_per_page, config.model.context_parallel)
-    };
-    let preset_label = match (live, kvgate::config::model_preset(&config.model.preset)) {
-        (false, _) => config.model.preset.clone(),
-        (true, None) => {
-            "none: the reference executor, live on the wall clock (decode tok/s measured)"
-                .to_owned()
-        }
-        (true, Some(preset)) => format!(
-            "{} on the reference executor (its shape scaled down), live on the wall clock (decode tok/s \
-             measured)",
-            preset.name
-        ),
-    };
     let runs = run_policies(&policies, live, |policy, progress| {
         let config = config_of(&config, policy);
         let spec_of_turn = spec.clone();
@@ -512,7 +474,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         "agents",
         &format!(
             "kvgate agents: {} sessions x {} turns, pool {} pages of {} tokens",
-            spec.n_agents, spec.turns, config.pool.pages, tokens_per_page
+            spec.n_agents, spec.turns, config.pool.pages, header.tokens_per_page
         ),
         "turn",
         runs,
@@ -522,14 +484,6 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         .map(|v| v.map(|d| d.as_secs_f64()))
         .collect();
     let verify = verify.filter(|_| config.restore.verify);
-    let header = AgentsHeader {
-        spec: &spec,
-        config: &config,
-        tokens_per_page,
-        context_parallel,
-        preset_label: &preset_label,
-        stores: &stores,
-    };
     if args.run.json {
         let mut extra = header.json();
         extra.extend(report::live_json(&runs, live, verify.as_deref()));
@@ -543,86 +497,6 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     }
     MetricsEndpoint::linger(server);
     Ok(())
-}
-
-/// What an agents report says above its table: the workload, the pool, the preset, the seed and the stores.
-#[derive(Debug)]
-struct AgentsHeader<'a> {
-    spec: &'a AgentsSpec,
-    config: &'a EngineConfig,
-    tokens_per_page: u32,
-    context_parallel: u32,
-    preset_label: &'a str,
-    stores: &'a [(String, run::StoreAtStart)],
-}
-
-impl AgentsHeader<'_> {
-    /// Whether any engine's store held checkpoints of earlier runs: then the workload's ceiling on prompt
-    /// tokens from cache does not hold.
-    fn warm(&self) -> bool {
-        self.stores.iter().any(|(_, store)| store.warm())
-    }
-
-    fn text(&self) -> String {
-        let spec = self.spec;
-        let ceiling = if self.warm() {
-            format!(
-                "the store started warm, so the workload's ceiling of {:.1}% from cache (a cold store's) does not \
-                 apply",
-                spec.max_from_cache_pct()
-            )
-        } else {
-            format!(
-                "the workload allows at most {:.1}% from cache",
-                spec.max_from_cache_pct()
-            )
-        };
-        format!(
-            "{} agents x {} turns ({} first-prompt tokens, about {} new tokens and {} response tokens a turn), \
-             pool {} pages of {} tokens{}, preset {}, seed {}{}; {ceiling}\n{}",
-            spec.n_agents,
-            spec.turns,
-            spec.first_prompt_tokens,
-            spec.turn_input_tokens,
-            spec.response_tokens,
-            self.config.pool.pages,
-            self.tokens_per_page,
-            ranks_suffix(self.context_parallel),
-            self.preset_label,
-            self.config.seed,
-            match spec.turn_priority {
-                TurnPriority::Arrival => "",
-                TurnPriority::Progress =>
-                    ", turns admitted by session progress (--turn-priority progress)",
-            },
-            run::describe_stores(self.stores),
-        )
-    }
-
-    /// The same as top-level JSON fields beside `runs`.
-    fn json(&self) -> Vec<(&'static str, serde_json::Value)> {
-        let spec = self.spec;
-        vec![
-            ("agents", serde_json::json!(spec.n_agents)),
-            ("turns", serde_json::json!(spec.turns)),
-            (
-                "first_prompt_tokens",
-                serde_json::json!(spec.first_prompt_tokens),
-            ),
-            ("pool_pages", serde_json::json!(self.config.pool.pages)),
-            ("tokens_per_page", serde_json::json!(self.tokens_per_page)),
-            ("context_parallel", serde_json::json!(self.context_parallel)),
-            ("preset", serde_json::json!(self.preset_label)),
-            ("seed", serde_json::json!(self.config.seed)),
-            ("turn_priority", serde_json::json!(spec.turn_priority)),
-            (
-                "max_from_cache_pct",
-                serde_json::json!((spec.max_from_cache_pct() * 1000.0).round() / 1000.0),
-            ),
-            ("store_started_warm", serde_json::json!(self.warm())),
-            ("stores", stores_json(self.stores)),
-        ]
-    }
 }
 
 /// `kvgate agents --target URL`: the sessions as a client of a server.
@@ -1020,28 +894,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
         .max()
         .map_or(0.0, arrival_s);
     if args.run.json {
-        let extra = [
-            ("keep_up", report::replay_keep_up_json(&runs, last_s)),
-            (
-                "theoretical_max_hit_pct",
-                serde_json::json!((max_hit_pct * 1000.0).round() / 1000.0),
-            ),
-            ("requests", serde_json::json!(trace.len())),
-            ("time_scale", serde_json::json!(args.time_scale)),
-            ("pool_pages", serde_json::json!(config.pool.pages)),
-            (
-                "tokens_per_page",
-                serde_json::json!(config.model.tokens_per_page),
-            ),
-            (
-                "context_parallel",
-                serde_json::json!(config.model.context_parallel),
-            ),
-            ("preset", serde_json::json!(config.model.preset)),
-            ("seed", serde_json::json!(config.seed)),
-            ("store_started_warm", serde_json::json!(warm)),
-            ("stores", stores_json(&stores)),
-        ];
+        let extra = setup::replay_header_json(&runs, &trace, args.time_scale, &config, &stores);
         outln!("{}", report::runs_json(&runs, &extra));
     } else {
         let ceiling = if warm {
@@ -1240,45 +1093,25 @@ fn write_plot(
     Ok(metrics)
 }
 
-/// The config of a run: the file's (or the default), the options applied; and whether `--pool-pages` or
+/// The config of a run (`setup::load_config` of the command line's options); and whether `--pool-pages` or
 /// the file set the pool's pages.
 fn load_config(args: &RunArgs) -> kvgate::Result<(EngineConfig, bool)> {
-    let (mut config, mut pool_pages_set) = match &args.config {
-        Some(path) => {
-            let file = EngineConfig::load_file(path)?;
-            let set = file.sets("pool", "pages");
-            (file.config, set)
-        }
-        None => (EngineConfig::default().with_env_overrides()?, false),
-    };
-    if let Some(pages) = args.pool_pages {
-        config.pool.pages = pages;
-        pool_pages_set = true;
+    setup::load_config(&run_options(args))
+}
+
+/// The shared options as the facade takes them.
+fn run_options(args: &RunArgs) -> setup::RunOptions {
+    setup::RunOptions {
+        config: args.config.clone().map(setup::ConfigSource::File),
+        pool_pages: args.pool_pages,
+        store_pages: args.store_pages,
+        preset: args.preset.clone(),
+        seed: args.seed,
+        preemption: args.preemption.clone(),
+        storage: args.storage.clone(),
+        copy_engine: args.copy_engine.clone(),
+        verify: args.verify,
     }
-    if let Some(storage) = &args.storage {
-        storage.clone_into(&mut config.pool.storage);
-    }
-    if let Some(copy_engine) = &args.copy_engine {
-        copy_engine.clone_into(&mut config.restore.copy_engine);
-    }
-    if let Some(pages) = args.store_pages {
-        config.store.capacity_pages = pages;
-    }
-    if let Some(preset) = &args.preset {
-        // A model preset replaces the model's geometry and draft depth, whatever the config file said.
-        config.apply_preset(preset)?;
-    }
-    if args.verify {
-        config.restore.verify = true;
-    }
-    if let Some(seed) = args.seed {
-        config.seed = seed;
-    }
-    if let Some(preemption) = &args.preemption {
-        config.scheduler.preemption.clone_from(preemption);
-    }
-    config.validate()?;
-    Ok((config, pool_pages_set))
 }
 
 /// Prints `config` as TOML (`--print-config`), without `[pool] pages` unless `pool_pages_set`: the command
@@ -1298,46 +1131,6 @@ fn print_config(config: &EngineConfig, pool_pages_set: bool) -> kvgate::Result<(
         .map_err(|e| kvgate::Error::Internal(format!("a config that TOML cannot hold: {e}")))?;
     out!("{text}");
     Ok(())
-}
-
-/// The config of `policy`'s engine: its disk store, if any, in `<store.dir>/<policy>` and its Redis keys under
-/// `<store.key_prefix><policy>:`, whether it runs alone (`--policy`) or beside others, since one directory
-/// holds one engine's checkpoints and a policy restoring another's would not compare policies.
-fn config_of(config: &EngineConfig, policy: Policy) -> EngineConfig {
-    config.for_one_of_several(policy)
-}
-
-/// The checkpoint store each policy's engine will open, and what it holds now (`run::store_at_start`).
-fn stores_at_start(
-    config: &EngineConfig,
-    policies: &[Policy],
-) -> kvgate::Result<Vec<(String, run::StoreAtStart)>> {
-    policies
-        .iter()
-        .map(|&policy| {
-            let store = run::store_at_start(&config_of(config, policy), policy)?;
-            Ok((policy.name().to_string(), store))
-        })
-        .collect()
-}
-
-/// The stores of a report's JSON: the description, and each policy's store.
-fn stores_json(stores: &[(String, run::StoreAtStart)]) -> serde_json::Value {
-    let by_policy: serde_json::Map<String, serde_json::Value> = stores
-        .iter()
-        .map(|(policy, store)| (policy.clone(), serde_json::json!(store)))
-        .collect();
-    serde_json::Value::Object(by_policy)
-}
-
-fn policies(names: &[String]) -> kvgate::Result<Vec<Policy>> {
-    if names.is_empty() {
-        return Ok(Policy::ALL.to_vec());
-    }
-    names
-        .iter()
-        .map(|name| name.parse::<Policy>().map_err(kvgate::Error::from))
-        .collect()
 }
 
 /// Seconds between progress lines when stderr is not a terminal.
@@ -1414,13 +1207,4 @@ fn emit_stdout(args: std::fmt::Arguments<'_>) {
 fn emit_stderr(args: std::fmt::Arguments<'_>) {
     use std::io::Write;
     let _ignored = std::io::stderr().lock().write_fmt(args);
-}
-
-/// How a report names the ranks of a context-parallel pool: nothing for one rank, else " on each of N ranks".
-fn ranks_suffix(context_parallel: u32) -> String {
-    if context_parallel > 1 {
-        format!(" on each of {context_parallel} ranks")
-    } else {
-        String::new()
-    }
 }

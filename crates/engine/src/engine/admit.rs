@@ -515,7 +515,9 @@ impl<E: Executor> Engine<E> {
             .ok_or_else(|| Error::internal(format!("{id} is ready but the index has no import")))?
             .to_vec();
         // Through the prefix-hit path (O4): the request takes its references, the index drops its own.
-        let hits = match self.index.acquire(&mut self.pool, id) {
+        let acquired = self.index.acquire(&mut self.pool, id);
+        self.absorb_prefix_changes(&mut [(id, 0)]);
+        let hits = match acquired {
             Ok(acquired) => acquired.pages,
             Err(checkpoint_transfer::Error::Invalidated { .. }) => {
                 // Lost despite ownership (a reset dropped the keys); the index released it: look up again as an

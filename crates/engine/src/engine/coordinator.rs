@@ -526,6 +526,7 @@ impl<E: Executor> Engine<E> {
     /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2).
     pub(crate) fn poll_imports(&mut self, report: &mut StepReport) -> Result<()> {
         let events = self.index.poll(&mut self.pool, &mut *self.copies, self.now);
+        self.absorb_published(&events);
         for event in events {
             self.apply_import_event(&event, report)?;
         }
@@ -536,10 +537,23 @@ impl<E: Executor> Engine<E> {
     /// when the copy engine cannot say when its copies end (threaded copies on the simulated clock).
     pub(crate) fn wait_for_copies(&mut self, report: &mut StepReport) -> Result<()> {
         let events = self.index.drain_all(&mut self.pool, &mut *self.copies);
+        self.absorb_published(&events);
         for event in events {
             self.apply_import_event(&event, report)?;
         }
         Ok(())
+    }
+
+    /// The KV events of the blocks the published imports among `events` cached.
+    fn absorb_published(&mut self, events: &[ImportEvent]) {
+        let mut owners: Vec<(RequestId, usize)> = events
+            .iter()
+            .filter_map(|event| match event {
+                &ImportEvent::Published { request, .. } => Some((request, 0)),
+                _ => None,
+            })
+            .collect();
+        self.absorb_prefix_changes(&mut owners);
     }
 
     fn apply_import_event(&mut self, event: &ImportEvent, report: &mut StepReport) -> Result<()> {

@@ -17,6 +17,7 @@ mod clock;
 mod coordinator;
 mod groups;
 mod invariants;
+mod kv_events;
 mod pages;
 mod recompute;
 mod report;
@@ -99,6 +100,8 @@ pub struct Engine<E: Executor = SimExecutor> {
     captures: capture_link::CaptureLink,
     /// The earliest request whose store lookup is unanswered: later cold requests wait behind it (Q1).
     earliest_lookup: Option<AdmissionOrder>,
+    /// The KV events not yet taken, once enabled (`enable_kv_events`).
+    kv_events: Option<crate::kv_events::KvEventLog>,
 }
 
 impl<E: Executor> std::fmt::Debug for Engine<E> {
@@ -202,6 +205,7 @@ impl<E: Executor> Engine<E> {
             model_tokens: HashMap::default(),
             captures: capture_link::CaptureLink::default(),
             earliest_lookup: None,
+            kv_events: None,
             clock: match clock_kind {
                 ClockKind::Simulated => Box::new(SimClock),
                 ClockKind::Wall => Box::new(WallClock::new()),
@@ -598,7 +602,7 @@ impl<E: Executor> Engine<E> {
     /// an engine generates a deferred prompt at submit; otherwise a request reads only its held tokens
     /// (`Tokens`), and a deferred prompt stays deferred but for a verified restore.
     pub(crate) fn reads_running_tokens(&self) -> bool {
-        self.executor.reads_tokens() || self.groups.is_hybrid()
+        self.executor.reads_tokens() || self.groups.is_hybrid() || self.kv_events.is_some()
     }
 
     /// Generates `id`'s deferred prompt, if it has one (`RequestSpec::keyed_from_source`); a no-op once held.

@@ -306,13 +306,15 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = self.table.get_mut(id)?;
         let full = (upto_tokens / block_tokens).min(req.pages.len() as u32);
-        for block in req.n_registered..full {
+        let first = req.n_registered;
+        for block in first..full {
             // `false`: another page already caches this block; ours stays private.
             let _registered = self
                 .pool
                 .cache_block(req.pages[block as usize], req.keys[block as usize])?;
         }
         req.n_registered = req.n_registered.max(full);
+        self.absorb_prefix_changes(&mut [(id, first as usize)]);
         Ok(())
     }
 

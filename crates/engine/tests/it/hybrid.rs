@@ -20,7 +20,7 @@ fn cp_params(policy: Policy, n_pages: u32, n_ranks: u32) -> EngineParams {
 
 /// A full-attention group, a recurrent group and an auxiliary group of two pages: the shape of a hybrid
 /// model with draft hidden state.
-fn hybrid_groups() -> Vec<CacheGroup> {
+pub(crate) fn hybrid_groups() -> Vec<CacheGroup> {
     let bytes_per_page = 4096;
     vec![
         CacheGroup {
@@ -39,7 +39,7 @@ fn hybrid_groups() -> Vec<CacheGroup> {
 }
 
 /// `policy` with cache `groups` on `n_ranks` ranks of a `n_pages` pool, verifying every restored page (E3).
-fn geometry_params(
+pub(crate) fn geometry_params(
     policy: Policy,
     n_pages: u32,
     n_ranks: u32,

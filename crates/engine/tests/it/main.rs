@@ -14,6 +14,7 @@ mod contract;
 mod credits;
 mod cuda;
 mod hybrid;
+mod kv_events;
 mod live;
 mod live_presets;
 mod offload;

@@ -4,7 +4,9 @@
 //! its key (a later prefix hit takes it back with `touch`) until an allocation reuses it and drops the key.
 //!
 //! Evictions are silent: an evicted block's key is gone from `lookup`, and no one is told. No one needs to
-//! be: the resident checkpoint index's pages hold references, so the pool never evicts them.
+//! be: the resident checkpoint index's pages hold references, so the pool never evicts them. A consumer that
+//! follows the cache (the engine's KV events) turns on `record_prefix_changes` and drains the ordered
+//! `PrefixChange`s: every key registered, every key dropped (evicted, uncached), and each reset.
 //!
 //! Reuse policy: uncached free pages are reused first (LIFO); cached free pages are evicted in LRU order
 //! only when no uncached page is left. A page that becomes an uncached free page (freed without a key, or a
@@ -54,6 +56,17 @@ struct PageWord {
     key_bits: u32,
 }
 
+/// A change of the prefix index, recorded in order while `PagePool::record_prefix_changes` is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefixChange {
+    /// A page now caches the key (`cache_block` registered it; not when another page already held it).
+    Stored(BlockKey),
+    /// The key is gone: its page was reused (evicted) or uncached.
+    Removed(BlockKey),
+    /// `reset_prefix_cache` dropped every key (no `Removed` for them).
+    Cleared,
+}
+
 /// Pages, reference counts, the free lists and the prefix index. Sans-IO and single-threaded.
 ///
 /// Invariants (checked by `check_invariants`): `n_free + n_in_use + 1 == n_total`; a page is free (on a
@@ -68,6 +81,8 @@ pub struct PagePool {
     page_words: Vec<PageWord>,
     free_list: FreeList,
     prefix: PrefixIndex,
+    /// The prefix changes not yet taken, while recording (`record_prefix_changes`); `None`: not recording.
+    changes: Option<Vec<PrefixChange>>,
 }
 
 impl std::fmt::Debug for PagePool {
@@ -101,6 +116,7 @@ impl PagePool {
             page_words: vec![PageWord::default(); n_covered as usize],
             free_list: FreeList::new(n_pages, n_covered),
             prefix: PrefixIndex::new(n_covered),
+            changes: None,
         })
     }
 
@@ -332,7 +348,39 @@ impl PagePool {
             word: word | CACHED,
             key_bits,
         };
+        if let Some(changes) = &mut self.changes {
+            changes.push(PrefixChange::Stored(key));
+        }
         Ok(true)
+    }
+
+    /// Starts (`true`) or stops recording the prefix changes for `take_prefix_changes`. Stopping drops the
+    /// changes not yet taken. Off by default: the pool then keeps no log.
+    pub fn record_prefix_changes(&mut self, on: bool) {
+        self.changes = on.then(|| self.changes.take().unwrap_or_default());
+    }
+
+    /// The prefix changes recorded since the last call, oldest first (none when not recording). The log
+    /// holds what happened between two calls: a consumer that drains it after each operation keeps it short.
+    pub fn take_prefix_changes(&mut self) -> Vec<PrefixChange> {
+        self.changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Number of keys cached (on free and in-use pages).
+    pub fn n_cached(&self) -> usize {
+        self.prefix.len()
+    }
+
+    /// Every cached key, in page order. O(pages handed out); for tests and diagnostics.
+    pub fn cached_keys(&self) -> Vec<BlockKey> {
+        (1..self.n_covered())
+            .map(PageId)
+            .filter(|&page| self.holds_key(page))
+            .map(|page| self.prefix.key_at(page))
+            .collect()
     }
 
     /// The page caching `key`, if any (free or in use). Does not touch it.
@@ -375,12 +423,18 @@ impl PagePool {
         if n_in_use > 0 {
             return Err(Error::PagesInUse { n: n_in_use });
         }
-        // Only covered pages were ever handed out, so only they can hold a key.
+        // Only covered pages were ever handed out, so only they can hold a key. One `Cleared` stands for
+        // every key the reset drops.
+        let changes = self.changes.take();
         for page in (1..self.n_covered()).map(PageId) {
             if self.drop_key(page) {
                 self.free_list.remove_cached(page.0);
                 self.free_list.push_uncached(page.0);
             }
+        }
+        self.changes = changes;
+        if let Some(changes) = &mut self.changes {
+            changes.push(PrefixChange::Cleared);
         }
         debug_assert_eq!(
             self.n_cached_free(),
@@ -554,6 +608,9 @@ impl PagePool {
         };
         if word & CACHED == 0 {
             return false;
+        }
+        if let Some(changes) = &mut self.changes {
+            changes.push(PrefixChange::Removed(self.prefix.key_at(page)));
         }
         self.prefix.remove(page, key_bits);
         self.page_words[page.idx()].word = word & !CACHED;

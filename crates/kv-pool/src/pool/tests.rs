@@ -672,3 +672,44 @@ fn touching_a_page_never_handed_out_takes_it_off_the_stack_as_any_free_page() {
     assert!(pool.bookkeeping_bytes() < 16 * 1024);
     pool.check_invariants().unwrap();
 }
+
+/// The prefix-change log, in order: a registration (not a second one of a held key), an eviction by a later
+/// allocation, an `uncache`, and a reset as one `Cleared`; nothing while not recording, and stopping drops
+/// what was not taken.
+#[test]
+fn prefix_changes_record_stores_evictions_uncaches_and_resets_in_order() {
+    use super::PrefixChange::{Cleared, Removed, Stored};
+    let mut pool = PagePool::new(3).unwrap();
+    let pages = pool.allocate(2).unwrap();
+    assert!(pool.cache_block(pages[0], key(0)).unwrap());
+    assert!(pool.take_prefix_changes().is_empty(), "recorded while off");
+    pool.free_all(&pages).unwrap();
+    pool.record_prefix_changes(true);
+    let pages = pool.allocate(2).unwrap(); // evicts key(0)
+    assert!(pool.cache_block(pages[0], key(1)).unwrap());
+    assert!(!pool.cache_block(pages[1], key(1)).unwrap(), "held twice");
+    assert!(pool.cache_block(pages[1], key(2)).unwrap());
+    assert!(pool.uncache(pages[1]).unwrap());
+    assert_eq!(
+        pool.take_prefix_changes(),
+        vec![
+            Removed(key(0)),
+            Stored(key(1)),
+            Stored(key(2)),
+            Removed(key(2))
+        ]
+    );
+    assert_eq!(pool.cached_keys(), vec![key(1)]);
+    assert_eq!(pool.n_cached(), 1);
+    pool.free_all(&pages).unwrap();
+    pool.reset_prefix_cache().unwrap();
+    assert_eq!(pool.take_prefix_changes(), vec![Cleared]);
+    assert!(pool.take_prefix_changes().is_empty(), "taken twice");
+    assert!(pool.cached_keys().is_empty());
+    let pages = pool.allocate(1).unwrap();
+    assert!(pool.cache_block(pages[0], key(3)).unwrap());
+    pool.record_prefix_changes(false);
+    pool.record_prefix_changes(true);
+    assert!(pool.take_prefix_changes().is_empty(), "kept after stopping");
+    pool.check_invariants().unwrap();
+}

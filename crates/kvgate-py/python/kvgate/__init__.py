@@ -31,6 +31,7 @@ __all__ = [
     "InvalidError",
     "KvgateError",
     "PressureError",
+    "KV_EVENTS_CAPACITY",
     "POLICIES",
     "agents",
     "replay",
@@ -41,6 +42,9 @@ __version__: str = _kvgate.__version__
 
 #: The admission policies, in the order the command line runs them.
 POLICIES = ("ordinary", "pages-only", "reserved", "oracle")
+
+#: KV events an engine keeps by default (``Engine(kv_events=True)``); beyond it the oldest are dropped.
+KV_EVENTS_CAPACITY = 65_536
 
 PathLike = Union[str, "os.PathLike[str]"]
 Config = Union[PathLike, Mapping[str, Any], None]
@@ -241,6 +245,10 @@ class Engine:
 
     ``config`` is a dict of the TOML tables (``{"pool": {"pages": 512}}``), a path to a TOML file, or
     ``None`` for the defaults; ``toml`` gives TOML text instead. Every report is a dict.
+
+    ``kv_events=True`` (or a capacity) has the engine emit KV events in vLLM's format as its prefix cache
+    changes (``take_kv_events``), keeping at most that many (``KV_EVENTS_CAPACITY`` for ``True``), the
+    oldest dropped first and counted (``kv_events_dropped``).
     """
 
     def __init__(
@@ -250,6 +258,7 @@ class Engine:
         toml: Optional[str] = None,
         policy: str = "reserved",
         seed: Optional[int] = None,
+        kv_events: Union[bool, int] = False,
     ) -> None:
         options = _config(config)
         if toml is not None:
@@ -257,6 +266,10 @@ class Engine:
                 raise TypeError("give config or toml, not both")
             options["toml"] = _str("toml", toml)
         options.update(policy=_str("policy", policy), seed=_int("seed", seed, high=_U64_MAX))
+        if kv_events is True:
+            options["kv_events"] = KV_EVENTS_CAPACITY
+        elif kv_events is not False:
+            options["kv_events"] = _int("kv_events", kv_events, low=1, high=_U32_MAX)
         self._engine = _kvgate.Engine(options)
 
     def submit(
@@ -350,3 +363,24 @@ class Engine:
     def policy(self) -> str:
         """The admission policy."""
         return self._engine.policy
+
+    def take_kv_events(self) -> List[Dict[str, Any]]:
+        """The KV events since the last call, oldest first, as vLLM's ``BlockStored``, ``BlockRemoved`` and
+        ``AllBlocksCleared``: dicts of vLLM's fields after a ``type`` tag naming the event, block hashes as
+        ``bytes`` (32 bytes of the block's BLAKE3 chain key). Empty unless built with ``kv_events``."""
+        return self._engine.take_kv_events()
+
+    def take_kv_event_batch(self, data_parallel_rank: Optional[int] = None) -> Dict[str, Any]:
+        """``take_kv_events`` in vLLM's ``KVEventBatch`` envelope: ``ts`` (engine time, seconds),
+        ``events``, ``data_parallel_rank``."""
+        rank = _int("data_parallel_rank", data_parallel_rank)
+        return {"ts": self.now_s, "events": self.take_kv_events(), "data_parallel_rank": rank}
+
+    @property
+    def kv_events_dropped(self) -> int:
+        """KV events dropped because the log was full: a consumer that sees this grow must resync."""
+        return self._engine.kv_events_dropped
+
+    def cached_block_hashes(self) -> List[bytes]:
+        """The hashes of every block in the prefix cache now (what a consumer of every event holds)."""
+        return self._engine.cached_block_hashes()
