@@ -184,13 +184,20 @@ impl Ledger {
             });
         }
         self.check_expiry(request, now)?;
-        let (held_pages, held_slots) = self.earlier_waiters_hold(order, request, now);
-        let free_slots = self
-            .free_slots(preflight.running_requests)
-            .saturating_sub(held_slots);
-        let available_pages = self
-            .available_pages(pool, preflight)
-            .saturating_sub(held_pages);
+        let free_slots = self.free_slots(preflight.running_requests);
+        let available_pages = self.available_pages(pool, preflight);
+        // Earlier waiters' holds only lower what is available: when the pool or the slots refuse already, the
+        // answer is pressure whatever they hold, and the sum over them (one per waiter polled) is skipped. The
+        // error then gives the figures before the holds.
+        let (free_slots, available_pages) = if free_slots == 0 || need_pages > available_pages {
+            (free_slots, available_pages)
+        } else {
+            let (held_pages, held_slots) = self.earlier_waiters_hold(order, request, now);
+            (
+                free_slots.saturating_sub(held_slots),
+                available_pages.saturating_sub(held_pages),
+            )
+        };
         if free_slots == 0 || need_pages > available_pages {
             // A new waiter with no wait at all expires at once; one already waiting passed the same check
             // above, and a refresh keeps its first refusal's time.
