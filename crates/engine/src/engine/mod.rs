@@ -128,7 +128,7 @@ impl Engine<SimExecutor> {
     /// with clones of one `SharedStore` restore each other's checkpoints.
     pub fn with_store(params: EngineParams, store: Box<dyn CheckpointStore>) -> Result<Self> {
         let executor = SimExecutor::new(params.cost.clone());
-        Engine::build(params, executor, Some(store))
+        Engine::build(params, executor, Some(store), None)
     }
 }
 
@@ -136,14 +136,29 @@ impl<E: Executor> Engine<E> {
     /// An engine driving `executor`. An executor that needs pages of its own size (a real model) sets
     /// `sim_bytes_per_page` to it; it checks the rest of `params` itself (`Executor::check_params`).
     pub fn with_executor(params: EngineParams, executor: E) -> Result<Self> {
-        Engine::build(params, executor, None)
+        Engine::build(params, executor, None, None)
     }
 
-    /// `with_executor`, with `store` in place of the store `params` asks for when given.
+    /// `with_executor`, with page bytes in `storage` and restores through `copies` in place of those
+    /// `params.storage` and `params.copy_engine` ask for: how a test runs the engine on a stand-in device
+    /// whose copies it holds in flight. `copies` must write into `storage` and have nothing in flight.
+    /// Errors: `InvalidParam` naming `storage` when its shape is not the pool's (`context_parallel` ranks
+    /// of `pool_pages()` pages of `sim_bytes_per_page` bytes), or `copy_engine` when `copies` has jobs.
+    pub fn with_page_storage(
+        params: EngineParams,
+        executor: E,
+        storage: Arc<dyn PageStorage>,
+        copies: Box<dyn CopyEngine>,
+    ) -> Result<Self> {
+        Engine::build(params, executor, None, Some((storage, copies)))
+    }
+
+    /// `with_executor`, with `store` and the page bytes in place of those `params` asks for when given.
     fn build(
         mut params: EngineParams,
         executor: E,
         store: Option<Box<dyn CheckpointStore>>,
+        page_bytes: Option<(Arc<dyn PageStorage>, Box<dyn CopyEngine>)>,
     ) -> Result<Self> {
         if let Some(bytes_per_page) = executor.bytes_per_page() {
             params.sim_bytes_per_page = bytes_per_page;
@@ -151,23 +166,22 @@ impl<E: Executor> Engine<E> {
         params.validate()?;
         executor.check_params(&params)?;
         let clock_kind = params.clock;
-        let tokens_per_page = params.geometry.tokens_per_page();
         let n_ranks = params.geometry.context_parallel();
         let n_pages = params.pool_pages();
         let pool = PagePool::new(n_pages)?;
         // One shard per rank: a page id names that page on every rank (`Geometry::block_tokens`).
-        let storage = open_storage(&params, n_ranks, n_pages)?;
-        let latency = executor.copy_time(0);
-        let per_page = executor
-            .copy_time(tokens_per_page)
-            .saturating_sub(latency)
-            .as_secs_f64()
-            .max(1e-12);
-        let model = CopyModel {
-            bandwidth_bytes_per_s: f64::from(params.sim_bytes_per_page) / per_page,
-            latency,
+        let (storage, copies) = match page_bytes {
+            Some((storage, copies)) => {
+                check_given_page_bytes(&params, &*storage, &*copies, n_ranks, n_pages)?;
+                (storage, copies)
+            }
+            None => {
+                let storage = open_storage(&params, n_ranks, n_pages)?;
+                let model = copy_model(&params, &executor);
+                let copies = open_copy_engine(&params, model, &storage)?;
+                (storage.as_dyn(), copies)
+            }
         };
-        let copies = open_copy_engine(&params, model, &storage)?;
         let store = match store {
             Some(store) => store,
             None => open_store(&params)?,
@@ -180,7 +194,7 @@ impl<E: Executor> Engine<E> {
             params,
             executor,
             pool,
-            storage: storage.as_dyn(),
+            storage,
             copies,
             store,
             policy,
@@ -711,6 +725,56 @@ fn open_storage(params: &EngineParams, n_ranks: u32, n_pages: u32) -> Result<Sto
             }
         }
     })
+}
+
+/// The modeled copy time the inline copy engine charges: the executor's, per page of `params`.
+fn copy_model<E: Executor>(params: &EngineParams, executor: &E) -> CopyModel {
+    let latency = executor.copy_time(0);
+    let per_page = executor
+        .copy_time(params.geometry.tokens_per_page())
+        .saturating_sub(latency)
+        .as_secs_f64()
+        .max(1e-12);
+    CopyModel {
+        bandwidth_bytes_per_s: f64::from(params.sim_bytes_per_page) / per_page,
+        latency,
+    }
+}
+
+/// Checks storage given to `Engine::with_page_storage` has the pool's shape and its copy engine is idle.
+fn check_given_page_bytes(
+    params: &EngineParams,
+    storage: &dyn PageStorage,
+    copies: &dyn CopyEngine,
+    n_ranks: u32,
+    n_pages: u32,
+) -> Result<()> {
+    let bytes_per_page = params.sim_bytes_per_page as usize;
+    let shape = (
+        storage.n_ranks(),
+        storage.n_pages(),
+        storage.bytes_per_page(),
+    );
+    if shape != (n_ranks, n_pages, bytes_per_page) {
+        return Err(Error::InvalidParam {
+            name: "storage",
+            reason: format!(
+                "the given storage holds {} ranks of {} pages of {} bytes; the pool needs {n_ranks} \
+                 of {n_pages} of {bytes_per_page}",
+                shape.0, shape.1, shape.2
+            ),
+        });
+    }
+    if copies.n_in_flight() > 0 {
+        return Err(Error::InvalidParam {
+            name: "copy_engine",
+            reason: format!(
+                "the given copy engine has {} jobs in flight; give an idle one",
+                copies.n_in_flight()
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// The copy engine `params` asks for (L1), moving bytes into `storage`. `validate` refused cuda copies on

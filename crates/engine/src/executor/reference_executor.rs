@@ -439,6 +439,14 @@ impl PageStorage for PagePrefix<'_> {
         self.inner.read_prefix(rank, page, dst)
     }
 
+    fn read_run(&self, rank: u32, first: PageId, dst: &mut [u8]) -> kv_pool::Result<()> {
+        if self.bytes_per_page == self.inner.bytes_per_page() {
+            return self.inner.read_run(rank, first, dst);
+        }
+        // Prefixes of consecutive pool pages are not contiguous: page by page.
+        kv_pool::read_run_by_page(self, rank, first, dst)
+    }
+
     fn write(&self, rank: u32, page: PageId, src: &[u8]) -> kv_pool::Result<()> {
         if self.bytes_per_page == self.inner.bytes_per_page() {
             return self.inner.write(rank, page, src);

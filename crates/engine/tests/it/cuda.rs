@@ -1,13 +1,20 @@
 //! The engine on CUDA page storage (L1, L2, L5): without a driver, asking for it is an error naming
 //! `storage` (asserted here, on machines without a GPU); with one, agents sessions restore through CUDA
 //! copies straight into the pool's device pages and every restored page is read back from the device and
-//! compared with recompute (E3), and cancel, reset and shutdown with copies in flight leave no page leaked.
+//! compared with recompute (E3), and cancel, reset and shutdown with copies in flight leave no page leaked:
+//! on host storage, on the host-backed stand-in device (`FakeDevice`, given through
+//! `Engine::with_page_storage`, its streams paused so the copies are provably still queued) and on CUDA.
 //! The GPU tests pass `kv_pool::gpu_test_gate` first: without a driver they print `skipped: <test>: <reason>`
 //! and log it for `cargo xtask` to count, unless `KVGATE_REQUIRE_GPU=1`, which makes a missing driver a
 //! failure (`cargo xtask gpu` sets it on machines with a driver).
 
-use engine::{CopyEngineKind, Engine, EngineParams, Error, Policy, StorageKind};
-use kv_pool::RequestId;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use checkpoint_transfer::{CopyEngine, CopyJob, DeviceCopyEngine, PageBuf, StagingLimits};
+use engine::{CopyEngineKind, Engine, EngineParams, Error, Policy, SimExecutor, StorageKind};
+use kv_pool::{DeviceStorage, FakeDevice, PageId, PageStorage, RequestId};
 
 use crate::agents::{Agents, run_agents, tokens};
 use crate::contract::{TPP, params, seed_checkpoint, spec};
@@ -139,31 +146,196 @@ fn cuda_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
     if !gpu_present("cuda_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing") {
         return;
     }
-    cancel_reset_and_shutdown_with_copies_in_flight(|policy| cuda_params(policy, 256));
-}
-
-/// The same on host storage with modeled copies, so the sequence and its precondition run in CI: the test
-/// that claims copies in flight asserts that they are (issue 36, item 1: the CUDA test cancelled after one
-/// step that only sent lookups, with no copy in flight).
-#[test]
-fn host_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
-    cancel_reset_and_shutdown_with_copies_in_flight(|policy| EngineParams {
-        verify_restores: true,
-        ..params(policy, 256)
+    cancel_reset_and_shutdown_with_copies_in_flight(|policy| {
+        let engine = Engine::new(cuda_params(policy, 256)).unwrap();
+        (engine, Hold::Gauge)
     });
 }
 
-/// Three restores copy at once; cancel, a forced reset and shutdown act while copies are in flight (asserted
-/// before each acts), and no page leaks; the engine stays usable and a later restore is verified.
-fn cancel_reset_and_shutdown_with_copies_in_flight(params_of: impl Fn(Policy) -> EngineParams) {
+/// The same on host storage with modeled copies (in flight until their modeled end), so the sequence and
+/// its precondition run in CI (issue 36, item 1: the CUDA test cancelled after one step that only sent
+/// lookups, with no copy in flight).
+#[test]
+fn host_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
+    cancel_reset_and_shutdown_with_copies_in_flight(|policy| {
+        let engine = Engine::new(params(policy, 256)).unwrap();
+        (engine, Hold::Gauge)
+    });
+}
+
+/// The same on the stand-in device through the CUDA path's copy engine (`DeviceCopyEngine`), given to the
+/// engine with `Engine::with_page_storage`: the copy streams are paused, so at cancel, reset and shutdown
+/// the device provably still holds transfers into the pages, the engine keeps those pages until the device
+/// says the copies are over (shutdown returns only after the streams were let go), and no page was read or
+/// written while a queued transfer still wrote it.
+#[test]
+fn fake_device_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
+    cancel_reset_and_shutdown_with_copies_in_flight(|policy| {
+        let params = params(policy, 256);
+        let storage = DeviceStorage::fake(
+            params.geometry.context_parallel(),
+            params.pool_pages(),
+            params.sim_bytes_per_page as usize,
+        )
+        .unwrap();
+        let storage = Arc::new(storage);
+        let limits = StagingLimits {
+            chunk_bytes: 8 * params.sim_bytes_per_page as usize,
+            chunks_per_rank: 2,
+        };
+        let copies = DeviceCopyEngine::with_staging(Arc::clone(&storage), limits).unwrap();
+        let executor = SimExecutor::new(params.cost.clone());
+        let given: Arc<dyn PageStorage> = Arc::clone(&storage) as Arc<dyn PageStorage>;
+        let engine = Engine::with_page_storage(params, executor, given, Box::new(copies)).unwrap();
+        (engine, Hold::Fake(storage))
+    });
+}
+
+/// Storage given to `Engine::with_page_storage` must have the pool's shape, and its copy engine must be idle:
+/// otherwise an error naming the parameter.
+#[test]
+fn given_page_storage_of_another_shape_or_a_busy_copy_engine_is_refused() {
+    let params = params(Policy::Reserved, 64);
+    let bytes = params.sim_bytes_per_page as usize;
+    let engine_on = |storage: DeviceStorage<FakeDevice>, busy: bool| {
+        let storage = Arc::new(storage);
+        let mut copies = DeviceCopyEngine::new(Arc::clone(&storage)).unwrap();
+        if busy {
+            storage.device().pause(0, true);
+            let job = CopyJob {
+                rank: 0,
+                pages: vec![(PageBuf::from(vec![1u8; bytes]), PageId(1))],
+            };
+            copies.submit(job, kv_pool::Timestamp::ZERO).unwrap();
+        }
+        let executor = SimExecutor::new(params.cost.clone());
+        let built =
+            Engine::with_page_storage(params.clone(), executor, storage.clone(), Box::new(copies));
+        storage.device().pause(0, false);
+        built.map(|_| ()).unwrap_err()
+    };
+    for (ranks, pages, bytes) in [(2, 64, bytes), (1, 63, bytes), (1, 64, bytes + 1)] {
+        let error = engine_on(DeviceStorage::fake(ranks, pages, bytes).unwrap(), false);
+        let Error::InvalidParam { name, reason } = &error else {
+            panic!("expected InvalidParam, got {error}");
+        };
+        assert_eq!(*name, "storage", "{error}");
+        assert!(reason.contains("the pool needs 1 of 64"), "{error}");
+    }
+    let error = engine_on(DeviceStorage::fake(1, 64, bytes).unwrap(), true);
+    assert!(
+        matches!(&error, Error::InvalidParam { name: "copy_engine", reason } if reason.contains("1 jobs in flight")),
+        "{error}"
+    );
+}
+
+/// What proves copies are in flight on a storage, beyond the engine's gauge (asserted on every storage).
+enum Hold {
+    /// The gauge only: modeled copies (host) are pending until their modeled end; on a real GPU the driver
+    /// offers no way to hold a stream from here, so only the engine's view is asserted.
+    Gauge,
+    /// The stand-in device, whose streams are paused while the engine acts.
+    Fake(Arc<DeviceStorage<FakeDevice>>),
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl Hold {
+    /// Pauses the stand-in's copy streams.
+    fn hold(&self) {
+        if let Hold::Fake(storage) = self {
+            for rank in 0..storage.n_ranks() {
+                storage.device().pause(rank, true);
+            }
+        }
+    }
+
+    /// Steps taken with the copies held after the cancel (none where nothing holds them).
+    fn steps_held(&self) -> u32 {
+        if matches!(self, Hold::Fake(_)) { 3 } else { 0 }
+    }
+
+    /// Asserts the device has transfers queued before the engine does `act`, waiting up to 10 s for the
+    /// staging threads to queue the first (they stage off the engine thread).
+    fn assert_queued(&self, policy: Policy, act: &str) {
+        if let Hold::Fake(storage) = self {
+            let queued = || -> usize {
+                (0..storage.n_ranks())
+                    .map(|rank| storage.device().n_queued(rank))
+                    .sum()
+            };
+            let started = Instant::now();
+            while queued() == 0 && started.elapsed() < Duration::from_secs(10) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(
+                queued() > 0,
+                "{policy}: no transfer queued on the device at {act}"
+            );
+        }
+    }
+
+    /// Runs `act`, which waits for the copies, letting the stand-in's streams go only from another thread
+    /// after 50 ms, and asserts `act` returned only after that.
+    fn while_held<T>(&self, act: impl FnOnce() -> T) -> T {
+        let Hold::Fake(storage) = self else {
+            return act();
+        };
+        let released = Arc::new(AtomicBool::new(false));
+        let (flag, storage) = (Arc::clone(&released), Arc::clone(storage));
+        let releaser = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            flag.store(true, Ordering::SeqCst);
+            Hold::Fake(storage).release();
+        });
+        let out = act();
+        assert!(
+            released.load(Ordering::SeqCst),
+            "returned while the device still held the copies"
+        );
+        releaser.join().unwrap();
+        out
+    }
+
+    /// Lets the stand-in's streams go (a failed assertion must not leave the engine's drop waiting).
+    fn release(&self) {
+        if let Hold::Fake(storage) = self {
+            for rank in 0..storage.n_ranks() {
+                storage.device().pause(rank, false);
+            }
+        }
+    }
+
+    /// Asserts the stand-in saw no page read or written while a queued transfer still wrote it.
+    fn assert_no_violation(&self, policy: Policy) {
+        if let Hold::Fake(storage) = self {
+            let violations = storage.device().violations();
+            assert!(violations.is_empty(), "{policy}: {violations:?}");
+        }
+    }
+}
+
+/// A long cold request keeps every step busy (so no step waits for the copies); three restores copy at
+/// once; cancel, a forced reset and shutdown act while copies are in flight (asserted before each acts:
+/// the engine's gauge on every storage, the device's queue where it can be held), and no page leaks; the
+/// engine stays usable and a later restore is verified.
+fn cancel_reset_and_shutdown_with_copies_in_flight(engine_of: impl Fn(Policy) -> (Engine, Hold)) {
     for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
-        let mut engine = Engine::new(params_of(policy)).unwrap();
+        let (mut engine, hold) = engine_of(policy);
         let histories: Vec<Vec<u32>> = (0..3u32)
             .map(|agent| tokens(21, agent, 0, 40 * TPP))
             .collect();
         for (id, history) in (1..).zip(&histories) {
             seed_checkpoint(&mut engine, id, history, 1);
         }
+        hold.hold();
+        engine
+            .submit(spec(30, tokens(22, 9, 0, 2 * TPP), 400, engine.now()))
+            .unwrap();
         for (id, history) in (10..).zip(&histories) {
             let mut prompt = history.clone();
             prompt.extend(tokens(21, id as u32, 1, 8));
@@ -177,23 +349,47 @@ fn cancel_reset_and_shutdown_with_copies_in_flight(params_of: impl Fn(Policy) ->
             steps += 1;
             assert!(steps < 1_000, "{policy}: no copy ever in flight");
         }
+        hold.assert_queued(policy, "cancel");
         engine.cancel(RequestId(10)).unwrap();
         engine.check_invariants().unwrap();
+        // Held, the cancelled copy is not reported and its pages stay out of the free list.
         let in_flight = engine.restore_gauges().copies_in_flight;
+        for _ in 0..hold.steps_held() {
+            engine.step().unwrap();
+            engine.check_invariants().unwrap();
+            assert_eq!(
+                engine.restore_gauges().copies_in_flight,
+                in_flight,
+                "{policy}"
+            );
+        }
         assert!(in_flight > 0, "{policy}: no copy in flight at the reset");
+        hold.assert_queued(policy, "reset");
         engine.force_reset_prefix_cache().unwrap();
         engine.check_invariants().unwrap();
-        let report = engine.shutdown().unwrap();
+        assert!(
+            engine.restore_gauges().copies_in_flight > 0,
+            "{policy}: none at the shutdown"
+        );
+        hold.assert_queued(policy, "shutdown");
+        let report = hold.while_held(|| engine.shutdown()).unwrap();
         engine.check_invariants().unwrap();
-        assert!(report.cancelled.len() >= 2, "{policy}: {report:?}");
+        assert!(report.copies_drained > 0, "{policy}: {report:?}");
+        assert!(report.cancelled.len() >= 3, "{policy}: {report:?}");
         assert_eq!(engine.metrics().leaked_pages, 0, "{policy}");
         assert_eq!(engine.restore_gauges().copies_in_flight, 0, "{policy}");
         // The engine stays usable: a restore after the shutdown is verified.
+        let verified = engine.pages_verified();
         let mut prompt = histories[0].clone();
         prompt.extend(tokens(21, 0, 2, 8));
         engine.submit(spec(20, prompt, 4, engine.now())).unwrap();
         engine.run_until_idle(100_000).unwrap();
         engine.check_invariants().unwrap();
         assert_eq!(engine.metrics().leaked_pages, 0, "{policy}");
+        assert!(
+            engine.pages_verified() > verified,
+            "{policy}: the later restore was verified"
+        );
+        hold.assert_no_violation(policy);
     }
 }

@@ -196,7 +196,12 @@ impl<D: Device> DeviceStorage<D> {
     }
 
     /// Waits for the transfers queued into `pages` of `rank` (only theirs). A failed wait leaves the mark.
-    fn await_pages(&self, rank: u32, pages: &[PageId], operation: &'static str) -> Result<()> {
+    fn await_pages(
+        &self,
+        rank: u32,
+        pages: impl IntoIterator<Item = PageId>,
+        operation: &'static str,
+    ) -> Result<()> {
         for page in pages {
             let event = self.pending_of(rank)?.get(&page.0).cloned();
             let Some(event) = event else { continue };
@@ -209,7 +214,7 @@ impl<D: Device> DeviceStorage<D> {
                     .wait(&event)
                     .map_err(|reason| failed(operation, reason))?;
             }
-            self.settle(rank, &[*page], &event);
+            self.settle(rank, &[page], &event);
         }
         Ok(())
     }
@@ -223,9 +228,21 @@ impl<D: Device> PageStorage for DeviceStorage<D> {
     fn read_prefix(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
         super::check_prefix_len(dst.len(), self.shape.bytes_per_page)?;
         self.shape.check_page(rank, page)?;
-        self.await_pages(rank, &[page], "read")?;
+        self.await_pages(rank, [page], "read")?;
         self.device
             .read(rank, self.offset(page), dst)
+            .map_err(|reason| failed("read", reason))
+    }
+
+    /// One device transfer for the whole run, after the queued transfers into its pages.
+    fn read_run(&self, rank: u32, first: PageId, dst: &mut [u8]) -> Result<()> {
+        let n_pages = super::run_pages(first, dst.len(), self.shape.bytes_per_page)?;
+        let last = PageId(first.0 + (n_pages - 1));
+        self.shape.check_page(rank, first)?;
+        self.shape.check_page(rank, last)?;
+        self.await_pages(rank, (first.0..=last.0).map(PageId), "read")?;
+        self.device
+            .read(rank, self.offset(first), dst)
             .map_err(|reason| failed("read", reason))
     }
 
@@ -244,7 +261,7 @@ impl<D: Device> PageStorage for DeviceStorage<D> {
     fn read(&self, rank: u32, page: PageId, dst: &mut [u8]) -> Result<()> {
         self.shape.check_len(dst.len())?;
         self.shape.check_page(rank, page)?;
-        self.await_pages(rank, &[page], "read")?;
+        self.await_pages(rank, [page], "read")?;
         self.device
             .read(rank, self.offset(page), dst)
             .map_err(|reason| failed("read", reason))
@@ -253,7 +270,7 @@ impl<D: Device> PageStorage for DeviceStorage<D> {
     fn write(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()> {
         self.shape.check_len(src.len())?;
         self.shape.check_writable(rank, page)?;
-        self.await_pages(rank, &[page], "write")?;
+        self.await_pages(rank, [page], "write")?;
         self.device
             .write(rank, self.offset(page), src)
             .map_err(|reason| failed("write", reason))
@@ -265,7 +282,7 @@ impl<D: Device> PageStorage for DeviceStorage<D> {
         if src == dst {
             return Ok(());
         }
-        self.await_pages(rank, &[src, dst], "copy")?;
+        self.await_pages(rank, [src, dst], "copy")?;
         let n_bytes = self.shape.bytes_per_page;
         self.device
             .copy_within(rank, self.offset(src), self.offset(dst), n_bytes)

@@ -65,6 +65,8 @@ pub struct FakeDevice {
 pub struct FakeStats {
     /// Host-to-device transfers executed.
     pub transfers: u64,
+    /// Device-to-host reads (`Device::read`), each one transfer.
+    pub reads: u64,
     /// Pinned bytes allocated and not yet freed.
     pub pinned_live_bytes: usize,
     /// The most pinned bytes live at once.
@@ -120,6 +122,7 @@ struct Shared {
     delay_us: AtomicU64,
     next_id: AtomicU64,
     transfers: AtomicU64,
+    reads: AtomicU64,
     pinned_live: AtomicUsize,
     pinned_peak: AtomicUsize,
 }
@@ -149,6 +152,7 @@ impl FakeDevice {
             delay_us: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
             transfers: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
             pinned_live: AtomicUsize::new(0),
             pinned_peak: AtomicUsize::new(0),
         });
@@ -200,6 +204,7 @@ impl FakeDevice {
     pub fn stats(&self) -> FakeStats {
         FakeStats {
             transfers: self.shared.transfers.load(Ordering::Relaxed),
+            reads: self.shared.reads.load(Ordering::Relaxed),
             pinned_live_bytes: self.shared.pinned_live.load(Ordering::Relaxed),
             pinned_peak_bytes: self.shared.pinned_peak.load(Ordering::Relaxed),
         }
@@ -371,6 +376,7 @@ impl Device for FakeDevice {
     }
 
     fn read(&self, rank: u32, offset: usize, dst: &mut [u8]) -> Result<(), String> {
+        self.shared.reads.fetch_add(1, Ordering::Relaxed);
         let range = offset..offset.saturating_add(dst.len());
         self.check_not_queued(rank, &range, "a read");
         let arena = self.arena(rank)?;

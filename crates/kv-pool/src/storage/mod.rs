@@ -36,6 +36,13 @@ pub trait PageStorage: Send + Sync {
     /// Copy page `src` of `rank` over page `dst` of the same rank (copy-on-write of a partial page);
     /// `dst` is never the null page. Copying a page onto itself does nothing.
     fn copy(&self, rank: u32, src: PageId, dst: PageId) -> Result<()>;
+    /// Copy pages `first`, `first + 1`, ... of `rank` into `dst`, one page per `bytes_per_page` bytes of it
+    /// (`dst.len()` a positive multiple of `bytes_per_page`, else `BufferLength`): a run of consecutive
+    /// pages read in one access where the backend can (device storage: one transfer). The default reads
+    /// page by page.
+    fn read_run(&self, rank: u32, first: PageId, dst: &mut [u8]) -> Result<()> {
+        read_run_by_page(self, rank, first, dst)
+    }
     /// Copy the first `dst.len()` bytes (at most `bytes_per_page`) of page `page` of `rank` into `dst`: a
     /// smaller kind of page stored inside larger pool pages. The default reads the whole page into a
     /// buffer; the backends read only the prefix.
@@ -53,6 +60,41 @@ pub trait PageStorage: Send + Sync {
         })?;
         dst.copy_from_slice(prefix);
         Ok(())
+    }
+}
+
+/// `PageStorage::read_run` page by page: what the default does, for wrappers that override it.
+pub fn read_run_by_page<S: PageStorage + ?Sized>(
+    storage: &S,
+    rank: u32,
+    first: PageId,
+    dst: &mut [u8],
+) -> Result<()> {
+    let bytes_per_page = storage.bytes_per_page();
+    run_pages(first, dst.len(), bytes_per_page)?;
+    for (page, chunk) in (first.0..).zip(dst.chunks_exact_mut(bytes_per_page)) {
+        storage.read(rank, PageId(page), chunk)?;
+    }
+    Ok(())
+}
+
+/// The pages in a run of `len` bytes from `first`: `len` must be a positive multiple of `bytes_per_page`
+/// and the last page id must exist (`BufferLength`, `PageOutOfRange` otherwise).
+pub(crate) fn run_pages(first: PageId, len: usize, bytes_per_page: usize) -> Result<u32> {
+    if len == 0 || bytes_per_page == 0 || !len.is_multiple_of(bytes_per_page) {
+        return Err(Error::BufferLength {
+            len,
+            bytes_per_page,
+        });
+    }
+    let n_pages = u32::try_from(len / bytes_per_page).ok();
+    let last = n_pages.and_then(|n| first.0.checked_add(n - 1));
+    match (n_pages, last) {
+        (Some(n_pages), Some(_)) => Ok(n_pages),
+        _ => Err(Error::PageOutOfRange {
+            page: u32::MAX,
+            n_pages: u32::MAX,
+        }),
     }
 }
 

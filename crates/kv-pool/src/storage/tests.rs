@@ -119,6 +119,84 @@ fn check_backend(storage: &dyn PageStorage) {
             bytes_per_page
         }
     );
+    check_read_run(storage);
+}
+
+/// A run of pages reads what the pages read one by one; a bad length, rank or range is an error.
+fn check_read_run(storage: &dyn PageStorage) {
+    let (bytes_per_page, n_pages, n_ranks) = (
+        storage.bytes_per_page(),
+        storage.n_pages(),
+        storage.n_ranks(),
+    );
+    let mut run = vec![0xAA; 3 * bytes_per_page];
+    storage.read_run(0, PageId(1), &mut run).unwrap();
+    let mut one_by_one = Vec::new();
+    for page in 1..4 {
+        let mut buffer = vec![0; bytes_per_page];
+        storage.read(0, PageId(page), &mut buffer).unwrap();
+        one_by_one.extend(buffer);
+    }
+    assert_eq!(run, one_by_one);
+    // (Every length is a whole number of one-byte pages.)
+    let not_whole = (bytes_per_page > 1).then_some(bytes_per_page + 1);
+    for len in [0].into_iter().chain(not_whole) {
+        let mut bad = vec![0; len];
+        assert_eq!(
+            storage.read_run(0, PageId(1), &mut bad).unwrap_err(),
+            Error::BufferLength {
+                len,
+                bytes_per_page
+            }
+        );
+    }
+    let mut two = vec![0; 2 * bytes_per_page];
+    assert_eq!(
+        storage
+            .read_run(0, PageId(n_pages - 1), &mut two)
+            .unwrap_err(),
+        Error::PageOutOfRange {
+            page: n_pages,
+            n_pages
+        }
+    );
+    assert!(matches!(
+        storage.read_run(0, PageId(u32::MAX), &mut two).unwrap_err(),
+        Error::PageOutOfRange { .. }
+    ));
+    assert_eq!(
+        storage.read_run(n_ranks, PageId(1), &mut two).unwrap_err(),
+        Error::RankOutOfRange {
+            rank: n_ranks,
+            n_ranks
+        }
+    );
+}
+
+/// A run of pages on a device is one transfer, after the transfers queued into its pages (issue 36, item 4).
+#[test]
+fn fake_device_reads_a_run_in_one_transfer_after_its_pages_transfers() {
+    let storage = DeviceStorage::fake(1, 8, 64).unwrap();
+    storage.device().set_delay(Duration::from_millis(20));
+    let staging = queue_pages(&storage, 2, 3, 20);
+    let reads = storage.device().stats().reads;
+    let mut run = vec![0; 4 * 64];
+    storage.read_run(0, PageId(1), &mut run).unwrap();
+    assert_eq!(storage.device().stats().reads, reads + 1, "one transfer");
+    let expected: Vec<u8> = [
+        vec![0; 64],
+        pattern(20, 64),
+        pattern(21, 64),
+        pattern(22, 64),
+    ]
+    .concat();
+    assert_eq!(run, expected, "the run waited for the queued transfers");
+    assert!(
+        storage.device().violations().is_empty(),
+        "{:?}",
+        storage.device().violations()
+    );
+    drop(staging);
 }
 
 #[test]

@@ -19,6 +19,8 @@ use super::{ForwardEntry, Logits, ModelStorage, ReferenceModel};
 
 /// The rank whose copy of a state page is read (every rank holds the same bytes).
 const STATE_RANK: u32 = 0;
+/// Most pages one `read_run` of an entry's context reads: bounds the buffer a run needs.
+const RUN_PAGES_MAX: usize = 64;
 /// Fewest tokens (or heads) one rayon task takes: small tasks cost more to schedule than to compute.
 const MIN_TASK_LEN: usize = 4;
 
@@ -119,8 +121,9 @@ impl ReferenceModel {
         Ok(Some(Logits { values, next_token }))
     }
 
-    /// Reads slots `page_lo..read_hi` of `table` (every rank's share of each block) and zeroes the positions
-    /// from `first` on in the last of them (a partial page may hold anything there).
+    /// Reads slots `page_lo..read_hi` of `table` (every rank's share of each block), one `read_run` per
+    /// run of consecutive page ids and rank (at most `RUN_PAGES_MAX` pages: one device transfer each), and
+    /// zeroes the positions from `first` on in the last of them (a partial page may hold anything there).
     fn load_kv(
         &self,
         storage: &dyn PageStorage,
@@ -132,37 +135,17 @@ impl ReferenceModel {
         let block = self.config.block_tokens() as usize;
         let inner = self.config.inner_dim();
         let page_floats = n_layers * 2 * block * inner;
-        let rank_floats = page_floats / self.config.context_parallel as usize;
         let mut floats = vec![0.0f32; (slots.page_hi - slots.page_lo) * page_floats];
         let n_read = slots.read_hi - slots.page_lo;
-        floats[..n_read * page_floats]
-            .par_chunks_mut(page_floats)
-            .zip(&table[slots.page_lo..slots.read_hi])
-            .try_for_each_init(
-                || {
-                    (
-                        vec![0u8; rank_floats * F32_BYTES],
-                        vec![0.0f32; rank_floats],
-                    )
-                },
-                |(bytes, rank_page), (block_out, &page)| -> ModelResult<()> {
-                    if self.config.context_parallel == 1 {
-                        // One rank holds the whole block in the block's own layout.
-                        storage.read(0, page, bytes)?;
-                        floats_from_bytes(bytes, block_out);
-                        return Ok(());
-                    }
-                    for rank in 0..self.config.context_parallel {
-                        storage.read(rank, page, bytes)?;
-                        floats_from_bytes(bytes, rank_page);
-                        self.for_each_rank_row(n_layers, rank, |block_at, rank_at| {
-                            block_out[block_at..][..inner]
-                                .copy_from_slice(&rank_page[rank_at..][..inner]);
-                        });
-                    }
-                    Ok(())
-                },
-            )?;
+        let mut runs = Vec::new();
+        let mut rest = &mut floats[..n_read * page_floats];
+        for run in page_runs(&table[slots.page_lo..slots.read_hi]) {
+            let (out, after) = rest.split_at_mut(run.len() * page_floats);
+            runs.push((run, out));
+            rest = after;
+        }
+        runs.into_par_iter()
+            .try_for_each(|(run, out)| self.load_run(storage, run, out, n_layers))?;
         let first_slot = span.first % block;
         if first_slot != 0 {
             let page = &mut floats[(slots.write_lo - slots.page_lo) * page_floats..][..page_floats];
@@ -175,6 +158,43 @@ impl ReferenceModel {
             page_floats,
             n_layers,
         })
+    }
+
+    /// Reads the blocks of `run` (consecutive page ids) into `out`, block after block in the block layout:
+    /// one `read_run` per rank.
+    fn load_run(
+        &self,
+        storage: &dyn PageStorage,
+        run: &[PageId],
+        out: &mut [f32],
+        n_layers: usize,
+    ) -> ModelResult<()> {
+        let Some(&first) = run.first() else {
+            return Ok(());
+        };
+        let n_ranks = self.config.context_parallel;
+        let inner = self.config.inner_dim();
+        let page_floats = out.len() / run.len();
+        let rank_floats = page_floats / n_ranks as usize;
+        let mut bytes = vec![0u8; run.len() * rank_floats * F32_BYTES];
+        if n_ranks == 1 {
+            // One rank holds each whole block in the block's own layout.
+            storage.read_run(0, first, &mut bytes)?;
+            floats_from_bytes(&bytes, out);
+            return Ok(());
+        }
+        let mut rank_page = vec![0.0f32; rank_floats];
+        for rank in 0..n_ranks {
+            storage.read_run(rank, first, &mut bytes)?;
+            let pages = bytes.chunks_exact(rank_floats * F32_BYTES);
+            for (page_bytes, block_out) in pages.zip(out.chunks_exact_mut(page_floats)) {
+                floats_from_bytes(page_bytes, &mut rank_page);
+                self.for_each_rank_row(n_layers, rank, |block_at, rank_at| {
+                    block_out[block_at..][..inner].copy_from_slice(&rank_page[rank_at..][..inner]);
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Writes slots `write_lo..page_hi` of `table`, each rank its share: every position before `end`
@@ -505,4 +525,21 @@ fn project_add(a: &[f32], width: usize, w: &super::weights::Matrix, x: &mut [f32
                 }
             },
         );
+}
+
+/// `table` cut into runs of consecutive page ids, each at most `RUN_PAGES_MAX` long, in order.
+fn page_runs(table: &[PageId]) -> Vec<&[PageId]> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    for end in 1..=table.len() {
+        let ends = match (table.get(end - 1), table.get(end)) {
+            (Some(prev), Some(next)) => prev.0.checked_add(1) != Some(next.0),
+            _ => true,
+        };
+        if ends || end - start == RUN_PAGES_MAX {
+            runs.push(&table[start..end]);
+            start = end;
+        }
+    }
+    runs
 }

@@ -348,3 +348,60 @@ fn the_cache_groups_make_a_geometry_with_the_page_sizes() {
         GroupKind::ChunkedLocal { chunk_tokens: 32 }
     );
 }
+
+/// The context is read in one access per run of consecutive pages and rank (issue 36, item 4): on the
+/// stand-in device a decode step over a table of three runs makes three reads per rank, and its logits and
+/// pages are bit for bit those of host storage.
+#[test]
+fn context_is_read_once_per_run_of_pages_on_a_device() {
+    for context_parallel in [1, 2] {
+        let config = ReferenceConfig {
+            seed: 7,
+            n_recurrent_layers: 0,
+            tokens_per_page: 8,
+            context_parallel,
+            ..ReferenceConfig::tiny()
+        };
+        let model = ReferenceModel::new(config).expect("valid shape");
+        let bytes_per_page = model.config().bytes_per_page();
+        let fake = kv_pool::DeviceStorage::fake(context_parallel, N_PAGES, bytes_per_page)
+            .expect("storage");
+        let host = HostStorage::new(context_parallel, N_PAGES, bytes_per_page).expect("storage");
+        let block = model.config().block_tokens() as usize;
+        let table: Vec<PageId> = [5, 6, 7, 20, 21, 40, 41].into_iter().map(PageId).collect();
+        let mut outputs = Vec::new();
+        for storage in [&fake as &dyn PageStorage, &host] {
+            let view = ModelStorage {
+                attention: storage,
+                local: None,
+                recurrent: None,
+            };
+            let mut request = Request {
+                tokens: tokens(3, 7 * block - 2, model.config().vocab),
+                pages: table.clone(),
+                local_pages: Vec::new(),
+                state_pages: Vec::new(),
+                n_done: 0,
+            };
+            let n_prompt = request.tokens.len();
+            let mut out = model
+                .forward(view, &[request.entry(n_prompt)])
+                .expect("forward");
+            request.n_done = n_prompt;
+            let logits = out.pop().flatten().expect("logits");
+            request.tokens.push(logits.next_token);
+            let reads = fake.device().stats().reads;
+            let decoded = model.forward(view, &[request.entry(1)]).expect("forward");
+            if std::ptr::addr_eq(storage, &fake as &dyn PageStorage) {
+                assert_eq!(
+                    fake.device().stats().reads - reads,
+                    3 * u64::from(context_parallel),
+                    "one read per run and rank"
+                );
+            }
+            let pages: Vec<Vec<u8>> = table.iter().map(|&page| read(storage, page)).collect();
+            outputs.push((decoded, pages));
+        }
+        assert_eq!(outputs[0], outputs[1], "device and host bit for bit");
+    }
+}
