@@ -188,28 +188,14 @@ impl Server {
                 (thread, max_model_len)
             }
             ExecutorKind::Model => {
-                let model = crate::model::LoadedModel::load(&options.model_file)?;
-                let params = crate::run::model_params(config, &model, options.policy)?;
-                let max_model_len = params.geometry.max_model_len();
-                let end_of_turn = model.tokenizer.end_of_turn();
-                codec = codec.ending_at(end_of_turn);
-                let sampling = SamplingTable::default();
-                let table = sampling.clone();
-                let factory: EngineFactory<ModelExecutor> = Box::new(move || {
-                    let executor = ModelExecutor::new(Arc::clone(&model), VerifyTime::default())
-                        .with_sampling(table.clone());
-                    Ok(Engine::with_executor(params.clone(), executor)?)
-                });
-                let metrics = metrics.clone();
-                let copy_delay = options.copy_delay;
-                let thread = engine_thread::spawn(
-                    move || {
-                        EngineLoop::new(factory, engine_metrics, metrics, false, copy_delay)
-                            .map(|engine| engine.for_model(sampling, end_of_turn))
-                    },
-                    submit_rx,
-                    control_rx,
+                let (thread, max_model_len, end_of_turn) = spawn_model(
+                    config,
+                    options,
+                    engine_metrics,
+                    &metrics,
+                    (submit_rx, control_rx),
                 )?;
+                codec = codec.ending_at(end_of_turn);
                 (thread, max_model_len)
             }
         };
@@ -316,6 +302,43 @@ impl Server {
             Ok(Err(e)) => Err(Error::Serve(format!("the HTTP server task failed: {e}"))),
         }
     }
+}
+
+/// Starts the engine thread of the real model in `options.model_file`: its executor picks each request's
+/// tokens as the shared sampling table says, and the loop ends an answer at the model's end-of-turn token.
+/// Returns the thread, the longest context and that token. Errors: the model file, the engine's config.
+fn spawn_model(
+    config: &EngineConfig,
+    options: &ServeOptions,
+    engine_metrics: crate::metrics::EngineMetrics,
+    metrics: &ServeMetrics,
+    channels: (
+        crossbeam::channel::Receiver<Submission>,
+        crossbeam::channel::Receiver<Control>,
+    ),
+) -> Result<(std::thread::JoinHandle<DrainReport>, u32, u32)> {
+    let model = crate::model::LoadedModel::load(&options.model_file)?;
+    let params = crate::run::model_params(config, &model, options.policy)?;
+    let max_model_len = params.geometry.max_model_len();
+    let end_of_turn = model.tokenizer.end_of_turn();
+    let sampling = SamplingTable::default();
+    let table = sampling.clone();
+    let factory: EngineFactory<ModelExecutor> = Box::new(move || {
+        let executor = ModelExecutor::new(Arc::clone(&model), VerifyTime::default())
+            .with_sampling(table.clone());
+        Ok(Engine::with_executor(params.clone(), executor)?)
+    });
+    let metrics = metrics.clone();
+    let copy_delay = options.copy_delay;
+    let thread = engine_thread::spawn(
+        move || {
+            EngineLoop::new(factory, engine_metrics, metrics, false, copy_delay)
+                .map(|engine| engine.for_model(sampling, end_of_turn))
+        },
+        channels.0,
+        channels.1,
+    )?;
+    Ok((thread, max_model_len, end_of_turn))
 }
 
 /// Starts the engine thread around `factory`'s engine.
