@@ -683,3 +683,116 @@ fn agents_target_refuses_engine_options_and_other_schemes() {
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+/// What the model itself answers to `messages` outside any server: the chat template, then greedy tokens
+/// (llama crate) until its end of turn or `max_tokens`: (prompt tokens, text, completion tokens, finish
+/// reason).
+fn greedy_outside(
+    model: &kvgate::model::LoadedModel,
+    messages: &[(&str, String)],
+    max_tokens: usize,
+) -> (usize, String, usize, &'static str) {
+    let chat: Vec<llama::ChatMessage> = messages
+        .iter()
+        .map(|(role, content)| llama::ChatMessage::new(role, content))
+        .collect();
+    let prompt = model.tokenizer.encode_chat(&chat).unwrap();
+    let config = model.llama.config();
+    let mut kv =
+        llama::ContiguousKv::new(config.layers, config.kv_dim(), prompt.len() + max_tokens);
+    let tokenizer = &model.tokenizer;
+    let generation = llama::generate_greedy(&model.llama, &mut kv, &prompt, 64, max_tokens, &|t| {
+        tokenizer.is_end_of_turn(t)
+    })
+    .unwrap();
+    let shown = if generation.stopped {
+        &generation.tokens[..generation.tokens.len() - 1]
+    } else {
+        &generation.tokens[..]
+    };
+    let text = tokenizer.decode(shown).unwrap();
+    let finish = if generation.stopped { "stop" } else { "length" };
+    (prompt.len(), text, generation.tokens.len(), finish)
+}
+
+fn messages_json(messages: &[(&str, String)]) -> Value {
+    messages
+        .iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect()
+}
+
+#[test]
+fn serve_model_answers_a_two_turn_chat_as_the_model_greedily_does() {
+    let test = "serve_model_answers_a_two_turn_chat_as_the_model_greedily_does";
+    let Some(path) = model_file(test) else {
+        return;
+    };
+    let model = kvgate::model::LoadedModel::load(&path).unwrap();
+    let mut config = crate::verified_config();
+    config.pool.pages = 32;
+    let mut options = options(path);
+    options.executor = kvgate::serve::ExecutorKind::Model;
+    let server = Server::start(&config, &options).unwrap();
+    let addr = server.local_addr();
+    let (_, _, body) = raw(addr, "GET", "/v1/models", b"");
+    let models: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(models["data"][0]["id"], kvgate::serve::MODEL_NAME);
+    assert_eq!(models["data"][0]["executor"], "model");
+
+    let max_tokens = 12;
+    let mut messages = vec![
+        ("system", "Answer in one short sentence.".to_owned()),
+        ("user", "What is a cache?".to_owned()),
+    ];
+    let mut cached = Vec::new();
+    for turn in 0..2 {
+        let (prompt_len, text, completion, finish) =
+            greedy_outside(&model, &messages, max_tokens as usize);
+        let body = json!({"model": kvgate::serve::MODEL_NAME, "messages": messages_json(&messages),
+                          "max_tokens": max_tokens, "temperature": 0, "stream": true,
+                          "stream_options": {"include_usage": true}});
+        let client = ApiClient::new(&format!("http://{addr}")).unwrap();
+        let answer = runtime()
+            .block_on(client.stream("/v1/chat/completions", &body))
+            .unwrap();
+        assert_eq!(answer.status, 200, "turn {turn}: {answer:?}");
+        assert!(answer.done, "turn {turn}: {answer:?}");
+        assert_eq!(answer.text, text, "turn {turn}: the server's text");
+        assert_eq!(answer.finish_reason.as_deref(), Some(finish), "turn {turn}");
+        assert_eq!(answer.prompt_tokens(), prompt_len as u64, "turn {turn}");
+        assert_eq!(answer.completion_tokens(), completion as u64, "turn {turn}");
+        cached.push(answer.cached_tokens());
+        messages.push(("assistant", text));
+        messages.push(("user", "Say it more simply.".to_owned()));
+    }
+    assert!(
+        cached[1] > cached[0] && cached[1] >= 16,
+        "cached_tokens over the turns: {cached:?}"
+    );
+
+    // A stop string cuts the (greedy, so known) text before it, and the answer stopped.
+    let first = messages[..2].to_vec();
+    let (_, text, _, _) = greedy_outside(&model, &first, max_tokens as usize);
+    let cut = text.char_indices().nth(text.chars().count() / 2).unwrap().0;
+    let stop: String = text[cut..].chars().take(3).collect();
+    let at = text.find(&stop).unwrap();
+    let body = json!({"model": kvgate::serve::MODEL_NAME, "messages": messages_json(&first),
+                      "max_tokens": max_tokens, "temperature": 0, "stop": [stop]});
+    let (status, _, answer) = post(addr, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], text[..at]);
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+
+    // Sampling with a seed gives the same answer each time.
+    let sampled = |seed: u64| {
+        let body = json!({"model": kvgate::serve::MODEL_NAME, "messages": messages_json(&first),
+                          "max_tokens": 6, "temperature": 1.0, "seed": seed});
+        let (status, _, answer) = post(addr, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{answer}");
+        answer["choices"][0]["message"]["content"].clone()
+    };
+    assert_eq!(sampled(11), sampled(11));
+    let report = server.shutdown().unwrap();
+    assert_eq!(report.leaked_pages, 0);
+}

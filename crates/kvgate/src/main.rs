@@ -255,15 +255,16 @@ struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8000")]
     addr: String,
-    /// The GGUF model file whose tokenizer and chat template the server speaks. Default: the cached
-    /// SmolLM2-135M-Instruct (`cargo xtask model`).
+    /// The GGUF model file whose tokenizer and chat template the server speaks, and whose model answers
+    /// with `--executor model`. Default: the cached SmolLM2-135M-Instruct (`cargo xtask model`).
     #[arg(long)]
     model: Option<PathBuf>,
     /// The model's name in requests and /v1/models.
     #[arg(long, default_value = kvgate::serve::MODEL_NAME)]
     model_name: String,
-    /// The executor: `sim` (modeled step times, slept in real time; its tokens are no language model's) or
-    /// `reference` (the small reference transformer computing real KV into the pool).
+    /// The executor: `sim` (modeled step times, slept in real time; its tokens are no language model's),
+    /// `reference` (the small reference transformer computing real KV into the pool) or `model` (the real
+    /// model answers: real text, its KV in the pool's pages; a pool of 16 pages unless told otherwise).
     #[arg(long, value_enum, default_value_t = ExecutorArg::Sim)]
     executor: ExecutorArg,
     /// Requests in flight at most; more get 429 with Retry-After.
@@ -587,7 +588,10 @@ fn remote_agents(args: &AgentsArgs, target: &str) -> kvgate::Result<()> {
 
 /// `kvgate serve`: serves until SIGTERM or SIGINT, then drains and reports.
 fn serve(args: &ServeArgs) -> kvgate::Result<()> {
-    let (config, _) = load_config(&args.run)?;
+    let (mut config, pool_pages_set) = load_config(&args.run)?;
+    if args.executor == ExecutorArg::Model && !pool_pages_set {
+        config.pool.pages = run::MODEL_POOL_PAGES;
+    }
     let policy = match args.run.policy.as_slice() {
         [] => Policy::Reserved,
         [name] => name.parse::<Policy>()?,
@@ -629,13 +633,7 @@ fn serve(args: &ServeArgs) -> kvgate::Result<()> {
     options.executor = match args.executor {
         ExecutorArg::Sim => kvgate::serve::ExecutorKind::Sim,
         ExecutorArg::Reference => kvgate::serve::ExecutorKind::Reference,
-        ExecutorArg::Model => {
-            return Err(kvgate::Error::InvalidArgument {
-                name: "--executor",
-                value: "model".into(),
-                allowed: "sim or reference: the server does not run the model executor yet",
-            });
-        }
+        ExecutorArg::Model => kvgate::serve::ExecutorKind::Model,
     };
     options.policy = policy;
     options.max_in_flight = args.max_in_flight;

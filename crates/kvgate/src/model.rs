@@ -2,7 +2,7 @@
 //! each step's prefill chunks and decodes with its keys and values in the pool's pages. Each entry's
 //! pages are loaded through its block table (`llama::PagedKv`, one read per page), the forward pass runs the
 //! whole step as one batch, and the pages of the new positions are written back; the tokens it samples are
-//! greedy (the largest logit). A restore therefore feeds real keys and values to the model, and verification
+//! greedy (the largest logit) unless a [`SamplingTable`] gives a request a temperature and seed. A restore therefore feeds real keys and values to the model, and verification
 //! (E3) recomputes the prefix into scratch pages of the same layout and compares bytes.
 //!
 //! Geometry: one full-attention group of `MODEL_TOKENS_PER_PAGE`-token pages, one rank; a page holds every
@@ -12,10 +12,10 @@
 //! The time verification takes is kept apart ([`VerifyTime`]): [`VerifyExcludedClock`] is the wall clock
 //! less that time, so a `--verify` run's turn times are those of the serving path alone.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use engine::executor::{Executor, PageWrite, RecomputedPages, StepBatch, StepOutput};
@@ -107,6 +107,109 @@ impl Clock for VerifyExcludedClock {
     }
 }
 
+/// How one request picks its tokens: `temperature` 0 is greedy (the largest logit); above 0 it samples
+/// from the softmax of the logits over `temperature`, drawing from a generator seeded by `seed` and the
+/// token's position, so a seed gives the same answer whatever else runs in the batch (the logits are
+/// batch-invariant) and whether or not the request was preempted and recomputed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    /// 0 for greedy; the softmax temperature otherwise.
+    pub temperature: f64,
+    /// The generator's seed.
+    pub seed: u64,
+}
+
+/// The sampling of each live request, shared between the server's engine thread (which sets a request's
+/// entry at submit and removes it when the request ends) and the executor; a request without an entry is
+/// greedy.
+#[derive(Clone, Debug, Default)]
+pub struct SamplingTable(Arc<Mutex<HashMap<kv_pool::RequestId, Sampling>>>);
+
+impl SamplingTable {
+    /// Sets `request`'s sampling.
+    pub fn set(&self, request: kv_pool::RequestId, sampling: Sampling) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(request, sampling);
+    }
+
+    /// Forgets `request` (it ended).
+    pub fn remove(&self, request: kv_pool::RequestId) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&request);
+    }
+
+    /// Requests with an entry.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+
+    /// Whether no request has an entry.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The token `request` picks from `logits` at context position `position`.
+    fn pick(&self, request: kv_pool::RequestId, position: u64, logits: &[f32]) -> Option<u32> {
+        let sampling = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&request)
+            .copied();
+        match sampling {
+            Some(sampling) if sampling.temperature > 0.0 => sample(logits, sampling, position),
+            _ => argmax(logits),
+        }
+    }
+}
+
+/// SplitMix64: a well-mixed 64-bit value of `x` (the sampler's only randomness).
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A token drawn from the softmax of `logits / temperature`, the draw a uniform number made of the seed
+/// and the position.
+fn sample(logits: &[f32], sampling: Sampling, position: u64) -> Option<u32> {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|l| l.is_finite())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return argmax(logits);
+    }
+    let weight = |l: f32| {
+        if l.is_finite() {
+            ((f64::from(l) - f64::from(max)) / sampling.temperature).exp()
+        } else {
+            0.0
+        }
+    };
+    let total: f64 = logits.iter().map(|&l| weight(l)).sum();
+    let bits = splitmix64(splitmix64(sampling.seed) ^ position);
+    let mut target = (bits >> 11) as f64 / (1u64 << 53) as f64 * total;
+    let mut last = None;
+    for (token, &l) in logits.iter().enumerate() {
+        let w = weight(l);
+        if w > 0.0 {
+            last = u32::try_from(token).ok();
+            if target < w {
+                return last;
+            }
+            target -= w;
+        }
+    }
+    last
+}
+
 /// The model and its tokenizer, loaded once and shared by the runs of every policy.
 #[derive(Debug)]
 pub struct LoadedModel {
@@ -168,6 +271,7 @@ pub struct ModelExecutor {
     model: Arc<LoadedModel>,
     layout: PageLayout,
     verify: VerifyTime,
+    sampling: SamplingTable,
     steps: u64,
     tokens_computed: u64,
     seconds_spent: f64,
@@ -240,10 +344,18 @@ impl ModelExecutor {
             model,
             layout,
             verify,
+            sampling: SamplingTable::default(),
             steps: 0,
             tokens_computed: 0,
             seconds_spent: 0.0,
         }
+    }
+
+    /// This executor, picking each request's tokens as `sampling` says (greedy without an entry).
+    #[must_use]
+    pub fn with_sampling(mut self, sampling: SamplingTable) -> ModelExecutor {
+        self.sampling = sampling;
+        self
     }
 
     /// Steps executed so far.
@@ -324,7 +436,13 @@ impl ModelExecutor {
         }
         Ok(logits
             .iter()
-            .map(|logits| logits.as_deref().and_then(argmax))
+            .zip(works)
+            .map(|(logits, work)| {
+                let position = u64::from(work.first_pos) + work.tokens.len() as u64;
+                logits
+                    .as_deref()
+                    .and_then(|logits| self.sampling.pick(work.request, position, logits))
+            })
             .collect())
     }
 }
@@ -595,5 +713,61 @@ impl<E: Executor> Executor for VerifyTimed<E> {
         let pages = self.inner.recompute(prefix, bytes_per_page);
         self.verify.add(started.elapsed());
         pages
+    }
+}
+
+#[cfg(test)]
+mod sampling_tests {
+    use super::{Sampling, SamplingTable, sample};
+    use kv_pool::RequestId;
+
+    const LOGITS: [f32; 4] = [1.0, 3.0, 2.5, f32::NEG_INFINITY];
+
+    #[test]
+    fn a_seed_and_position_give_the_same_token_and_the_draws_follow_the_softmax() {
+        let sampling = |seed| Sampling {
+            temperature: 1.0,
+            seed,
+        };
+        let mut counts = [0u32; 4];
+        for position in 0..4000 {
+            let token = sample(&LOGITS, sampling(7), position).unwrap();
+            assert_eq!(sample(&LOGITS, sampling(7), position), Some(token));
+            counts[token as usize] += 1;
+        }
+        // softmax(1, 3, 2.5): 0.078, 0.575, 0.348; the -inf logit is never drawn.
+        assert_eq!(counts[3], 0, "{counts:?}");
+        for (count, p) in counts.iter().zip([0.078, 0.575, 0.348]) {
+            let share = f64::from(*count) / 4000.0;
+            assert!((share - p).abs() < 0.03, "{counts:?}");
+        }
+        let other: Vec<_> = (0..64).map(|p| sample(&LOGITS, sampling(8), p)).collect();
+        let same: Vec<_> = (0..64).map(|p| sample(&LOGITS, sampling(7), p)).collect();
+        assert_ne!(other, same, "two seeds drew the same 64 tokens");
+    }
+
+    #[test]
+    fn greedy_without_an_entry_or_at_temperature_0_and_entries_are_forgotten() {
+        let table = SamplingTable::default();
+        let id = RequestId(3);
+        assert_eq!(table.pick(id, 0, &LOGITS), Some(1));
+        table.set(
+            id,
+            Sampling {
+                temperature: 0.0,
+                seed: 1,
+            },
+        );
+        assert_eq!(table.pick(id, 0, &LOGITS), Some(1));
+        assert_eq!(table.len(), 1);
+        table.remove(id);
+        assert!(table.is_empty());
+        // All logits non-finite: no distribution; the largest logit's rule decides.
+        let none = [f32::NEG_INFINITY; 3];
+        let hot = Sampling {
+            temperature: 1.0,
+            seed: 1,
+        };
+        assert_eq!(sample(&none, hot, 0), super::argmax(&none));
     }
 }

@@ -16,6 +16,7 @@ use super::error::ApiError;
 use super::latency::ServeMetrics;
 use crate::error::Result;
 use crate::metrics::EngineMetrics;
+use crate::model::{Sampling, SamplingTable};
 use crate::run::Observer;
 
 /// Longest an idle engine thread sleeps before it looks at its channels again.
@@ -36,6 +37,8 @@ pub struct Submission {
     pub is_later_turn: bool,
     /// When the server received it.
     pub received: Instant,
+    /// How its tokens are picked (the model executor; the others' tokens are their own).
+    pub sampling: Sampling,
     /// Where its tokens go.
     pub events: UnboundedSender<Event>,
 }
@@ -97,6 +100,8 @@ struct Live {
     sent: usize,
     received: Instant,
     first_token: Option<Instant>,
+    /// Output tokens through the model's end-of-turn token, once it came (the request was then cancelled).
+    ended_at: Option<usize>,
 }
 
 /// The engine thread's state.
@@ -109,6 +114,8 @@ pub struct EngineLoop<E: Executor> {
     pace: bool,
     copy_delay: Duration,
     drain_deadline: Option<Instant>,
+    sampling: Option<SamplingTable>,
+    end_of_turn: Option<u32>,
 }
 
 impl<E: Executor> std::fmt::Debug for EngineLoop<E> {
@@ -140,7 +147,31 @@ impl<E: Executor> EngineLoop<E> {
             pace,
             copy_delay,
             drain_deadline: None,
+            sampling: None,
+            end_of_turn: None,
         })
+    }
+
+    /// This loop around a real model: each request's sampling goes into `sampling` (which the model's
+    /// executor reads), and an answer ends at `end_of_turn` (the engine knows no model stop token, so the
+    /// loop cancels the request there; it is counted and reported as finished, not cancelled).
+    #[must_use]
+    pub fn for_model(mut self, sampling: SamplingTable, end_of_turn: u32) -> EngineLoop<E> {
+        self.sampling = Some(sampling);
+        self.end_of_turn = Some(end_of_turn);
+        self
+    }
+
+    /// The length of `output` through its first end-of-turn token, if it has one.
+    fn end_of_turn_in(&self, output: &[u32]) -> Option<usize> {
+        let end = self.end_of_turn?;
+        output.iter().position(|&t| t == end).map(|at| at + 1)
+    }
+
+    fn forget(&self, id: RequestId) {
+        if let Some(sampling) = &self.sampling {
+            sampling.remove(id);
+        }
     }
 
     /// Runs until drained: steps while there is work, waits on the channels when there is none.
@@ -222,6 +253,9 @@ impl<E: Executor> EngineLoop<E> {
                 by: self.copy_delay,
             });
         }
+        if let Some(sampling) = &self.sampling {
+            sampling.set(submission.id, submission.sampling);
+        }
         match self.engine.submit(spec) {
             Ok(()) => {
                 self.live.insert(
@@ -231,10 +265,12 @@ impl<E: Executor> EngineLoop<E> {
                         sent: 0,
                         received: submission.received,
                         first_token: None,
+                        ended_at: None,
                     },
                 );
             }
             Err(error) => {
+                self.forget(submission.id);
                 let _ = submission.events.send(Event::Failed(ApiError::invalid(
                     "prompt",
                     format!("the engine refused the request: {error}"),
@@ -256,9 +292,23 @@ impl<E: Executor> EngineLoop<E> {
         let now = Instant::now();
         let mut gone = Vec::new();
         for (id, live) in &mut self.live {
+            if live.ended_at.is_some() {
+                continue;
+            }
             let Some(output) = self.engine.output_tokens(*id) else {
                 continue;
             };
+            let ended_at = self
+                .end_of_turn
+                .and_then(|end| output.iter().position(|&t| t == end))
+                .map(|at| at + 1);
+            let output = output
+                .get(..ended_at.unwrap_or(output.len()))
+                .unwrap_or(output);
+            if ended_at.is_some() {
+                live.ended_at = ended_at;
+                gone.push(*id);
+            }
             if output.len() > live.sent {
                 if live.first_token.is_none() {
                     live.first_token = Some(now);
@@ -283,33 +333,39 @@ impl<E: Executor> EngineLoop<E> {
             let Some(live) = self.live.remove(&finished.id) else {
                 continue;
             };
+            self.forget(finished.id);
             if let Some(reason) = finished.metrics.rejected {
                 self.metrics.count_request("rejected");
                 let _ = live.events.send(Event::Failed(rejected(reason)));
                 continue;
             }
-            if let Some(rest) = finished.output.get(live.sent..)
+            let ended_at = live
+                .ended_at
+                .or_else(|| self.end_of_turn_in(&finished.output));
+            let output = finished
+                .output
+                .get(..ended_at.unwrap_or(finished.output.len()))
+                .unwrap_or(&finished.output);
+            if let Some(rest) = output.get(live.sent..)
                 && !rest.is_empty()
             {
                 let _ = live.events.send(Event::Tokens(rest.to_vec()));
             }
+            // An answer the loop ended at the model's end of turn finished; it was cancelled only to stop.
+            let cancelled = finished.cancelled && ended_at.is_none();
             let metrics = &finished.metrics;
-            let n_output = finished.output.len() as u32;
+            let n_output = output.len() as u32;
             let first = live.first_token.unwrap_or(now);
             if live.first_token.is_none() && n_output > 0 {
                 self.metrics.observe_first_token(first - live.received);
             }
-            self.metrics.observe_finished(
-                now - live.received,
-                now - first,
-                n_output,
-                finished.cancelled,
-            );
+            self.metrics
+                .observe_finished(now - live.received, now - first, n_output, cancelled);
             let _ = live.events.send(Event::Finished(Outcome {
                 prompt_tokens: metrics.prompt_tokens,
                 cached_tokens: metrics.prompt_tokens_local_hit + metrics.prompt_tokens_restored,
                 output_tokens: n_output,
-                cancelled: finished.cancelled,
+                cancelled,
             }));
         }
     }
@@ -320,7 +376,10 @@ impl<E: Executor> EngineLoop<E> {
             "engine error, failing {} request(s) and restarting the engine: {error}",
             self.live.len()
         );
-        for (_, live) in self.live.drain() {
+        for (id, live) in self.live.drain() {
+            if let Some(sampling) = &self.sampling {
+                sampling.remove(id);
+            }
             self.metrics.count_request("failed");
             let _ = live.events.send(Event::Failed(ApiError::status(
                 StatusCode::INTERNAL_SERVER_ERROR,
@@ -347,7 +406,10 @@ impl<E: Executor> EngineLoop<E> {
             }
         };
         self.finish(Instant::now());
-        for (_, live) in self.live.drain() {
+        for (id, live) in self.live.drain() {
+            if let Some(sampling) = &self.sampling {
+                sampling.remove(id);
+            }
             let _ = live.events.send(Event::Failed(draining()));
         }
         DrainReport {

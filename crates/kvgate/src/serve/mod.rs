@@ -47,6 +47,7 @@ use self::text::TextCodec;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::metrics::MetricFamilies;
+use crate::model::{ModelExecutor, SamplingTable, VerifyTime};
 
 /// The model name requests give and `/v1/models` lists unless told otherwise.
 pub const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
@@ -59,6 +60,9 @@ pub enum ExecutorKind {
     Sim,
     /// The reference model (a small seeded transformer) computing real KV into the pool's pages.
     Reference,
+    /// The real model of the model file (SmolLM2-135M-Instruct): real text, greedy or seeded sampling, an
+    /// answer ending at its end-of-turn token.
+    Model,
 }
 
 impl ExecutorKind {
@@ -67,6 +71,7 @@ impl ExecutorKind {
         match self {
             ExecutorKind::Sim => "sim",
             ExecutorKind::Reference => "reference",
+            ExecutorKind::Model => "model",
         }
     }
 }
@@ -76,7 +81,8 @@ impl ExecutorKind {
 pub struct ServeOptions {
     /// Address to listen on (port 0 picks a free one).
     pub addr: String,
-    /// The GGUF model file whose tokenizer and chat template the server speaks.
+    /// The GGUF model file whose tokenizer and chat template the server speaks (and whose model answers,
+    /// with `ExecutorKind::Model`).
     pub model_file: PathBuf,
     /// The model's name in requests and `/v1/models`.
     pub model_name: String,
@@ -138,7 +144,7 @@ impl Server {
     /// Builds the engine from `config` on its own thread and starts serving. Errors: the model file, the
     /// engine's config, or the address.
     pub fn start(config: &EngineConfig, options: &ServeOptions) -> Result<Server> {
-        let codec = TextCodec::from_model_file(&options.model_file)?;
+        let mut codec = TextCodec::from_model_file(&options.model_file)?;
         let mut registry = Registry::default();
         let engine_metrics = MetricFamilies::register(&mut registry).engine(options.policy.name());
         let metrics = ServeMetrics::register(&mut registry);
@@ -179,6 +185,17 @@ impl Server {
                     options,
                     (submit_rx, control_rx),
                 )?;
+                (thread, max_model_len)
+            }
+            ExecutorKind::Model => {
+                let (thread, max_model_len, end_of_turn) = spawn_model(
+                    config,
+                    options,
+                    engine_metrics,
+                    &metrics,
+                    (submit_rx, control_rx),
+                )?;
+                codec = codec.ending_at(end_of_turn);
                 (thread, max_model_len)
             }
         };
@@ -285,6 +302,43 @@ impl Server {
             Ok(Err(e)) => Err(Error::Serve(format!("the HTTP server task failed: {e}"))),
         }
     }
+}
+
+/// Starts the engine thread of the real model in `options.model_file`: its executor picks each request's
+/// tokens as the shared sampling table says, and the loop ends an answer at the model's end-of-turn token.
+/// Returns the thread, the longest context and that token. Errors: the model file, the engine's config.
+fn spawn_model(
+    config: &EngineConfig,
+    options: &ServeOptions,
+    engine_metrics: crate::metrics::EngineMetrics,
+    metrics: &ServeMetrics,
+    channels: (
+        crossbeam::channel::Receiver<Submission>,
+        crossbeam::channel::Receiver<Control>,
+    ),
+) -> Result<(std::thread::JoinHandle<DrainReport>, u32, u32)> {
+    let model = crate::model::LoadedModel::load(&options.model_file)?;
+    let params = crate::run::model_params(config, &model, options.policy)?;
+    let max_model_len = params.geometry.max_model_len();
+    let end_of_turn = model.tokenizer.end_of_turn();
+    let sampling = SamplingTable::default();
+    let table = sampling.clone();
+    let factory: EngineFactory<ModelExecutor> = Box::new(move || {
+        let executor = ModelExecutor::new(Arc::clone(&model), VerifyTime::default())
+            .with_sampling(table.clone());
+        Ok(Engine::with_executor(params.clone(), executor)?)
+    });
+    let metrics = metrics.clone();
+    let copy_delay = options.copy_delay;
+    let thread = engine_thread::spawn(
+        move || {
+            EngineLoop::new(factory, engine_metrics, metrics, false, copy_delay)
+                .map(|engine| engine.for_model(sampling, end_of_turn))
+        },
+        channels.0,
+        channels.1,
+    )?;
+    Ok((thread, max_model_len, end_of_turn))
 }
 
 /// Starts the engine thread around `factory`'s engine.

@@ -25,6 +25,7 @@ use super::error::ApiError;
 use super::latency::ServeMetrics;
 use super::sse::{ChunkHeader, Generation, Kind, Piece, Usage, sse_body};
 use super::text::TextCodec;
+use crate::model::Sampling;
 
 /// What every handler shares.
 #[derive(Debug)]
@@ -33,7 +34,7 @@ pub struct AppState {
     pub codec: TextCodec,
     /// The model's name (`model` in requests and `/v1/models`).
     pub model_name: String,
-    /// The executor serving (`sim`, `reference`).
+    /// The executor serving (`sim`, `reference`, `model`).
     pub executor: &'static str,
     /// The admission policy.
     pub policy: &'static str,
@@ -180,6 +181,13 @@ async fn generate(
         is_later_turn: matches!(&request.prompt, Prompt::Chat(messages)
             if messages.iter().any(|(role, _)| role == "assistant")),
         received,
+        sampling: Sampling {
+            temperature: request.temperature,
+            // Without a seed, each request draws its own.
+            seed: request
+                .seed
+                .map_or_else(|| unseeded(id), |seed| seed as u64),
+        },
         events: events_tx,
     };
     match state.submissions.try_send(submission) {
@@ -375,6 +383,19 @@ async fn not_found() -> Response {
          /v1/models, GET /health and GET /metrics",
     )
     .into_response()
+}
+
+/// A seed for a request that gave none: its id mixed with the wall clock's nanoseconds.
+fn unseeded(id: RequestId) -> u64 {
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "an unseeded request's seed comes from the wall clock"
+    )]
+    let now = std::time::SystemTime::now();
+    let nanos = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.subsec_nanos());
+    id.0.rotate_left(32) ^ u64::from(nanos)
 }
 
 fn unix_now() -> u64 {

@@ -16,6 +16,8 @@ use crate::error::{Error, Result};
 pub struct TextCodec {
     tokenizer: Tokenizer,
     vocab: u32,
+    /// The model's end-of-turn token, when a real model answers.
+    end_of_turn: Option<u32>,
 }
 
 impl TextCodec {
@@ -33,7 +35,18 @@ impl TextCodec {
             .map_err(model)?
             .len() as u32;
         let tokenizer = Tokenizer::from_gguf(&gguf).map_err(model)?;
-        Ok(TextCodec { tokenizer, vocab })
+        Ok(TextCodec {
+            tokenizer,
+            vocab,
+            end_of_turn: None,
+        })
+    }
+
+    /// This codec for a real model's answers: `end_of_turn` ends one (and is not shown).
+    #[must_use]
+    pub fn ending_at(mut self, end_of_turn: u32) -> TextCodec {
+        self.end_of_turn = Some(end_of_turn);
+        self
     }
 
     /// Tokens in the vocabulary.
@@ -68,11 +81,11 @@ impl TextCodec {
         }
     }
 
-    /// Whether `token` ends the answer: the engine's stop token. A model's end of turn is the engine's to
-    /// stop at (its executor samples it); the simulated and reference executors' tokens are no language
-    /// model's, so an id that happens to be `<|im_end|>` ends nothing.
+    /// Whether `token` ends the answer: the engine's stop token, or a real model's end of turn (the engine
+    /// thread stops the request there). The simulated and reference executors' tokens are no language
+    /// model's, so with them an id that happens to be `<|im_end|>` ends nothing.
     pub fn is_stop(&self, token: u32) -> bool {
-        token == STOP_TOKEN
+        token == STOP_TOKEN || Some(token) == self.end_of_turn
     }
 
     /// The vocabulary id an output token is shown as: the executors other than a real model draw ids from
