@@ -1,9 +1,10 @@
 //! The tidy check: every Rust module starts with a `//!` doc saying what it owns, no test is ignored or
 //! expected to panic (assert the error value instead), integration tests build engines from parameters
 //! that verify every restore (L5, in release builds too), and `docs/contract.md` stays true to the contract
-//! and the tests (see `contract`).
+//! and the tests (see `contract`), and no library function runs over 80 lines (see `fn_length`).
 
 mod contract;
+mod fn_length;
 #[cfg(test)]
 mod tests;
 
@@ -38,6 +39,7 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
                 .unwrap_or(&file)
                 .display()
                 .to_string();
+            problems.extend(fn_length::check_file(&shown, &text));
             let first_code = text.lines().map(str::trim).find(|l| !l.is_empty());
             if !first_code.is_some_and(|l| l.starts_with("//!")) {
                 problems.push(format!("{shown}: module has no `//!` doc at its top"));

@@ -119,3 +119,40 @@ fn integration_tests_are_the_files_beside_each_test_binarys_main() {
     assert!(!is_integration_test("crates/engine/tests/it/main.rs"));
     assert!(!is_integration_test("crates/kvgate/src/config/tests.rs"));
 }
+
+#[test]
+fn library_code_is_src_without_binaries_and_tests() {
+    use super::fn_length::is_library;
+    assert!(is_library("crates/engine/src/engine/step.rs"));
+    assert!(!is_library("crates/kvgate/src/main.rs"));
+    assert!(!is_library("crates/kvgate/src/bin/capacity_waits.rs"));
+    assert!(!is_library("crates/engine/src/tests.rs"));
+    assert!(!is_library("crates/engine/src/engine/tests/admit.rs"));
+    assert!(!is_library("crates/engine/tests/it/cuda.rs"));
+    assert!(!is_library("crates/kv-pool/benches/pool.rs"));
+    assert!(!is_library("xtask/src/main.rs"));
+}
+
+#[test]
+fn braces_in_comments_strings_and_chars_do_not_count() {
+    use super::fn_length::code_only;
+    let text = "let a = \"{\"; // {\nlet b = '{'; /* { */ let c = r#\"{\"#; fn f<'a>(x: &'a u8) {}";
+    let code = code_only(text);
+    assert_eq!(code.matches('{').count(), 1, "{code}");
+    assert_eq!(code.lines().count(), 2);
+}
+
+#[test]
+fn a_function_over_the_limit_is_reported_with_its_line_and_length() {
+    use super::fn_length::{MAX_FN_LINES, long_functions};
+    let body = "    x += 1;\n".repeat(MAX_FN_LINES - 2);
+    let at_limit = format!("fn fits() {{\n{body}}}\n");
+    assert!(long_functions(&at_limit).is_empty());
+    let over = format!("//! doc\npub(crate) fn grows(x: [u8; 2]) {{\n{body}    x;\n}}\n");
+    assert_eq!(
+        long_functions(&over),
+        [(2, "grows".to_string(), MAX_FN_LINES + 1)]
+    );
+    let tested = format!("#[cfg(test)]\nmod tests {{\n{over}}}\n");
+    assert!(long_functions(&tested).is_empty());
+}

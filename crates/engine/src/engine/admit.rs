@@ -569,6 +569,13 @@ impl<E: Executor> Engine<E> {
             plan.entries.push((id, Work::LogitsOnly));
             return Ok(true);
         }
+        self.plan_first_chunk(id, plan)?;
+        Ok(true)
+    }
+
+    /// Plans the first prefill chunk of admitted request `id` after its imported prefix, within the
+    /// step's budget and the pages it can grow.
+    fn plan_first_chunk(&mut self, id: RequestId, plan: &mut Plan) -> Result<()> {
         let first_pos = self.table.get(id)?.n_computed;
         let chunk = self.prefill_chunk(id, first_pos, plan.budget)?;
         if chunk > 0 && self.grow_pages(id, first_pos + chunk, super::pages::AllocKind::Prefill)? {
@@ -582,6 +589,6 @@ impl<E: Executor> Engine<E> {
             plan.budget -= chunk;
             self.register_blocks_upto(id, first_pos + chunk)?;
         }
-        Ok(true)
+        Ok(())
     }
 }

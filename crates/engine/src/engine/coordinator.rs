@@ -557,95 +557,102 @@ impl<E: Executor> Engine<E> {
     }
 
     fn apply_import_event(&mut self, event: &ImportEvent, report: &mut StepReport) -> Result<()> {
-        let block_tokens = self.params.geometry.block_tokens();
         match event {
             // A drained import's pages are free: the ledger's references went when it was cancelled.
-            ImportEvent::Acknowledged { .. } | ImportEvent::Drained { .. } => {}
+            ImportEvent::Acknowledged { .. } | ImportEvent::Drained { .. } => Ok(()),
             &ImportEvent::Published {
                 request: id,
                 import,
                 ..
-            } => {
-                let loading = self.table.get(id)?.loading;
-                let (expected, first_block, tokens) = match (&loading, &self.table.get(id)?.restore)
-                {
-                    (Some(loading), _) => (loading.import, loading.first_block, loading.tokens),
-                    (None, &Restore::Importing { import, tokens }) => (import, 0, tokens),
-                    (None, restore) => {
-                        return Err(Error::internal(format!(
-                            "{id} published an import while its restore is {}",
-                            restore.name()
-                        )));
-                    }
-                };
-                debug_assert_eq!(
-                    expected, import,
-                    "{id} published an import it does not wait for"
-                );
-                self.verify_import(id, first_block, tokens)?;
-                if loading.is_some() {
-                    // ordinary: the admitted request already holds the pages; the index lets go of them.
-                    self.table.get_mut(id)?.loading = None;
-                    let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
-                } else if self.policy.publish(id)? == Publication::Owned {
-                    self.table.move_to(id, Phase::Ready)?;
-                } else {
-                    // pages-only: no ownership once published; the pages are evictable cached pages.
-                    let published = self
-                        .index
-                        .pages(id)
-                        .ok_or_else(|| {
-                            Error::internal(format!("{id}: published import has no pages"))
-                        })?
-                        .to_vec();
-                    if self.groups.is_hybrid() {
-                        // Its unkeyed pages (partial last page, state) stay findable under their slot's
-                        // key, as evictable as its blocks, until the request is admitted.
-                        self.key_unkeyed_slots(id, &published, tokens)?;
-                    }
-                    let req = self.table.get_mut(id)?;
-                    req.published_unowned = published;
-                    req.published_tokens = tokens;
-                    req.restore = Restore::Idle;
-                    let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
-                    self.enqueue_waiting(id, None)?;
-                }
-            }
+            } => self.on_published(id, import),
             &ImportEvent::Failed { request: id, .. }
-            | &ImportEvent::Invalidated { request: id, .. } => {
-                // The index discarded the import once its copies drained.
-                let reason = FallbackReason::CopyFailed;
-                let req = self.table.get_mut(id)?;
-                req.copy_failed = true;
-                if let Some(loading) = req.loading.take() {
-                    // ordinary: recompute what the copy should have brought; the local hits before it stay.
-                    let hits = loading.first_block as usize;
-                    let mut garbage = req.pages.split_off(hits);
-                    garbage.append(&mut req.fixed);
-                    for table in std::mem::take(&mut req.windows) {
-                        garbage.extend(table.into_iter().filter(|page| !page.is_null()));
-                    }
-                    req.window_credit_pages.clear();
-                    req.copy_on_write = false;
-                    req.draft_replay_tokens = 0;
-                    req.replay_page = false;
-                    req.n_computed = hits as u32 * block_tokens;
-                    req.metrics.prompt_tokens_restored = 0;
-                    req.metrics.restored = false;
-                    req.fall_back(reason);
-                    report.fallbacks.push((id, reason));
-                    self.pool.free_all(&garbage)?;
-                    return Ok(());
-                }
-                let Restore::Importing { tokens, .. } = req.restore.clone() else {
-                    return Err(Error::internal(format!(
-                        "{id}: a failed import of no importing restore"
-                    )));
-                };
-                self.release_ticket(id);
-                self.retry_lookup(id, tokens, reason, report)?;
-            }
+            | &ImportEvent::Invalidated { request: id, .. } => self.on_import_failed(id, report),
         }
+    }
+
+    /// `id`'s import `import` is published: verified, then handed over as its policy says (ordinary: the
+    /// admitted request already holds the pages; owned: the request is ready; pages-only: evictable
+    /// cached pages and the request waits again).
+    fn on_published(&mut self, id: RequestId, import: checkpoint_transfer::ImportId) -> Result<()> {
+        let loading = self.table.get(id)?.loading;
+        let (expected, first_block, tokens) = match (&loading, &self.table.get(id)?.restore) {
+            (Some(loading), _) => (loading.import, loading.first_block, loading.tokens),
+            (None, &Restore::Importing { import, tokens }) => (import, 0, tokens),
+            (None, restore) => {
+                return Err(Error::internal(format!(
+                    "{id} published an import while its restore is {}",
+                    restore.name()
+                )));
+            }
+        };
+        debug_assert_eq!(
+            expected, import,
+            "{id} published an import it does not wait for"
+        );
+        self.verify_import(id, first_block, tokens)?;
+        if loading.is_some() {
+            // ordinary: the admitted request already holds the pages; the index lets go of them.
+            self.table.get_mut(id)?.loading = None;
+            let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
+        } else if self.policy.publish(id)? == Publication::Owned {
+            self.table.move_to(id, Phase::Ready)?;
+        } else {
+            // pages-only: no ownership once published; the pages are evictable cached pages.
+            let published = self
+                .index
+                .pages(id)
+                .ok_or_else(|| Error::internal(format!("{id}: published import has no pages")))?
+                .to_vec();
+            if self.groups.is_hybrid() {
+                // Its unkeyed pages (partial last page, state) stay findable under their slot's
+                // key, as evictable as its blocks, until the request is admitted.
+                self.key_unkeyed_slots(id, &published, tokens)?;
+            }
+            let req = self.table.get_mut(id)?;
+            req.published_unowned = published;
+            req.published_tokens = tokens;
+            req.restore = Restore::Idle;
+            let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
+            self.enqueue_waiting(id, None)?;
+        }
+        Ok(())
+    }
+
+    /// `id`'s import failed or was invalidated: ordinary recomputes what the copy should have brought;
+    /// a restoring request releases its ticket and looks up again.
+    fn on_import_failed(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
+        let block_tokens = self.params.geometry.block_tokens();
+        // The index discarded the import once its copies drained.
+        let reason = FallbackReason::CopyFailed;
+        let req = self.table.get_mut(id)?;
+        req.copy_failed = true;
+        if let Some(loading) = req.loading.take() {
+            // ordinary: recompute what the copy should have brought; the local hits before it stay.
+            let hits = loading.first_block as usize;
+            let mut garbage = req.pages.split_off(hits);
+            garbage.append(&mut req.fixed);
+            for table in std::mem::take(&mut req.windows) {
+                garbage.extend(table.into_iter().filter(|page| !page.is_null()));
+            }
+            req.window_credit_pages.clear();
+            req.copy_on_write = false;
+            req.draft_replay_tokens = 0;
+            req.replay_page = false;
+            req.n_computed = hits as u32 * block_tokens;
+            req.metrics.prompt_tokens_restored = 0;
+            req.metrics.restored = false;
+            req.fall_back(reason);
+            report.fallbacks.push((id, reason));
+            self.pool.free_all(&garbage)?;
+            return Ok(());
+        }
+        let Restore::Importing { tokens, .. } = req.restore.clone() else {
+            return Err(Error::internal(format!(
+                "{id}: a failed import of no importing restore"
+            )));
+        };
+        self.release_ticket(id);
+        self.retry_lookup(id, tokens, reason, report)?;
         Ok(())
     }
 }

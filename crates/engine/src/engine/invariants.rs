@@ -91,61 +91,74 @@ impl<E: Executor> Engine<E> {
                 self.params.max_running
             ));
         }
-        if let Some(ledger) = self.policy.ledger() {
-            ledger
-                .check_invariants(&self.pool)
-                .map_err(|error| Error::internal(format!("the ledger: {error}")))?;
-            // O5: the index alone pins and drains an import's pages. A ticket hands its pages over when its
-            // import is staged, in the call that reserved it, or is released there, so between calls no
-            // importing ticket holds pages.
-            for ticket in ledger.snapshot().tickets {
-                let Some(req) = self.table.find(ticket.request) else {
-                    return broken(format!("a ticket of {}, which is not live", ticket.request));
-                };
-                if ticket.state == reservation::TicketState::Importing && !ticket.handed_over {
-                    return broken(format!(
-                        "{}'s importing ticket still holds {} pages no staged import owns",
-                        ticket.request, ticket.import_pages
-                    ));
-                }
-                // A ticket never holds more credits than a fresh ticket for what is left would: the
-                // continuation from its computed tokens to every token still to compute (the prompt and,
-                // for a request preempted after it produced output, that output too), its draft
-                // lookahead and the captures it may publish (C2). The engine copies a capture out of the
-                // request's own pages, so capture credits are never drawn: they end with the ticket (C6).
-                // A windowed group's credits cover its peak window (C4) even when less of the prompt is
-                // left than a chunk: they count at that peak.
-                let geometry = &self.params.geometry;
-                let continuation = kv_pool::Continuation {
-                    prefix_tokens: req.n_computed.min(req.tokens.len() as u32),
-                    prompt_tokens: req.tokens.len() as u32,
-                    chunk_tokens: self.params.chunk_tokens,
-                    draft_lookahead_tokens: self.params.draft_tokens,
-                    captures: super::coordinator::CAPTURES_MAX,
-                };
-                let peak = kv_pool::Continuation {
-                    prefix_tokens: 0,
-                    prompt_tokens: geometry.max_model_len(),
-                    ..continuation
-                };
-                let windows: u32 = (0..self.groups.n_windows())
-                    .map(|window| {
-                        let group = self.groups.window_group(window) as usize;
-                        geometry.group_continuation_pages(group, &peak)
-                    })
-                    .sum();
-                let remaining =
-                    i64::from(geometry.continuation_pages(&continuation)) + i64::from(windows);
-                let (captures, draft) = (0, 0);
-                if i64::from(ticket.credit_pages) > remaining.max(0) + captures + draft {
-                    return broken(format!(
-                        "{} holds {} credits for {remaining} remaining pages",
-                        ticket.request, ticket.credit_pages
-                    ));
-                }
+        self.check_tickets()?;
+        self.table.check_containers()
+    }
+
+    /// The ledger's own invariants, and each ticket's against its request (O5, C2), for a policy with a
+    /// ledger.
+    fn check_tickets(&self) -> Result<()> {
+        let broken = |invariant: String| Err(Error::internal(invariant));
+        let Some(ledger) = self.policy.ledger() else {
+            return Ok(());
+        };
+        ledger
+            .check_invariants(&self.pool)
+            .map_err(|error| Error::internal(format!("the ledger: {error}")))?;
+        // O5: the index alone pins and drains an import's pages. A ticket hands its pages over when its
+        // import is staged, in the call that reserved it, or is released there, so between calls no
+        // importing ticket holds pages.
+        for ticket in ledger.snapshot().tickets {
+            let Some(req) = self.table.find(ticket.request) else {
+                return broken(format!("a ticket of {}, which is not live", ticket.request));
+            };
+            if ticket.state == reservation::TicketState::Importing && !ticket.handed_over {
+                return broken(format!(
+                    "{}'s importing ticket still holds {} pages no staged import owns",
+                    ticket.request, ticket.import_pages
+                ));
+            }
+            let remaining = self.remaining_pages(req);
+            let (captures, draft) = (0, 0);
+            if i64::from(ticket.credit_pages) > remaining.max(0) + captures + draft {
+                return broken(format!(
+                    "{} holds {} credits for {remaining} remaining pages",
+                    ticket.request, ticket.credit_pages
+                ));
             }
         }
-        self.table.check_containers()
+        Ok(())
+    }
+
+    /// The pages a fresh ticket for what `req` has left would need, its windows at their peak.
+    fn remaining_pages(&self, req: &super::req::Req) -> i64 {
+        // A ticket never holds more credits than a fresh ticket for what is left would: the
+        // continuation from its computed tokens to every token still to compute (the prompt and,
+        // for a request preempted after it produced output, that output too), its draft
+        // lookahead and the captures it may publish (C2). The engine copies a capture out of the
+        // request's own pages, so capture credits are never drawn: they end with the ticket (C6).
+        // A windowed group's credits cover its peak window (C4) even when less of the prompt is
+        // left than a chunk: they count at that peak.
+        let geometry = &self.params.geometry;
+        let continuation = kv_pool::Continuation {
+            prefix_tokens: req.n_computed.min(req.tokens.len() as u32),
+            prompt_tokens: req.tokens.len() as u32,
+            chunk_tokens: self.params.chunk_tokens,
+            draft_lookahead_tokens: self.params.draft_tokens,
+            captures: super::coordinator::CAPTURES_MAX,
+        };
+        let peak = kv_pool::Continuation {
+            prefix_tokens: 0,
+            prompt_tokens: geometry.max_model_len(),
+            ..continuation
+        };
+        let windows: u32 = (0..self.groups.n_windows())
+            .map(|window| {
+                let group = self.groups.window_group(window) as usize;
+                geometry.group_continuation_pages(group, &peak)
+            })
+            .sum();
+        i64::from(geometry.continuation_pages(&continuation)) + i64::from(windows)
     }
 
     /// The references each page's named owners hold: live requests' page tables, the resident index's

@@ -291,7 +291,6 @@ impl<E: Executor> Engine<E> {
     /// pages allow. A request that cannot get pages preempts from the tail only while nothing is scheduled yet
     /// in this step (Q5); otherwise it waits for the next step.
     fn schedule_running(&mut self, plan: &mut Plan, report: &mut StepReport) -> Result<()> {
-        let draft = self.params.draft_tokens;
         let mut idx = 0;
         while idx < self.table.running().len() {
             let id = self.table.running()[idx];
@@ -307,44 +306,9 @@ impl<E: Executor> Engine<E> {
                 idx += 1;
                 continue;
             }
-            let (work, tokens, upto, kind) = if req.in_prefill() || req.n_to_compute() > 1 {
-                let n_budget = self.prefill_chunk(id, req.n_computed, plan.budget)?;
-                if n_budget == 0 {
-                    idx += 1;
-                    continue;
-                }
-                // A prefill without a ticket takes no credit-protected page (C1). When the pages it needs are
-                // free but credits protect some, its chunk shrinks to the unprotected pages, or it waits when
-                // there are none: credits never make anyone preempt (C5). When the pool itself lacks the
-                // pages, it is ordinary pressure, handled below as without credits.
-                let n = match self.credit_blocked_prefill_tokens(id, n_budget)? {
-                    Some(0) => {
-                        idx += 1;
-                        continue;
-                    }
-                    Some(n) => n,
-                    None => n_budget,
-                };
-                let upto = req.n_computed + n;
-                (
-                    Work::Prefill {
-                        first_pos: req.n_computed,
-                        n,
-                    },
-                    n,
-                    upto,
-                    AllocKind::Prefill,
-                )
-            } else {
-                let upto = req.n_computed + 1 + draft;
-                (
-                    Work::Decode {
-                        context: req.n_computed,
-                    },
-                    1 + draft,
-                    upto,
-                    AllocKind::Decode,
-                )
+            let Some((work, tokens, upto, kind)) = self.next_work(id, plan.budget)? else {
+                idx += 1;
+                continue;
             };
             if tokens > plan.budget {
                 idx += 1;
@@ -368,16 +332,7 @@ impl<E: Executor> Engine<E> {
             // The newest request behind it that holds no credits gives way (Q6); credits belong to their
             // consumer until its prompt is computed (C1, C6), so a credit holder is never the victim. With
             // no victim, the request gives way itself, unless it holds credits: then it waits.
-            let victim = self.table.running()[idx + 1..]
-                .iter()
-                .rev()
-                .copied()
-                .find(|victim| {
-                    self.table
-                        .find(*victim)
-                        .is_some_and(|victim| victim.loading.is_none())
-                        && !self.policy.holds_admitted_ticket(*victim)
-                });
+            let victim = self.preemption_victim(idx);
             match victim {
                 Some(victim) => self.preempt(victim, report)?,
                 None if self.policy.holds_admitted_ticket(id) => idx += 1,
@@ -386,6 +341,69 @@ impl<E: Executor> Engine<E> {
             // Retry the same index: either `id` again with more free pages, or the next request.
         }
         Ok(())
+    }
+
+    /// The work running request `id` does next within `budget` tokens: a prefill chunk (shrunk to the
+    /// pages credits leave it, C1/C5) or a decode of one token and its drafts, with the tokens it takes,
+    /// the position its pages must reach and their kind. `None`: nothing this step.
+    fn next_work(
+        &mut self,
+        id: RequestId,
+        budget: u32,
+    ) -> Result<Option<(Work, u32, u32, AllocKind)>> {
+        let draft = self.params.draft_tokens;
+        let req = self.table.get(id)?;
+        Ok(Some(if req.in_prefill() || req.n_to_compute() > 1 {
+            let n_budget = self.prefill_chunk(id, req.n_computed, budget)?;
+            if n_budget == 0 {
+                return Ok(None);
+            }
+            // A prefill without a ticket takes no credit-protected page (C1). When the pages it needs are
+            // free but credits protect some, its chunk shrinks to the unprotected pages, or it waits when
+            // there are none: credits never make anyone preempt (C5). When the pool itself lacks the
+            // pages, it is ordinary pressure, handled below as without credits.
+            let n = match self.credit_blocked_prefill_tokens(id, n_budget)? {
+                Some(0) => return Ok(None),
+                Some(n) => n,
+                None => n_budget,
+            };
+            let upto = req.n_computed + n;
+            (
+                Work::Prefill {
+                    first_pos: req.n_computed,
+                    n,
+                },
+                n,
+                upto,
+                AllocKind::Prefill,
+            )
+        } else {
+            let upto = req.n_computed + 1 + draft;
+            (
+                Work::Decode {
+                    context: req.n_computed,
+                },
+                1 + draft,
+                upto,
+                AllocKind::Decode,
+            )
+        }))
+    }
+
+    /// The running request behind position `idx` that gives way (Q6): the newest one that is not
+    /// loading and holds no credits (credits belong to their consumer until its prompt is computed, C1,
+    /// C6, so a credit holder is never the victim).
+    fn preemption_victim(&self, idx: usize) -> Option<RequestId> {
+        self.table.running()[idx + 1..]
+            .iter()
+            .rev()
+            .copied()
+            .find(|victim| {
+                self.table
+                    .find(*victim)
+                    .is_some_and(|victim| victim.loading.is_none())
+                    && !self.policy.holds_admitted_ticket(*victim)
+            })
     }
 
     /// `Some(tokens)` when credits, not the pool, keep `id`'s prefill of `n_tokens` from its pages: the free

@@ -153,21 +153,7 @@ async fn generate(
             error
         }
     })?;
-    let request = match kind {
-        Kind::Chat => api::parse_chat(&body)?,
-        Kind::Completion => api::parse_completion(&body)?,
-    };
-    if request.model != state.model_name {
-        return Err(ApiError {
-            status: StatusCode::NOT_FOUND,
-            message: format!(
-                "The model `{}` does not exist; this server serves `{}`",
-                request.model, state.model_name
-            ),
-            param: Some("model".into()),
-            code: Some("model_not_found"),
-        });
-    }
+    let request = parse_request(&state, &body, kind)?;
     let prompt = state.codec.encode(&request.prompt)?;
     let max_tokens = output_cap(&state, &request, prompt.len())?;
     let in_flight = admit(&state)?;
@@ -221,6 +207,26 @@ async fn generate(
         return Ok(sse_body(generation, header, state.keepalive));
     }
     whole_answer(generation, &header, &state).await
+}
+
+/// The request in `body` as `kind` says, for the model this server serves.
+fn parse_request(state: &AppState, body: &[u8], kind: Kind) -> Result<GenRequest, ApiError> {
+    let request = match kind {
+        Kind::Chat => api::parse_chat(body)?,
+        Kind::Completion => api::parse_completion(body)?,
+    };
+    if request.model != state.model_name {
+        return Err(ApiError {
+            status: StatusCode::NOT_FOUND,
+            message: format!(
+                "The model `{}` does not exist; this server serves `{}`",
+                request.model, state.model_name
+            ),
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        });
+    }
+    Ok(request)
 }
 
 /// The output cap of `request`: its `max_tokens`, which must fit the context with the prompt, or the

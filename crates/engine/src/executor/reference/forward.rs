@@ -44,7 +44,6 @@ impl ReferenceModel {
         entry: &ForwardEntry<'_>,
         span: &Span,
     ) -> ModelResult<Option<Logits>> {
-        let d = self.config.d_model as usize;
         let n_full = self.config.n_attention_layers as usize;
         let mut full_kv = self.load_kv(
             storage.attention,
@@ -64,11 +63,7 @@ impl ReferenceModel {
             _ => None,
         };
         let mut states = self.load_states(storage, entry_idx, entry)?;
-        let mut x = vec![0.0f32; entry.tokens.len() * d];
-        for (x_t, &token) in x.chunks_exact_mut(d).zip(entry.tokens) {
-            let row = token as usize * d;
-            x_t.copy_from_slice(&self.weights.embedding[row..row + d]);
-        }
+        let mut x = self.embed(entry.tokens);
         let window = self.config.local.map(|local| local.window);
         for layer in &self.weights.layers {
             match &layer.block {
@@ -109,16 +104,30 @@ impl ReferenceModel {
             self.store_kv(local, entry.local_pages, *slots, kv)?;
         }
         self.store_states(storage, entry.state_pages, span.end, &states)?;
-        if !entry.want_logits {
-            return Ok(None);
+        Ok(entry.want_logits.then(|| self.last_logits(&x)))
+    }
+
+    /// The embedding rows of `tokens`, one after another.
+    fn embed(&self, tokens: &[u32]) -> Vec<f32> {
+        let d = self.config.d_model as usize;
+        let mut x = vec![0.0f32; tokens.len() * d];
+        for (x_t, &token) in x.chunks_exact_mut(d).zip(tokens) {
+            let row = token as usize * d;
+            x_t.copy_from_slice(&self.weights.embedding[row..row + d]);
         }
+        x
+    }
+
+    /// The logits of the last token of `x` (rows of `d_model`) and their greedy pick.
+    fn last_logits(&self, x: &[f32]) -> Logits {
+        let d = self.config.d_model as usize;
         let mut x_norm = vec![0.0f32; d];
         rms_norm(&x[x.len() - d..], &mut x_norm);
         let mut values = vec![0.0f32; self.config.vocab as usize];
         vec_mat(&x_norm, &self.weights.unembedding, &mut values);
         // The vocabulary is never empty (validated) and the logits of a finite model are never all NaN.
         let next_token = argmax(&values).unwrap_or(0);
-        Ok(Some(Logits { values, next_token }))
+        Logits { values, next_token }
     }
 
     /// Reads slots `page_lo..read_hi` of `table` (every rank's share of each block), one `read_run` per
