@@ -150,6 +150,12 @@ struct RunArgs {
     /// groups, tokens per page, ranks and draft tokens (glm-mla-hybrid, linear-hybrid, sliding-window).
     #[arg(long)]
     preset: Option<String>,
+    /// Step-time coefficients (TOML, as `kvgate calibrate` writes; crates/kvgate/src/fidelity/h100-vllm.toml
+    /// is the committed H100 fit): the steps of the cost preset's model priced by the file's fit on every
+    /// experiment instead of the preset's own figures. Only small-8b-gpu (Llama-3-8B on one H100 SXM) and
+    /// the model presets built on it have a calibrated shape (docs/presets.md).
+    #[arg(long, value_name = "FILE")]
+    cost_model: Option<PathBuf>,
     /// Seed of the run.
     #[arg(long)]
     seed: Option<u64>,
@@ -462,7 +468,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
         (config.model.tokens_per_page, config.model.context_parallel)
     };
     let preset_label = match (live, kvgate::config::model_preset(&config.model.preset)) {
-        (false, _) => config.model.preset.clone(),
+        (false, _) => config.preset_label(),
         (true, None) => {
             "none: the reference executor, live on the wall clock (decode tok/s measured)"
                 .to_owned()
@@ -633,6 +639,7 @@ fn remote_agents(args: &AgentsArgs, target: &str) -> kvgate::Result<()> {
         ("--pool-pages", run.pool_pages.is_some()),
         ("--store-pages", run.store_pages.is_some()),
         ("--preset", run.preset.is_some()),
+        ("--cost-model", run.cost_model.is_some()),
         ("--preemption", run.preemption.is_some()),
         ("--storage", run.storage.is_some()),
         ("--copy-engine", run.copy_engine.is_some()),
@@ -1037,7 +1044,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
                 "context_parallel",
                 serde_json::json!(config.model.context_parallel),
             ),
-            ("preset", serde_json::json!(config.model.preset)),
+            ("preset", serde_json::json!(config.preset_label())),
             ("seed", serde_json::json!(config.seed)),
             ("store_started_warm", serde_json::json!(warm)),
             ("stores", stores_json(&stores)),
@@ -1059,7 +1066,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             config.pool.pages,
             config.model.tokens_per_page,
             ranks_suffix(config.model.context_parallel),
-            config.model.preset,
+            config.preset_label(),
             config.seed,
             run::describe_stores(&stores),
         );
@@ -1268,6 +1275,14 @@ fn load_config(args: &RunArgs) -> kvgate::Result<(EngineConfig, bool)> {
         // A model preset replaces the model's geometry and draft depth, whatever the config file said.
         config.apply_preset(preset)?;
     }
+    if let Some(path) = &args.cost_model {
+        let file = kvgate::fidelity::step_model::CostModelFile::load(path)?;
+        config.calibrated_cost = Some(kvgate::fidelity::target::calibrated(
+            &file,
+            &path.display().to_string(),
+            config.cost_preset(),
+        )?);
+    }
     if args.verify {
         config.restore.verify = true;
     }
@@ -1284,6 +1299,9 @@ fn load_config(args: &RunArgs) -> kvgate::Result<(EngineConfig, bool)> {
 /// Prints `config` as TOML (`--print-config`), without `[pool] pages` unless `pool_pages_set`: the command
 /// sizes its pool where neither the file nor `--pool-pages` did.
 fn print_config(config: &EngineConfig, pool_pages_set: bool) -> kvgate::Result<()> {
+    if config.calibrated_cost.is_some() {
+        outln!("# --cost-model FILE is not a config field: give it again beside --config");
+    }
     let text = config.to_toml()?;
     if pool_pages_set {
         out!("{text}");
