@@ -60,6 +60,7 @@ impl RunOptions {
             preemption: get(options, "preemption")?,
             storage: get(options, "storage")?,
             copy_engine: get(options, "copy_engine")?,
+            cost_model: get::<String>(options, "cost_model")?.map(std::path::PathBuf::from),
             verify: get(options, "verify")?.unwrap_or(false),
         };
         Ok(RunOptions {

@@ -44,6 +44,10 @@ pub struct EngineConfig {
     pub store: StoreConfig,
     /// Seed of everything random in a run. Default 0.
     pub seed: u64,
+    /// Step times replacing the cost preset's (`--cost-model FILE`: the calibrated model of
+    /// [`crate::fidelity::target`]); not a config-file field.
+    #[serde(skip)]
+    pub calibrated_cost: Option<CostModel>,
 }
 
 /// The model being served.
@@ -386,7 +390,7 @@ impl EngineConfig {
     }
 
     /// The cost preset `model.preset` names (itself, or the cost preset of a model preset).
-    fn cost_preset(&self) -> &str {
+    pub fn cost_preset(&self) -> &str {
         model_preset(&self.model.preset).map_or(self.model.preset.as_str(), |preset| preset.cost)
     }
 
@@ -599,13 +603,28 @@ impl EngineConfig {
         })
     }
 
-    /// The cost model of `model.preset`.
+    /// The cost model of `model.preset`, or the calibrated one that replaces it.
     pub fn cost(&self) -> Result<CostModel> {
+        if let Some(cost) = &self.calibrated_cost {
+            return Ok(cost.clone());
+        }
         CostModel::preset(self.cost_preset()).ok_or_else(|| Error::InvalidConfig {
             field: "model.preset",
             value: self.model.preset.clone(),
             allowed: PRESETS_ALLOWED.to_string(),
         })
+    }
+
+    /// What a report calls the model: `model.preset`, and where the step times come from when a calibrated
+    /// cost model replaces the preset's.
+    pub fn preset_label(&self) -> String {
+        match &self.calibrated_cost {
+            Some(_) => format!(
+                "{} (steps: --cost-model, calibrated for Llama-3-8B on one H100 SXM)",
+                self.model.preset
+            ),
+            None => self.model.preset.clone(),
+        }
     }
 
     /// This config for the engine of `policy` when several engines run at once: its disk store, if any, in

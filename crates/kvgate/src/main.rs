@@ -151,6 +151,12 @@ struct RunArgs {
     /// groups, tokens per page, ranks and draft tokens (glm-mla-hybrid, linear-hybrid, sliding-window).
     #[arg(long)]
     preset: Option<String>,
+    /// Step-time coefficients (TOML, as `kvgate calibrate` writes; crates/kvgate/src/fidelity/h100-vllm.toml
+    /// is the committed H100 fit): the steps of the cost preset's model priced by the file's fit on every
+    /// experiment instead of the preset's own figures. Only small-8b-gpu (Llama-3-8B on one H100 SXM) and
+    /// the model presets built on it have a calibrated shape (docs/presets.md).
+    #[arg(long, value_name = "FILE")]
+    cost_model: Option<PathBuf>,
     /// Seed of the run.
     #[arg(long)]
     seed: Option<u64>,
@@ -508,6 +514,7 @@ fn remote_agents(args: &AgentsArgs, target: &str) -> kvgate::Result<()> {
         ("--pool-pages", run.pool_pages.is_some()),
         ("--store-pages", run.store_pages.is_some()),
         ("--preset", run.preset.is_some()),
+        ("--cost-model", run.cost_model.is_some()),
         ("--preemption", run.preemption.is_some()),
         ("--storage", run.storage.is_some()),
         ("--copy-engine", run.copy_engine.is_some()),
@@ -910,7 +917,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
             config.pool.pages,
             config.model.tokens_per_page,
             ranks_suffix(config.model.context_parallel),
-            config.model.preset,
+            config.preset_label(),
             config.seed,
             run::describe_stores(&stores),
         );
@@ -1108,6 +1115,7 @@ fn run_options(args: &RunArgs) -> setup::RunOptions {
         preemption: args.preemption.clone(),
         storage: args.storage.clone(),
         copy_engine: args.copy_engine.clone(),
+        cost_model: args.cost_model.clone(),
         verify: args.verify,
     }
 }
@@ -1115,6 +1123,9 @@ fn run_options(args: &RunArgs) -> setup::RunOptions {
 /// Prints `config` as TOML (`--print-config`), without `[pool] pages` unless `pool_pages_set`: the command
 /// sizes its pool where neither the file nor `--pool-pages` did.
 fn print_config(config: &EngineConfig, pool_pages_set: bool) -> kvgate::Result<()> {
+    if config.calibrated_cost.is_some() {
+        outln!("# --cost-model FILE is not a config field: give it again beside --config");
+    }
     let text = config.to_toml()?;
     if pool_pages_set {
         out!("{text}");

@@ -33,6 +33,8 @@ pub struct RunOptions {
     pub preemption: Option<String>,
     pub storage: Option<String>,
     pub copy_engine: Option<String>,
+    /// A calibrated step-time model file (`--cost-model`), priced for the config's preset.
+    pub cost_model: Option<std::path::PathBuf>,
     pub verify: bool,
 }
 
@@ -72,6 +74,14 @@ pub fn load_config(options: &RunOptions) -> Result<(EngineConfig, bool)> {
     if let Some(preset) = &options.preset {
         // A model preset replaces the model's geometry and draft depth, whatever the config said.
         config.apply_preset(preset)?;
+    }
+    if let Some(path) = &options.cost_model {
+        let file = crate::fidelity::step_model::CostModelFile::load(path)?;
+        config.calibrated_cost = Some(crate::fidelity::target::calibrated(
+            &file,
+            &path.display().to_string(),
+            config.cost_preset(),
+        )?);
     }
     if options.verify {
         config.restore.verify = true;
@@ -205,7 +215,7 @@ impl AgentsHeader {
             (config.model.tokens_per_page, config.model.context_parallel)
         };
         let preset_label = match (live, crate::config::model_preset(&config.model.preset)) {
-            (false, _) => config.model.preset.clone(),
+            (false, _) => config.preset_label(),
             (true, None) => {
                 "none: the reference executor, live on the wall clock (decode tok/s measured)"
                     .to_owned()
@@ -321,7 +331,7 @@ pub fn replay_header_json(
         ("pool_pages", json!(config.pool.pages)),
         ("tokens_per_page", json!(config.model.tokens_per_page)),
         ("context_parallel", json!(config.model.context_parallel)),
-        ("preset", json!(config.model.preset)),
+        ("preset", json!(config.preset_label())),
         ("seed", json!(config.seed)),
         ("store_started_warm", json!(warm)),
         ("stores", stores_json(stores)),

@@ -102,21 +102,33 @@ fn tpot_rows(experiment: &Experiment, run: &SimRun) -> Vec<Row> {
 
 /// Solves min sum (a.x - y)^2 + ridge * sum (x_k / prior_k - 1)^2 with x >= 0 (active set: the most negative
 /// coefficient is pinned at 0 and the rest solved again).
-#[allow(
-    clippy::needless_range_loop,
-    reason = "matrix indices read clearer than zipped iterators"
-)]
 pub fn nnls_ridge<const N: usize>(
     rows: &[([f64; N], f64)],
     prior: &[f64; N],
     ridge: f64,
 ) -> [f64; N] {
-    // Unknowns u_k = x_k / prior_k.
+    bounded_ridge(rows, prior, &[0.0; N], ridge)
+}
+
+/// As [`nnls_ridge`], with x_k >= `lower_k` instead of x_k >= 0 (each `lower_k` below `prior_k`).
+#[allow(
+    clippy::needless_range_loop,
+    reason = "matrix indices read clearer than zipped iterators"
+)]
+pub fn bounded_ridge<const N: usize>(
+    rows: &[([f64; N], f64)],
+    prior: &[f64; N],
+    lower: &[f64; N],
+    ridge: f64,
+) -> [f64; N] {
+    // Unknowns u_k = (x_k - lower_k) / prior_k >= 0; the ridge pulls u_k towards 1 - lower_k / prior_k.
+    let pull: [f64; N] = std::array::from_fn(|k| 1.0 - lower[k] / prior[k]);
     let mut free = [true; N];
     loop {
         let mut ata = [[0.0; N]; N];
         let mut aty = [0.0; N];
         for (a, y) in rows {
+            let y = y - (0..N).map(|k| a[k] * lower[k]).sum::<f64>();
             for i in 0..N {
                 let ai = a[i] * prior[i];
                 aty[i] += ai * y;
@@ -127,7 +139,7 @@ pub fn nnls_ridge<const N: usize>(
         }
         for i in 0..N {
             ata[i][i] += ridge;
-            aty[i] += ridge;
+            aty[i] += ridge * pull[i];
         }
         for i in 0..N {
             if !free[i] {
@@ -145,7 +157,11 @@ pub fn nnls_ridge<const N: usize>(
             .min_by(|&a, &b| u[a].total_cmp(&u[b]));
         match worst {
             Some(i) => free[i] = false,
-            None => return std::array::from_fn(|i| if free[i] { u[i] * prior[i] } else { 0.0 }),
+            None => {
+                return std::array::from_fn(|i| {
+                    lower[i] + if free[i] { u[i] * prior[i] } else { 0.0 }
+                });
+            }
         }
     }
 }
@@ -198,7 +214,12 @@ fn fit(
             .zip(&runs)
             .flat_map(|(e, run)| tpot_rows(e, run))
             .collect();
-        coefficients = coefficients.with_step(nnls_ridge(&rows, &prior.step(), RIDGE));
+        coefficients = coefficients.with_step(bounded_ridge(
+            &rows,
+            &prior.step(),
+            &Coefficients::LOWER,
+            RIDGE,
+        ));
         let _ = round;
         let jobs: Vec<(&Experiment, &Coefficients)> =
             experiments.iter().map(|e| (*e, &coefficients)).collect();

@@ -8,7 +8,7 @@ use clap::Args;
 use super::Result;
 use super::calibrate::calibrate;
 use super::experiment::load_all;
-use super::report::compare;
+use super::report::{compare, preset_check, preset_kind};
 use super::step_model::CostModelFile;
 
 /// `kvgate fidelity DIR`.
@@ -19,6 +19,10 @@ pub struct FidelityArgs {
     /// Step-time coefficients (TOML, as `kvgate calibrate` writes). Default: the committed H100 fit.
     #[arg(long, value_name = "FILE")]
     pub cost_model: Option<PathBuf>,
+    /// Instead of a fit: run this cost preset's own step figures (small-8b-gpu) on the experiments of the
+    /// kind of server it stands for (dense, one GPU: Llama-2-7B) and print its error.
+    #[arg(long, value_name = "NAME", conflicts_with = "cost_model")]
+    pub preset: Option<String>,
     /// Print JSON (with `held_out_median_ape_pct` and `fitted_median_ape_pct`) instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -37,6 +41,15 @@ pub struct CalibrateArgs {
 /// Runs `kvgate fidelity`; returns what to print. The coefficient file is checked before the measurements
 /// are read.
 pub fn fidelity(args: &FidelityArgs) -> Result<String> {
+    if let Some(preset) = &args.preset {
+        preset_kind(preset)?;
+        let report = preset_check(&load_all(&args.dir)?, preset)?;
+        return Ok(if args.json {
+            report.json()
+        } else {
+            report.table()
+        });
+    }
     let file = match &args.cost_model {
         Some(path) => CostModelFile::load(path)?,
         None => CostModelFile::committed()?,

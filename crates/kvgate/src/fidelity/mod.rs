@@ -9,6 +9,7 @@
 //! - [`simulate`] runs one experiment and predicts its figures;
 //! - [`calibrate`] fits the coefficients (on all experiments, leaving each profile out, leaving each model
 //!   out);
+//! - [`target`] prices a cost preset's model with a fit (`agents` and `replay --cost-model FILE`);
 //! - [`report`] compares predictions with measurements (`kvgate fidelity DIR`);
 //! - [`cli`] holds the two subcommands' options and entry points.
 //!
@@ -23,6 +24,7 @@ pub mod report;
 pub mod server;
 pub mod simulate;
 pub mod step_model;
+pub mod target;
 pub mod workload;
 mod yaml;
 

@@ -285,3 +285,120 @@ impl Report {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 }
+
+/// A cost preset's own figures (no calibration, no first-token delay) against the experiments whose server
+/// is the kind the preset stands for ([`super::target::shape_of`]: the same tensor parallelism and a dense or
+/// mixture-of-experts model alike), stages not overloaded.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PresetReport {
+    /// The cost preset.
+    pub preset: String,
+    /// The experiments it was run on.
+    pub experiments: Vec<String>,
+    /// Every figure of every stage not overloaded: (experiment, stage, figure, measured, predicted).
+    pub figures: Vec<(String, usize, String, f64, f64)>,
+    /// Median APE over them.
+    pub median_ape_pct: f64,
+    /// Figures above 25%.
+    pub figures_over_25_pct: usize,
+}
+
+/// The kind of server cost preset `name` stands for: its tensor parallelism, whether its model is a mixture
+/// of experts, and its cost model. Errors: a preset with no calibrated shape.
+pub fn preset_kind(name: &str) -> Result<(u32, bool, engine::CostModel)> {
+    match (
+        super::target::shape_of(name),
+        engine::CostModel::preset(name),
+    ) {
+        (Some((shape, _, tp)), Some(cost)) => Ok((tp, shape.experts > 1, cost)),
+        _ => Err(FidelityError::Invalid {
+            path: format!("--preset {name}"),
+            message: "has no calibrated shape to match experiments against; allowed: small-8b-gpu"
+                .to_owned(),
+        }),
+    }
+}
+
+/// Runs cost preset `name` on the experiments of its kind. Errors: a preset with no calibrated shape, or
+/// no experiment of its kind in `experiments`.
+pub fn preset_check(experiments: &[Experiment], name: &str) -> Result<PresetReport> {
+    let (tp, moe, cost) = preset_kind(name)?;
+    let chosen: Vec<&Experiment> = experiments
+        .iter()
+        .filter(|e| e.server.tensor_parallel == tp && (e.model.experts > 1) == moe)
+        .collect();
+    if chosen.is_empty() {
+        return Err(FidelityError::Invalid {
+            path: format!("--preset {name}"),
+            message: format!(
+                "no experiment runs the kind of server it stands for (tensor parallel {tp}, {})",
+                if moe { "mixture of experts" } else { "dense" }
+            ),
+        });
+    }
+    let no_delay = Coefficients {
+        first_token_s: 0.0,
+        first_token_steps: 0.0,
+        ..Coefficients::prior()
+    };
+    let mut figures = Vec::new();
+    for experiment in &chosen {
+        let run = super::simulate::simulate_priced(experiment, cost.clone())?;
+        let predicted = run.figures(&no_delay)?;
+        for (stage, measured) in experiment.measured.iter().enumerate() {
+            if experiment.overloaded(stage) {
+                continue;
+            }
+            for (f, (metric, stat)) in FIGURES.iter().enumerate() {
+                figures.push((
+                    experiment.name.clone(),
+                    stage,
+                    format!("{}.{}", metric.name(), stat.name()),
+                    measured.figures[f],
+                    predicted[stage][f],
+                ));
+            }
+        }
+    }
+    let apes: Vec<f64> = figures.iter().map(|f| ape(f.4, f.3)).collect();
+    Ok(PresetReport {
+        preset: name.to_owned(),
+        experiments: chosen.iter().map(|e| e.name.clone()).collect(),
+        figures_over_25_pct: apes.iter().filter(|&&a| a > 25.0).count(),
+        median_ape_pct: median(apes),
+        figures,
+    })
+}
+
+impl PresetReport {
+    /// The report as a table.
+    pub fn table(&self) -> String {
+        let mut out = format!(
+            "Cost preset {} (its own step figures, no first-token delay) against the measurements \
+             (milliseconds), stages not overloaded\n\n{:<44} {:>2} {:<9} {:>9} {:>9} {:>6}\n",
+            self.preset, "experiment", "st", "figure", "measured", "preset", "APE%"
+        );
+        for (experiment, stage, figure, measured, predicted) in &self.figures {
+            let _ = writeln!(
+                out,
+                "{experiment:<44} {stage:>2} {figure:<9} {:>9} {:>9} {:>6.1}",
+                ms(*measured),
+                ms(*predicted),
+                ape(*predicted, *measured)
+            );
+        }
+        let _ = writeln!(
+            out,
+            "\nMedian APE {:.1}%, {} of {} figures above 25%",
+            self.median_ape_pct,
+            self.figures_over_25_pct,
+            self.figures.len()
+        );
+        out
+    }
+
+    /// The report as JSON.
+    pub fn json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+}

@@ -134,8 +134,12 @@ pub struct SimRun {
 
 /// Simulates `experiment` with the steps priced by `fit`.
 pub fn simulate(experiment: &Experiment, fit: &Coefficients) -> Result<SimRun> {
+    simulate_priced(experiment, fit.cost_model(experiment))
+}
+
+/// Simulates `experiment` with the steps priced by `cost` (a fit's, or a cost preset's own).
+pub fn simulate_priced(experiment: &Experiment, cost: CostModel) -> Result<SimRun> {
     let workload = workload::generate(experiment, WORKLOAD_SEED)?;
-    let cost: CostModel = fit.cost_model(experiment);
     let scales = Scales::of(experiment);
     let params = engine_params(experiment, cost.clone())?;
     let executor = CountingExecutor {

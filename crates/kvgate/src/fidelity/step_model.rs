@@ -24,7 +24,7 @@ use std::path::Path;
 use engine::CostModel;
 use serde::{Deserialize, Serialize};
 
-use super::experiment::Experiment;
+use super::experiment::{Experiment, Gpu, ModelShape};
 use super::{FidelityError, Result};
 
 /// Number of step-time coefficients ([`Coefficients::step`] order).
@@ -90,6 +90,14 @@ impl Coefficients {
         }
     }
 
+    /// The least each step coefficient may be fitted to ([`STEP_NAMES`] order): 0 on every one today.
+    /// `bounded_ridge` takes other bounds: 1 on `weights` would say that no GPU streams weights that do not
+    /// fit in its caches faster than its datasheet's bandwidth (tried in issue 31's second pass, see
+    /// docs/benchmarks.md). Not 1 on `kv_read` (sequences behind one shared prefix read the same blocks in
+    /// one kernel, and the L2 cache can serve them above HBM's bandwidth) nor on `flops` (the step model adds
+    /// compute to memory time where the GPU overlaps them, so a multiplier below 1 stands for the overlap).
+    pub const LOWER: [f64; N_STEP] = [0.0; N_STEP];
+
     /// The step coefficients in [`STEP_NAMES`] order.
     pub fn step(&self) -> [f64; N_STEP] {
         [
@@ -151,7 +159,11 @@ impl Coefficients {
 
     /// The engine's cost model for `experiment`'s model, GPU and tensor parallelism.
     pub fn cost_model(&self, experiment: &Experiment) -> CostModel {
-        let scales = Scales::of(experiment);
+        self.cost_model_for(&Scales::of(experiment))
+    }
+
+    /// The engine's cost model for a model, GPU and tensor parallelism given by their `scales`.
+    pub fn cost_model_for(&self, scales: &Scales) -> CostModel {
         CostModel {
             name: "calibrated",
             step_overhead_s: self.overhead_s
@@ -189,10 +201,17 @@ pub struct Scales {
 impl Scales {
     /// The scales of `experiment`.
     pub fn of(experiment: &Experiment) -> Scales {
-        let model = &experiment.model;
-        let gpu = &experiment.gpu;
-        let tp = f64::from(experiment.server.tensor_parallel.max(1));
-        let kv_bytes = model.kv_bytes_per_token_per_gpu(experiment.server.tensor_parallel);
+        Scales::for_shape(
+            &experiment.model,
+            &experiment.gpu,
+            experiment.server.tensor_parallel,
+        )
+    }
+
+    /// The scales of `model` on `tensor_parallel` GPUs of kind `gpu`.
+    pub fn for_shape(model: &ModelShape, gpu: &Gpu, tensor_parallel: u32) -> Scales {
+        let tp = f64::from(tensor_parallel.max(1));
+        let kv_bytes = model.kv_bytes_per_token_per_gpu(tensor_parallel);
         Scales {
             weights_s: model.params() * 2.0 / tp / gpu.bandwidth,
             allreduces: if tp > 1.0 {

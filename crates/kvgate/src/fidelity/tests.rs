@@ -265,3 +265,37 @@ fn fidelity_table_on_the_measurements() {
 /// Median APEs of the committed fit (`kvgate fidelity ../shared/fidelity`).
 const PINNED_FITTED: f64 = 6.79;
 const PINNED_HELD_OUT: f64 = 12.29;
+
+/// `--cost-model` outside the experiments: small-8b-gpu's model (Llama-3-8B on one H100 SXM) priced by the
+/// committed fit keeps the preset's KV bytes per token (so every pool geometry stays) and restore copies,
+/// and its step figures are the fit's coefficients times the shape's physical scales.
+#[test]
+fn calibrated_small_8b_gpu_is_the_fit_on_llama_3_8b() {
+    use super::step_model::Scales;
+    use super::target::{calibrated, h100_sxm, llama_3_8b};
+    let file = CostModelFile::committed().expect("the committed fit loads");
+    let cost =
+        calibrated(&file, "h100-vllm.toml", "small-8b-gpu").expect("small-8b-gpu has a shape");
+    let preset = engine::CostModel::small_8b_gpu();
+    assert_eq!(cost.kv_bytes_per_token, preset.kv_bytes_per_token);
+    assert_eq!(cost.copy_bytes_per_s, preset.copy_bytes_per_s);
+    assert_eq!(cost.copy_latency_s, preset.copy_latency_s);
+    let fit = &file.fits[FIT_ALL];
+    let scales = Scales::for_shape(&llama_3_8b(), &h100_sxm(), 1);
+    // 8.03e9 parameters in bf16 over 3.35 TB/s: 4.8 ms to stream the weights once.
+    assert!((scales.weights_s - 4.79e-3).abs() < 0.05e-3, "{scales:?}");
+    let overhead = fit.overhead_s + fit.weights * scales.weights_s;
+    assert!((cost.step_overhead_s - overhead).abs() < 1e-12, "{cost:?}");
+    assert!((cost.decode_s_per_token_read - fit.kv_read * scales.kv_s_per_token).abs() < 1e-18);
+    assert_ne!(cost.prefill_s_per_token, preset.prefill_s_per_token);
+    cost.check().expect("a valid cost model");
+    for preset in ["glm-like-moe", "no-such-preset"] {
+        let error = calibrated(&file, "h100-vllm.toml", preset)
+            .expect_err("no calibrated shape")
+            .to_string();
+        assert!(
+            error.contains(preset) && error.contains("small-8b-gpu"),
+            "{error}"
+        );
+    }
+}
