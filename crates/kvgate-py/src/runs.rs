@@ -254,7 +254,7 @@ pub(crate) fn agents<'py>(
     let policies = policies(&run_options.policies).map_err(facade)?;
     let stores = stores_at_start(&config, &policies).map_err(facade)?;
     let header = AgentsHeader::new(&config, &spec, live, stores);
-    let runs = run_policies(py, &policies, progress, |policy, progress, stop| {
+    let run_one = |policy: Policy, progress: run::Progress<'_>, stop: &AtomicBool| {
         let config = config_of(&config, policy);
         let mut recorder = Recorder {
             stop,
@@ -271,14 +271,29 @@ pub(crate) fn agents<'py>(
             (metrics, None)
         };
         Ok(((metrics, recorder.columns()), verify))
-    })?;
+    };
+    // A live run's policies run one after another, each alone on the machine, as the command line's do
+    // (issue 36); simulated ones side by side, each on its own thread.
+    let runs = if live {
+        let mut runs = Vec::new();
+        for policy in &policies {
+            runs.extend(run_policies(
+                py,
+                std::slice::from_ref(policy),
+                progress,
+                run_one,
+            )?);
+        }
+        runs
+    } else {
+        run_policies(py, &policies, progress, run_one)?
+    };
     let (runs, verify): (Vec<_>, Vec<_>) = runs.into_iter().unzip();
     let verify: Option<Vec<f64>> = verify.into_iter().collect();
     let verify = verify.filter(|_| config.restore.verify);
     let metrics: Vec<RunMetrics> = runs.iter().map(|(run, _)| run.clone()).collect();
     let mut extra = header.json();
-    // The policies ran side by side, each on its own thread, live or not.
-    extra.extend(report::live_json(&metrics, false, verify.as_deref()));
+    extra.extend(report::live_json(&metrics, live, verify.as_deref()));
     to_py(py, &runs_report(runs, &extra))
 }
 

@@ -32,7 +32,7 @@ pub const LIVE_MAX_MODEL_LEN: u32 = 4096;
 pub const LIVE_MAX_RUNNING: u32 = 16;
 
 /// The live run's sessions unless told otherwise: 8 sessions x 8 turns, 1024-token first prompts, 64 new
-/// tokens and 48 response tokens a turn, 0.5 s think time (about 15 s on 2 cores).
+/// tokens and 48 response tokens a turn, 0.5 s think time (35 s wall for the four policies in a release build on 2 cores).
 pub fn live_agents_spec() -> AgentsSpec {
     AgentsSpec {
         n_agents: 8,
