@@ -54,7 +54,10 @@ fn shapes() -> impl Strategy<Value = TraceShape> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    #![proptest_config(ProptestConfig::with_cases(
+        // PROPTEST_CASES overrides the count (e.g. 10x before a release), as in every crate.
+        std::env::var("PROPTEST_CASES").ok().and_then(|cases| cases.parse().ok()).unwrap_or(64)
+    ))]
 
     /// Any shape gives exactly its number of requests, which the trace reader reads back as written, and
     /// the same shape gives the same trace again.
