@@ -1,5 +1,6 @@
 //! Tests of the trace generator: what it writes reads back, the same seed gives the same trace, hash ids are
 //! prefix hashes, each knob does what it says, and out-of-range requests and rates are refused.
+#![allow(clippy::disallowed_methods, reason = "tests read PROPTEST_CASES")]
 
 use std::collections::HashMap;
 
