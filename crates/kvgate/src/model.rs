@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use engine::executor::{Executor, PageWrite, RecomputedPages, StepBatch, StepOutput};
+use engine::executor::{Executor, MeasuredCost, PageWrite, RecomputedPages, StepBatch, StepOutput};
 use engine::{Clock, EngineParams, RequestSpec};
 use kv_pool::{CacheGroup, Geometry, GroupKind, PageId, PageStorage, Timestamp};
 use llama::{
@@ -30,10 +30,6 @@ use llama::{
 pub const MODEL_TOKENS_PER_PAGE: u32 = 16;
 /// Tokens per pass when verification recomputes a prefix.
 const RECOMPUTE_CHUNK: usize = 256;
-/// Modeled restore copy bandwidth (host memory to host memory), for the engine's offload decisions.
-const COPY_BYTES_PER_S: f64 = 10e9;
-/// Modeled latency of one restore copy.
-const COPY_LATENCY_S: f64 = 10e-6;
 
 /// Wall time spent verifying restores, shared between an executor and the clock that leaves it out.
 #[derive(Clone, Debug, Default)]
@@ -273,8 +269,8 @@ pub struct ModelExecutor {
     verify: VerifyTime,
     sampling: SamplingTable,
     steps: u64,
-    tokens_computed: u64,
-    seconds_spent: f64,
+    /// The measured cost of a token.
+    measured: MeasuredCost,
 }
 
 /// A model error as an engine error: the executor could not run a batch.
@@ -346,8 +342,7 @@ impl ModelExecutor {
             verify,
             sampling: SamplingTable::default(),
             steps: 0,
-            tokens_computed: 0,
-            seconds_spent: 0.0,
+            measured: MeasuredCost::default(),
         }
     }
 
@@ -490,8 +485,10 @@ impl Executor for ModelExecutor {
         });
         let works: Vec<Work<'_>> = prefills.chain(decodes).collect();
         let next_tokens = self.run_in_waves(storage, &works)?;
-        self.tokens_computed += works.iter().map(|w| w.tokens.len() as u64).sum::<u64>();
-        self.seconds_spent += started.elapsed().as_secs_f64();
+        self.measured.record(
+            works.iter().map(|w| w.tokens.len() as u64).sum::<u64>(),
+            started.elapsed().as_secs_f64(),
+        );
         let tokens = works
             .iter()
             .zip(next_tokens)
@@ -511,17 +508,12 @@ impl Executor for ModelExecutor {
     fn copy_time(&self, n_tokens: u32) -> Duration {
         let bytes = f64::from(n_tokens) * self.layout.bytes_per_page() as f64
             / self.layout.block_tokens as f64;
-        Duration::from_secs_f64(COPY_LATENCY_S + bytes / COPY_BYTES_PER_S)
+        MeasuredCost::copy_time(bytes)
     }
 
-    /// Measured: the wall seconds per token of every step so far; before the first step a copy is taken to
-    /// be cheaper than running the model.
+    /// Measured: the wall seconds per token of every step so far (`MeasuredCost`).
     fn recompute_time(&self, n_tokens: u32) -> Duration {
-        if self.tokens_computed == 0 {
-            return Duration::MAX;
-        }
-        let s_per_token = self.seconds_spent / self.tokens_computed as f64;
-        Duration::try_from_secs_f64(s_per_token * f64::from(n_tokens)).unwrap_or(Duration::MAX)
+        self.measured.recompute_time(n_tokens)
     }
 
     fn writes_pages(&self) -> bool {

@@ -23,17 +23,12 @@ use std::time::{Duration, Instant};
 use kv_pool::{GroupKind, HostStorage, PageId, PageStorage};
 
 use super::{
-    Executor, ForwardEntry, ModelStorage, PageWrite, RankPages, RecomputedPages, ReferenceConfig,
-    ReferenceModel, StepBatch, StepOutput,
+    Executor, ForwardEntry, MeasuredCost, ModelStorage, PageWrite, RankPages, RecomputedPages,
+    ReferenceConfig, ReferenceModel, StepBatch, StepOutput,
 };
 use crate::error::{Error, Result};
 use crate::params::EngineParams;
 use crate::request::RequestSpec;
-
-/// Modeled restore copy bandwidth of the inline copy engine (host memory to host memory).
-const COPY_BYTES_PER_S: f64 = 10e9;
-/// Modeled latency of one restore copy of the inline copy engine.
-const COPY_LATENCY_S: f64 = 10e-6;
 
 /// The reference model as an [`Executor`].
 #[derive(Debug)]
@@ -42,9 +37,8 @@ pub struct ReferenceExecutor {
     /// Bytes of one pool page: the largest of the model's page kinds.
     bytes_per_page: u32,
     steps: u64,
-    /// Tokens computed and wall seconds spent over every step so far: the measured cost of a token.
-    tokens_computed: u64,
-    seconds_spent: f64,
+    /// The measured cost of a token.
+    measured: MeasuredCost,
 }
 
 impl ReferenceExecutor {
@@ -68,8 +62,7 @@ impl ReferenceExecutor {
             model,
             bytes_per_page,
             steps: 0,
-            tokens_computed: 0,
-            seconds_spent: 0.0,
+            measured: MeasuredCost::default(),
         })
     }
 
@@ -221,11 +214,13 @@ impl Executor for ReferenceExecutor {
             .collect();
         let views = self.storages(storage);
         let next_tokens = self.forward_in_waves(views.model_storage(), &entries)?;
-        self.tokens_computed += entries
-            .iter()
-            .map(|entry| entry.tokens.len() as u64)
-            .sum::<u64>();
-        self.seconds_spent += started.elapsed().as_secs_f64();
+        self.measured.record(
+            entries
+                .iter()
+                .map(|entry| entry.tokens.len() as u64)
+                .sum::<u64>(),
+            started.elapsed().as_secs_f64(),
+        );
         let tokens = works
             .iter()
             .zip(next_tokens)
@@ -247,17 +242,12 @@ impl Executor for ReferenceExecutor {
         let bytes = f64::from(n_tokens)
             * (config.bytes_per_page() + config.local_bytes_per_page()) as f64
             / f64::from(config.tokens_per_page);
-        Duration::from_secs_f64(COPY_LATENCY_S + bytes / COPY_BYTES_PER_S)
+        MeasuredCost::copy_time(bytes)
     }
 
-    /// Measured: the wall seconds per token of every step so far. Before the first step nothing is known,
-    /// and a copy of bytes is taken to be cheaper than running the model over them.
+    /// Measured: the wall seconds per token of every step so far (`MeasuredCost`).
     fn recompute_time(&self, n_tokens: u32) -> Duration {
-        if self.tokens_computed == 0 {
-            return Duration::MAX;
-        }
-        let s_per_token = self.seconds_spent / self.tokens_computed as f64;
-        Duration::try_from_secs_f64(s_per_token * f64::from(n_tokens)).unwrap_or(Duration::MAX)
+        self.measured.recompute_time(n_tokens)
     }
 
     fn writes_pages(&self) -> bool {
