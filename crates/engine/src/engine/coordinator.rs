@@ -15,7 +15,7 @@ use checkpoint_transfer::{
 use kv_pool::RequestId;
 use reservation::{ErrorKind, Preflight, RestoreSpec};
 
-use super::req::{Phase, Restore};
+use super::req::{Phase, Refused, Req, Restore};
 use super::restore_policy::{Publication, Refusal, Reservation, ReserveAsk};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
@@ -149,15 +149,18 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Polls every pending restore once (Q8). What else competes (the restore preflight) is computed once: a
-    /// poll changes no running request, so it is the same for every restore it polls.
+    /// poll changes no running request, so it is the same for every restore it polls. A capacity waiter whose
+    /// reservation would be refused again, with nothing time-driven due, is answered from its last refusal
+    /// (`Refused`): the poll would change nothing. Debug builds poll it all the same and check that it did not.
     pub(crate) fn poll_restores(&mut self, report: &mut StepReport) -> Result<()> {
         let pending: Vec<RequestId> = self.table.restoring().values().copied().collect();
         self.earliest_lookup = None;
         let preflight = self.restore_preflight();
         for id in pending {
             report.restore_polls += 1;
-            match self.table.get(id)?.restore.clone() {
-                Restore::Lookup {
+            let req = self.table.get(id)?;
+            match &req.restore {
+                &Restore::Lookup {
                     sent,
                     answer_at,
                     limit_tokens,
@@ -169,36 +172,18 @@ impl<E: Executor> Engine<E> {
                     }
                 }
                 Restore::Answered {
-                    checkpoint,
-                    tokens,
-                    answered,
+                    answered, refused, ..
                 } => {
-                    if self.now.since(answered) >= self.params.lookup_timeout / 2 {
-                        // G4: a non-blocking refresh keeps the checkpoint recent in the store.
-                        match self.find_checkpoint(id, tokens + 1)? {
-                            None => {
-                                self.fall_back(id, FallbackReason::NotInStore, report)?;
-                                continue;
-                            }
-                            Some((fresh, fresh_tokens)) => {
-                                // A hybrid checkpoint restores at its own boundary only: a different
-                                // one found now replaces it whole.
-                                let (checkpoint, tokens) = if self.groups.is_hybrid() {
-                                    (fresh, fresh_tokens)
-                                } else if fresh.generation > checkpoint.generation {
-                                    (fresh, tokens.min(fresh_tokens))
-                                } else {
-                                    (checkpoint, tokens.min(fresh_tokens))
-                                };
-                                self.table.get_mut(id)?.restore = Restore::Answered {
-                                    checkpoint,
-                                    tokens,
-                                    answered: self.now,
-                                };
-                            }
-                        }
+                    let unchanged = refused.filter(|refused| self.refused_again(req, refused, &preflight));
+                    if unchanged.is_some() && !cfg!(debug_assertions) {
+                        continue;
                     }
-                    self.try_reserve(id, &preflight, report)?;
+                    let due_refresh = self.now.since(*answered) >= self.params.lookup_timeout / 2;
+                    let fallbacks = report.fallbacks.len();
+                    self.poll_answered(id, due_refresh, &preflight, report)?;
+                    if let Some(unchanged) = unchanged {
+                        self.check_refused_again(id, &unchanged, fallbacks, report)?;
+                    }
                 }
                 Restore::Importing { .. } => {} // copy in flight: defer
                 Restore::Idle => {
@@ -219,6 +204,115 @@ impl<E: Executor> Engine<E> {
                     .is_some_and(|req| matches!(req.restore, Restore::Lookup { .. }))
             })
             .map(|(order, _)| *order);
+        Ok(())
+    }
+
+    /// An answered restore's poll: the lookup's refresh when it is due (G4), then its reservation.
+    fn poll_answered(
+        &mut self,
+        id: RequestId,
+        due_refresh: bool,
+        preflight: &Preflight,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        if due_refresh {
+            let Restore::Answered {
+                checkpoint, tokens, ..
+            } = self.table.get(id)?.restore.clone()
+            else {
+                return Err(Error::internal(format!("{id}: refreshing an unanswered lookup")));
+            };
+            // G4: a non-blocking refresh keeps the checkpoint recent in the store.
+            let Some((fresh, fresh_tokens)) = self.find_checkpoint(id, tokens + 1)? else {
+                return self.fall_back(id, FallbackReason::NotInStore, report);
+            };
+            // A hybrid checkpoint restores at its own boundary only: a different one found now replaces it
+            // whole.
+            let (checkpoint, tokens) = if self.groups.is_hybrid() {
+                (fresh, fresh_tokens)
+            } else if fresh.generation > checkpoint.generation {
+                (fresh, tokens.min(fresh_tokens))
+            } else {
+                (checkpoint, tokens.min(fresh_tokens))
+            };
+            self.table.get_mut(id)?.restore = Restore::Answered {
+                checkpoint,
+                tokens,
+                answered: self.now,
+                refused: None,
+            };
+        }
+        self.try_reserve(id, preflight, report)
+    }
+
+    /// Whether `req`'s reservation, last refused for pressure as `refused` records, would be refused again now
+    /// with nothing else to do: its prompt is unchanged, nothing time-driven is due, and its policy refuses
+    /// the same need before counting earlier waiters' holds (Q2's holds only lower what is available).
+    fn refused_again(&self, req: &Req, refused: &Refused, preflight: &Preflight) -> bool {
+        let admissible_pages = reservation::pages_available_to_admit(
+            self.pool.n_free(),
+            0,
+            &self.admission_preflight(),
+        );
+        self.now < refused.until
+            && refused.request_tokens == req.tokens.len() as u32
+            && refused.prompt_end == req.prompt_end
+            && self.policy.refuses_for_pressure(
+                &self.pool,
+                preflight,
+                admissible_pages,
+                refused.need_pages,
+            )
+    }
+
+    /// Debug builds: a waiter that `refused_again` said would be refused again was polled all the same, and the
+    /// poll must have changed nothing but what a refusal refreshes.
+    fn check_refused_again(
+        &self,
+        id: RequestId,
+        expected: &Refused,
+        fallbacks: usize,
+        report: &StepReport,
+    ) -> Result<()> {
+        let unchanged = report.fallbacks.len() == fallbacks
+            && matches!(
+                &self.table.get(id)?.restore,
+                Restore::Answered { refused: Some(refused), .. } if refused == expected
+            );
+        if unchanged {
+            Ok(())
+        } else {
+            Err(Error::internal(format!(
+                "{id}: a capacity waiter judged to be refused again ({expected:?}) was not"
+            )))
+        }
+    }
+
+    /// Records a refusal for pressure of `id`'s reservation, needing `need_pages`, while it still waits.
+    fn remember_refusal(&mut self, id: RequestId, need_pages: u32) -> Result<()> {
+        let max_wait = self.params.restore_max_wait;
+        let refresh_after = self.params.lookup_timeout / 2;
+        let req = self.table.get_mut(id)?;
+        let Some(started) = req.wait_started else {
+            return Ok(());
+        };
+        let next_log = req.wait_logged.after(WAIT_LOG_INTERVAL);
+        let request_tokens = req.tokens.len() as u32;
+        let prompt_end = req.prompt_end;
+        if let Restore::Answered {
+            answered, refused, ..
+        } = &mut req.restore
+        {
+            *refused = Some(Refused {
+                need_pages,
+                request_tokens,
+                prompt_end,
+                until: started
+                    .after(max_wait)
+                    .min(answered.after(refresh_after))
+                    .min(next_log),
+            });
+        }
         Ok(())
     }
 
@@ -262,6 +356,7 @@ impl<E: Executor> Engine<E> {
             checkpoint,
             tokens,
             answered: self.now,
+            refused: None,
         };
         if self.policy.restores_at_admission() {
             // Before the contract: the restore is tried at admission, at once or not at all (G1).
@@ -296,7 +391,13 @@ impl<E: Executor> Engine<E> {
         let reservation = match self.reserve(id, &checkpoint, tokens, preflight) {
             Ok(reservation) => reservation,
             Err(Refusal::Internal(error)) => return Err(error),
-            Err(refusal) => return self.refused(id, refusal.kind(), &refusal, report),
+            Err(refusal) => {
+                self.refused(id, refusal.kind(), &refusal, report)?;
+                if let Some(need_pages) = refusal.pressure_need() {
+                    self.remember_refusal(id, need_pages)?;
+                }
+                return Ok(());
+            }
         };
         self.end_wait(id);
         let Ok(stored) = self.store.get(&checkpoint.id) else {

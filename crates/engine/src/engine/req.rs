@@ -48,6 +48,9 @@ pub(crate) enum Restore {
         tokens: u32,
         /// When the answer came (for the G4 refresh).
         answered: Timestamp,
+        /// Its last reservation was refused for pressure: what that refusal depended on (a poll skips the
+        /// reservation while it would be refused again, Q8).
+        refused: Option<Refused>,
     },
     /// An import of the first `tokens` tokens is copying or published.
     Importing {
@@ -56,6 +59,21 @@ pub(crate) enum Restore {
         /// The import in the resident index.
         import: ImportId,
     },
+}
+
+/// A capacity waiter's last refusal for pressure. Nothing else decides the next answer while the request's
+/// prompt is unchanged and nothing time-driven is due: while its policy still refuses `need_pages` before
+/// counting earlier waiters' holds, a poll would be refused again and change nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Refused {
+    /// Pages the reservation needs (the import and its credits, or the import alone under `pages-only`).
+    pub(crate) need_pages: u32,
+    /// The request's length and prompt end the need was computed for.
+    pub(crate) request_tokens: u32,
+    pub(crate) prompt_end: u32,
+    /// The first moment something time-driven is due: the wait's expiry (W1), the lookup's refresh (G4) or
+    /// the next wait log (G5).
+    pub(crate) until: Timestamp,
 }
 
 impl Restore {

@@ -47,6 +47,19 @@ pub(crate) trait RestorePolicy: fmt::Debug + Send {
         ask: &ReserveAsk<'_>,
     ) -> Result<Reservation, Refusal>;
 
+    /// Whether a reservation needing `need_pages` (a [`Refusal::pressure_need`]) would be refused for pressure
+    /// now whatever earlier capacity waiters hold: the free pages (`admissible_pages` where the policy has no
+    /// ledger) or the slots refuse it already. `false` where the policy cannot tell without reserving.
+    fn refuses_for_pressure(
+        &self,
+        _pool: &PagePool,
+        _preflight: &Preflight,
+        _admissible_pages: u32,
+        _need_pages: u32,
+    ) -> bool {
+        false
+    }
+
     /// The import of `request`'s ticket is staged: the ticket's page references pass to the caller (the index
     /// took its own; the caller drops these). Only a `Reservation::Ticket` is handed over.
     fn hand_over(&mut self, request: RequestId) -> Result<Vec<PageId>>;
@@ -188,6 +201,15 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
+    /// The pages a reservation refused for pressure needs; `None` for any other refusal.
+    pub(crate) fn pressure_need(&self) -> Option<u32> {
+        match self {
+            Refusal::Ledger(reservation::Error::Pressure { need_pages, .. }) => Some(*need_pages),
+            Refusal::PagesNotFree { need, .. } => Some(*need),
+            _ => None,
+        }
+    }
+
     /// The kind of refusal: what the coordinator does next.
     pub(crate) fn kind(&self) -> ErrorKind {
         match self {

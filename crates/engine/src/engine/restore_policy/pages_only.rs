@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use kv_pool::{PageId, PagePool, RequestId, Timestamp};
+use reservation::Preflight;
 
 use super::{Publication, Refusal, Reservation, ReserveAsk, RestorePolicy};
 use crate::error::{Error, Result};
@@ -34,6 +35,16 @@ impl RestorePolicy for PagesOnly {
                 free: ask.admissible_pages,
             })
         }
+    }
+
+    fn refuses_for_pressure(
+        &self,
+        _pool: &PagePool,
+        _preflight: &Preflight,
+        admissible_pages: u32,
+        need_pages: u32,
+    ) -> bool {
+        need_pages > admissible_pages
     }
 
     fn hand_over(&mut self, request: RequestId) -> Result<Vec<PageId>> {

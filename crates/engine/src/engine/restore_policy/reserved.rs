@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use kv_pool::{PageId, PagePool, RequestId, Timestamp};
-use reservation::{Ledger, TicketState};
+use reservation::{Ledger, Preflight, TicketState};
 
 use super::{Publication, Refusal, Reservation, ReserveAsk, RestorePolicy};
 use crate::error::{Error, Result};
@@ -43,6 +43,18 @@ impl RestorePolicy for Reserved {
             )
             .map(|ticket| Reservation::Ticket(ticket.import_pages))
             .map_err(Refusal::Ledger)
+    }
+
+    fn refuses_for_pressure(
+        &self,
+        pool: &PagePool,
+        preflight: &Preflight,
+        _admissible_pages: u32,
+        need_pages: u32,
+    ) -> bool {
+        // `Ledger::reserve`'s own test before it sums earlier waiters' holds.
+        self.ledger.free_slots(preflight.running_requests) == 0
+            || need_pages > self.ledger.available_pages(pool, preflight)
     }
 
     fn hand_over(&mut self, request: RequestId) -> Result<Vec<PageId>> {
