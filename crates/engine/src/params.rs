@@ -140,6 +140,10 @@ pub struct EngineParams {
     pub chunk_tokens: u32,
     /// Draft (speculative) lookahead tokens per decode step; 0 disables draft decoding. Default 0.
     pub draft_tokens: u32,
+    /// The model's end-of-turn token: an answer whose executor samples it ends there, as at its cap, and
+    /// leaves its response checkpoint (E2). Default `None`: only the cap and `RequestSpec::stop_after` end
+    /// an answer.
+    pub stop_token: Option<u32>,
     /// The policy switch. Default `Reserved`.
     pub policy: Policy,
     /// Bounded wait of a restore (W1). Default 60 s; 0 = recompute at once.
@@ -214,6 +218,7 @@ impl Default for EngineParams {
             max_batched_tokens: 2048,
             chunk_tokens: 512,
             draft_tokens: 0,
+            stop_token: None,
             policy: Policy::Reserved,
             restore_max_wait: Duration::from_secs(60),
             lookup_timeout: Duration::from_secs(60),

@@ -737,6 +737,8 @@ impl EngineConfig {
             max_batched_tokens: self.scheduler.max_batched_tokens,
             chunk_tokens: self.scheduler.chunk_tokens,
             draft_tokens: self.scheduler.draft_tokens,
+            // The model's own end of turn: `kvgate serve --executor model` sets it from its tokenizer.
+            stop_token: None,
             policy,
             restore_max_wait: seconds("restore.max_wait_s", self.restore.max_wait_s, false)?,
             lookup_timeout: seconds(

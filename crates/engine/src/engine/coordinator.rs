@@ -174,7 +174,8 @@ impl<E: Executor> Engine<E> {
                 Restore::Answered {
                     answered, refused, ..
                 } => {
-                    let unchanged = refused.filter(|refused| self.refused_again(req, refused, &preflight));
+                    let unchanged =
+                        refused.filter(|refused| self.refused_again(req, refused, &preflight));
                     if unchanged.is_some() && !cfg!(debug_assertions) {
                         continue;
                     }
@@ -220,7 +221,9 @@ impl<E: Executor> Engine<E> {
                 checkpoint, tokens, ..
             } = self.table.get(id)?.restore.clone()
             else {
-                return Err(Error::internal(format!("{id}: refreshing an unanswered lookup")));
+                return Err(Error::internal(format!(
+                    "{id}: refreshing an unanswered lookup"
+                )));
             };
             // G4: a non-blocking refresh keeps the checkpoint recent in the store.
             let Some((fresh, fresh_tokens)) = self.find_checkpoint(id, tokens + 1)? else {

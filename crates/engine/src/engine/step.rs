@@ -533,19 +533,22 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let now = self.now;
         let model_token = self.model_tokens.remove(&id);
+        let stop_token = self.params.stop_token;
         let req = self.table.get_mut(id)?;
         let index = req.output.len() as u32;
-        let stop = req
+        let stop_after = req
             .spec
             .stop_after
             .is_some_and(|stop_after| req.answer_tokens + 1 >= stop_after);
-        let token = if stop {
+        let token = if stop_after {
             STOP_TOKEN
         } else if let Some(token) = model_token {
             token
         } else {
             output_token_at(req.output_token_state()?, index)
         };
+        // The model's own end of turn ends the answer as an early stop does (E2).
+        let stop = stop_after || model_token.is_some_and(|token| Some(token) == stop_token);
         req.output.push(token);
         req.push_tokens(&[token], block_tokens)?;
         self.last_progress = now;

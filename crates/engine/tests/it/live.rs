@@ -365,3 +365,59 @@ fn l1_the_simulated_clock_jumps_and_the_wall_clock_waits() {
     assert!(after_idle > now && after_idle < later);
     assert!(wall.after_step(after_idle, Duration::from_secs(60)) < later);
 }
+
+/// E2 with a model's own stop token (`EngineParams::stop_token`): the answer ends at the first sampled stop
+/// token, as an early stop does, and leaves its response checkpoint, which the next turn restores. Without
+/// the parameter the same model runs to its cap.
+#[test]
+fn e2_an_answer_ends_at_the_models_stop_token_and_leaves_its_response_checkpoint() {
+    let config = config(false);
+    let prompt = tokens(5, 0, 0, 3 * config.tokens_per_page + 5);
+    let cap = 2 * config.tokens_per_page;
+    let mut free = ref_engine(Policy::Reserved, false);
+    free.submit(spec(1, prompt.clone(), cap, free.now()))
+        .unwrap();
+    let (_, full) = run(&mut free).pop().unwrap();
+    assert_eq!(full.len(), cap as usize, "no stop token: the cap ends it");
+    // A token the model samples after a few others, at its first occurrence.
+    let at = (3..full.len())
+        .find(|&i| !full[..i].contains(&full[i]))
+        .expect("the model samples a new token after its third");
+    let stop = full[at];
+
+    let executor = ReferenceExecutor::new(config).unwrap();
+    let params = EngineParams {
+        stop_token: Some(stop),
+        ..ref_params(Policy::Reserved, &config, 257)
+    };
+    let mut engine = Engine::with_executor(params, executor).unwrap();
+    engine
+        .submit(spec(1, prompt.clone(), cap, engine.now()))
+        .unwrap();
+    let (_, output) = run(&mut engine).pop().unwrap();
+    assert_eq!(
+        output,
+        full[..=at],
+        "the answer ends at the stop token, which it keeps"
+    );
+    let metrics = engine.request_metrics()[0].clone();
+    assert!(!metrics.cancelled, "ended, not cancelled");
+
+    // The next turn: its prefix through the response is restored from the response checkpoint.
+    engine.reset_prefix_cache().unwrap();
+    let next = [prompt, output, vec![9; 20]].concat();
+    let response_blocks = (next.len() as u32 - 20 - 1) / config.tokens_per_page;
+    engine.submit(spec(2, next, 2, engine.now())).unwrap();
+    let _ = run(&mut engine);
+    let metrics = engine
+        .request_metrics()
+        .iter()
+        .find(|m| m.id == Some(RequestId(2)))
+        .unwrap()
+        .clone();
+    assert_eq!(
+        metrics.prompt_tokens_restored,
+        response_blocks * config.tokens_per_page,
+        "the response checkpoint covers the answer through its stop token"
+    );
+}

@@ -100,7 +100,7 @@ struct Live {
     sent: usize,
     received: Instant,
     first_token: Option<Instant>,
-    /// Output tokens through the model's end-of-turn token, once it came (the request was then cancelled).
+    /// Output tokens through the model's end-of-turn token, once it came.
     ended_at: Option<usize>,
 }
 
@@ -153,8 +153,8 @@ impl<E: Executor> EngineLoop<E> {
     }
 
     /// This loop around a real model: each request's sampling goes into `sampling` (which the model's
-    /// executor reads), and an answer ends at `end_of_turn` (the engine knows no model stop token, so the
-    /// loop cancels the request there; it is counted and reported as finished, not cancelled).
+    /// executor reads), and an answer's text ends at `end_of_turn` (the engine, built with it as its
+    /// `stop_token`, ends the answer there and leaves its response checkpoint).
     #[must_use]
     pub fn for_model(mut self, sampling: SamplingTable, end_of_turn: u32) -> EngineLoop<E> {
         self.sampling = Some(sampling);
@@ -305,10 +305,8 @@ impl<E: Executor> EngineLoop<E> {
             let output = output
                 .get(..ended_at.unwrap_or(output.len()))
                 .unwrap_or(output);
-            if ended_at.is_some() {
-                live.ended_at = ended_at;
-                gone.push(*id);
-            }
+            // The engine ended the answer there itself (`EngineParams::stop_token`): it finishes this step.
+            live.ended_at = ended_at;
             if output.len() > live.sent {
                 if live.first_token.is_none() {
                     live.first_token = Some(now);
@@ -351,8 +349,7 @@ impl<E: Executor> EngineLoop<E> {
             {
                 let _ = live.events.send(Event::Tokens(rest.to_vec()));
             }
-            // An answer the loop ended at the model's end of turn finished; it was cancelled only to stop.
-            let cancelled = finished.cancelled && ended_at.is_none();
+            let cancelled = finished.cancelled;
             let metrics = &finished.metrics;
             let n_output = output.len() as u32;
             let first = live.first_token.unwrap_or(now);

@@ -305,7 +305,7 @@ impl Server {
 }
 
 /// Starts the engine thread of the real model in `options.model_file`: its executor picks each request's
-/// tokens as the shared sampling table says, and the loop ends an answer at the model's end-of-turn token.
+/// tokens as the shared sampling table says, and the engine ends an answer at the model's end-of-turn token.
 /// Returns the thread, the longest context and that token. Errors: the model file, the engine's config.
 fn spawn_model(
     config: &EngineConfig,
@@ -318,9 +318,11 @@ fn spawn_model(
     ),
 ) -> Result<(std::thread::JoinHandle<DrainReport>, u32, u32)> {
     let model = crate::model::LoadedModel::load(&options.model_file)?;
-    let params = crate::run::model_params(config, &model, options.policy)?;
+    let mut params = crate::run::model_params(config, &model, options.policy)?;
     let max_model_len = params.geometry.max_model_len();
     let end_of_turn = model.tokenizer.end_of_turn();
+    // The engine ends an answer at the end of turn itself, leaving its response checkpoint (E2).
+    params.stop_token = Some(end_of_turn);
     let sampling = SamplingTable::default();
     let table = sampling.clone();
     let factory: EngineFactory<ModelExecutor> = Box::new(move || {
