@@ -245,6 +245,13 @@ impl Llama {
     /// Errors: `Forward` for an empty entry, a token outside the vocabulary, or positions past the store's
     /// capacity or the model's context.
     pub fn forward(&self, batch: &mut [Entry<'_>]) -> LlamaResult<Vec<Option<Vec<f32>>>> {
+        // The whole pass runs on one of rayon's workers: its parallel loops (a dozen per layer) then start
+        // where the other workers steal from, rather than each handing its job to the pool from outside
+        // and blocking until it is done.
+        rayon::scope(|_| self.forward_in_pool(batch))
+    }
+
+    fn forward_in_pool(&self, batch: &mut [Entry<'_>]) -> LlamaResult<Vec<Option<Vec<f32>>>> {
         let tokens = self.batch_tokens(batch)?;
         let e = self.config.embedding;
         let mut x = vec![0.0f32; tokens.len() * e];
