@@ -355,6 +355,7 @@ impl QActs {
     /// llama.cpp stores them. A value is -128 only when `127 / amax` overflows (a block of subnormal
     /// magnitude), and then the block's scale rounds to 0, so its integer sum never reaches a product's
     /// bits (AVX2's signed byte product is not exact for -128 times -128).
+    #[inline(always)]
     pub(crate) fn quantize(&mut self, x: &[f32]) {
         let blocks = x.len() / BLOCK;
         self.d.clear();
