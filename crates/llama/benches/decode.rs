@@ -1,9 +1,12 @@
-//! Bench (issue 29, item 3): the real model, SmolLM2-135M-Instruct Q4_1, on plain contiguous KV. Prefill
-//! throughput (a 512-token prompt in chunks of 128) and decode throughput at a 512-token context with
-//! batches of 1 and 8 sequences (each step one token per sequence). Prints progress on stderr and one JSON
+//! Bench (issue 29, item 3; issue 30, item 6): the real model, SmolLM2-135M-Instruct Q4_1, on plain
+//! contiguous KV. Prefill throughput (a 512-token prompt in chunks of 128) and decode throughput at a
+//! 512-token context with batches of 1 and 8 sequences (each step one token per sequence), each per second
+//! of wall time and per second of the process's CPU time (user + system, all threads; Linux only, from
+//! `/proc/self/stat`, 10 ms ticks, so the figure is absent elsewhere). Prints progress on stderr and one JSON
 //! line of medians on stdout: `llama_prefill_tok_s`, `llama_decode_tok_s_batch1`,
-//! `llama_decode_tok_s_batch8`, with the thread count. Without the cached model (`cargo xtask model`) it
-//! says so and prints `{}`; the smoke run (no `--bench`, as `cargo test` runs it) shrinks every size.
+//! `llama_decode_tok_s_batch8`, their `_per_cpu_s` twins (`llama_prefill_tok_per_cpu_s`, ...), and the
+//! thread count. Without the cached model (`cargo xtask model`) it says so and prints `{}`; the smoke run
+//! (no `--bench`, as `cargo test` runs it) shrinks every size.
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
@@ -20,6 +23,52 @@ struct Sizes {
     chunk: usize,
     steps: usize,
     repetitions: usize,
+}
+
+/// Tokens per wall second and per CPU second (`None` when the CPU time is unknown) of one timed run.
+#[derive(Clone, Copy)]
+struct Rate {
+    wall: f64,
+    cpu: Option<f64>,
+}
+
+/// A stopwatch of wall and process CPU time.
+struct Clock {
+    wall: Instant,
+    cpu: Option<f64>,
+}
+
+impl Clock {
+    fn start() -> Clock {
+        Clock {
+            wall: Instant::now(),
+            cpu: cpu_seconds(),
+        }
+    }
+
+    fn rate(&self, tokens: usize) -> Rate {
+        let wall = self.wall.elapsed().as_secs_f64();
+        let cpu = match (self.cpu, cpu_seconds()) {
+            (Some(start), Some(end)) if end > start => Some(tokens as f64 / (end - start)),
+            _ => None,
+        };
+        Rate {
+            wall: tokens as f64 / wall,
+            cpu,
+        }
+    }
+}
+
+/// The process's user + system CPU seconds so far (all threads), from `/proc/self/stat` (fields 14 and
+/// 15, in the kernel's fixed 100 Hz user ticks); `None` where there is no such file.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count fields after its `)`.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    Some((utime + stime) / 100.0)
 }
 
 fn main() {
@@ -61,7 +110,7 @@ fn main() {
     let mut primed = None;
     for _ in 0..sizes.repetitions {
         let mut kv = ContiguousKv::new(c.layers, c.kv_dim(), capacity);
-        let start = Instant::now();
+        let clock = Clock::start();
         let mut logits = None;
         for piece in prompt.chunks(sizes.chunk) {
             let mut batch = [Entry {
@@ -71,23 +120,24 @@ fn main() {
             }];
             logits = model.forward(&mut batch).expect("prefill").pop().flatten();
         }
-        prefill.push(sizes.context as f64 / start.elapsed().as_secs_f64());
+        prefill.push(clock.rate(sizes.context));
         primed = Some((kv, argmax(&logits.expect("logits")).expect("a token")));
     }
     let (kv, first) = primed.expect("at least one repetition");
+    let prefill = median(&prefill);
     eprintln!(
-        "llama bench: prefill {:.1} tok/s ({} tokens, chunks of {}, {threads} threads)",
-        median(&mut prefill),
+        "llama bench: prefill {} ({} tokens, chunks of {}, {threads} threads)",
+        describe(prefill),
         sizes.context,
         sizes.chunk
     );
 
-    let decode = |batch_size: usize| -> f64 {
+    let decode = |batch_size: usize| -> Rate {
         let mut rates = Vec::new();
         for _ in 0..sizes.repetitions {
             let mut stores: Vec<ContiguousKv> = (0..batch_size).map(|_| kv.clone()).collect();
             let mut next = vec![first; batch_size];
-            let start = Instant::now();
+            let clock = Clock::start();
             for _ in 0..sizes.steps {
                 let tokens: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
                 let mut batch: Vec<Entry<'_>> = stores
@@ -104,25 +154,51 @@ fn main() {
                     *n = argmax(&logits.expect("logits")).expect("a token");
                 }
             }
-            rates.push((sizes.steps * batch_size) as f64 / start.elapsed().as_secs_f64());
+            rates.push(clock.rate(sizes.steps * batch_size));
         }
-        let rate = median(&mut rates);
+        let rate = median(&rates);
         eprintln!(
-            "llama bench: decode batch {batch_size}: {rate:.1} tok/s at context {}",
+            "llama bench: decode batch {batch_size}: {} at context {}",
+            describe(rate),
             sizes.context
         );
         rate
     };
     let batch1 = decode(1);
     let batch8 = decode(8);
-    println!(
-        "{{\"llama_prefill_tok_s\": {:.2}, \"llama_decode_tok_s_batch1\": {batch1:.2}, \
-         \"llama_decode_tok_s_batch8\": {batch8:.2}, \"llama_threads\": {threads}}}",
-        median(&mut prefill)
-    );
+    let mut figures = vec![
+        format!("\"llama_prefill_tok_s\": {:.2}", prefill.wall),
+        format!("\"llama_decode_tok_s_batch1\": {:.2}", batch1.wall),
+        format!("\"llama_decode_tok_s_batch8\": {:.2}", batch8.wall),
+    ];
+    for (name, rate) in [
+        ("llama_prefill_tok_per_cpu_s", prefill),
+        ("llama_decode_tok_per_cpu_s_batch1", batch1),
+        ("llama_decode_tok_per_cpu_s_batch8", batch8),
+    ] {
+        if let Some(cpu) = rate.cpu {
+            figures.push(format!("\"{name}\": {cpu:.2}"));
+        }
+    }
+    figures.push(format!("\"llama_threads\": {threads}"));
+    println!("{{{}}}", figures.join(", "));
 }
 
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
+fn describe(rate: Rate) -> String {
+    match rate.cpu {
+        Some(cpu) => format!("{:.1} tok/s, {cpu:.1} tok per CPU second", rate.wall),
+        None => format!("{:.1} tok/s", rate.wall),
+    }
+}
+
+/// The median run by wall rate, and the median CPU rate of the runs that have one.
+fn median(rates: &[Rate]) -> Rate {
+    let mut wall: Vec<f64> = rates.iter().map(|r| r.wall).collect();
+    let mut cpu: Vec<f64> = rates.iter().filter_map(|r| r.cpu).collect();
+    wall.sort_by(f64::total_cmp);
+    cpu.sort_by(f64::total_cmp);
+    Rate {
+        wall: wall[wall.len() / 2],
+        cpu: cpu.get(cpu.len() / 2).copied(),
+    }
 }

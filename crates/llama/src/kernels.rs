@@ -3,8 +3,26 @@
 //! count. Rust never reassociates or contracts floating-point operations, so the order written is the order
 //! executed. Where llama.cpp's CPU backend fixes a precision (the RMS norm's `f64` sum of squares, the
 //! softmax's `f64` sum, the rotary angles stepped in `f32`), these kernels do the same.
+//!
+//! The forward pass calls them through [`simd`], which compiles them for AVX2 where the CPU has it: the
+//! compiler vectorizes their loops wider, and since it never reorders nor fuses `f32` operations (no
+//! fast-math, no FMA contraction), every output keeps its bits.
+
+/// Runs `op` compiled for x86-64-v3 (AVX2) when the CPU has those features (detected at run time through
+/// `pulp`, which proves them with its `V3` token), plainly otherwise. Its `call` (`#[inline(always)]`) and
+/// the kernels it calls (`#[inline(always)]` too) are inlined into the compiled copy; a closure would not
+/// be, so each use is a small struct.
+#[inline(always)]
+pub(crate) fn simd<Op: pulp::NullaryFnOnce>(op: Op) -> Op::Output {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(v3) = pulp::x86::V3::try_new() {
+        return v3.vectorize(op);
+    }
+    op.call()
+}
 
 /// `out = x / sqrt(mean(x^2) + eps) * weight`: the squares summed in `f64`, as llama.cpp does.
+#[inline(always)]
 pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let mut sum = 0.0f64;
     for &v in x {
@@ -41,6 +59,7 @@ pub(crate) fn rope(v: &mut [f32], head_dim: usize, pos: usize, theta_scale: f32)
 /// maximum, the exponentials and their `f64` sum, the weights scaled by the inverse sum, then the weighted
 /// values accumulated in position order. `scores` is scratch.
 #[allow(clippy::too_many_arguments, reason = "one head's view of the KV rows")]
+#[inline(always)]
 pub(crate) fn attend(
     q: &[f32],
     keys: &[f32],
@@ -61,10 +80,13 @@ pub(crate) fn attend(
         max = max.max(score);
         scores.push(score);
     }
-    let mut sum = 0.0f64;
+    // The exponentials first (a loop the compiler vectorizes), then their sum in position order.
     for s in scores.iter_mut() {
         *s = exp(*s - max);
-        sum += f64::from(*s);
+    }
+    let mut sum = 0.0f64;
+    for &s in scores.iter() {
+        sum += f64::from(s);
     }
     let inv_sum = (1.0 / sum) as f32;
     for s in scores.iter_mut() {
@@ -83,7 +105,7 @@ pub(crate) fn attend(
 const LANES: usize = 8;
 
 /// `sum(a[i] * b[i])` accumulated in `LANES` interleaved partial sums, combined in lane order, then the tail.
-#[inline]
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0.0f32; LANES];
@@ -106,6 +128,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `silu(gate) * up`, element by element.
+#[inline(always)]
 pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
         *o = g / (1.0 + exp(-g)) * u;
@@ -116,6 +139,7 @@ pub(crate) fn swiglu(gate: &[f32], up: &[f32], out: &mut [f32]) {
 /// reduction by `ln 2`, a degree-6 polynomial, the power of two built in the exponent bits), so its bits are
 /// the same on every machine, unlike the platform's `expf`. Relative error about 1e-7; the argument is
 /// clamped to `[-87, 88]`. (The engine's reference model uses the same function.)
+#[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;

@@ -245,6 +245,13 @@ impl Llama {
     /// Errors: `Forward` for an empty entry, a token outside the vocabulary, or positions past the store's
     /// capacity or the model's context.
     pub fn forward(&self, batch: &mut [Entry<'_>]) -> LlamaResult<Vec<Option<Vec<f32>>>> {
+        // The whole pass runs on one of rayon's workers: its parallel loops (a dozen per layer) then start
+        // where the other workers steal from, rather than each handing its job to the pool from outside
+        // and blocking until it is done.
+        rayon::scope(|_| self.forward_in_pool(batch))
+    }
+
+    fn forward_in_pool(&self, batch: &mut [Entry<'_>]) -> LlamaResult<Vec<Option<Vec<f32>>>> {
         let tokens = self.batch_tokens(batch)?;
         let e = self.config.embedding;
         let mut x = vec![0.0f32; tokens.len() * e];
@@ -336,14 +343,17 @@ impl Llama {
             .zip(&s.tokens)
             .for_each_init(Vec::new, |scores, ((out, q), &(entry, pos, _))| {
                 let (keys, values) = &views[entry];
-                for (h, (out, q)) in out
-                    .chunks_exact_mut(c.head_dim)
-                    .zip(q.chunks_exact(c.head_dim))
-                    .enumerate()
-                {
-                    let offset = (h / group) * c.head_dim;
-                    kernels::attend(q, keys, values, kv_dim, offset, pos + 1, scores, out);
-                }
+                kernels::simd(Heads {
+                    q,
+                    keys,
+                    values,
+                    kv_dim,
+                    head_dim: c.head_dim,
+                    group,
+                    len: pos + 1,
+                    scores,
+                    out,
+                });
             });
         drop(views);
         quantize_rows(&s.attn, e, &mut s.acts);
@@ -362,7 +372,7 @@ impl Llama {
             .par_chunks_mut(ff)
             .zip(s.gate.par_chunks(ff))
             .zip(s.up.par_chunks(ff))
-            .for_each(|((h, g), u)| kernels::swiglu(g, u, h));
+            .for_each(|((out, gate), up)| kernels::simd(Swiglu { gate, up, out }));
         quantize_rows(&s.hidden, ff, &mut s.acts);
         layer.down.matmul(&s.acts, &mut s.proj);
         add(x, &s.proj);
@@ -410,9 +420,14 @@ impl Llama {
         out.par_chunks_mut(e)
             .zip(x.par_chunks(e))
             .zip(acts.par_iter_mut())
-            .for_each(|((o, x), a)| {
-                kernels::rms_norm(x, weight, eps, o);
-                a.quantize(o);
+            .for_each(|((out, x), acts)| {
+                kernels::simd(NormQuantize {
+                    x,
+                    weight,
+                    eps,
+                    out,
+                    acts,
+                });
             });
     }
 }
@@ -460,12 +475,103 @@ impl Scratch {
 fn quantize_rows(x: &[f32], width: usize, acts: &mut [QActs]) {
     acts.par_iter_mut()
         .zip(x.par_chunks(width))
-        .for_each(|(a, row)| a.quantize(row));
+        .for_each(|(acts, row)| kernels::simd(Quantize { row, acts }));
 }
 
 /// `x += y`, element by element.
 fn add(x: &mut [f32], y: &[f32]) {
     for (a, &b) in x.iter_mut().zip(y) {
         *a += b;
+    }
+}
+
+/// One token's attention, every query head (its KV head `h / group`), for [`kernels::simd`].
+struct Heads<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    kv_dim: usize,
+    head_dim: usize,
+    group: usize,
+    /// Positions attended: `0..len`.
+    len: usize,
+    scores: &'a mut Vec<f32>,
+    out: &'a mut [f32],
+}
+
+impl pulp::NullaryFnOnce for Heads<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        let d = self.head_dim;
+        for (h, (out, q)) in self
+            .out
+            .chunks_exact_mut(d)
+            .zip(self.q.chunks_exact(d))
+            .enumerate()
+        {
+            let offset = (h / self.group) * d;
+            kernels::attend(
+                q,
+                self.keys,
+                self.values,
+                self.kv_dim,
+                offset,
+                self.len,
+                self.scores,
+                out,
+            );
+        }
+    }
+}
+
+/// One row's RMS norm, then its quantization, for [`kernels::simd`].
+struct NormQuantize<'a> {
+    x: &'a [f32],
+    weight: &'a [f32],
+    eps: f32,
+    out: &'a mut [f32],
+    acts: &'a mut QActs,
+}
+
+impl pulp::NullaryFnOnce for NormQuantize<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        kernels::rms_norm(self.x, self.weight, self.eps, self.out);
+        self.acts.quantize(self.out);
+    }
+}
+
+/// One row's quantization, for [`kernels::simd`].
+struct Quantize<'a> {
+    row: &'a [f32],
+    acts: &'a mut QActs,
+}
+
+impl pulp::NullaryFnOnce for Quantize<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        self.acts.quantize(self.row);
+    }
+}
+
+/// One row's SwiGLU, for [`kernels::simd`].
+struct Swiglu<'a> {
+    gate: &'a [f32],
+    up: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl pulp::NullaryFnOnce for Swiglu<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn call(self) {
+        kernels::swiglu(self.gate, self.up, self.out);
     }
 }
