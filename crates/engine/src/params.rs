@@ -144,6 +144,14 @@ pub struct EngineParams {
     /// leaves its response checkpoint (E2). Default `None`: only the cap and `RequestSpec::stop_after` end
     /// an answer.
     pub stop_token: Option<u32>,
+    /// Probability that a draft token is accepted given that the one before it was (the usual
+    /// speculative-decoding analysis: a decode step then yields `(1 - a^(k+1)) / (1 - a)` tokens on average,
+    /// between 1 and `1 + draft_tokens`). Which drafts a step accepts is drawn from a hash of `seed`, the
+    /// request and the position (`accepted_drafts`), so a request's outcome never depends on its batch. It
+    /// applies where the engine draws the tokens (the simulated executor); an executor that samples its own
+    /// tokens (the reference model, which has no draft head) yields one token a step. From 0 to 1; default 0
+    /// (every draft rejected).
+    pub draft_acceptance: f64,
     /// The policy switch. Default `Reserved`.
     pub policy: Policy,
     /// Bounded wait of a restore (W1). Default 60 s; 0 = recompute at once.
@@ -219,6 +227,7 @@ impl Default for EngineParams {
             chunk_tokens: 512,
             draft_tokens: 0,
             stop_token: None,
+            draft_acceptance: 0.0,
             policy: Policy::Reserved,
             restore_max_wait: Duration::from_secs(60),
             lookup_timeout: Duration::from_secs(60),
@@ -402,15 +411,30 @@ impl EngineParams {
             );
         }
         self.check_memory()?;
-        if self.draft_tokens >= self.max_batched_tokens {
-            return invalid("draft_tokens", "smaller than max_batched_tokens");
-        }
+        self.check_drafts()?;
         self.check_geometry_runs()?;
         Ok(())
     }
 }
 
 impl EngineParams {
+    /// Refuses a draft depth that fills the step's token budget and an acceptance that is not a probability
+    /// (NaN included).
+    fn check_drafts(&self) -> Result<()> {
+        let invalid =
+            |name: &'static str, reason: String| Err(Error::InvalidParam { name, reason });
+        if self.draft_tokens >= self.max_batched_tokens {
+            return invalid("draft_tokens", "smaller than max_batched_tokens".to_owned());
+        }
+        if !(0.0..=1.0).contains(&self.draft_acceptance) {
+            return invalid(
+                "draft_acceptance",
+                format!("{} is not a probability from 0 to 1", self.draft_acceptance),
+            );
+        }
+        Ok(())
+    }
+
     /// Refuses page storage above `SIM_STORAGE_BYTES_MAX` and pool memory above `POOL_MEMORY_BYTES_MAX`.
     fn check_memory(&self) -> Result<()> {
         let ranks = self.geometry.context_parallel();

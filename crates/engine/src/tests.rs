@@ -43,7 +43,7 @@ fn cost_model_grows_with_work_and_presets_resolve() {
 #[test]
 fn a_cost_model_with_hostile_figures_is_refused_naming_the_field_and_never_panics() {
     type Set = fn(&mut CostModel, f64);
-    let cases: [(Set, &str, f64); 6] = [
+    let cases: [(Set, &str, f64); 8] = [
         (|c, v| c.copy_bytes_per_s = v, "cost.copy_bytes_per_s", 0.0),
         (
             |c, v| c.copy_bytes_per_s = v,
@@ -68,6 +68,16 @@ fn a_cost_model_with_hostile_figures_is_refused_naming_the_field_and_never_panic
         (
             |c, v| c.decode_weights_s = v,
             "cost.decode_weights_s",
+            f64::NAN,
+        ),
+        (
+            |c, v| c.draft_head_fraction = v,
+            "cost.draft_head_fraction",
+            1.5,
+        ),
+        (
+            |c, v| c.draft_head_fraction = v,
+            "cost.draft_head_fraction",
             f64::NAN,
         ),
     ];
@@ -132,6 +142,44 @@ fn sim_executor_is_deterministic_and_empty_steps_take_no_time() {
     assert_eq!(first, run(&batch));
     assert!(first > Duration::ZERO);
     assert_eq!(executor.steps(), 2);
+}
+
+#[test]
+fn draft_work_is_priced_as_the_draft_head_not_the_full_model() {
+    let cost = CostModel::glm_like_moe();
+    let mut executor = SimExecutor::new(cost.clone());
+    let storage = kv_pool::HostStorage::new(1, 2, 32).unwrap();
+    let decode = |n_tokens, draft_replay_tokens| DecodeWork {
+        request: RequestId(2),
+        context_tokens: 4000,
+        n_tokens,
+        draft_replay_tokens,
+        tokens: &[],
+        pages: PageTables::default(),
+    };
+    let mut run = |work: DecodeWork<'static>| {
+        let batch = StepBatch {
+            decodes: vec![work],
+            ..StepBatch::default()
+        };
+        executor
+            .execute(&batch, &storage)
+            .unwrap()
+            .duration
+            .as_secs_f64()
+    };
+    let (plain, drafting, replaying) = (run(decode(1, 0)), run(decode(4, 0)), run(decode(4, 64)));
+    // Three drafts: the full model verifies four tokens, the draft head proposes three (its weights and its
+    // share of each pass).
+    let proposals = cost.draft_weights_s(3) + cost.draft_entry_s(4000, 3);
+    let verify = cost.decode_entry_s(4000, 4) - cost.decode_entry_s(4000, 1);
+    assert!((drafting - plain - verify - proposals).abs() < 1e-8);
+    assert!(proposals < 0.05 * (cost.decode_weights_s + cost.decode_entry_s(4000, 1)) * 3.0);
+    // A replay of a 64-token page after a restore: the draft head's prefill of it, 3.6% of the model's.
+    let replay = replaying - drafting;
+    assert!((replay - cost.draft_replay_s(4000 - 64, 64)).abs() < 1e-8);
+    assert!(replay < 0.05 * cost.prefill_s(4000 - 64, 64));
+    assert!(replay > 0.0);
 }
 
 #[test]

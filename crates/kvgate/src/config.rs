@@ -18,11 +18,12 @@ pub use presets::{MODEL_PRESETS, ModelPreset, model_preset};
 const PRESETS_ALLOWED: &str = "one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid, sliding-window (model presets)";
 
 /// The fields a model preset sets, as (section, key): a text naming a model preset leaves them out.
-const MODEL_PRESET_FIELDS: [(&str, &str); 4] = [
+const MODEL_PRESET_FIELDS: [(&str, &str); 5] = [
     ("model", "groups"),
     ("model", "tokens_per_page"),
     ("model", "context_parallel"),
     ("scheduler", "draft_tokens"),
+    ("scheduler", "draft_acceptance"),
 ];
 
 /// The environment variable that overrides `restore.max_wait_s` (contract W1).
@@ -55,8 +56,8 @@ pub struct EngineConfig {
 #[serde(deny_unknown_fields, default)]
 pub struct ModelConfig {
     /// Step-time cost preset (`small-8b-gpu`, the default, or `glm-like-moe`), or a model preset
-    /// (`glm-mla-hybrid`, `linear-hybrid`, `sliding-window`: the cost preset, `tokens_per_page`, `context_parallel`, `groups`
-    /// and `scheduler.draft_tokens` together; a file naming one may not set those).
+    /// (`glm-mla-hybrid`, `linear-hybrid`, `sliding-window`: the cost preset, `tokens_per_page`, `context_parallel`, `groups`,
+    /// `scheduler.draft_tokens` and `scheduler.draft_acceptance` together; a file naming one may not set those).
     pub preset: String,
     /// Tokens per page (and per prefix-cache block). Default 16; 1..=4096.
     pub tokens_per_page: u32,
@@ -143,6 +144,10 @@ pub struct SchedulerConfig {
     pub chunk_tokens: u32,
     /// Draft lookahead tokens per decode step; 0 disables draft decoding. Default 0; at most 16.
     pub draft_tokens: u32,
+    /// Probability that a draft token is accepted given that the one before it was: a decode step yields 1 to
+    /// `1 + draft_tokens` tokens, `(1 - a^(k+1)) / (1 - a)` on average (`engine::EngineParams::draft_acceptance`).
+    /// Default 0 (every draft rejected: one token a step); 0 to 1.
+    pub draft_acceptance: f64,
     /// Admission watermark in pages, applied while other work is scheduled. Default 0.
     pub watermark_pages: u32,
     /// The liveness watchdog: a run in which no request produces a token or ends for this many seconds of
@@ -240,6 +245,7 @@ impl Default for SchedulerConfig {
             max_batched_tokens: 2048,
             chunk_tokens: 512,
             draft_tokens: 0,
+            draft_acceptance: 0.0,
             watermark_pages: 0,
             stall_timeout_s: 3600.0,
             preemption: Preemption::default().name().to_string(),
@@ -334,8 +340,8 @@ impl EngineConfig {
                 return Err(Error::InvalidConfig {
                     field: "model.preset",
                     value: preset.name.to_string(),
-                    allowed: "a config whose groups, tokens_per_page, context_parallel and draft_tokens are the \
-                              model preset's; name its cost preset to write other values"
+                    allowed: "a config whose groups, tokens_per_page, context_parallel, draft_tokens and \
+                              draft_acceptance are the model preset's; name its cost preset to write other values"
                         .to_string(),
                 });
             }
@@ -349,7 +355,7 @@ impl EngineConfig {
     }
 
     /// This config as parsed, with the model preset it names applied (`apply_preset`). `set(section, key)`
-    /// says whether the parsed text set a field: a model preset sets the geometry and the draft depth, so a
+    /// says whether the parsed text set a field: a model preset sets the geometry and the drafts, so a
     /// text naming one and setting them too is ambiguous and refused, naming the field. A cost preset
     /// changes nothing.
     pub fn with_model_preset(mut self, set: &dyn Fn(&str, &str) -> bool) -> Result<EngineConfig> {
@@ -372,7 +378,8 @@ impl EngineConfig {
     }
 
     /// Applies preset `name`: a cost preset sets `model.preset` alone; a model preset also sets the
-    /// geometry (`tokens_per_page`, `context_parallel`, `groups`) and `scheduler.draft_tokens`.
+    /// geometry (`tokens_per_page`, `context_parallel`, `groups`), `scheduler.draft_tokens` and
+    /// `scheduler.draft_acceptance`.
     pub fn apply_preset(&mut self, name: &str) -> Result<()> {
         if let Some(preset) = model_preset(name) {
             self.model.preset = preset.name.to_string();
@@ -380,6 +387,7 @@ impl EngineConfig {
             self.model.context_parallel = preset.context_parallel;
             self.model.groups = preset.groups;
             self.scheduler.draft_tokens = preset.draft_tokens;
+            self.scheduler.draft_acceptance = preset.draft_acceptance;
             return Ok(());
         }
         if CostModel::preset(name).is_none() {
@@ -516,6 +524,14 @@ impl EngineConfig {
             1 << 24,
         )?;
         check_range("scheduler.draft_tokens", self.scheduler.draft_tokens, 0, 16)?;
+        let acceptance = self.scheduler.draft_acceptance;
+        if !(0.0..=1.0).contains(&acceptance) {
+            return invalid(
+                "scheduler.draft_acceptance",
+                &limits::show(acceptance),
+                "a probability from 0 to 1",
+            );
+        }
         Ok(())
     }
 
@@ -739,6 +755,7 @@ impl EngineConfig {
             draft_tokens: self.scheduler.draft_tokens,
             // The model's own end of turn: `kvgate serve --executor model` sets it from its tokenizer.
             stop_token: None,
+            draft_acceptance: self.scheduler.draft_acceptance,
             policy,
             restore_max_wait: seconds("restore.max_wait_s", self.restore.max_wait_s, false)?,
             lookup_timeout: seconds(

@@ -26,8 +26,9 @@ impl<E: Executor> Engine<E> {
 
     /// Checks every invariant: the pool's, the ledger's and the imports'; every
     /// page in use is held by a live request or import and every held page is in use (no leak, no page freed
-    /// under a holder or a live copy); every request is in exactly the container its phase names; slots
-    /// within the limit; outstanding credits within the live tickets' needs. A broken one is
+    /// under a holder or a live copy); every request is in exactly the container its phase names; no request
+    /// counts more tokens computed than it holds; slots within the limit; outstanding credits within the live
+    /// tickets' needs. A broken one is
     /// `Error::Internal` naming it.
     pub fn check_invariants(&self) -> Result<()> {
         let broken = |invariant: String| Err(Error::internal(invariant));
@@ -81,6 +82,18 @@ impl<E: Executor> Engine<E> {
                 "{id} is {:?} with {} keys and its prompt deferred, which this engine does not allow there",
                 req.phase,
                 req.keys.len()
+            ));
+        }
+        // Computed tokens are tokens the request holds: never a position past them (a rejected draft's, H5).
+        if let Some((id, req)) = self
+            .table
+            .iter()
+            .find(|(_, req)| req.n_computed as usize > req.tokens.len())
+        {
+            return broken(format!(
+                "{id} counts {} tokens computed of the {} it holds",
+                req.n_computed,
+                req.tokens.len()
             ));
         }
         let slots_held = self.policy.slots_held();

@@ -8,13 +8,15 @@
 //! reset); `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator;
 //! `pages.rs` page-level work; `req.rs` a live request; `table.rs` the live requests and the lifecycle's edges (`RequestTable::move_to`); `report.rs` `StepReport`, `RequestView` and the
 //! read-only accessors; `invariants.rs` `check_invariants` and the leak count; `capture_link.rs` the captures
-//! on their way to the store; `clock.rs` the injected clock; `groups.rs` the cache groups' plan;
+//! on their way to the store; `clock.rs` the injected clock; `groups.rs` the cache groups' plan; `drafts.rs` what a decode with draft
+//! tokens yields;
 //! `recompute.rs` E3 verification by recompute.
 
 mod admit;
 mod capture_link;
 mod clock;
 mod coordinator;
+mod drafts;
 mod groups;
 mod invariants;
 mod kv_events;

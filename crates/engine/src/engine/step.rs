@@ -25,7 +25,8 @@ const STUCK_LISTED_MAX: usize = 16;
 pub(crate) enum Work {
     /// Compute `n` tokens from position `first_pos`.
     Prefill { first_pos: u32, n: u32 },
-    /// Compute the pending token (plus draft lookahead slots) and sample the next.
+    /// Compute the pending token, verify the draft tokens proposed after it (the lookahead slots) and append
+    /// the tokens accepted: 1 to `1 + draft_tokens` (`Engine::decode_yield`).
     Decode { context: u32 },
     /// Sample from saved logits of a fully restored prompt (Q4).
     LogitsOnly,
@@ -455,9 +456,7 @@ impl<E: Executor> Engine<E> {
                 }
                 Work::Decode { context } => {
                     report.decodes.push(id);
-                    self.table.get_mut(id)?.n_computed = context + 1;
-                    self.write_computed(id, context, context + 1)?;
-                    self.sample(id, report)?;
+                    self.apply_decode(id, context, report)?;
                 }
                 Work::LogitsOnly => {
                     report.logits_only.push(id);
@@ -528,8 +527,27 @@ impl<E: Executor> Engine<E> {
         })
     }
 
-    /// Samples `id`'s next output token; finishes or pauses the answer at its cap or stop token.
-    fn sample(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
+    /// Applies `id`'s decode at position `context`: the pending token and the drafts accepted after it are
+    /// computed (their KV written), and the tokens the step yields (`decode_yield`) are appended, the last
+    /// through `sample`, which ends the answer at its cap or stop. A rejected draft's position is not
+    /// computed: the token sampled in its place is the next step's pending token.
+    fn apply_decode(&mut self, id: RequestId, context: u32, report: &mut StepReport) -> Result<()> {
+        let kept = self.decode_yield(id, context)?;
+        for _ in 1..kept {
+            if self.next_token(id)? {
+                return Err(Error::internal(format!(
+                    "{id}: an accepted draft before the step's last token ended the answer"
+                )));
+            }
+        }
+        self.table.get_mut(id)?.n_computed = context + kept;
+        self.write_computed(id, context, context + kept)?;
+        self.sample(id, report)
+    }
+
+    /// Appends `id`'s next output token: the stop token when the answer stops there, else the executor's
+    /// token or the engine's own (`output_token_at`). Returns whether the answer stopped.
+    fn next_token(&mut self, id: RequestId) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
         let now = self.now;
         let model_token = self.model_tokens.remove(&id);
@@ -558,6 +576,14 @@ impl<E: Executor> Engine<E> {
         req.stopped = stop;
         req.metrics.decode_tokens += 1;
         req.metrics.first_token.get_or_insert(now);
+        Ok(stop)
+    }
+
+    /// Samples `id`'s next output token (`next_token`); finishes or pauses the answer at its cap or stop
+    /// token.
+    fn sample(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
+        let stop = self.next_token(id)?;
+        let req = self.table.get(id)?;
         if req.answer_tokens < req.answer_cap && !stop {
             return Ok(());
         }

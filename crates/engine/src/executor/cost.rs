@@ -2,7 +2,8 @@
 //!
 //! A step costs a fixed overhead, plus prefill work (per token computed and per pair of (token, context token)
 //! attended), plus decode work (per sequence in the batch and per context token read), plus the time the weights
-//! take to stream once when anything decodes. Copies cost bytes / bandwidth plus a latency.
+//! take to stream once when anything decodes. Draft work (draft decoding) is the draft head's: a fraction of
+//! the full model. Copies cost bytes / bandwidth plus a latency.
 
 use std::time::Duration;
 
@@ -29,6 +30,10 @@ pub struct CostModel {
     pub copy_bytes_per_s: f64,
     /// Fixed latency of one restore copy.
     pub copy_latency_s: f64,
+    /// The draft head's share of the full model's work for a token (its weights, per-sequence work and
+    /// context reads): each draft token it proposes costs this fraction of a one-token decode pass, and its
+    /// replay of a restored page (H5) this fraction of a prefill of those tokens. From 0 to 1.
+    pub draft_head_fraction: f64,
 }
 
 impl CostModel {
@@ -37,7 +42,11 @@ impl CostModel {
     /// ~16 GFLOP per prefill token at ~40% of 989 TFLOP/s dense bf16 gives ~40 us per token; attention
     /// 4 * 32 layers * 4096 = 0.5 MFLOP per pair gives ~1.3 ns per pair; KV 128 KiB per token read at HBM
     /// bandwidth gives ~40 ns per token; restores over PCIe Gen5 x16 pinned (~50 GB/s measured by common
-    /// `cudaMemcpyAsync` benchmarks). Step overhead and per-sequence costs are illustrative.
+    /// `cudaMemcpyAsync` benchmarks). Step overhead and per-sequence costs are illustrative. Draft head: an
+    /// EAGLE-style head (one decoder layer of the model's shape, Li et al., arXiv:2401.15077) on Llama-3-8B
+    /// (Meta's `config.json`: hidden 4096, MLP 14336, 8 KV heads of 128, vocabulary 128 256): the layer's
+    /// 0.22B parameters, a 2 x 4096 -> 4096 input projection (0.03B) and the shared output head (0.53B) it
+    /// runs for every proposal, 0.78B of the model's 8.0B: 0.097.
     pub fn small_8b_gpu() -> CostModel {
         CostModel {
             name: "small-8b-gpu",
@@ -50,13 +59,19 @@ impl CostModel {
             kv_bytes_per_token: 128 * 1024,
             copy_bytes_per_s: 50e9,
             copy_latency_s: 50e-6,
+            draft_head_fraction: 0.097,
         }
     }
 
     /// A GLM-like large mixture-of-experts model served on two GPUs with tensor parallelism (the seed's
     /// deployment shape: ~32B active parameters per token, multi-token prediction). Illustrative figures chosen
     /// so one decode stream runs at ~20-25 tok/s and eight run at ~140 tok/s aggregate, the order of magnitude
-    /// the seed reports (`../shared/seed/pr-description.md`); not calibrated on hardware.
+    /// the seed reports (`../shared/seed/pr-description.md`); not calibrated on hardware. Draft head: GLM-4.5's
+    /// multi-token-prediction layer (its `config.json`: 92 layers, hidden 5120, 96 query and 8 KV heads of 128,
+    /// 8 of 160 routed experts plus a shared one of 3 x 5120 x 1536, vocabulary 151 552,
+    /// `num_nextn_predict_layers` 1): one more MoE decoder block (about 0.35B active parameters), its
+    /// 2 x 5120 -> 5120 input projection (0.05B) and the shared output head (0.78B): 1.18B against the 32.9B
+    /// the same count gives the model a token (its card says 32B active): 0.036.
     pub fn glm_like_moe() -> CostModel {
         CostModel {
             name: "glm-like-moe",
@@ -69,6 +84,7 @@ impl CostModel {
             kv_bytes_per_token: 160 * 1024,
             copy_bytes_per_s: 25e9,
             copy_latency_s: 100e-6,
+            draft_head_fraction: 0.036,
         }
     }
 
@@ -91,10 +107,30 @@ impl CostModel {
         n * self.prefill_s_per_token + pairs * self.prefill_s_per_pair
     }
 
-    /// Time of one decode entry reading `context_tokens` and producing `n_tokens` (1 + draft tokens).
+    /// Time of one decode entry reading `context_tokens` and computing `n_tokens` (its pending token and the
+    /// draft tokens the full model verifies with it).
     pub fn decode_entry_s(&self, context_tokens: u32, n_tokens: u32) -> f64 {
         f64::from(n_tokens) * self.decode_s_per_seq
             + f64::from(context_tokens) * f64::from(n_tokens) * self.decode_s_per_token_read
+    }
+
+    /// Time the draft head takes to propose `depth` draft tokens, one after another, for one decode entry
+    /// reading `context_tokens`: `depth` one-token passes at `draft_head_fraction` of the full model's
+    /// per-sequence and context-read cost (an upper bound on the reads: the head attends with one layer).
+    pub fn draft_entry_s(&self, context_tokens: u32, depth: u32) -> f64 {
+        self.draft_head_fraction * f64::from(depth) * self.decode_entry_s(context_tokens, 1)
+    }
+
+    /// Time the draft head's weights take to stream for `depth` proposals, once a proposal per step that
+    /// drafts (shared by its entries, like `decode_weights_s`).
+    pub fn draft_weights_s(&self, depth: u32) -> f64 {
+        self.draft_head_fraction * f64::from(depth) * self.decode_weights_s
+    }
+
+    /// Time the draft head takes to replay `n_tokens` tokens from position `first_pos` (after a restore whose
+    /// checkpoint carried no draft state, H5): its fraction of a prefill of them.
+    pub fn draft_replay_s(&self, first_pos: u32, n_tokens: u32) -> f64 {
+        self.draft_head_fraction * self.prefill_s(first_pos, n_tokens)
     }
 
     /// Time to copy `n_tokens` tokens of KV cache from the store into the pool.
@@ -103,8 +139,8 @@ impl CostModel {
         seconds(self.copy_latency_s + bytes as f64 / self.copy_bytes_per_s)
     }
 
-    /// `Err((field, reason))` unless every figure is a finite number of seconds or bytes, not negative, and
-    /// the copy bandwidth is positive.
+    /// `Err((field, reason))` unless every figure is a finite number of seconds or bytes, not negative, the
+    /// draft head's fraction is from 0 to 1, and the copy bandwidth is positive.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
         let figures = [
             ("cost.step_overhead_s", self.step_overhead_s),
@@ -120,6 +156,15 @@ impl CostModel {
             if !(value.is_finite() && value >= 0.0) {
                 return Err((field, format!("{value} is not a finite number from 0 up")));
             }
+        }
+        if !(0.0..=1.0).contains(&self.draft_head_fraction) {
+            return Err((
+                "cost.draft_head_fraction",
+                format!(
+                    "{} is not a fraction of the model from 0 to 1",
+                    self.draft_head_fraction
+                ),
+            ));
         }
         if self.copy_bytes_per_s <= 0.0 {
             return Err((

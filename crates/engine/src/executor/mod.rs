@@ -59,14 +59,16 @@ pub struct PrefillWork<'a> {
     pub samples: bool,
 }
 
-/// One decode entry of a step: `request` reads `context_tokens` and produces `n_tokens` (1 + draft tokens).
+/// One decode entry of a step: `request` reads `context_tokens` and computes `n_tokens`: its pending token and
+/// the draft tokens proposed after it, which the step verifies (it yields 1 to `n_tokens` tokens).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DecodeWork<'a> {
     /// The request decoded.
     pub request: RequestId,
     /// Context tokens read.
     pub context_tokens: u32,
-    /// Tokens produced (one, plus draft lookahead tokens when configured).
+    /// Tokens computed: the pending one, plus the draft tokens when draft decoding is on (each proposed by
+    /// the draft head).
     pub n_tokens: u32,
     /// As `PrefillWork::draft_replay_tokens`.
     pub draft_replay_tokens: u32,

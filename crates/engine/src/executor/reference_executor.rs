@@ -12,7 +12,8 @@
 //! Draft decoding: the model has no draft head, so it proposes no draft token. The engine budgets and
 //! allocates the lookahead slots of a decode (and a restore's replay page, H5) as for any drafting model;
 //! the model computes the pending token alone, which is what greedy speculative decoding accepts when every
-//! draft is rejected: the tokens are those of plain greedy decoding.
+//! draft is rejected: the tokens are those of plain greedy decoding, one a step (`draft_acceptance`, the
+//! simulated acceptance, does not apply to an executor that samples its own tokens).
 //!
 //! Token ids: the model reads a token `t` as `t % vocab` (workloads draw ids from all of `u32`, and the stop
 //! token is `u32::MAX`); the tokens it samples are below `vocab`.

@@ -80,8 +80,8 @@ impl SimExecutor {
         for prefill in &batch.prefills {
             seconds += cost.prefill_s(prefill.first_pos, prefill.n_tokens);
         }
-        // A draft replay is priced as a prefill of its tokens by the whole model: an upper bound (the draft
-        // model is a fraction of it) the cost model has no better figure for.
+        // Draft work is the draft head's (`CostModel::draft_head_fraction`): its replay of a restored page
+        // (H5), charged to the entry's step...
         let replays = batch
             .prefills
             .iter()
@@ -94,14 +94,29 @@ impl SimExecutor {
             );
         for (before, tokens) in replays {
             if tokens > 0 {
-                seconds += cost.prefill_s(before.saturating_sub(tokens), tokens);
+                seconds += cost.draft_replay_s(before.saturating_sub(tokens), tokens);
             }
         }
         if !batch.decodes.is_empty() || !batch.logits_only.is_empty() {
             seconds += cost.decode_weights_s;
         }
+        // ...and its proposals: `n_tokens - 1` drafts after each decode entry's pending token, which the full
+        // model verifies with it (`decode_entry_s`).
+        let depth = batch
+            .decodes
+            .iter()
+            .map(|decode| decode.n_tokens.saturating_sub(1))
+            .max()
+            .unwrap_or(0);
+        if depth > 0 {
+            seconds += cost.draft_weights_s(depth);
+        }
         for decode in &batch.decodes {
             seconds += cost.decode_entry_s(decode.context_tokens, decode.n_tokens);
+            let drafts = decode.n_tokens.saturating_sub(1);
+            if drafts > 0 {
+                seconds += cost.draft_entry_s(decode.context_tokens, drafts);
+            }
         }
         seconds += batch.logits_only.len() as f64 * cost.decode_s_per_seq;
         super::cost::seconds(seconds)

@@ -1,6 +1,6 @@
 //! The memory limits of one engine: page storage counts every rank's shard, and pool memory counts the
 //! pool's bookkeeping and the storage as host storage allocates it, so neither tiny pages nor many ranks slip
-//! past them.
+//! past them. And the draft acceptance's range.
 
 use kv_pool::{CacheGroup, Geometry, GroupKind};
 
@@ -58,4 +58,28 @@ fn storage_on_many_ranks_and_tiny_pages_on_many_ranks_are_refused() {
          or bytes per page"
     );
     largest_pool(16, 8).validate().unwrap();
+}
+
+#[test]
+fn a_draft_acceptance_that_is_not_a_probability_is_refused_naming_it() {
+    for bad in [-0.01, 1.01, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+        let params = EngineParams {
+            draft_tokens: 3,
+            draft_acceptance: bad,
+            ..EngineParams::default()
+        };
+        let error = params.validate().unwrap_err().to_string();
+        assert!(
+            error.starts_with("invalid engine parameter draft_acceptance: "),
+            "{bad}: {error}"
+        );
+    }
+    for good in [0.0, 0.5, 1.0] {
+        let params = EngineParams {
+            draft_tokens: 3,
+            draft_acceptance: good,
+            ..EngineParams::default()
+        };
+        params.validate().unwrap();
+    }
 }

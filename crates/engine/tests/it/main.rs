@@ -1,6 +1,7 @@
 //! The engine's integration tests: contract behaviours through the public API (Q4-Q7, X1, X2, G1-G5,
 //! E1-E3), restores of a longer checkpoint's matching blocks (G2, O7, E3), the deterministic simulation under
-//! every policy, the agents comparison of the policies, and the engine on CUDA page storage (skipped, saying
+//! every policy, the agents comparison of the policies, what a decode step with drafts yields (H5, H7), and
+//! the engine on CUDA page storage (skipped, saying
 //! why, without a driver). Every engine these tests build verifies every restored page against recompute
 //! (E3, L5), in release builds too: parameters start from [`verified_defaults`].
 #![allow(
@@ -13,6 +14,7 @@ mod agents;
 mod contract;
 mod credits;
 mod cuda;
+mod drafts;
 mod hybrid;
 mod kv_events;
 mod live;

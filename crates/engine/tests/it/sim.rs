@@ -1,5 +1,6 @@
 //! The deterministic simulation: on one full-attention group or a hybrid model (sliding-window,
-//! chunked-local, recurrent and auxiliary groups), on one to three context-parallel ranks, random requests (shared session prefixes, streams, early stops), cancellations,
+//! chunked-local, recurrent and auxiliary groups), on one to three context-parallel ranks, with or without
+//! drafts (accepted at several rates), random requests (shared session prefixes, streams, early stops), cancellations,
 //! forced and non-forced resets, copy failures and delays on any rank, clock jumps and (every fourth seed) a store
 //! small enough to evict checkpoints under every policy, with every
 //! invariant checked after every step (no leaked page, no page freed under a live copy, credits consistent
@@ -126,8 +127,10 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
         } else {
             Preemption::Offload
         },
-        // Draft decoding: restores without draft state replay their last page (H5).
+        // Draft decoding: restores without draft state replay their last page (H5); a decode step yields 1 to
+        // 1 + draft_tokens tokens, its drafts accepted with a probability decided by the seed, outside `rng`.
         draft_tokens,
+        draft_acceptance: [0.0, 0.5, 0.85, 1.0][(seed / 2 % 4) as usize],
         // Every fourth seed has a store of a few dozen pages, which evicts checkpoints between a lookup's
         // answer and the reservation (G3); decided by the seed, outside `rng`.
         store_capacity_pages: if seed % 4 == 1 {

@@ -1,10 +1,10 @@
-//! Model presets (H8): a cache geometry, a draft depth and a step-time cost preset under one name, for
-//! `--preset` and `[model] preset`. Where each number comes from is in `docs/presets.md`; the page sizes are
-//! what the layers of each group store per page, the step-time costs are the cost preset's.
+//! Model presets (H8): a cache geometry, a draft depth and acceptance and a step-time cost preset under one
+//! name, for `--preset` and `[model] preset`. Where each number comes from is in `docs/presets.md`; the page
+//! sizes are what the layers of each group store per page, the step-time costs are the cost preset's.
 
 use super::GroupConfig;
 
-/// A model preset: everything of `[model]` plus the draft depth.
+/// A model preset: everything of `[model]` plus the draft depth and acceptance.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelPreset {
     /// The name `--preset` takes.
@@ -19,6 +19,8 @@ pub struct ModelPreset {
     pub context_parallel: u32,
     /// Draft (multi-token-prediction) lookahead tokens per decode step.
     pub draft_tokens: u32,
+    /// Probability that a draft token is accepted given that the one before it was (0 without drafts).
+    pub draft_acceptance: f64,
     /// Cache groups.
     pub groups: Vec<GroupConfig>,
 }
@@ -43,7 +45,9 @@ pub fn model_preset(name: &str) -> Option<ModelPreset> {
 
 /// The upstream test fixture's shape (`../shared/seed/pr-description.md`: a GLM MoE model with MLA attention
 /// and recurrent state, TP2/DCP2, MTP3): one MLA group of 64-token pages, three recurrent groups, two
-/// context-parallel ranks, three draft tokens. MLA keeps one compressed latent of 512 values plus a 64-value
+/// context-parallel ranks, three draft tokens, each accepted with probability 0.85 given the one before (the
+/// low end of DeepSeek-V3's 85-90% for its multi-token-prediction module's token, arXiv:2412.19437, section
+/// 5.4.3; `docs/presets.md`). MLA keeps one compressed latent of 512 values plus a 64-value
 /// rotary key per token and layer (DeepSeek-V2, arXiv:2405.04434, section 2.1), here for 46 layers in bf16; a
 /// recurrent group keeps one state page of 16 heads x 128 x 128 f32 values per layer (a gated-delta-rule
 /// state, Gated DeltaNet, arXiv:2412.06464) for 4 layers.
@@ -61,6 +65,7 @@ fn glm_mla_hybrid() -> ModelPreset {
         tokens_per_page,
         context_parallel: 2,
         draft_tokens: 3,
+        draft_acceptance: 0.85,
         groups: vec![
             GroupConfig::Full {
                 bytes_per_page: Some(mla_bytes_per_token * u64::from(tokens_per_page)),
@@ -85,6 +90,7 @@ fn linear_hybrid() -> ModelPreset {
         tokens_per_page,
         context_parallel: 1,
         draft_tokens: 0,
+        draft_acceptance: 0.0,
         groups: vec![
             GroupConfig::Full {
                 bytes_per_page: Some(kv_bytes_per_token * u64::from(tokens_per_page)),
@@ -109,6 +115,7 @@ fn sliding_window() -> ModelPreset {
         tokens_per_page,
         context_parallel: 1,
         draft_tokens: 0,
+        draft_acceptance: 0.0,
         groups: vec![
             GroupConfig::Full {
                 bytes_per_page: Some(kv_bytes_per_token_per_layer * 8 * u64::from(tokens_per_page)),

@@ -38,6 +38,33 @@ fn groups_of_every_kind_parse() {
 }
 
 #[test]
+fn a_draft_acceptance_that_is_not_a_probability_is_refused_naming_the_field() {
+    for (value, shown) in [
+        ("-0.1", "-0.1"),
+        ("1.5", "1.5"),
+        ("nan", "NaN"),
+        ("inf", "inf"),
+    ] {
+        assert_eq!(
+            err(&format!("[scheduler]\ndraft_acceptance = {value}")),
+            format!(
+                "config: `scheduler.draft_acceptance` = {shown} is out of range; allowed: a probability \
+                 from 0 to 1"
+            ),
+            "{value}"
+        );
+    }
+    for value in ["0.0", "0.85", "1.0"] {
+        let config = EngineConfig::from_toml(&format!(
+            "[scheduler]\ndraft_tokens = 3\ndraft_acceptance = {value}"
+        ))
+        .unwrap();
+        let params = config.engine_params(Policy::Reserved).unwrap();
+        assert_eq!(params.draft_acceptance, value.parse::<f64>().unwrap());
+    }
+}
+
+#[test]
 fn out_of_range_values_name_the_field_and_range() {
     assert_eq!(
         err("[pool]\npages = 0"),
@@ -320,6 +347,13 @@ fn a_model_preset_sets_the_geometry_and_draft_depth_and_its_cost_preset() {
         assert_eq!(config.model.tokens_per_page, preset.tokens_per_page);
         assert_eq!(config.model.context_parallel, preset.context_parallel);
         assert_eq!(config.scheduler.draft_tokens, preset.draft_tokens);
+        assert_eq!(config.scheduler.draft_acceptance, preset.draft_acceptance);
+        // A preset that drafts accepts some drafts; one that does not, none.
+        assert_eq!(
+            preset.draft_acceptance > 0.0,
+            preset.draft_tokens > 0,
+            "{name}"
+        );
         assert_eq!(config.cost().unwrap().name, preset.cost);
         // The engine runs every shipped preset (H1, H8).
         let params = config.engine_params(Policy::Reserved).unwrap();
@@ -344,6 +378,10 @@ fn a_model_preset_with_its_own_geometry_fields_is_refused_naming_them() {
         (
             "[model]\npreset = \"glm-mla-hybrid\"\n[scheduler]\ndraft_tokens = 1\n",
             "scheduler.draft_tokens",
+        ),
+        (
+            "[model]\npreset = \"glm-mla-hybrid\"\n[scheduler]\ndraft_acceptance = 0.5\n",
+            "scheduler.draft_acceptance",
         ),
         (
             "[model]\npreset = \"glm-mla-hybrid\"\n[[model.groups]]\nkind = \"full\"\n",

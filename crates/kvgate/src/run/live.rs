@@ -105,7 +105,7 @@ pub fn live_pool_pages(model: &ReferenceConfig) -> u32 {
 
 /// The engine parameters of a live run of `policy`: `config`'s, on the reference model's geometry
 /// (`reference_model`: its groups, page width and ranks, `LIVE_MAX_MODEL_LEN` tokens; a model preset's draft
-/// tokens, which the reference model leaves unused) and the wall clock; its copy engine, except that
+/// tokens, which the reference model leaves unused, so no draft is accepted) and the wall clock; its copy engine, except that
 /// `inline` (modeled time) becomes `threaded`, since a live run copies real bytes while steps run; its page
 /// storage (`cuda` with the cuda copy engine: the restores go straight into device pages). Errors: anything
 /// `engine_params` refuses.
@@ -121,6 +121,8 @@ pub fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams
         .geometry(LIVE_MAX_MODEL_LEN)
         .map_err(engine::Error::from)?;
     params.draft_tokens = preset.map_or(0, |preset| preset.draft_tokens);
+    // The reference model has no draft head: it rejects every draft, whatever the preset's acceptance.
+    params.draft_acceptance = 0.0;
     params.clock = ClockKind::Wall;
     if params.copy_engine == CopyEngineKind::Inline {
         params.copy_engine = CopyEngineKind::Threaded {
