@@ -12,9 +12,18 @@ const ALLOWED: &[(&str, &[&str])] = &[
     ("reservation", &["kv-pool"]),
     ("admission", &["kv-pool", "reservation"]),
     ("checkpoint-transfer", &["kv-pool"]),
+    // The reference model computes into the pool's page storage through the caller's page tables; it knows
+    // no engine type. The engine's `ReferenceExecutor` drives it.
+    ("reference-model", &["kv-pool"]),
     (
         "engine",
-        &["kv-pool", "reservation", "admission", "checkpoint-transfer"],
+        &[
+            "kv-pool",
+            "reservation",
+            "admission",
+            "checkpoint-transfer",
+            "reference-model",
+        ],
     ),
     (
         "kvgate",
@@ -24,6 +33,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "admission",
             "checkpoint-transfer",
             "engine",
+            // The live agents run (`run::live`) builds the reference model's shape from a preset.
+            "reference-model",
             // `kvgate serve` tokenizes with the real model's tokenizer and chat template.
             "llama",
         ],

@@ -13,8 +13,8 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use engine::executor::{ForwardEntry, ModelStorage, ReferenceConfig, ReferenceModel};
 use kv_pool::{HostStorage, PageId};
+use reference_model::{ForwardEntry, ModelStorage, ReferenceConfig, ReferenceModel};
 
 /// Sizes of one run: the smoke run (no `--bench`) shrinks every context.
 #[derive(Clone, Copy, Debug)]

@@ -124,9 +124,11 @@ pub enum Error {
     /// The checkpoint store or transfer layer failed.
     #[error(transparent)]
     Transfer(#[from] checkpoint_transfer::Error),
-    /// The reference model refused a batch or failed to read or write its pages (L3).
+    /// The reference model refused its configuration or a batch, or failed to read or write its pages (L3).
+    /// The source is the model's own error (`reference_model::ModelError`), boxed: the engine's error does
+    /// not name a model crate's types, so another model's executor reports through the same variant.
     #[error("reference executor: {0}")]
-    Model(#[from] crate::executor::ModelError),
+    Model(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl Error {

@@ -15,10 +15,7 @@ pub use engine::{
     WALL_IDLE_WAIT, WallClock, open_store,
 };
 pub use error::{Error, Result};
-pub use executor::{
-    CostModel, Executor, LocalAttention, LocalWindow, ReferenceConfig, ReferenceExecutor,
-    SimExecutor,
-};
+pub use executor::{CostModel, Executor, ReferenceExecutor, SimExecutor};
 pub use kv_events::{BlockRemoved, BlockStored, KvEvent};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
 pub use params::{

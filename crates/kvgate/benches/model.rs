@@ -20,11 +20,12 @@
 use std::sync::Arc;
 
 use engine::{
-    ClockKind, CopyEngineKind, Engine, EngineParams, Executor, Policy, ReferenceConfig,
-    ReferenceExecutor, RequestSpec,
+    ClockKind, CopyEngineKind, Engine, EngineParams, Executor, Policy, ReferenceExecutor,
+    RequestSpec,
 };
 use kvgate::model::{LoadedModel, ModelExecutor, VerifyTime};
 use kvgate::{EngineConfig, RequestMetrics};
+use reference_model::ReferenceConfig;
 
 struct Sizes {
     prompt: u32,

@@ -85,3 +85,5 @@ pub use engine::{
 pub use kv_pool::{
     BlockKey, CacheGroup, Error as PoolError, Geometry, GroupKind, PageId, RequestId, Timestamp,
 };
+/// The reference model's shape, to build the `ReferenceExecutor` above.
+pub use reference_model::{LocalAttention, LocalWindow, ReferenceConfig};

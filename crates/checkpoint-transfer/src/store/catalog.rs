@@ -1,6 +1,6 @@
-//! `Catalog`: the in-memory index both store tiers share: entries by id, whole-checkpoint lookup by the last
+//! `Catalog`: the in-memory index every store tier shares: entries by id, whole-checkpoint lookup by the last
 //! block key of the token prefix, block-prefix lookup over every stored checkpoint's block keys, recency order
-//! for LRU eviction, and byte accounting against the capacity.
+//! for LRU eviction, byte accounting against the capacity, and the counts `StoreStats` reports.
 //!
 //! Block-prefix index (`find_longest_prefix`): a compressed trie of the stored checkpoints' block-key chains
 //! (`trie::BlockTrie`), each chain ending at a node with its checkpoint's serial. The checkpoints holding a
@@ -53,6 +53,8 @@ pub(crate) struct Catalog {
     n_bytes: u64,
     capacity_bytes: u64,
     n_evictions: u64,
+    /// Puts the tier could not write (`count_write_failure`).
+    n_write_failures: u64,
 }
 
 impl Catalog {
@@ -68,6 +70,7 @@ impl Catalog {
             n_bytes: 0,
             capacity_bytes,
             n_evictions: 0,
+            n_write_failures: 0,
         }
     }
 
@@ -77,8 +80,13 @@ impl Catalog {
             n_bytes: self.n_bytes,
             capacity_bytes: self.capacity_bytes,
             n_evictions: self.n_evictions,
-            n_write_failures: 0,
+            n_write_failures: self.n_write_failures,
         }
+    }
+
+    /// Counts a put whose checkpoint the tier could not write (`StoreStats::n_write_failures`).
+    pub(crate) fn count_write_failure(&mut self) {
+        self.n_write_failures += 1;
     }
 
     pub(crate) fn meta(&self, id: &CheckpointId) -> Option<Arc<CheckpointMeta>> {

@@ -19,11 +19,12 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use self::files::{DirLock, ReadError};
-use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload, PrefixQuery};
+use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload};
 use crate::error::{Error, Result};
+use crate::store::PutOutcome;
 use crate::store::catalog::Catalog;
 use crate::store::manifest::{self, MANIFEST_BYTES_MAX, ManifestBody, id_stem as file_stem};
-use crate::store::{CheckpointStore, PutOutcome, StoreStats};
+use crate::store::tier::Tier;
 
 const MANIFEST_SUFFIX: &str = ".manifest";
 const PAYLOAD_SUFFIX: &str = ".payload";
@@ -40,14 +41,15 @@ pub struct RejectedFile {
     pub reason: String,
 }
 
-/// Checkpoints in a directory, which it owns while open.
+/// Checkpoints in a directory, which it owns while open. A failed write (`Error::Write`: disk full, read-only
+/// file system, permission) leaves the checkpoint unstored, its superseded generation gone, and counts in
+/// `StoreStats::n_write_failures`.
 #[derive(Debug)]
 pub struct DiskStore {
     dir: PathBuf,
     catalog: Catalog,
     rejected: Vec<RejectedFile>,
     evicted_at_open: Vec<CheckpointId>,
-    n_write_failures: u64,
     _lock: DirLock,
 }
 
@@ -70,7 +72,6 @@ impl DiskStore {
             catalog: Catalog::new(capacity_bytes),
             rejected: Vec::new(),
             evicted_at_open: Vec::new(),
-            n_write_failures: 0,
             dir,
             _lock: lock,
         };
@@ -296,15 +297,25 @@ impl DiskStore {
         files::write_atomically(&manifest_path, |file| file.write_all(&bytes))?;
         files::sync_dir(&self.dir).map_err(|source| write_error(&self.dir, source))
     }
+}
 
-    /// Stores a checkpoint the catalog made room for; on failure deletes what was written of it and what
-    /// remains of the generation it supersedes (the catalog no longer holds either).
-    fn store_files(&mut self, checkpoint: &Checkpoint, outcome: &PutOutcome) -> Result<()> {
+impl Tier for DiskStore {
+    fn catalog(&self) -> &Catalog {
+        &self.catalog
+    }
+
+    fn catalog_mut(&mut self) -> &mut Catalog {
+        &mut self.catalog
+    }
+
+    /// Deletes the files of what the catalog dropped and writes the checkpoint; on failure deletes what was
+    /// written of it and what remains of the generation it supersedes (the catalog no longer holds either).
+    fn write(&mut self, checkpoint: Checkpoint, outcome: &PutOutcome) -> Result<CheckpointMeta> {
         for evicted in &outcome.evicted {
             self.delete_files(evicted)?;
         }
         let id = &checkpoint.meta.id;
-        if let Err(error) = self.write_checkpoint(checkpoint) {
+        if let Err(error) = self.write_checkpoint(&checkpoint) {
             if outcome.superseded_generation.is_some() {
                 let _ignored = self.delete_files(id);
             } else {
@@ -317,11 +328,11 @@ impl DiskStore {
             let old = self.payload_path(id, old_generation);
             files::remove_if_present(&old).map_err(|source| write_error(&old, source))?;
         }
-        Ok(())
+        Ok(checkpoint.meta)
     }
 
     /// Reads and verifies the payload of a stored checkpoint.
-    fn read_payload(&self, meta: &CheckpointMeta) -> Result<CheckpointPayload> {
+    fn read(&mut self, meta: &CheckpointMeta) -> Result<CheckpointPayload> {
         let manifest_path = self.manifest_path(&meta.id);
         let manifest_bytes = files::read_regular(&manifest_path, MANIFEST_BYTES_MAX as u64)
             .map_err(|e| read_error(&manifest_path, e))?;
@@ -341,73 +352,14 @@ impl DiskStore {
             files::read_regular(&path, manifest.payload_bytes).map_err(|e| read_error(&path, e))?;
         manifest.verify_payload(&bytes).map_err(corrupt)
     }
-}
 
-impl CheckpointStore for DiskStore {
-    fn find_longest(&mut self, query: &PrefixQuery<'_>) -> Option<Arc<CheckpointMeta>> {
-        self.catalog.find_longest(query)
+    fn read_failed(&mut self, id: &CheckpointId, error: &Error) {
+        // Never restored: dropped from the index so no later lookup finds it again.
+        tracing::warn!(checkpoint = %id, %error, "checkpoint rejected, recompute instead");
     }
 
-    fn find_longest_prefix(
-        &mut self,
-        query: &PrefixQuery<'_>,
-    ) -> Option<(Arc<CheckpointMeta>, u32)> {
-        self.catalog.find_longest_prefix(query)
-    }
-
-    /// A failed write (`Error::Write`: disk full, read-only file system, permission) leaves the checkpoint
-    /// unstored, its superseded generation gone, and counts in `StoreStats::n_write_failures`.
-    fn put(&mut self, checkpoint: Checkpoint) -> Result<PutOutcome> {
-        checkpoint.payload.check_shape(&checkpoint.meta)?;
-        let n_bytes = checkpoint.payload.n_bytes();
-        let outcome = self.catalog.plan_put(&checkpoint.meta, n_bytes)?;
-        if let Err(error) = self.store_files(&checkpoint, &outcome) {
-            self.n_write_failures += 1;
-            return Err(error);
-        }
-        self.catalog.insert(Arc::new(checkpoint.meta), n_bytes);
-        Ok(outcome)
-    }
-
-    fn get(&mut self, id: &CheckpointId) -> Result<Checkpoint> {
-        let meta = self
-            .catalog
-            .meta(id)
-            .ok_or_else(|| Error::NotFound { id: id.clone() })?;
-        match self.read_payload(&meta) {
-            Ok(payload) => {
-                self.catalog.touch(id);
-                Ok(Checkpoint {
-                    meta: CheckpointMeta::clone(&meta),
-                    payload,
-                })
-            }
-            Err(err) => {
-                // Never restored: drop it from the index so no later lookup finds it again.
-                tracing::warn!(checkpoint = %id, error = %err, "checkpoint rejected, recompute instead");
-                self.catalog.remove(id);
-                Err(err)
-            }
-        }
-    }
-
-    fn meta(&self, id: &CheckpointId) -> Option<Arc<CheckpointMeta>> {
-        self.catalog.meta(id)
-    }
-
-    fn remove(&mut self, id: &CheckpointId) -> Result<bool> {
-        let was_stored = self.catalog.remove(id).is_some();
-        if was_stored {
-            self.delete_files(id)?;
-        }
-        Ok(was_stored)
-    }
-
-    fn stats(&self) -> StoreStats {
-        StoreStats {
-            n_write_failures: self.n_write_failures,
-            ..self.catalog.stats()
-        }
+    fn delete(&mut self, meta: &CheckpointMeta) -> Result<()> {
+        self.delete_files(&meta.id)
     }
 }
 

@@ -1,13 +1,12 @@
 //! `HostStore`: checkpoints in host memory, capacity-bounded, least recently used evicted first. The
 //! embedded default tier; page buffers are shared with copy engines without copying.
-use std::sync::Arc;
-
 use foldhash::HashMap;
 
-use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload, PrefixQuery};
+use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload};
 use crate::error::{Error, Result};
+use crate::store::PutOutcome;
 use crate::store::catalog::Catalog;
-use crate::store::{CheckpointStore, PutOutcome, StoreStats};
+use crate::store::tier::Tier;
 
 /// Checkpoints in host memory.
 #[derive(Debug)]
@@ -33,56 +32,39 @@ impl HostStore {
     }
 }
 
-impl CheckpointStore for HostStore {
-    fn find_longest(&mut self, query: &PrefixQuery<'_>) -> Option<Arc<CheckpointMeta>> {
-        self.catalog.find_longest(query)
+impl Tier for HostStore {
+    fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
-    fn find_longest_prefix(
-        &mut self,
-        query: &PrefixQuery<'_>,
-    ) -> Option<(Arc<CheckpointMeta>, u32)> {
-        self.catalog.find_longest_prefix(query)
+    fn catalog_mut(&mut self) -> &mut Catalog {
+        &mut self.catalog
     }
 
-    fn put(&mut self, checkpoint: Checkpoint) -> Result<PutOutcome> {
-        checkpoint.payload.check_shape(&checkpoint.meta)?;
-        let n_bytes = checkpoint.payload.n_bytes();
-        let outcome = self.catalog.plan_put(&checkpoint.meta, n_bytes)?;
-        if outcome.superseded_generation.is_some() {
-            self.payloads.remove(&checkpoint.meta.id);
-        }
+    fn write(&mut self, checkpoint: Checkpoint, outcome: &PutOutcome) -> Result<CheckpointMeta> {
         for evicted in &outcome.evicted {
             self.payloads.remove(evicted);
         }
-        let id = checkpoint.meta.id.clone();
-        self.catalog.insert(Arc::new(checkpoint.meta), n_bytes);
-        self.payloads.insert(id, checkpoint.payload);
-        Ok(outcome)
+        // Replaces the payload of a superseded generation.
+        self.payloads
+            .insert(checkpoint.meta.id.clone(), checkpoint.payload);
+        Ok(checkpoint.meta)
     }
 
-    fn get(&mut self, id: &CheckpointId) -> Result<Checkpoint> {
-        let (Some(meta), Some(payload)) = (self.catalog.meta(id), self.payloads.get(id)) else {
-            return Err(Error::NotFound { id: id.clone() });
-        };
-        let checkpoint = Checkpoint {
-            meta: CheckpointMeta::clone(&meta),
-            payload: payload.clone(),
-        };
-        self.catalog.touch(id);
-        Ok(checkpoint)
+    fn read(&mut self, meta: &CheckpointMeta) -> Result<CheckpointPayload> {
+        self.payloads
+            .get(&meta.id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound {
+                id: meta.id.clone(),
+            })
     }
 
-    fn meta(&self, id: &CheckpointId) -> Option<Arc<CheckpointMeta>> {
-        self.catalog.meta(id)
-    }
+    /// Never called: every catalogued checkpoint has its payload (`check_invariants`).
+    fn read_failed(&mut self, _id: &CheckpointId, _error: &Error) {}
 
-    fn remove(&mut self, id: &CheckpointId) -> Result<bool> {
-        self.payloads.remove(id);
-        Ok(self.catalog.remove(id).is_some())
-    }
-
-    fn stats(&self) -> StoreStats {
-        self.catalog.stats()
+    fn delete(&mut self, meta: &CheckpointMeta) -> Result<()> {
+        self.payloads.remove(&meta.id);
+        Ok(())
     }
 }

@@ -2,6 +2,8 @@
 //! memory, the embedded default) and `DiskStore` (a directory of checksummed manifests and payload files that
 //! survives restarts) and `RedisStore` (a Redis server several engines share). All are capacity-bounded and
 //! evict the least recently used checkpoint. `SharedStore` lets several engines of one process use one store.
+//! The tiers share one `Catalog` (the index) and one put/get/remove skeleton (`tier`); each writes, reads and
+//! deletes on its own medium only.
 
 mod catalog;
 mod disk;
@@ -9,6 +11,7 @@ mod host;
 mod manifest;
 mod redis;
 mod shared;
+mod tier;
 
 use std::sync::Arc;
 

@@ -21,11 +21,12 @@ use std::time::{Duration, Instant};
 
 use redis::{Commands, Connection, ConnectionLike, RedisError, RedisResult, Value};
 
-use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, PrefixQuery};
+use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload};
 use crate::error::{Error, Result};
+use crate::store::PutOutcome;
 use crate::store::catalog::Catalog;
 use crate::store::manifest::{self, MANIFEST_BYTES_MAX, ManifestBody, id_stem};
-use crate::store::{CheckpointStore, PutOutcome, StoreStats};
+use crate::store::tier::Tier;
 
 /// Key prefix when none is configured.
 pub const DEFAULT_KEY_PREFIX: &str = "kvgate:";
@@ -74,7 +75,9 @@ pub fn check_redis_url(url: &str) -> Result<(), String> {
         .map_err(|e| format!("it does not parse as a Redis URL: {e}"))
 }
 
-/// Checkpoints on a Redis server, shared with every engine using the same URL and key prefix.
+/// Checkpoints on a Redis server, shared with every engine using the same URL and key prefix. A put the
+/// server refuses (`Error::Remote`: maxmemory reached, no answer, the breaker open) leaves the checkpoint
+/// unstored and counts in `StoreStats::n_write_failures`; the engine goes on without it.
 #[derive(Debug)]
 pub struct RedisStore {
     client: redis::Client,
@@ -91,7 +94,6 @@ pub struct RedisStore {
     rejected: Vec<RejectedKey>,
     /// Control keys (epoch, index) repaired so far.
     n_repairs: u64,
-    n_write_failures: u64,
     breaker: Breaker,
     /// What the last call that could not reach the server failed with.
     last_failure: String,
@@ -175,7 +177,6 @@ impl RedisStore {
             rejected_seen: HashSet::new(),
             rejected: Vec::new(),
             n_repairs: 0,
-            n_write_failures: 0,
             breaker: Breaker::default(),
             last_failure: String::new(),
             clock: Clock(Box::new(wall_clock)),
@@ -666,119 +667,41 @@ impl RedisStore {
     }
 }
 
-impl CheckpointStore for RedisStore {
-    fn find_longest(&mut self, query: &PrefixQuery<'_>) -> Option<Arc<CheckpointMeta>> {
-        if !self.refresh_for_lookup() {
-            return None;
-        }
-        self.catalog.find_longest(query)
+impl Tier for RedisStore {
+    fn catalog(&self) -> &Catalog {
+        &self.catalog
     }
 
-    fn find_longest_prefix(
-        &mut self,
-        query: &PrefixQuery<'_>,
-    ) -> Option<(Arc<CheckpointMeta>, u32)> {
-        if !self.refresh_for_lookup() {
-            return None;
-        }
-        self.catalog.find_longest_prefix(query)
+    fn catalog_mut(&mut self) -> &mut Catalog {
+        &mut self.catalog
     }
 
-    /// A put the server refuses (`Error::Remote`: maxmemory reached, no answer, the breaker open) leaves the
-    /// checkpoint unstored and counts in `StoreStats::n_write_failures`; the engine goes on without it.
-    fn put(&mut self, checkpoint: Checkpoint) -> Result<PutOutcome> {
-        checkpoint.payload.check_shape(&checkpoint.meta)?;
-        if let Err(error) = self.admit_call() {
-            self.n_write_failures += 1;
-            return Err(error);
-        }
-        let n_bytes = checkpoint.payload.n_bytes();
-        let outcome = self.catalog.plan_put(&checkpoint.meta, n_bytes)?;
+    fn sync_for_lookup(&mut self) -> bool {
+        self.refresh_for_lookup()
+    }
+
+    fn admit_put(&mut self) -> Result<()> {
+        self.admit_call()
+    }
+
+    fn write(&mut self, checkpoint: Checkpoint, outcome: &PutOutcome) -> Result<CheckpointMeta> {
         let mut result = Ok(());
         for evicted in &outcome.evicted {
             // The catalog forgot it; its generation is on the server's index.
             result = result.and_then(|()| self.delete_evicted(evicted));
         }
-        let result = result.and_then(|()| self.write_checkpoint(&checkpoint, &outcome));
+        let result = result.and_then(|()| self.write_checkpoint(&checkpoint, outcome));
         if let Err(error) = result {
-            self.n_write_failures += 1;
             self.clean_up_failed_put(&checkpoint.meta, outcome.superseded_generation);
             return Err(error);
         }
-        self.catalog.insert(Arc::new(checkpoint.meta), n_bytes);
-        Ok(outcome)
+        Ok(checkpoint.meta)
     }
 
-    fn get(&mut self, id: &CheckpointId) -> Result<Checkpoint> {
-        let meta = self
-            .catalog
-            .meta(id)
-            .ok_or_else(|| Error::NotFound { id: id.clone() })?;
-        let checked = self.read_checked(id, &meta);
-        match checked {
-            Ok(payload) => {
-                self.catalog.touch(id);
-                Ok(Checkpoint {
-                    meta: CheckpointMeta::clone(&meta),
-                    payload,
-                })
-            }
-            Err(err) => {
-                // Never restored (G6, a lost or unreachable checkpoint): forget it until the next refresh.
-                tracing::warn!(checkpoint = %id, error = %err, "checkpoint not read, recompute instead");
-                self.catalog.remove(id);
-                self.synced_epoch = None;
-                Err(err)
-            }
-        }
-    }
-
-    fn meta(&self, id: &CheckpointId) -> Option<Arc<CheckpointMeta>> {
-        self.catalog.meta(id)
-    }
-
-    fn remove(&mut self, id: &CheckpointId) -> Result<bool> {
-        let Some(meta) = self.catalog.remove(id) else {
-            return Ok(false);
-        };
-        self.delete_keys(id, meta.generation)?;
-        Ok(true)
-    }
-
-    fn stats(&self) -> StoreStats {
-        StoreStats {
-            n_write_failures: self.n_write_failures,
-            ..self.catalog.stats()
-        }
-    }
-}
-
-impl RedisStore {
-    /// Deletes an evicted checkpoint's keys, whatever generation the server's index names. A foreign index
-    /// is rebuilt instead (its keys stay on the server, out of the catalog).
-    fn delete_evicted(&mut self, id: &CheckpointId) -> Result<()> {
-        let (index_key, stem) = (self.index_key(), id_stem(id));
-        let value = self.call(|c| c.req_command(redis::cmd("HGET").arg(&index_key).arg(&stem)))?;
-        if let Some(error) = server_error(&value) {
-            return match self.repair_controls()? {
-                true => Ok(()),
-                false => Err(self.remote_error(&error)),
-            };
-        }
-        let generation = bytes_of(value).ok().flatten().map(|g| lossy(&g));
-        match generation.and_then(|g| g.parse::<u64>().ok()) {
-            Some(generation) => self.delete_keys(id, generation),
-            None => Ok(()),
-        }
-    }
-
-    /// Reads the manifest and payload of `id` (catalogued as `meta`) and checks them (G6): the payload, or
-    /// why it is unusable (`Error::CorruptValue` naming the key) or unread.
-    fn read_checked(
-        &mut self,
-        id: &CheckpointId,
-        meta: &CheckpointMeta,
-    ) -> Result<crate::checkpoint::CheckpointPayload> {
+    /// Reads the manifest and payload of the catalogued `meta` and checks them (G6): the payload, or why it
+    /// is unusable (`Error::CorruptValue` naming the key) or unread.
+    fn read(&mut self, meta: &CheckpointMeta) -> Result<CheckpointPayload> {
+        let id = &meta.id;
         let (manifest_key, payload_key) =
             (self.manifest_key(id), self.payload_key(id, meta.generation));
         let mut pipe = redis::pipe();
@@ -804,6 +727,36 @@ impl RedisStore {
         }
         body.verify_payload(&payload)
             .map_err(|r| corrupt(&payload_key, r))
+    }
+
+    fn read_failed(&mut self, id: &CheckpointId, error: &Error) {
+        // Never restored (G6, a lost or unreachable checkpoint): forgotten until the next refresh.
+        tracing::warn!(checkpoint = %id, %error, "checkpoint not read, recompute instead");
+        self.synced_epoch = None;
+    }
+
+    fn delete(&mut self, meta: &CheckpointMeta) -> Result<()> {
+        self.delete_keys(&meta.id, meta.generation)
+    }
+}
+
+impl RedisStore {
+    /// Deletes an evicted checkpoint's keys, whatever generation the server's index names. A foreign index
+    /// is rebuilt instead (its keys stay on the server, out of the catalog).
+    fn delete_evicted(&mut self, id: &CheckpointId) -> Result<()> {
+        let (index_key, stem) = (self.index_key(), id_stem(id));
+        let value = self.call(|c| c.req_command(redis::cmd("HGET").arg(&index_key).arg(&stem)))?;
+        if let Some(error) = server_error(&value) {
+            return match self.repair_controls()? {
+                true => Ok(()),
+                false => Err(self.remote_error(&error)),
+            };
+        }
+        let generation = bytes_of(value).ok().flatten().map(|g| lossy(&g));
+        match generation.and_then(|g| g.parse::<u64>().ok()) {
+            Some(generation) => self.delete_keys(id, generation),
+            None => Ok(()),
+        }
     }
 }
 

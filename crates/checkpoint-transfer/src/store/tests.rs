@@ -1,7 +1,8 @@
 //! Store tiers: prefix lookup, recency, capacity, generations; the disk store's crash safety and G6
 //! rejection of truncated, corrupted and foreign files. Block-prefix lookup in `prefix`; the disk store's
 //! ownership, shrinking, hostile files, manifest checksum and write failures in `durability`; kill -9 at
-//! random points in `crash`; the Redis store against a real server in `redis`.
+//! random points in `crash`; the Redis store against a real server in `redis`; the skeleton the tiers share, on
+//! a fake tier, in `tier`.
 
 use kv_pool::BlockKey;
 
@@ -18,6 +19,7 @@ mod crash;
 mod durability;
 mod prefix;
 mod redis;
+mod tier;
 
 const BYTES_PER_PAGE: u64 = 64;
 const TOKENS_PER_PAGE: u32 = 4;

@@ -3,17 +3,12 @@
 mod content;
 mod cost;
 mod measured;
-mod reference;
 mod reference_executor;
 mod sim;
 
 pub use content::page_content;
 pub use cost::CostModel;
 pub use measured::MeasuredCost;
-pub use reference::{
-    ForwardEntry, LocalAttention, LocalWindow, Logits, ModelError, ModelResult, ModelStorage,
-    ReferenceConfig, ReferenceModel,
-};
 pub use reference_executor::ReferenceExecutor;
 pub use sim::SimExecutor;
 

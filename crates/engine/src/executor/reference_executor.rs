@@ -22,11 +22,9 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use kv_pool::{GroupKind, HostStorage, PageId, PageStorage};
+use reference_model::{ForwardEntry, ModelError, ModelStorage, ReferenceConfig, ReferenceModel};
 
-use super::{
-    Executor, ForwardEntry, MeasuredCost, ModelStorage, PageWrite, RankPages, RecomputedPages,
-    ReferenceConfig, ReferenceModel, StepBatch, StepOutput,
-};
+use super::{Executor, MeasuredCost, PageWrite, RankPages, RecomputedPages, StepBatch, StepOutput};
 use crate::error::{Error, Result};
 use crate::params::EngineParams;
 use crate::request::RequestSpec;
@@ -46,7 +44,7 @@ impl ReferenceExecutor {
     /// Builds the model of `config` (weights from its seed). Errors: `Error::Model` for an invalid config,
     /// `Error::InvalidParam` when its pages are larger than a pool page may be.
     pub fn new(config: ReferenceConfig) -> Result<ReferenceExecutor> {
-        let model = ReferenceModel::new(config)?;
+        let model = ReferenceModel::new(config).map_err(model_error)?;
         let bytes = config.max_bytes_per_page();
         let bytes_per_page = u32::try_from(bytes)
             .ok()
@@ -137,7 +135,7 @@ impl ReferenceExecutor {
         if entries.is_empty() {
             return Ok(());
         }
-        let logits = self.model.forward(storage, entries)?;
+        let logits = self.model.forward(storage, entries).map_err(model_error)?;
         next_tokens.extend(
             logits
                 .into_iter()
@@ -354,7 +352,7 @@ impl Executor for ReferenceExecutor {
             local: local.as_ref().map(|l| l as &dyn PageStorage),
             recurrent: recurrent.as_ref().map(|r| r as &dyn PageStorage),
         };
-        self.model.forward(storage, &[entry])?;
+        self.model.forward(storage, &[entry]).map_err(model_error)?;
         let read_padded = |storage: &dyn PageStorage, page: PageId| -> Result<RankPages> {
             (0..n_ranks)
                 .map(|rank| {
@@ -451,6 +449,11 @@ impl PageStorage for PagePrefix<'_> {
     fn copy(&self, rank: u32, src: PageId, dst: PageId) -> kv_pool::Result<()> {
         self.inner.copy(rank, src, dst)
     }
+}
+
+/// The model's error as the engine's: `Error::Model`, its source the `ModelError`, its message the model's.
+fn model_error(error: ModelError) -> Error {
+    Error::Model(Box::new(error))
 }
 
 fn check_len(len: usize, bytes_per_page: usize) -> kv_pool::Result<()> {

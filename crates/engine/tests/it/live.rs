@@ -5,12 +5,12 @@
 use std::time::Duration;
 
 use checkpoint_transfer::Fault;
-use engine::executor::{ForwardEntry, ModelStorage};
 use engine::{
     Clock, ClockKind, CopyEngineKind, Engine, EngineParams, Error, Executor, Policy,
-    ReferenceConfig, ReferenceExecutor, RequestSpec, SimClock, WallClock,
+    ReferenceExecutor, RequestSpec, SimClock, WallClock,
 };
 use kv_pool::{CacheGroup, Geometry, GroupKind, HostStorage, PageId, RequestId, Timestamp};
+use reference_model::{ForwardEntry, ModelError, ModelStorage, ReferenceConfig};
 
 use crate::agents::tokens;
 use crate::contract::spec;
@@ -73,7 +73,7 @@ pub(crate) fn try_run<E: Executor>(
 
 /// Greedy decoding of `prompt` by the model alone, in one contiguous page table: `n` tokens.
 fn greedy_alone(config: ReferenceConfig, prompt: &[u32], n: u32) -> Vec<u32> {
-    let model = engine::executor::ReferenceModel::new(config).unwrap();
+    let model = reference_model::ReferenceModel::new(config).unwrap();
     let attention = HostStorage::new(1, 512, config.bytes_per_page()).unwrap();
     let recurrent = (config.n_recurrent_layers > 0)
         .then(|| HostStorage::new(1, 2, config.recurrent_bytes_per_page()).unwrap());
@@ -282,7 +282,25 @@ fn l3_reference_executor_refuses_other_geometries_and_saved_logits() {
         ..config
     })
     .unwrap_err();
-    assert!(matches!(invalid, Error::Model(_)), "{invalid}");
+    // The model's own error, boxed, is the engine error's source, and its message follows the prefix.
+    let Error::Model(model) = &invalid else {
+        panic!("not a model error: {invalid}");
+    };
+    assert!(
+        matches!(
+            model.downcast_ref::<ModelError>(),
+            Some(ModelError::InvalidConfig {
+                name: "head_dim",
+                ..
+            })
+        ),
+        "{model}"
+    );
+    assert!(
+        std::error::Error::source(&invalid).is_some_and(|source| source.is::<ModelError>()),
+        "{invalid}"
+    );
+    assert_eq!(invalid.to_string(), format!("reference executor: {model}"));
     let mut engine = ref_engine(Policy::Reserved, true);
     let mut with_logits = spec(1, vec![1, 2, 3], 1, engine.now());
     with_logits.saved_logits = true;

@@ -6,12 +6,11 @@
 //! a corrupted copy on the second rank is caught (L5).
 
 use checkpoint_transfer::Fault;
-use engine::executor::{ForwardEntry, ModelStorage, ReferenceModel};
-use engine::{
-    Engine, EngineParams, Error, LocalAttention, LocalWindow, Policy, ReferenceConfig,
-    ReferenceExecutor, RequestSpec,
-};
+use engine::{Engine, EngineParams, Error, Policy, ReferenceExecutor, RequestSpec};
 use kv_pool::{HostStorage, PageId, PageStorage, RequestId};
+use reference_model::{
+    ForwardEntry, LocalAttention, LocalWindow, ModelStorage, ReferenceConfig, ReferenceModel,
+};
 
 use crate::agents::tokens;
 use crate::contract::spec;

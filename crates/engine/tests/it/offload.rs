@@ -179,9 +179,9 @@ fn q6_a_preemption_is_not_offloaded_when_copying_costs_more_than_recomputing() {
 
 #[test]
 fn q6_an_offloaded_preemption_generates_the_reference_models_tokens() {
-    let config = engine::ReferenceConfig {
+    let config = reference_model::ReferenceConfig {
         seed: 5,
-        ..engine::ReferenceConfig::tiny()
+        ..reference_model::ReferenceConfig::tiny()
     };
     let outputs = [Preemption::Offload, Preemption::Recompute].map(|preemption| {
         let executor = ReferenceExecutor::new(config).unwrap();

@@ -5,9 +5,9 @@
 //! model preset, the reference model takes the preset's shape, scaled down (`reference_model`).
 
 use engine::{
-    ClockKind, CopyEngineKind, Engine, EngineParams, LocalAttention, LocalWindow, Policy,
-    ReferenceConfig, ReferenceExecutor, RunMetrics,
+    ClockKind, CopyEngineKind, Engine, EngineParams, Policy, ReferenceExecutor, RunMetrics,
 };
+use reference_model::{LocalAttention, LocalWindow, ReferenceConfig};
 
 use std::time::Duration;
 

@@ -16,6 +16,9 @@
 //! split into chunks, or on the thread count, and restoring pages equals recomputing them bit for bit.
 //! The guarantee holds on one machine: `exp` is portable (`kernels::exp`), but the rotary angles use the
 //! platform's `sin`, `cos` and `powf` in `f64`.
+//!
+//! The model knows no engine type: the caller plugs its page tables and page storage in (`ForwardEntry`,
+//! `ModelStorage`), as the engine's `ReferenceExecutor` does, and gets `ModelError` back, this crate's own.
 
 mod check;
 mod config;
