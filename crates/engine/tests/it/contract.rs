@@ -816,7 +816,10 @@ fn e3_every_restored_page_equals_what_recompute_writes() {
     }
 }
 
-pub(crate) fn metrics_of(engine: &Engine, id: u64) -> engine::RequestMetrics {
+pub(crate) fn metrics_of<E: engine::Executor>(
+    engine: &Engine<E>,
+    id: u64,
+) -> engine::RequestMetrics {
     engine
         .request_metrics()
         .iter()

@@ -427,14 +427,8 @@ fn e2_an_answer_ends_at_the_models_stop_token_and_leaves_its_response_checkpoint
     let response_blocks = (next.len() as u32 - 20 - 1) / config.tokens_per_page;
     engine.submit(spec(2, next, 2, engine.now())).unwrap();
     let _ = run(&mut engine);
-    let metrics = engine
-        .request_metrics()
-        .iter()
-        .find(|m| m.id == Some(RequestId(2)))
-        .unwrap()
-        .clone();
     assert_eq!(
-        metrics.prompt_tokens_restored,
+        crate::contract::metrics_of(&engine, 2).prompt_tokens_restored,
         response_blocks * config.tokens_per_page,
         "the response checkpoint covers the answer through its stop token"
     );
