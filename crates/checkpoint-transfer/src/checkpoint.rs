@@ -8,7 +8,9 @@ use kv_pool::BlockKey;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Invalid, Mismatch};
-use crate::layout::{GroupKind, LayoutDescriptor, groups_to_string};
+use kv_pool::GroupKind;
+
+use crate::layout::{LayoutDescriptor, groups_to_string};
 use crate::page_buf::RankPages;
 
 /// Longest checkpoint id accepted, in bytes (hex-encoded file names must stay under 255 bytes).
@@ -282,7 +284,7 @@ impl CheckpointMeta {
                         let chunk = (chunk_tokens as usize).max(1);
                         boundary / chunk * chunk
                     }
-                    GroupKind::Recurrent | GroupKind::Auxiliary => return false,
+                    GroupKind::Recurrent | GroupKind::Auxiliary { .. } => return false,
                 };
                 let first_needed = live_start / tokens_per_page;
                 let mut held = vec![false; n_blocks - first_needed];

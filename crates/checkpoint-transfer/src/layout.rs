@@ -2,47 +2,10 @@
 //! (cache group kinds in order, page width, tokens per page, ranks). The engine fills it from kv-pool's
 //! `Geometry`; manifests carry it so a checkpoint written for another layout is never restored (G6, R4).
 
+use kv_pool::GroupKind;
 use serde::{Deserialize, Serialize};
 
 use crate::error::Mismatch;
-
-/// Kind of one cache group, with the parameters that change what its pages hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum GroupKind {
-    /// Full attention: one page per `tokens_per_page` tokens.
-    Full,
-    /// Sliding-window attention over `window_tokens` tokens, keeping `retained_tail_tokens` extra tokens.
-    SlidingWindow {
-        /// Window in tokens.
-        window_tokens: u32,
-        /// Retained tail in tokens.
-        retained_tail_tokens: u32,
-    },
-    /// Chunked-local attention with chunks of `chunk_tokens` tokens.
-    ChunkedLocal {
-        /// Chunk in tokens.
-        chunk_tokens: u32,
-    },
-    /// Recurrent state: one state page per checkpoint.
-    Recurrent,
-    /// Auxiliary pages (draft, speculative, hidden state).
-    Auxiliary,
-}
-
-impl std::fmt::Display for GroupKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            GroupKind::Full => write!(f, "full"),
-            GroupKind::SlidingWindow {
-                window_tokens,
-                retained_tail_tokens,
-            } => write!(f, "sliding({window_tokens}+{retained_tail_tokens})"),
-            GroupKind::ChunkedLocal { chunk_tokens } => write!(f, "chunked({chunk_tokens})"),
-            GroupKind::Recurrent => write!(f, "recurrent"),
-            GroupKind::Auxiliary => write!(f, "auxiliary"),
-        }
-    }
-}
 
 /// The layout a checkpoint's pages were written for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]

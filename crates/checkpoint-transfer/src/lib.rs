@@ -24,7 +24,7 @@ pub use index::{
     AcquiredImport, CancelOutcome, ImportEvent, ImportId, ImportState, LookupBudget,
     RESTORE_LOOKUPS_MAX, ResidentIndex, StageRequest,
 };
-pub use layout::{GroupKind, LayoutDescriptor};
+pub use layout::LayoutDescriptor;
 pub use page_buf::{PageBuf, RankPages};
 pub use store::{
     CheckpointStore, DiskStore, HostStore, PutOutcome, RedisStore, RejectedFile, RejectedKey,

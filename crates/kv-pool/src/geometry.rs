@@ -14,8 +14,8 @@ use std::ops::Range;
 
 use crate::error::{Error, Result};
 
-/// How the layers of one cache group use their pages.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// How the layers of one cache group use their pages. Checkpoint layouts carry it, so it is serialized.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum GroupKind {
     /// Full attention: every token of the context is kept.
     Full,
@@ -40,6 +40,21 @@ pub enum GroupKind {
         /// Pages per request and per checkpoint.
         pages: u32,
     },
+}
+
+impl std::fmt::Display for GroupKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GroupKind::Full => write!(f, "full"),
+            GroupKind::SlidingWindow {
+                window_tokens,
+                retained_tail_tokens,
+            } => write!(f, "sliding({window_tokens}+{retained_tail_tokens})"),
+            GroupKind::ChunkedLocal { chunk_tokens } => write!(f, "chunked({chunk_tokens})"),
+            GroupKind::Recurrent => write!(f, "recurrent"),
+            GroupKind::Auxiliary { pages } => write!(f, "auxiliary({pages})"),
+        }
+    }
 }
 
 impl GroupKind {

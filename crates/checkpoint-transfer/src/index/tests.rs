@@ -602,7 +602,7 @@ fn r4_invalid_stage_input_names_the_problem_and_changes_nothing() {
         .meta
         .layout
         .groups
-        .push(crate::layout::GroupKind::Recurrent);
+        .push(kv_pool::GroupKind::Recurrent);
     let err = rig
         .index
         .stage(

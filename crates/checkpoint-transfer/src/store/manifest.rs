@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, CheckpointPayload, push_hex};
 use crate::page_buf::RankPages;
 
-/// Manifest format this build writes and reads (2: the manifest carries a checksum of its own bytes).
-pub const MANIFEST_FORMAT_VERSION: u32 = 2;
+/// Manifest format this build writes and reads (2: the manifest carries a checksum of its own bytes; 3: an
+/// auxiliary group's kind carries its pages per request).
+pub const MANIFEST_FORMAT_VERSION: u32 = 3;
 
 /// Largest manifest accepted, in bytes: a hostile file cannot make decoding allocate more.
 pub const MANIFEST_BYTES_MAX: usize = 16 << 20;

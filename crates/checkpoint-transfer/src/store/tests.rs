@@ -10,7 +10,9 @@ use crate::checkpoint::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PrefixQuery,
 };
 use crate::error::{Error, Mismatch};
-use crate::layout::{GroupKind, LayoutDescriptor};
+use kv_pool::GroupKind;
+
+use crate::layout::LayoutDescriptor;
 use crate::page_buf::RankPages;
 use crate::store::manifest::seal as seal_manifest;
 use crate::store::{CheckpointStore, DiskStore, HostStore, MANIFEST_FORMAT_VERSION};

@@ -14,7 +14,7 @@
 //! written when a checkpoint is captured: until then nothing reads them (the same reason full pages are
 //! written only once full).
 
-use checkpoint_transfer::{GroupKind as LayoutKind, LayoutDescriptor, PageSlot};
+use checkpoint_transfer::{LayoutDescriptor, PageSlot};
 use kv_pool::{BlockKey, Geometry, GroupKind};
 
 use crate::error::{Error, Result};
@@ -157,25 +157,7 @@ impl GroupPlan {
     /// together, the unit of block keys and prefix matches.
     pub(crate) fn layout(geometry: &Geometry, bytes_per_page: u64) -> LayoutDescriptor {
         LayoutDescriptor {
-            groups: geometry
-                .groups()
-                .iter()
-                .map(|group| match group.kind {
-                    GroupKind::Full => LayoutKind::Full,
-                    GroupKind::SlidingWindow {
-                        window_tokens,
-                        retained_tail_tokens,
-                    } => LayoutKind::SlidingWindow {
-                        window_tokens,
-                        retained_tail_tokens,
-                    },
-                    GroupKind::ChunkedLocal { chunk_tokens } => {
-                        LayoutKind::ChunkedLocal { chunk_tokens }
-                    }
-                    GroupKind::Recurrent => LayoutKind::Recurrent,
-                    GroupKind::Auxiliary { .. } => LayoutKind::Auxiliary,
-                })
-                .collect(),
+            groups: geometry.groups().iter().map(|group| group.kind).collect(),
             bytes_per_page,
             // A page id holds a block: `tokens_per_page` tokens on each of the ranks.
             tokens_per_page: geometry.block_tokens(),

@@ -9,7 +9,9 @@ use proptest::prelude::*;
 
 use super::Catalog;
 use crate::checkpoint::{CheckpointId, CheckpointKind, CheckpointMeta, PageSlot, PrefixQuery};
-use crate::layout::{GroupKind, LayoutDescriptor};
+use kv_pool::GroupKind;
+
+use crate::layout::LayoutDescriptor;
 
 const TOKENS_PER_PAGE: u32 = 4;
 const BYTES_PER_PAGE: u64 = 8;

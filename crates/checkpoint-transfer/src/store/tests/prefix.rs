@@ -13,7 +13,9 @@ use crate::checkpoint::{
     PrefixQuery,
 };
 use crate::error::Mismatch;
-use crate::layout::{GroupKind, LayoutDescriptor};
+use kv_pool::GroupKind;
+
+use crate::layout::LayoutDescriptor;
 use crate::page_buf::RankPages;
 use crate::store::{CheckpointStore, DiskStore, HostStore};
 
@@ -128,7 +130,7 @@ fn block_prefix_lookup_refreshes_recency() {
 fn g6_a_layout_with_a_recurrent_or_auxiliary_group_never_restores_a_strict_prefix() {
     for groups in [
         vec![GroupKind::Full, GroupKind::Recurrent],
-        vec![GroupKind::Full, GroupKind::Auxiliary],
+        vec![GroupKind::Full, GroupKind::Auxiliary { pages: 1 }],
     ] {
         let mut store = HostStore::new(1 << 20);
         // The boundary state (recurrent or auxiliary page) is valid only at exactly 40 tokens.
