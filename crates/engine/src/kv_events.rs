@@ -23,13 +23,10 @@ use std::collections::{HashSet, VecDeque};
 use kv_pool::BlockKey;
 
 /// vLLM's `MEDIUM_GPU`: the medium of every event (the engine's page pool).
-pub const MEDIUM_GPU: &str = "GPU";
+pub(crate) const MEDIUM_GPU: &str = "GPU";
 
 /// vLLM's `KVCacheSpecKind.FULL_ATTENTION`: the kind of the one group whose blocks are cached.
-pub const FULL_ATTENTION: &str = "full_attention";
-
-/// Events kept at most by default (`Engine::enable_kv_events`): the oldest go first beyond it.
-pub const KV_EVENTS_CAPACITY_DEFAULT: usize = 65_536;
+pub(crate) const FULL_ATTENTION: &str = "full_attention";
 
 /// vLLM's `BlockStored`: consecutive blocks of one chain now cached, `token_ids` their tokens in order
 /// (`block_size` per block).

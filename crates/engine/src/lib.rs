@@ -3,8 +3,8 @@
 
 mod engine;
 mod error;
-pub mod executor;
-pub mod kv_events;
+mod executor;
+mod kv_events;
 mod metrics;
 mod params;
 mod policy;
@@ -15,7 +15,10 @@ pub use engine::{
     WALL_IDLE_WAIT, WallClock, open_store,
 };
 pub use error::{Error, Result};
-pub use executor::{CostModel, Executor, ReferenceExecutor, SimExecutor};
+pub use executor::{
+    CostModel, DecodeWork, Executor, MeasuredCost, PageOnRanks, PageTables, PageWrite, PrefillWork,
+    RecomputedPages, ReferenceExecutor, SimExecutor, StepBatch, StepOutput, page_content,
+};
 pub use kv_events::{BlockRemoved, BlockStored, KvEvent};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
 pub use params::{

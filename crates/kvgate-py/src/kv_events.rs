@@ -1,11 +1,11 @@
 //! `Engine.take_kv_events`: the engine's KV events as dicts with vLLM's field names, in vLLM's order, after
-//! a `type` tag naming the event (msgspec's tag field), block hashes as `bytes` (`kvgate::kv_events`).
+//! a `type` tag naming the event (msgspec's tag field), block hashes as `bytes` (`kvgate::KvEvent`).
 
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use kvgate::BlockKey;
-use kvgate::kv_events::KvEvent;
+use kvgate::KvEvent;
 
 /// `hashes` as a list of `bytes`.
 pub(crate) fn hash_list<'py>(py: Python<'py>, hashes: &[BlockKey]) -> PyResult<Bound<'py, PyList>> {

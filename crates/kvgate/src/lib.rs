@@ -75,7 +75,7 @@ pub use checkpoint_transfer::{
     CheckpointStore, DiskStore, Error as TransferError, Fault, HostStore, RedisStore, SharedStore,
 };
 /// KV events in vLLM's format (`Engine::enable_kv_events`, `Engine::take_kv_events`).
-pub use engine::kv_events;
+pub use engine::{BlockRemoved, BlockStored, KvEvent};
 pub use engine::{
     CostModel, Engine, EngineParams, Error as EngineError, Executor, FallbackReason,
     FinishedRequest, KeyedRequest, Policy, PromptSource, ReferenceExecutor, RejectReason,

@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use engine::executor::{Executor, MeasuredCost, PageWrite, RecomputedPages, StepBatch, StepOutput};
 use engine::{Clock, EngineParams, RequestSpec};
+use engine::{Executor, MeasuredCost, PageWrite, RecomputedPages, StepBatch, StepOutput};
 use kv_pool::{CacheGroup, Geometry, GroupKind, PageId, PageStorage, Timestamp};
 use llama::{
     ContiguousKv, Entry, KvStore, Llama, LlamaError, PageAccess, PageLayout, PagedKv, Tokenizer,

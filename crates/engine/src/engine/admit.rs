@@ -48,6 +48,7 @@ impl<E: Executor> Engine<E> {
                 // (a watermark or a geometry the submit check does not see): reject it alone (K1).
                 tracing::warn!(request = %req, need_pages, usable_pages, "request rejected: it can never fit the pool");
                 *self
+                    .tally
                     .rejected
                     .entry(RejectReason::LargerThanPool)
                     .or_default() += 1;
@@ -149,6 +150,7 @@ impl<E: Executor> Engine<E> {
         }
         let order = self.table.get(id)?.order;
         if self
+            .restores
             .earliest_lookup
             .is_some_and(|earliest| earliest < order)
         {
@@ -428,10 +430,10 @@ impl<E: Executor> Engine<E> {
                 "{id}: a restore at once without an answered lookup"
             )));
         };
-        if self.index.n_staged() >= self.params.copy_task_limit as usize {
+        if self.restores.index.n_staged() >= self.params.copy_task_limit as usize {
             return Ok(false);
         }
-        let Ok(stored) = self.store.get(&checkpoint.id) else {
+        let Ok(stored) = self.restores.store.get(&checkpoint.id) else {
             return Ok(false);
         };
         let req = &self.table.get(id)?;
@@ -450,10 +452,10 @@ impl<E: Executor> Engine<E> {
         // own reference on them.
         let first_block = hits.len() as u32;
         let part = self.checkpoint_part(&stored, first_block, tokens)?;
-        let import = self.index.stage(
+        let import = self.restores.index.stage(
             &mut self.pool,
-            &mut *self.copies,
-            self.now,
+            &mut *self.restores.copies,
+            self.time.now,
             checkpoint_transfer::StageRequest {
                 request: id,
                 request_tokens: req.tokens.len(),
@@ -462,6 +464,7 @@ impl<E: Executor> Engine<E> {
             },
         )?;
         let dest_pages = self
+            .restores
             .index
             .pages(id)
             .ok_or_else(|| Error::internal(format!("{id}: no pages for the import just staged")))?
@@ -510,12 +513,13 @@ impl<E: Executor> Engine<E> {
         };
         let blocks = tokens.div_ceil(block_tokens);
         let dest = self
+            .restores
             .index
             .pages(id)
             .ok_or_else(|| Error::internal(format!("{id} is ready but the index has no import")))?
             .to_vec();
         // Through the prefix-hit path (O4): the request takes its references, the index drops its own.
-        let acquired = self.index.acquire(&mut self.pool, id);
+        let acquired = self.restores.index.acquire(&mut self.pool, id);
         self.absorb_prefix_changes(&mut [(id, 0)]);
         let hits = match acquired {
             Ok(acquired) => acquired.pages,

@@ -79,14 +79,15 @@ impl<E: Executor> Engine<E> {
     /// Sends a store lookup for `id`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
     /// (nothing changed) when it is spent. Every path that asks the store goes through here.
     fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
-        let (now, latency) = (self.now, self.params.lookup_latency);
+        let (now, latency) = (self.time.now, self.params.lookup_latency);
         let req = self.table.get_mut(id)?;
         if req.lookups >= RESTORE_LOOKUPS_MAX {
             return Ok(false);
         }
         req.lookups += 1;
-        self.earliest_lookup = Some(
-            self.earliest_lookup
+        self.restores.earliest_lookup = Some(
+            self.restores
+                .earliest_lookup
                 .map_or(req.order, |at| at.min(req.order)),
         );
         req.restore = Restore::Lookup {
@@ -123,20 +124,21 @@ impl<E: Executor> Engine<E> {
                 block_keys,
                 tokens: &[],
             };
-            let Some((meta, blocks)) = self.store.find_longest_prefix(&query) else {
+            let Some((meta, blocks)) = self.restores.store.find_longest_prefix(&query) else {
                 return Ok(None);
             };
-            let checked = meta.check_block_prefix_restorable(&self.layout, &query, blocks as usize);
+            let checked =
+                meta.check_block_prefix_restorable(&self.restores.layout, &query, blocks as usize);
             (meta, blocks * block_tokens, checked)
         } else {
             let query = PrefixQuery {
                 block_keys,
                 tokens: &req.tokens.get(id)?[..limit as usize],
             };
-            let Some(meta) = self.store.find_longest(&query) else {
+            let Some(meta) = self.restores.store.find_longest(&query) else {
                 return Ok(None);
             };
-            let checked = meta.check_restorable(&self.layout, &query);
+            let checked = meta.check_restorable(&self.restores.layout, &query);
             let tokens = meta.n_tokens as u32;
             (meta, tokens, checked)
         };
@@ -154,7 +156,7 @@ impl<E: Executor> Engine<E> {
     /// (`Refused`): the poll would change nothing. Debug builds poll it all the same and check that it did not.
     pub(crate) fn poll_restores(&mut self, report: &mut StepReport) -> Result<()> {
         let pending: Vec<RequestId> = self.table.restoring().values().copied().collect();
-        self.earliest_lookup = None;
+        self.restores.earliest_lookup = None;
         let preflight = self.restore_preflight();
         for id in pending {
             report.restore_polls += 1;
@@ -165,9 +167,9 @@ impl<E: Executor> Engine<E> {
                     answer_at,
                     limit_tokens,
                 } => {
-                    if self.now >= answer_at {
+                    if self.time.now >= answer_at {
                         self.answer_lookup(id, limit_tokens, &preflight, report)?;
-                    } else if self.now.since(sent) >= self.params.lookup_timeout {
+                    } else if self.time.now.since(sent) >= self.params.lookup_timeout {
                         self.fall_back(id, FallbackReason::LookupTimeout, report)?;
                     }
                 }
@@ -179,7 +181,8 @@ impl<E: Executor> Engine<E> {
                     if unchanged.is_some() && !cfg!(debug_assertions) {
                         continue;
                     }
-                    let due_refresh = self.now.since(*answered) >= self.params.lookup_timeout / 2;
+                    let due_refresh =
+                        self.time.now.since(*answered) >= self.params.lookup_timeout / 2;
                     let fallbacks = report.fallbacks.len();
                     self.poll_answered(id, due_refresh, &preflight, report)?;
                     if let Some(unchanged) = unchanged {
@@ -195,7 +198,7 @@ impl<E: Executor> Engine<E> {
             }
         }
         // The earliest lookup still unanswered holds back later cold admissions (Q1); `send_lookup` lowers it.
-        self.earliest_lookup = self
+        self.restores.earliest_lookup = self
             .table
             .restoring()
             .iter()
@@ -241,7 +244,7 @@ impl<E: Executor> Engine<E> {
             self.table.get_mut(id)?.restore = Restore::Answered {
                 checkpoint,
                 tokens,
-                answered: self.now,
+                answered: self.time.now,
                 refused: None,
             };
         }
@@ -257,7 +260,7 @@ impl<E: Executor> Engine<E> {
             0,
             &self.admission_preflight(),
         );
-        self.now < refused.until
+        self.time.now < refused.until
             && refused.request_tokens == req.tokens.len() as u32
             && refused.prompt_end == req.prompt_end
             && self.policy.refuses_for_pressure(
@@ -358,7 +361,7 @@ impl<E: Executor> Engine<E> {
         self.table.get_mut(id)?.restore = Restore::Answered {
             checkpoint,
             tokens,
-            answered: self.now,
+            answered: self.time.now,
             refused: None,
         };
         if self.policy.restores_at_admission() {
@@ -375,7 +378,7 @@ impl<E: Executor> Engine<E> {
         preflight: &Preflight,
         report: &mut StepReport,
     ) -> Result<()> {
-        if self.index.n_staged() >= self.params.copy_task_limit as usize {
+        if self.restores.index.n_staged() >= self.params.copy_task_limit as usize {
             // Wait for a copy slot (G2); a capacity wait whose bound ran out meanwhile is over all the same
             // (W1), or the waiter would wait for ever behind copies that keep the slots busy.
             if self.wait_expired(id) {
@@ -403,7 +406,7 @@ impl<E: Executor> Engine<E> {
             }
         };
         self.end_wait(id);
-        let Ok(stored) = self.store.get(&checkpoint.id) else {
+        let Ok(stored) = self.restores.store.get(&checkpoint.id) else {
             // G3: the selected checkpoint was lost (evicted from the store, or the store failed) after the
             // reservation: no copy ever received the ticket's pages, so the release frees them at once, and
             // the request looks up again.
@@ -421,10 +424,10 @@ impl<E: Executor> Engine<E> {
         };
         let import = match reservation {
             Reservation::Ticket(pages) => {
-                let import = self.index.stage_into(
+                let import = self.restores.index.stage_into(
                     &mut self.pool,
-                    &mut *self.copies,
-                    self.now,
+                    &mut *self.restores.copies,
+                    self.time.now,
                     stage,
                     pages,
                 )?;
@@ -434,10 +437,12 @@ impl<E: Executor> Engine<E> {
                 self.pool.free_all(&handed)?;
                 import
             }
-            Reservation::PagesFreeNow => {
-                self.index
-                    .stage(&mut self.pool, &mut *self.copies, self.now, stage)?
-            }
+            Reservation::PagesFreeNow => self.restores.index.stage(
+                &mut self.pool,
+                &mut *self.restores.copies,
+                self.time.now,
+                stage,
+            )?,
         };
         self.table.get_mut(id)?.restore = Restore::Importing { tokens, import };
         Ok(())
@@ -478,7 +483,7 @@ impl<E: Executor> Engine<E> {
             preflight,
             import_pages,
             admissible_pages,
-            now: self.now,
+            now: self.time.now,
             max_wait: self.params.restore_max_wait,
         };
         self.policy.reserve(&mut self.pool, &ask)
@@ -548,7 +553,7 @@ impl<E: Executor> Engine<E> {
     fn wait_expired(&mut self, id: RequestId) -> bool {
         let started = self.table.find(id).and_then(|req| req.wait_started);
         self.policy
-            .wait_expired(id, self.now, started, self.params.restore_max_wait)
+            .wait_expired(id, self.time.now, started, self.params.restore_max_wait)
     }
 
     /// A refused reservation: pressure starts or continues a capacity wait (logged, G5); impossible and
@@ -560,7 +565,7 @@ impl<E: Executor> Engine<E> {
         message: &dyn std::fmt::Display,
         report: &mut StepReport,
     ) -> Result<()> {
-        let now = self.now;
+        let now = self.time.now;
         match kind {
             ErrorKind::Pressure => {
                 let max_wait = self.params.restore_max_wait;
@@ -570,7 +575,7 @@ impl<E: Executor> Engine<E> {
                         req.wait_started = Some(now);
                         req.wait_logged = now;
                         req.metrics.capacity_waits += 1;
-                        self.capacity_waits_started += 1;
+                        self.tally.capacity_waits_started += 1;
                         tracing::info!(request = %id, free_pages = self.pool.n_free(), %message, "restore waits for capacity");
                     }
                     Some(started) => {
@@ -619,7 +624,7 @@ impl<E: Executor> Engine<E> {
     ) -> Result<()> {
         self.end_wait(id);
         debug_assert!(
-            self.index.state(id).is_none(),
+            self.restores.index.state(id).is_none(),
             "fallback of {id} with an import in the index"
         );
         self.release_ticket(id);
@@ -629,7 +634,10 @@ impl<E: Executor> Engine<E> {
 
     /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2).
     pub(crate) fn poll_imports(&mut self, report: &mut StepReport) -> Result<()> {
-        let events = self.index.poll(&mut self.pool, &mut *self.copies, self.now);
+        let events =
+            self.restores
+                .index
+                .poll(&mut self.pool, &mut *self.restores.copies, self.time.now);
         self.absorb_published(&events);
         for event in events {
             self.apply_import_event(&event, report)?;
@@ -640,7 +648,10 @@ impl<E: Executor> Engine<E> {
     /// Waits for every copy in flight and applies its completion: what a step with nothing else to run does
     /// when the copy engine cannot say when its copies end (threaded copies on the simulated clock).
     pub(crate) fn wait_for_copies(&mut self, report: &mut StepReport) -> Result<()> {
-        let events = self.index.drain_all(&mut self.pool, &mut *self.copies);
+        let events = self
+            .restores
+            .index
+            .drain_all(&mut self.pool, &mut *self.restores.copies);
         self.absorb_published(&events);
         for event in events {
             self.apply_import_event(&event, report)?;
@@ -697,12 +708,16 @@ impl<E: Executor> Engine<E> {
         if loading.is_some() {
             // ordinary: the admitted request already holds the pages; the index lets go of them.
             self.table.get_mut(id)?.loading = None;
-            let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
+            let _released =
+                self.restores
+                    .index
+                    .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
         } else if self.policy.publish(id)? == Publication::Owned {
             self.table.move_to(id, Phase::Ready)?;
         } else {
             // pages-only: no ownership once published; the pages are evictable cached pages.
             let published = self
+                .restores
                 .index
                 .pages(id)
                 .ok_or_else(|| Error::internal(format!("{id}: published import has no pages")))?
@@ -716,7 +731,10 @@ impl<E: Executor> Engine<E> {
             req.published_unowned = published;
             req.published_tokens = tokens;
             req.restore = Restore::Idle;
-            let _released = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
+            let _released =
+                self.restores
+                    .index
+                    .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
             self.enqueue_waiting(id, None)?;
         }
         Ok(())

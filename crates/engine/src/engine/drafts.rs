@@ -43,7 +43,7 @@ impl<E: Executor> Engine<E> {
     /// that one token.
     pub(crate) fn decode_yield(&self, id: RequestId, context: u32) -> Result<u32> {
         let req = self.table.get(id)?;
-        let accepted = if self.model_tokens.contains_key(&id) {
+        let accepted = if self.scratch.model_tokens.contains_key(&id) {
             0
         } else {
             accepted_drafts(

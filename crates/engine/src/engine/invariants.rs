@@ -33,9 +33,9 @@ impl<E: Executor> Engine<E> {
     pub fn check_invariants(&self) -> Result<()> {
         let broken = |invariant: String| Err(Error::internal(invariant));
         self.pool.check_invariants()?;
-        self.index.check_invariants(&self.pool)?;
-        let held_by_index: HashSet<PageId> = self.index.held_pages().collect();
-        for page in self.copies.in_flight_pages() {
+        self.restores.index.check_invariants(&self.pool)?;
+        let held_by_index: HashSet<PageId> = self.restores.index.held_pages().collect();
+        for page in self.restores.copies.in_flight_pages() {
             if self.pool.ref_count(page).map_or(true, |refs| refs == 0) {
                 return broken(format!("page {page:?} is free while a copy writes into it"));
             }
@@ -48,7 +48,7 @@ impl<E: Executor> Engine<E> {
             }
         }
         // L2: a page freed and reused while a copy owned it shows as a write by someone else.
-        if let Some(violation) = self.copies.write_violations().into_iter().next() {
+        if let Some(violation) = self.restores.copies.write_violations().into_iter().next() {
             return broken(format!(
                 "a page was reused under a copy in flight: {violation}"
             ));
@@ -188,10 +188,10 @@ impl<E: Executor> Engine<E> {
                 .copied()
                 .for_each(&mut own);
         }
-        self.index.held_pages().for_each(&mut own);
+        self.restores.index.held_pages().for_each(&mut own);
         if let Some(ledger) = self.policy.ledger() {
             for ticket in ledger.snapshot().tickets {
-                let pages = self.index.pages(ticket.request).unwrap_or(&[]);
+                let pages = self.restores.index.pages(ticket.request).unwrap_or(&[]);
                 pages
                     .iter()
                     .take(ticket.import_pages as usize)

@@ -21,6 +21,7 @@ mod groups;
 mod invariants;
 mod kv_events;
 mod pages;
+mod parts;
 mod recompute;
 mod report;
 mod req;
@@ -30,26 +31,23 @@ mod table;
 mod tokens;
 use tokens::Tokens;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use checkpoint_transfer::{
     CheckpointStore, CopyEngine, CopyModel, CudaCopyEngine, DiskStore, Fault, HostStore,
-    InlineCopyEngine, LayoutDescriptor, RedisStore, ReorderingCopyEngine, ResidentIndex,
-    ThreadedCopyEngine,
+    InlineCopyEngine, RedisStore, ReorderingCopyEngine, ThreadedCopyEngine,
 };
-use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 use kv_pool::{CudaStorage, HostStorage, PageId, PagePool, PageStorage};
 
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
-use crate::metrics::{FallbackReason, RejectReason, RequestMetrics};
+use crate::metrics::{FallbackReason, RejectReason};
 use crate::params::{ClockKind, CopyEngineKind, EngineParams, StorageKind};
 use crate::request::{FinishedRequest, KeyedRequest, RequestSpec};
 
 use self::groups::GroupPlan;
+use self::parts::{Ids, Restores, StepScratch, StepTime, Tally, Watchdog};
 use self::req::{Phase, Req, Restore};
 use self::table::RequestTable;
 
@@ -63,45 +61,24 @@ pub struct Engine<E: Executor = SimExecutor> {
     pool: PagePool,
     /// The page bytes: host or CUDA memory (`EngineParams::storage`).
     storage: Arc<dyn PageStorage>,
-    copies: Box<dyn CopyEngine>,
-    store: Box<dyn CheckpointStore>,
-    layout: LayoutDescriptor,
     /// How requests' pages spread over the cache groups.
     groups: GroupPlan,
     /// The restore mechanism: `params.policy` as code, with the reservation ledger where it keeps one.
     policy: Box<dyn restore_policy::RestorePolicy>,
-    /// Every import: staged (copying), published and owned, or draining after a cancel.
-    index: ResidentIndex,
     /// Every live request, in the container its phase names.
     table: RequestTable,
-    finished: Vec<FinishedRequest>,
-    done: Vec<RequestMetrics>,
-    now: Timestamp,
-    seq: u64,
-    generation: u64,
-    wall: Duration,
-    steps: u64,
-    capacity_waits_started: u32,
-    /// Requests rejected because they can never run (K1).
-    rejected: BTreeMap<RejectReason, u32>,
-    /// The liveness watchdog (K3): when a request last produced a token or ended, and steps since.
-    last_progress: Timestamp,
-    steps_without_progress: u64,
-    /// What happened between steps (a forced reset's preemptions and fallbacks): the next step's report
-    /// starts from it.
-    between_steps: StepReport,
-    /// Whether the last step was an isolated logits-only step (Q4).
-    last_step_isolated: bool,
-    pages_verified: u64,
-    page_buf: Vec<u8>,
-    /// Where `now` comes from (L1): simulated or wall.
-    clock: Box<dyn Clock>,
-    /// The tokens the executor's model sampled this step, taken by `sample` (L3).
-    model_tokens: HashMap<RequestId, u32>,
-    /// Captures on their way to the store (simulated clock).
-    captures: capture_link::CaptureLink,
-    /// The earliest request whose store lookup is unanswered: later cold requests wait behind it (Q1).
-    earliest_lookup: Option<AdmissionOrder>,
+    /// The copies, the store, every import and the captures on their way to the store.
+    restores: Restores,
+    /// Where `now` comes from (L1), and the steps taken.
+    time: StepTime,
+    /// The liveness watchdog (K3).
+    watchdog: Watchdog,
+    /// The sources of admission sequence numbers and checkpoint generations.
+    ids: Ids,
+    /// What ended: finished requests, their metrics, rejections and the counters reports read.
+    tally: Tally,
+    /// What one step leaves for the next, and its scratch.
+    scratch: StepScratch,
     /// The KV events not yet taken, once enabled (`enable_kv_events`).
     kv_events: Option<crate::kv_events::KvEventLog>,
 }
@@ -110,7 +87,7 @@ impl<E: Executor> std::fmt::Debug for Engine<E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("policy", &self.params.policy)
-            .field("now", &self.now)
+            .field("now", &self.time.now)
             .field("live", &self.table.len())
             .field("running", &self.table.running().len())
             .field("free_pages", &self.pool.n_free())
@@ -192,40 +169,23 @@ impl<E: Executor> Engine<E> {
         let layout = GroupPlan::layout(&params.geometry, u64::from(params.sim_bytes_per_page));
         let policy = restore_policy::for_params(&params);
         Ok(Engine {
-            page_buf: vec![0; params.sim_bytes_per_page as usize],
+            scratch: StepScratch::new(params.sim_bytes_per_page as usize),
             params,
             executor,
             pool,
             storage,
-            copies,
-            store,
             policy,
-            index: ResidentIndex::new(layout.clone()),
-            layout,
             groups,
             table: RequestTable::default(),
-            finished: Vec::new(),
-            done: Vec::new(),
-            now: Timestamp::ZERO,
-            seq: 0,
-            generation: 0,
-            wall: Duration::ZERO,
-            steps: 0,
-            capacity_waits_started: 0,
-            rejected: BTreeMap::new(),
-            last_progress: Timestamp::ZERO,
-            steps_without_progress: 0,
-            last_step_isolated: false,
-            between_steps: StepReport::default(),
-            pages_verified: 0,
-            model_tokens: HashMap::default(),
-            captures: capture_link::CaptureLink::default(),
-            earliest_lookup: None,
-            kv_events: None,
-            clock: match clock_kind {
+            restores: Restores::new(copies, store, layout),
+            time: StepTime::new(match clock_kind {
                 ClockKind::Simulated => Box::new(SimClock),
                 ClockKind::Wall => Box::new(WallClock::new()),
-            },
+            }),
+            watchdog: Watchdog::default(),
+            ids: Ids::default(),
+            tally: Tally::default(),
+            kv_events: None,
         })
     }
 
@@ -305,7 +265,7 @@ impl<E: Executor> Engine<E> {
         };
         if let Some((reason, limit)) = rejected {
             // K1: this request alone is refused; it is counted and everything else goes on.
-            *self.rejected.entry(reason).or_default() += 1;
+            *self.tally.rejected.entry(reason).or_default() += 1;
             tracing::warn!(request = %id, %reason, tokens, limit, "request rejected: it can never run");
             return Err(Error::Rejected {
                 request: id,
@@ -334,9 +294,8 @@ impl<E: Executor> Engine<E> {
             }
             None => Tokens::held(std::mem::take(&mut spec.prompt)),
         };
-        let seq = self.seq;
-        self.seq += 1;
-        let arrival = spec.arrival.max(self.now);
+        let seq = self.ids.next_seq();
+        let arrival = spec.arrival.max(self.time.now);
         let req = Req::new(spec, keys, tokens, seq, arrival);
         self.table.enter(req);
         Ok(())
@@ -433,7 +392,11 @@ impl<E: Executor> Engine<E> {
     /// Resets the prefix cache (X2): refused, changing nothing, while any import is staged or owned or any page
     /// is in use; `force_reset_prefix_cache` preempts and releases first.
     pub fn reset_prefix_cache(&mut self) -> Result<()> {
-        if let Err(refused) = self.index.clear(&mut self.pool, &mut *self.copies, false) {
+        if let Err(refused) =
+            self.restores
+                .index
+                .clear(&mut self.pool, &mut *self.restores.copies, false)
+        {
             let checkpoint_transfer::Error::ResetRefused { n_staged, n_owned } = refused else {
                 return Err(refused.into());
             };
@@ -457,7 +420,7 @@ impl<E: Executor> Engine<E> {
     pub fn force_reset_prefix_cache(&mut self) -> Result<()> {
         for id in self.table.running().to_vec().into_iter().rev() {
             self.preempt_for_reset(id)?;
-            self.between_steps.reset_preempted.push(id);
+            self.scratch.between_steps.reset_preempted.push(id);
         }
         let with_imports: Vec<RequestId> = self
             .table
@@ -473,7 +436,8 @@ impl<E: Executor> Engine<E> {
             self.end_wait(id);
             self.enqueue_waiting(id, had_import.then_some(FallbackReason::Reset))?;
             if had_import {
-                self.between_steps
+                self.scratch
+                    .between_steps
                     .fallbacks
                     .push((id, FallbackReason::Reset));
             }
@@ -488,7 +452,10 @@ impl<E: Executor> Engine<E> {
             self.free_request_pages(id)?;
         }
         // Every import was cancelled with its request above; only drains are left.
-        let lost = self.index.clear(&mut self.pool, &mut *self.copies, true)?;
+        let lost = self
+            .restores
+            .index
+            .clear(&mut self.pool, &mut *self.restores.copies, true)?;
         debug_assert!(lost.is_empty(), "imports of no live request: {lost:?}");
         if self.pool.n_in_use() == 0 {
             self.pool.reset_prefix_cache()?;
@@ -507,22 +474,22 @@ impl<E: Executor> Engine<E> {
 
     /// The engine clock.
     pub fn now(&self) -> Timestamp {
-        self.now
+        self.time.now
     }
 
     /// Replaces the clock (L1): a test's or a server's own. The engine's time never goes back.
     pub fn set_clock(&mut self, clock: Box<dyn Clock>) {
-        self.clock = clock;
+        self.time.source = clock;
     }
 
     /// The clock's name (`simulated`, `wall`).
     pub fn clock_name(&self) -> &'static str {
-        self.clock.name()
+        self.time.source.name()
     }
 
     /// Moves the clock forward to `to` (a clock jump in simulations); never backwards.
     pub fn advance_clock(&mut self, to: Timestamp) {
-        self.now = self.now.max(to);
+        self.time.now = self.time.now.max(to);
     }
 
     /// Live requests: submitted and not yet finished, cancelled or rejected (paused streams included).
@@ -533,8 +500,8 @@ impl<E: Executor> Engine<E> {
     /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
     pub fn is_idle(&self) -> bool {
         self.table.values().all(|req| req.phase == Phase::Paused)
-            && self.index.n_staged() == 0
-            && self.captures.len() == 0
+            && self.restores.index.n_staged() == 0
+            && self.restores.captures.len() == 0
     }
 
     /// Shuts the engine down (L6): cancels every live request (restores release their tickets and cancel
@@ -554,11 +521,15 @@ impl<E: Executor> Engine<E> {
             report.cancelled.push(id);
         }
         // Nothing captured is lost: the captures still on the link reach the store now.
-        for (id, checkpoint) in self.captures.take_all() {
+        for (id, checkpoint) in self.restores.captures.take_all() {
             let _stored = self.store_checkpoint(id, checkpoint);
         }
-        report.copies_drained = self.copies.n_in_flight();
-        for event in self.index.drain_all(&mut self.pool, &mut *self.copies) {
+        report.copies_drained = self.restores.copies.n_in_flight();
+        for event in self
+            .restores
+            .index
+            .drain_all(&mut self.pool, &mut *self.restores.copies)
+        {
             // Every import was cancelled with its request: only drains are left.
             if !matches!(event, checkpoint_transfer::ImportEvent::Drained { .. }) {
                 return Err(Error::internal(format!(
@@ -566,7 +537,7 @@ impl<E: Executor> Engine<E> {
                 )));
             }
         }
-        if self.pool.n_in_use() > 0 || self.index.n_pages_held() > 0 {
+        if self.pool.n_in_use() > 0 || self.restores.index.n_pages_held() > 0 {
             return Err(Error::internal(format!(
                 "shutdown: {} pages still in use after every request was cancelled and every copy drained",
                 self.pool.n_in_use()
@@ -582,13 +553,13 @@ impl<E: Executor> Engine<E> {
 
     /// Takes the requests finished or cancelled since the last call.
     pub fn take_finished(&mut self) -> Vec<FinishedRequest> {
-        std::mem::take(&mut self.finished)
+        std::mem::take(&mut self.tally.finished)
     }
 
     /// Empties the checkpoint store (a store restart that lost everything): pending restores find their
     /// checkpoint gone at their next lookup or refresh.
     pub fn forget_checkpoints(&mut self) {
-        self.store = Box::new(HostStore::new(store_capacity_bytes(&self.params)));
+        self.restores.store = Box::new(HostStore::new(store_capacity_bytes(&self.params)));
     }
 
     /// Injects a copy fault (fail, delay, corrupt, evict a destination page) into the copy engine. The inline
@@ -610,7 +581,7 @@ impl<E: Executor> Engine<E> {
                 ),
             });
         }
-        Ok(self.copies.inject_fault(fault)?)
+        Ok(self.restores.copies.inject_fault(fault)?)
     }
 
     /// Whether a running request's whole prompt is read: by an executor that reads tokens, or on a hybrid
@@ -637,11 +608,11 @@ impl<E: Executor> Engine<E> {
         let Some(mut req) = self.table.remove(id) else {
             return;
         };
-        req.metrics.finished = Some(self.now);
+        req.metrics.finished = Some(self.time.now);
         req.metrics.lookups = req.lookups;
         req.metrics.cancelled = cancelled;
-        self.done.push(req.metrics.clone());
-        self.finished.push(FinishedRequest {
+        self.tally.done.push(req.metrics.clone());
+        self.tally.finished.push(FinishedRequest {
             id,
             output: req.output,
             cancelled,

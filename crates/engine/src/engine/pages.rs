@@ -273,8 +273,9 @@ impl<E: Executor> Engine<E> {
                         first_pos: page_idx * block_tokens,
                         prefix_key: req.keys[page_idx as usize],
                     };
-                    self.executor.fill_page(&write, &mut self.page_buf);
-                    self.storage.write(rank, write.page, &self.page_buf)?;
+                    self.executor.fill_page(&write, &mut self.scratch.page_buf);
+                    self.storage
+                        .write(rank, write.page, &self.scratch.page_buf)?;
                     for (window, table) in req.windows.iter().enumerate() {
                         // Written in the step that computed it: it is still in the window.
                         let write = PageWrite {
@@ -282,8 +283,9 @@ impl<E: Executor> Engine<E> {
                             page: table[page_idx as usize],
                             ..write
                         };
-                        self.executor.fill_page(&write, &mut self.page_buf);
-                        self.storage.write(rank, write.page, &self.page_buf)?;
+                        self.executor.fill_page(&write, &mut self.scratch.page_buf);
+                        self.storage
+                            .write(rank, write.page, &self.scratch.page_buf)?;
                     }
                 }
             }
@@ -332,14 +334,14 @@ impl<E: Executor> Engine<E> {
         }
         let n_tokens = n_blocks * block_tokens as usize;
         let checkpoint_id = CheckpointId::of_prefix(&req.keys[n_blocks - 1], n_tokens);
-        self.generation += 1;
+        let generation = self.ids.next_generation();
         // A page-aligned boundary: its meta needs the keys alone, so a deferred prompt stays deferred.
         let meta = CheckpointMeta::full_attention_blocks(
             checkpoint_id,
-            self.generation,
+            generation,
             kind,
             req.keys[..n_blocks].to_vec(),
-            self.layout.clone(),
+            self.restores.layout.clone(),
         );
         if self.too_large_for_the_store(id, &meta) {
             return Ok(false);
@@ -348,7 +350,7 @@ impl<E: Executor> Engine<E> {
         // that it extends, shared, and a buffer of the pages after them (a response capture reads its
         // response's pages only). A full block's bytes never change once computed: its content is a
         // function of its prefix, recomputed or restored alike (E3).
-        let bytes_per_page = self.page_buf.len();
+        let bytes_per_page = self.scratch.page_buf.len();
         let n_ranks = self.storage.n_ranks() as usize;
         let extended = req
             .last_capture
@@ -398,7 +400,7 @@ impl<E: Executor> Engine<E> {
     /// Whether a checkpoint of `meta` is larger than the whole store: `put` would refuse it
     /// (`Error::TooLarge`, before it looks at the pages), so no page is read.
     fn too_large_for_the_store(&self, id: RequestId, meta: &CheckpointMeta) -> bool {
-        let capacity_bytes = self.store.stats().capacity_bytes;
+        let capacity_bytes = self.restores.store.stats().capacity_bytes;
         if meta.payload_bytes() <= capacity_bytes {
             return false;
         }
@@ -442,10 +444,9 @@ impl<E: Executor> Engine<E> {
             )));
         }
         let checkpoint_id = CheckpointId::of_prefix(&exact, n_tokens as usize);
-        self.generation += 1;
         let meta = CheckpointMeta {
             id: checkpoint_id,
-            generation: self.generation,
+            generation: self.ids.next_generation(),
             kind,
             n_tokens: n_tokens as usize,
             // An auxiliary group carries the draft model's state at exactly `n` (H5).
@@ -456,13 +457,13 @@ impl<E: Executor> Engine<E> {
             },
             block_keys: req.keys[..n_full].to_vec(),
             tail_tokens: tokens[n_full * block_tokens as usize..n_tokens as usize].to_vec(),
-            layout: self.layout.clone(),
+            layout: self.restores.layout.clone(),
             pages: boundary.slots.clone(),
         };
         if self.too_large_for_the_store(id, &meta) {
             return Ok(false);
         }
-        let bytes_per_page = self.page_buf.len();
+        let bytes_per_page = self.scratch.page_buf.len();
         let mut ranks = Vec::with_capacity(self.storage.n_ranks() as usize);
         for rank in 0..self.storage.n_ranks() {
             let mut bytes = vec![0u8; pages.len() * bytes_per_page];
@@ -581,13 +582,15 @@ impl<E: Executor> Engine<E> {
         }
         let n_tokens = u32::try_from(checkpoint.meta.n_tokens).unwrap_or(u32::MAX);
         let duration = self.executor.copy_time(n_tokens);
-        self.captures.send(self.now, duration, id, checkpoint);
+        self.restores
+            .captures
+            .send(self.time.now, duration, id, checkpoint);
         true
     }
 
     /// Puts the captures that reached the store by now into it.
     pub(crate) fn deliver_captures(&mut self) {
-        while let Some((id, checkpoint)) = self.captures.arrived(self.now) {
+        while let Some((id, checkpoint)) = self.restores.captures.arrived(self.time.now) {
             let _stored = self.store_checkpoint(id, checkpoint);
         }
     }
@@ -595,7 +598,7 @@ impl<E: Executor> Engine<E> {
     /// Puts a captured checkpoint into the store; a store that cannot take it is counted and logged, never
     /// an error of the step. `true` when the store took it.
     pub(crate) fn store_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) -> bool {
-        match self.store.put(checkpoint) {
+        match self.restores.store.put(checkpoint) {
             Ok(_outcome) => return true,
             // The store could not write (disk full, read-only file system, permission; a Redis server
             // unreachable, slow or full): the engine goes on without this checkpoint; `store_write_failures`
@@ -605,7 +608,7 @@ impl<E: Executor> Engine<E> {
                 | checkpoint_transfer::Error::Io { .. }
                 | checkpoint_transfer::Error::Remote { .. }),
             ) => {
-                let n_failures = self.store.stats().n_write_failures;
+                let n_failures = self.restores.store.stats().n_write_failures;
                 if n_failures <= 1 || n_failures.is_multiple_of(STORE_WRITE_FAILURES_PER_WARNING) {
                     tracing::warn!(
                         request = %id,
@@ -644,7 +647,7 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let dest = self.verified_import_pages(id)?;
         let keys = &self.table.get(id)?.keys[first_block as usize..];
-        let mut expected = vec![0u8; self.page_buf.len()];
+        let mut expected = vec![0u8; self.scratch.page_buf.len()];
         for ((block, page), key) in (first_block..).zip(&dest).zip(keys) {
             for rank in 0..self.storage.n_ranks() {
                 let write = PageWrite {
@@ -655,8 +658,9 @@ impl<E: Executor> Engine<E> {
                     prefix_key: *key,
                 };
                 self.executor.fill_page(&write, &mut expected);
-                self.storage.read(rank, *page, &mut self.page_buf)?;
+                self.storage.read(rank, *page, &mut self.scratch.page_buf)?;
                 if let Some(byte) = self
+                    .scratch
                     .page_buf
                     .iter()
                     .zip(&expected)
@@ -670,7 +674,7 @@ impl<E: Executor> Engine<E> {
                         byte,
                     });
                 }
-                self.pages_verified += 1;
+                self.tally.pages_verified += 1;
             }
         }
         Ok(())
@@ -678,7 +682,8 @@ impl<E: Executor> Engine<E> {
 
     /// The pages of `id`'s import being verified (E3), as the index holds them.
     pub(crate) fn verified_import_pages(&self, id: RequestId) -> Result<Vec<PageId>> {
-        self.index
+        self.restores
+            .index
             .pages(id)
             .map(<[PageId]>::to_vec)
             .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))
@@ -704,13 +709,14 @@ impl<E: Executor> Engine<E> {
                 boundary.slots.len()
             )));
         }
-        let mut expected = vec![0u8; self.page_buf.len()];
+        let mut expected = vec![0u8; self.scratch.page_buf.len()];
         for (slot_idx, &page) in dest.iter().enumerate() {
             for rank in 0..self.storage.n_ranks() {
                 let write = boundary.write(slot_idx, rank, page);
                 self.executor.fill_page(&write, &mut expected);
-                self.storage.read(rank, page, &mut self.page_buf)?;
+                self.storage.read(rank, page, &mut self.scratch.page_buf)?;
                 if let Some(byte) = self
+                    .scratch
                     .page_buf
                     .iter()
                     .zip(&expected)
@@ -724,7 +730,7 @@ impl<E: Executor> Engine<E> {
                         byte,
                     });
                 }
-                self.pages_verified += 1;
+                self.tally.pages_verified += 1;
             }
         }
         Ok(())
@@ -809,7 +815,7 @@ impl<E: Executor> Engine<E> {
         self.on_arrival(id)?;
         if offloaded {
             // Its own capture is still on the link: the lookup answers once it is in the store.
-            let capture_arrives_at = self.captures.free_at();
+            let capture_arrives_at = self.restores.captures.free_at();
             if let Restore::Lookup { answer_at, .. } = &mut self.table.get_mut(id)?.restore {
                 *answer_at = (*answer_at).max(capture_arrives_at);
             }
@@ -867,7 +873,10 @@ impl<E: Executor> Engine<E> {
             req.draft_replay_tokens = 0;
             req.replay_page = false;
             req.n_computed = req.n_registered * block_tokens;
-            let _draining = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
+            let _draining =
+                self.restores
+                    .index
+                    .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
         }
         Ok(())
     }
@@ -900,8 +909,11 @@ impl<E: Executor> Engine<E> {
         let req = self.table.get_mut(id)?;
         let restore = std::mem::take(&mut req.restore);
         self.release_ticket(id);
-        if matches!(restore, Restore::Importing { .. }) && self.index.state(id).is_some() {
-            let _outcome = self.index.cancel(&mut self.pool, &mut *self.copies, id)?;
+        if matches!(restore, Restore::Importing { .. }) && self.restores.index.state(id).is_some() {
+            let _outcome =
+                self.restores
+                    .index
+                    .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
         }
         Ok(())
     }
@@ -956,7 +968,7 @@ impl<E: Executor> Engine<E> {
 
     /// Ends `id`'s capacity wait, if any, recording its length.
     pub(crate) fn end_wait(&mut self, id: RequestId) {
-        let now = self.now;
+        let now = self.time.now;
         if let Some(req) = self.table.find_mut(id)
             && let Some(started) = req.wait_started.take()
         {

@@ -66,6 +66,16 @@ impl<E: Executor> Engine<E> {
                 checks.push((block, page, bytes));
             }
         }
+        self.compare_with_recompute(id, checks)
+    }
+
+    /// Reads each checked page on every rank and compares it with the recomputed bytes; the first
+    /// difference is a [`Error::RestoreMismatch`].
+    fn compare_with_recompute(
+        &mut self,
+        id: RequestId,
+        checks: Vec<(u32, PageId, &[Vec<u8>])>,
+    ) -> Result<()> {
         let n_ranks = self.storage.n_ranks();
         for (block, page, ranks) in checks {
             if ranks.len() != n_ranks as usize {
@@ -75,8 +85,14 @@ impl<E: Executor> Engine<E> {
                 )));
             }
             for (rank, bytes) in (0..n_ranks).zip(ranks) {
-                self.storage.read(rank, page, &mut self.page_buf)?;
-                if let Some(byte) = self.page_buf.iter().zip(bytes).position(|(a, b)| a != b) {
+                self.storage.read(rank, page, &mut self.scratch.page_buf)?;
+                if let Some(byte) = self
+                    .scratch
+                    .page_buf
+                    .iter()
+                    .zip(bytes)
+                    .position(|(a, b)| a != b)
+                {
                     return Err(Error::RestoreMismatch {
                         request: id,
                         block,
@@ -85,7 +101,7 @@ impl<E: Executor> Engine<E> {
                         byte,
                     });
                 }
-                self.pages_verified += 1;
+                self.tally.pages_verified += 1;
             }
         }
         Ok(())

@@ -153,24 +153,25 @@ impl<E: Executor> Engine<E> {
     pub fn metrics(&self) -> RunMetrics {
         let mut run = RunMetrics::aggregate(
             self.params.policy.name(),
-            &self.done,
-            self.now.0,
-            self.wall,
+            &self.tally.done,
+            self.time.now.0,
+            self.time.wall,
             self.leaked_pages(),
         );
-        run.capacity_waits = run.capacity_waits.max(self.capacity_waits_started);
+        run.capacity_waits = run.capacity_waits.max(self.tally.capacity_waits_started);
         run.rejected_requests = self
+            .tally
             .rejected
             .iter()
             .map(|(reason, n)| (reason.name().to_owned(), *n))
             .collect();
-        run.store_write_failures = self.store.stats().n_write_failures;
+        run.store_write_failures = self.restores.store.stats().n_write_failures;
         run
     }
 
     /// Metrics of every request finished or cancelled so far, in completion order.
     pub fn request_metrics(&self) -> &[RequestMetrics] {
-        &self.done
+        &self.tally.done
     }
 
     /// Where a live request is.
@@ -208,7 +209,7 @@ impl<E: Executor> Engine<E> {
     /// imports.
     pub fn restore_gauges(&self) -> RestoreGauges {
         let mut gauges = RestoreGauges {
-            copies_in_flight: self.copies.n_in_flight(),
+            copies_in_flight: self.restores.copies.n_in_flight(),
             ..RestoreGauges::default()
         };
         for (id, req) in self
@@ -231,7 +232,7 @@ impl<E: Executor> Engine<E> {
             .map(|(_, id)| id)
             .chain(self.table.ready_logits().values().copied());
         gauges.owned_import_pages = ready
-            .filter_map(|id| self.index.pages(id))
+            .filter_map(|id| self.restores.index.pages(id))
             .map(|pages| pages.len() as u32)
             .sum();
         gauges
@@ -249,7 +250,7 @@ impl<E: Executor> Engine<E> {
 
     /// What the checkpoint store holds.
     pub fn store_stats(&self) -> StoreStats {
-        self.store.stats()
+        self.restores.store.stats()
     }
 
     /// The executor.
@@ -259,11 +260,11 @@ impl<E: Executor> Engine<E> {
 
     /// Restored pages verified byte for byte against recompute so far (E3, L5).
     pub fn pages_verified(&self) -> u64 {
-        self.pages_verified
+        self.tally.pages_verified
     }
 
     /// Steps run so far.
     pub fn steps(&self) -> u64 {
-        self.steps
+        self.time.steps
     }
 }

@@ -101,16 +101,15 @@ impl<E: Executor> Engine<E> {
             reason = "wall time feeds only the wall_seconds metric, never a decision"
         )]
         let wall_start = Instant::now();
-        let mut report = std::mem::take(&mut self.between_steps);
+        let mut report = std::mem::take(&mut self.scratch.between_steps);
         self.step_inner(&mut report)?;
         self.watch_progress()?;
-        report.now = self.now;
+        report.now = self.time.now;
         report.free_pages = self.pool.n_free();
         report.credit_pages = self.policy.credit_pages();
         report.waiting = self.table.waiting.len() as u32;
         report.running = self.table.running().len() as u32;
-        self.steps += 1;
-        self.wall += wall_start.elapsed();
+        self.time.step_done(wall_start.elapsed());
         Ok(report)
     }
 
@@ -134,16 +133,14 @@ impl<E: Executor> Engine<E> {
             self.note_progress();
             return Ok(());
         }
-        self.steps_without_progress += 1;
-        let stalled = self.now.since(self.last_progress);
-        if stalled <= self.params.stall_timeout
-            && self.steps_without_progress <= self.stall_steps_max()
-        {
+        let steps = self.watchdog.step_without_progress();
+        let stalled = self.time.now.since(self.watchdog.last_progress);
+        if stalled <= self.params.stall_timeout && steps <= self.stall_steps_max() {
             return Ok(());
         }
         Err(Error::Stalled {
             stalled_s: stalled.as_secs_f64(),
-            steps: self.steps_without_progress,
+            steps,
             requests: self.describe_stuck(),
         })
     }
@@ -159,8 +156,7 @@ impl<E: Executor> Engine<E> {
 
     /// A request produced a token or ended: the watchdog starts over.
     pub(crate) fn note_progress(&mut self) {
-        self.last_progress = self.now;
-        self.steps_without_progress = 0;
+        self.watchdog.progress(self.time.now);
     }
 
     /// The active requests, for the watchdog's error: id, phase, restore state, lookups and progress.
@@ -193,7 +189,7 @@ impl<E: Executor> Engine<E> {
     }
 
     fn step_inner(&mut self, report: &mut StepReport) -> Result<()> {
-        self.now = self.clock.step_start(self.now);
+        self.time.step_start();
         self.deliver_captures();
         self.process_arrivals()?;
         self.poll_imports(report)?;
@@ -209,13 +205,13 @@ impl<E: Executor> Engine<E> {
             self.schedule_running(&mut plan, report)?;
             self.admit(&mut plan, report)?;
         }
-        self.last_step_isolated = isolated;
+        self.scratch.last_step_isolated = isolated;
         if plan.entries.is_empty() {
             match self.next_event_at() {
-                Some(at) if at > self.now => self.now = self.clock.idle_until(self.now, at),
+                Some(at) if at > self.time.now => self.time.idle_until(at),
                 Some(_) => {}
                 // Copies whose end the clock cannot know (threaded): nothing else can run, so wait for them.
-                None if self.copies.n_in_flight() > 0 => self.wait_for_copies(report)?,
+                None if self.restores.copies.n_in_flight() > 0 => self.wait_for_copies(report)?,
                 None => report.idle = true,
             }
             return Ok(());
@@ -234,14 +230,14 @@ impl<E: Executor> Engine<E> {
         }
         let output = self.executor.execute(&batch, &*self.storage)?;
         let duration = output.duration;
-        self.model_tokens.extend(output.tokens);
+        self.scratch.model_tokens.extend(output.tokens);
         report.duration = duration;
-        self.now = self.clock.after_step(self.now, duration);
+        self.time.after_step(duration);
         self.apply(&plan, report)
     }
 
     fn process_arrivals(&mut self) -> Result<()> {
-        while let Some(id) = self.table.pop_arrived(self.now) {
+        while let Some(id) = self.table.pop_arrived(self.time.now) {
             if !self.table.is_active() {
                 // Nothing was active until now: the watchdog counts from this arrival, not from the last
                 // progress before an idle stretch.
@@ -257,7 +253,7 @@ impl<E: Executor> Engine<E> {
     /// own their slot. Not twice in a row while requests run, so the decode pass is never held back for more
     /// than one step (Q5). `true` when this step is such an isolated step.
     fn isolated_logits_step(&mut self, plan: &mut Plan, report: &mut StepReport) -> Result<bool> {
-        if self.last_step_isolated && !self.table.running().is_empty() {
+        if self.scratch.last_step_isolated && !self.table.running().is_empty() {
             return Ok(false);
         }
         for id in self.table.take_ready_logits() {
@@ -549,8 +545,8 @@ impl<E: Executor> Engine<E> {
     /// token or the engine's own (`output_token_at`). Returns whether the answer stopped.
     fn next_token(&mut self, id: RequestId) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
-        let now = self.now;
-        let model_token = self.model_tokens.remove(&id);
+        let now = self.time.now;
+        let model_token = self.scratch.model_tokens.remove(&id);
         let stop_token = self.params.stop_token;
         let req = self.table.get_mut(id)?;
         let index = req.output.len() as u32;
@@ -569,8 +565,7 @@ impl<E: Executor> Engine<E> {
         let stop = stop_after || model_token.is_some_and(|token| Some(token) == stop_token);
         req.output.push(token);
         req.push_tokens(&[token], block_tokens)?;
-        self.last_progress = now;
-        self.steps_without_progress = 0;
+        self.watchdog.progress(now);
         let req = self.table.get_mut(id)?;
         req.answer_tokens += 1;
         req.stopped = stop;
@@ -604,10 +599,10 @@ impl<E: Executor> Engine<E> {
     fn next_event_at(&self) -> Option<Timestamp> {
         let mut next: Option<Timestamp> = self.table.next_arrival();
         let mut consider = |at: Timestamp| next = Some(next.map_or(at, |current| current.min(at)));
-        if let Some(at) = self.copies.next_completion_at() {
+        if let Some(at) = self.restores.copies.next_completion_at() {
             consider(at);
         }
-        if let Some(at) = self.captures.next_arrival_at() {
+        if let Some(at) = self.restores.captures.next_arrival_at() {
             consider(at);
         }
         for req in self

@@ -118,19 +118,19 @@ pub struct StepOutput {
 }
 
 /// One page's bytes on every context-parallel rank, in rank order.
-pub type RankPages = Vec<Vec<u8>>;
+pub type PageOnRanks = Vec<Vec<u8>>;
 
 /// The pages a recompute of a prefix writes, in the storage's page size, on every rank: what a restore of
 /// that prefix must hold byte for byte (E3, L4).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecomputedPages {
     /// The full-attention group's pages, one per block of the prefix (a partial last one included).
-    pub blocks: Vec<RankPages>,
+    pub blocks: Vec<PageOnRanks>,
     /// Each windowed group's pages (sliding window, chunked local), in group order: one per block of the
     /// prefix, those that left the window included (a checkpoint holds only the live ones).
-    pub windows: Vec<Vec<RankPages>>,
+    pub windows: Vec<Vec<PageOnRanks>>,
     /// The fixed pages (recurrent state), in group order.
-    pub fixed: Vec<RankPages>,
+    pub fixed: Vec<PageOnRanks>,
 }
 
 /// Does the model's work for a step and says how long it took. Implementations: [`SimExecutor`] (the

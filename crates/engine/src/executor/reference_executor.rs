@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use kv_pool::{GroupKind, HostStorage, PageId, PageStorage};
 use reference_model::{ForwardEntry, ModelError, ModelStorage, ReferenceConfig, ReferenceModel};
 
-use super::{Executor, MeasuredCost, PageWrite, RankPages, RecomputedPages, StepBatch, StepOutput};
+use super::{
+    Executor, MeasuredCost, PageOnRanks, PageWrite, RecomputedPages, StepBatch, StepOutput,
+};
 use crate::error::{Error, Result};
 use crate::params::EngineParams;
 use crate::request::RequestSpec;
@@ -353,7 +355,7 @@ impl Executor for ReferenceExecutor {
             recurrent: recurrent.as_ref().map(|r| r as &dyn PageStorage),
         };
         self.model.forward(storage, &[entry]).map_err(model_error)?;
-        let read_padded = |storage: &dyn PageStorage, page: PageId| -> Result<RankPages> {
+        let read_padded = |storage: &dyn PageStorage, page: PageId| -> Result<PageOnRanks> {
             (0..n_ranks)
                 .map(|rank| {
                     let mut bytes = vec![0u8; storage.bytes_per_page()];

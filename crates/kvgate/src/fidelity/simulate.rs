@@ -11,8 +11,8 @@
 //!   client as two stream chunks and the reported TPOT counts chunks. That is read off the data; the code of
 //!   the inference-perf version that ran was not found to confirm it.
 
-use engine::executor::{PageWrite, StepBatch, StepOutput};
 use engine::{CostModel, Engine, Executor, RequestSpec, SimExecutor};
+use engine::{PageWrite, StepBatch, StepOutput};
 use kv_pool::{PageStorage, Timestamp};
 
 use super::experiment::{Experiment, Figures};
