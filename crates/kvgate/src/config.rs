@@ -213,13 +213,17 @@ pub struct StoreConfig {
     pub key_prefix: String,
 }
 
+// Every default below is read from `EngineParams::default()`, the one place a default is written; the
+// config's pool counts the pages requests can use, the engine's `n_pages` the null page too.
+
 impl Default for ModelConfig {
     fn default() -> Self {
+        let params = EngineParams::default();
         ModelConfig {
-            preset: "small-8b-gpu".to_string(),
-            tokens_per_page: 16,
-            max_model_len: 131_072,
-            context_parallel: 1,
+            preset: params.cost.name.to_string(),
+            tokens_per_page: params.geometry.tokens_per_page(),
+            max_model_len: params.geometry.max_model_len(),
+            context_parallel: params.geometry.context_parallel(),
             groups: vec![GroupConfig::Full {
                 bytes_per_page: None,
             }],
@@ -229,10 +233,11 @@ impl Default for ModelConfig {
 
 impl Default for PoolConfig {
     fn default() -> Self {
+        let params = EngineParams::default();
         PoolConfig {
-            pages: 4095,
-            sim_bytes_per_page: 32,
-            storage: "host".to_string(),
+            pages: params.n_pages - 1,
+            sim_bytes_per_page: params.sim_bytes_per_page,
+            storage: params.storage.name().to_string(),
             cuda_device: 0,
         }
     }
@@ -240,42 +245,45 @@ impl Default for PoolConfig {
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
+        let params = EngineParams::default();
         SchedulerConfig {
-            max_running: 64,
-            max_batched_tokens: 2048,
-            chunk_tokens: 512,
-            draft_tokens: 0,
-            draft_acceptance: 0.0,
-            watermark_pages: 0,
-            stall_timeout_s: 3600.0,
-            preemption: Preemption::default().name().to_string(),
+            max_running: params.max_running,
+            max_batched_tokens: params.max_batched_tokens,
+            chunk_tokens: params.chunk_tokens,
+            draft_tokens: params.draft_tokens,
+            draft_acceptance: params.draft_acceptance,
+            watermark_pages: params.watermark_pages,
+            stall_timeout_s: params.stall_timeout.as_secs_f64(),
+            preemption: params.preemption.name().to_string(),
         }
     }
 }
 
 impl Default for RestoreConfig {
     fn default() -> Self {
+        let params = EngineParams::default();
         RestoreConfig {
-            max_wait_s: 60.0,
-            lookup_timeout_s: 60.0,
-            lookup_latency_s: engine::LOOKUP_LATENCY_DEFAULT.as_secs_f64(),
-            copy_task_limit: 32,
+            max_wait_s: params.restore_max_wait.as_secs_f64(),
+            lookup_timeout_s: params.lookup_timeout.as_secs_f64(),
+            lookup_latency_s: params.lookup_latency.as_secs_f64(),
+            copy_task_limit: params.copy_task_limit,
             copy_engine: "inline".to_string(),
             copy_workers: 2,
             copy_seed: 0,
             verify: false,
-            capture_prefill_tail: false,
+            capture_prefill_tail: params.capture_prefill_tail,
         }
     }
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
+        let params = EngineParams::default();
         StoreConfig {
-            capacity_pages: 1 << 20,
-            dir: None,
-            url: None,
-            key_prefix: checkpoint_transfer::store::DEFAULT_KEY_PREFIX.to_string(),
+            capacity_pages: params.store_capacity_pages,
+            dir: params.store_dir,
+            url: params.store_url,
+            key_prefix: params.store_key_prefix,
         }
     }
 }

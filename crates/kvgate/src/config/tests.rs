@@ -510,3 +510,15 @@ fn a_loaded_file_says_which_fields_it_set() {
     assert!(!file.sets("scheduler", "max_running"));
     assert_eq!(EngineConfig::load(&path).unwrap(), file.config);
 }
+
+/// Defaults are written once, in `EngineParams::default()`: the default config gives exactly those parameters.
+#[test]
+fn default_config_gives_the_default_engine_params() {
+    let from_config = EngineConfig::default()
+        .engine_params(Policy::Reserved)
+        .unwrap();
+    assert_eq!(
+        format!("{from_config:?}"),
+        format!("{:?}", EngineParams::default())
+    );
+}
