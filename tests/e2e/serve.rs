@@ -588,15 +588,16 @@ fn serve_ends_the_answer_before_a_stop_sequence() {
     let start = chars.len() / 2;
     let stop: String = chars[start..start + 3].iter().collect();
     let before = &text[..text.find(&stop).unwrap()];
+    let mut completion_tokens = whole["usage"]["completion_tokens"].as_u64().unwrap();
     for stream in [false, true] {
         let mut body = chat("say something", 24);
         body["stop"] = json!([stop]);
         body["stream"] = json!(stream);
-        let answer = runtime().block_on(async {
-            let client = ApiClient::new(&format!("http://{addr}")).unwrap();
-            client.stream("/v1/chat/completions", &body).await.unwrap()
-        });
         let (got, finish, usage) = if stream {
+            let answer = runtime().block_on(async {
+                let client = ApiClient::new(&format!("http://{addr}")).unwrap();
+                client.stream("/v1/chat/completions", &body).await.unwrap()
+            });
             (
                 answer.text.clone(),
                 answer.finish_reason.clone().unwrap(),
@@ -617,15 +618,26 @@ fn serve_ends_the_answer_before_a_stop_sequence() {
             usage["completion_tokens"].as_u64().unwrap() < 24,
             "stream {stream}: {usage}"
         );
+        completion_tokens += usage["completion_tokens"].as_u64().unwrap();
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(addr, "kvgate_requests_total{outcome=\"cancelled\"}") < 2.0 {
+    // An answer that ended at a stop sequence finished: `/metrics` counts it so, with the tokens its
+    // `usage` gave, not the ones the engine made before the stop reached it.
+    while metric(addr, "kvgate_requests_total{outcome=\"finished\"}") < 3.0 {
         assert!(
             Instant::now() < deadline,
-            "the stopped requests were not cancelled in the engine"
+            "the stopped requests were not ended in the engine"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    assert_eq!(
+        metric(addr, "kvgate_requests_total{outcome=\"cancelled\"}"),
+        0.0
+    );
+    assert_eq!(
+        metric(addr, "kvgate_generation_tokens_total"),
+        completion_tokens as f64
+    );
     assert_eq!(server.shutdown().unwrap().leaked_pages, 0);
 }
 

@@ -46,8 +46,16 @@ pub struct Submission {
 /// What the engine thread is told besides requests.
 #[derive(Clone, Copy, Debug)]
 pub enum Control {
-    /// Cancel a request (its client went away, or its text reached a stop sequence).
+    /// Cancel a request (its client went away).
     Cancel(RequestId),
+    /// A request's text reached a stop sequence at its `tokens`-th output token: end it there. It counts as
+    /// finished with those tokens, in `/metrics` as in its `usage`, whatever the engine made after them.
+    Stop {
+        /// The request.
+        request: RequestId,
+        /// Output tokens through the one that completed the stop sequence.
+        tokens: u32,
+    },
     /// Take no more requests; finish what runs within `grace`, cancel the rest, drain copies, stop.
     Drain {
         /// How long running requests may take to finish.
@@ -102,6 +110,8 @@ struct Live {
     first_token: Option<Instant>,
     /// Output tokens through the model's end-of-turn token, once it came.
     ended_at: Option<usize>,
+    /// Output tokens through the end of a stop sequence, once the handler saw one (`Control::Stop`).
+    stopped_at: Option<usize>,
 }
 
 /// The engine thread's state.
@@ -233,6 +243,12 @@ impl<E: Executor> EngineLoop<E> {
                     let _ = self.engine.cancel(id);
                 }
             }
+            Control::Stop { request, tokens } => {
+                if let Some(live) = self.live.get_mut(&request) {
+                    live.stopped_at = Some(tokens as usize);
+                    let _ = self.engine.cancel(request);
+                }
+            }
             Control::Drain { grace } => {
                 self.drain_deadline.get_or_insert(Instant::now() + grace);
             }
@@ -266,6 +282,7 @@ impl<E: Executor> EngineLoop<E> {
                         received: submission.received,
                         first_token: None,
                         ended_at: None,
+                        stopped_at: None,
                     },
                 );
             }
@@ -339,7 +356,10 @@ impl<E: Executor> EngineLoop<E> {
             }
             let ended_at = live
                 .ended_at
-                .or_else(|| self.end_of_turn_in(&finished.output));
+                .or_else(|| self.end_of_turn_in(&finished.output))
+                .into_iter()
+                .chain(live.stopped_at)
+                .min();
             let output = finished
                 .output
                 .get(..ended_at.unwrap_or(finished.output.len()))
@@ -349,7 +369,8 @@ impl<E: Executor> EngineLoop<E> {
             {
                 let _ = live.events.send(Event::Tokens(rest.to_vec()));
             }
-            let cancelled = finished.cancelled;
+            // Ended at a stop sequence: a finished answer, cancelled in the engine only to stop it.
+            let cancelled = finished.cancelled && live.stopped_at.is_none();
             let metrics = &finished.metrics;
             let n_output = output.len() as u32;
             let first = live.first_token.unwrap_or(now);

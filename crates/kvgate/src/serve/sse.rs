@@ -75,6 +75,17 @@ impl CancelGuard {
             let _ = self.control.send(Control::Cancel(self.id));
         }
     }
+
+    /// The text reached a stop sequence at output token `tokens`: the engine ends the request there.
+    fn stop(&mut self, tokens: u32) {
+        if self.armed {
+            self.armed = false;
+            let _ = self.control.send(Control::Stop {
+                request: self.id,
+                tokens,
+            });
+        }
+    }
 }
 
 impl Drop for CancelGuard {
@@ -155,11 +166,9 @@ impl Generation {
                 } else {
                     "length"
                 };
-                let completion_tokens = if self.detokenizer.stopped() {
-                    self.detokenizer.n_tokens() as u32
-                } else {
-                    outcome.output_tokens
-                };
+                // The engine thread's count, which `/metrics` shows too: through the stop sequence when the
+                // `Control::Stop` reached it before the request ended.
+                let completion_tokens = outcome.output_tokens;
                 self.end(Piece::End {
                     finish_reason,
                     usage: Usage {
@@ -192,7 +201,7 @@ impl Generation {
                 self.pending.push_back(Piece::Text(piece));
             }
             if self.detokenizer.stopped() {
-                self.guard.cancel();
+                self.guard.stop(self.detokenizer.n_tokens() as u32);
             }
         }
     }
