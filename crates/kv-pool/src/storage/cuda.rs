@@ -280,6 +280,29 @@ impl Device for CudaDriver {
         })
     }
 
+    fn write_padded(
+        &self,
+        rank: u32,
+        offset: usize,
+        src: &[u8],
+        n_bytes: usize,
+    ) -> std::result::Result<(), String> {
+        let tail = n_bytes
+            .checked_sub(src.len())
+            .ok_or_else(|| format!("{} bytes padded to {n_bytes}", src.len()))?;
+        let dst = self.address(rank, offset, n_bytes)?;
+        let tail_dst = dst + src.len() as CUdeviceptr;
+        // SAFETY: `dst` addresses `n_bytes` of the arena (checked by `address`): `src` at its start, the
+        // zeroed tail after it; `src` outlives the synchronization.
+        self.on_access_stream("write", |stream| unsafe {
+            result::memcpy_htod_async(dst, src, stream)?;
+            if tail > 0 {
+                result::memset_d8_async(tail_dst, 0, tail, stream)?;
+            }
+            Ok(())
+        })
+    }
+
     fn copy_within(
         &self,
         rank: u32,

@@ -62,6 +62,15 @@ pub trait Device: Send + Sync + 'static {
     fn read(&self, rank: u32, offset: usize, dst: &mut [u8]) -> Result<(), String>;
     /// Copies `src` to `offset` of `rank`'s arena; complete on return.
     fn write(&self, rank: u32, offset: usize, src: &[u8]) -> Result<(), String>;
+    /// Copies `src` to `offset` of `rank`'s arena and zeroes the `n_bytes - src.len()` bytes after it on
+    /// the device (only `src` crosses to it); complete on return. `n_bytes` is at least `src.len()`.
+    fn write_padded(
+        &self,
+        rank: u32,
+        offset: usize,
+        src: &[u8],
+        n_bytes: usize,
+    ) -> Result<(), String>;
     /// Copies `n_bytes` within `rank`'s arena (the ranges do not overlap); complete on return.
     fn copy_within(
         &self,
@@ -273,6 +282,16 @@ impl<D: Device> PageStorage for DeviceStorage<D> {
         self.await_pages(rank, [page], "write")?;
         self.device
             .write(rank, self.offset(page), src)
+            .map_err(|reason| failed("write", reason))
+    }
+
+    /// One transfer of the prefix; the rest of the page is zeroed on the device.
+    fn write_prefix(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()> {
+        super::check_prefix_len(src.len(), self.shape.bytes_per_page)?;
+        self.shape.check_writable(rank, page)?;
+        self.await_pages(rank, [page], "write")?;
+        self.device
+            .write_padded(rank, self.offset(page), src, self.shape.bytes_per_page)
             .map_err(|reason| failed("write", reason))
     }
 

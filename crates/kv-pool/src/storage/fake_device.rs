@@ -67,6 +67,10 @@ pub struct FakeStats {
     pub transfers: u64,
     /// Device-to-host reads (`Device::read`), each one transfer.
     pub reads: u64,
+    /// Synchronous host-to-device writes (`Device::write`, `Device::write_padded`), each one transfer.
+    pub writes: u64,
+    /// Bytes those writes moved from the host (a padded write's zeros are made on the device).
+    pub write_bytes: u64,
     /// Pinned bytes allocated and not yet freed.
     pub pinned_live_bytes: usize,
     /// The most pinned bytes live at once.
@@ -123,6 +127,8 @@ struct Shared {
     next_id: AtomicU64,
     transfers: AtomicU64,
     reads: AtomicU64,
+    writes: AtomicU64,
+    write_bytes: AtomicU64,
     pinned_live: AtomicUsize,
     pinned_peak: AtomicUsize,
 }
@@ -153,6 +159,8 @@ impl FakeDevice {
             next_id: AtomicU64::new(0),
             transfers: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            write_bytes: AtomicU64::new(0),
             pinned_live: AtomicUsize::new(0),
             pinned_peak: AtomicUsize::new(0),
         });
@@ -205,6 +213,8 @@ impl FakeDevice {
         FakeStats {
             transfers: self.shared.transfers.load(Ordering::Relaxed),
             reads: self.shared.reads.load(Ordering::Relaxed),
+            writes: self.shared.writes.load(Ordering::Relaxed),
+            write_bytes: self.shared.write_bytes.load(Ordering::Relaxed),
             pinned_live_bytes: self.shared.pinned_live.load(Ordering::Relaxed),
             pinned_peak_bytes: self.shared.pinned_peak.load(Ordering::Relaxed),
         }
@@ -386,13 +396,32 @@ impl Device for FakeDevice {
     }
 
     fn write(&self, rank: u32, offset: usize, src: &[u8]) -> Result<(), String> {
-        let range = offset..offset.saturating_add(src.len());
+        self.write_padded(rank, offset, src, src.len())
+    }
+
+    fn write_padded(
+        &self,
+        rank: u32,
+        offset: usize,
+        src: &[u8],
+        n_bytes: usize,
+    ) -> Result<(), String> {
+        if n_bytes < src.len() {
+            return Err(format!("{} bytes padded to {n_bytes}", src.len()));
+        }
+        self.shared.writes.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .write_bytes
+            .fetch_add(src.len() as u64, Ordering::Relaxed);
+        let range = offset..offset.saturating_add(n_bytes);
         self.check_not_queued(rank, &range, "a write");
         let mut arena = self.arena(rank)?;
-        arena
+        let (head, tail) = arena
             .get_mut(range)
             .ok_or("write out of bounds")?
-            .copy_from_slice(src);
+            .split_at_mut(src.len());
+        head.copy_from_slice(src);
+        tail.fill(0);
         Ok(())
     }
 
