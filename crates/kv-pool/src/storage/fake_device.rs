@@ -1,7 +1,8 @@
 //! `FakeDevice`: a host-backed stand-in for the CUDA driver behind `Device`, so the CUDA path's logic
 //! (ordering, staging, error paths, drain-before-release) runs in CI without a GPU. Each rank's copy stream
 //! is a thread that executes queued transfers in order, after an injected delay each, and reads the pinned
-//! source bytes only when it executes them, as a device does. Tests pause a stream to hold copies in flight,
+//! source bytes only when it executes them, as a device does. Tests pause a stream, or hold it at a queued
+//! step as on the real driver (`Device::hold_stream`), to keep copies in flight,
 //! inject failures (a refused enqueue or record, a failed query or synchronization, a transfer that fails
 //! and leaves its stream failed until `recover`), and read the violations it saw: pinned bytes refilled or
 //! freed while a queued transfer still reads them, an arena range read or written while a queued transfer
@@ -14,12 +15,12 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::Shape;
-use super::device::{Device, DeviceStorage};
+use super::device::{Device, DeviceStorage, Gate, StreamHold};
 use crate::error::Result;
 
 /// A failure `FakeDevice::inject` arms; each fires once, on the next call of its kind.
@@ -101,6 +102,8 @@ enum Op {
         id: u64,
     },
     Record(Arc<AtomicBool>),
+    /// A held stream: nothing after it executes until the gate opens.
+    Hold(Arc<Gate>),
 }
 
 #[derive(Default)]
@@ -122,6 +125,8 @@ struct Shared {
     /// Per rank: the arena ranges queued transfers will write, by transfer id.
     queued_writes: Vec<Mutex<Vec<QueuedWrite>>>,
     faults: Mutex<Vec<FakeFault>>,
+    /// The gates of holds not released yet, opened when the device is dropped.
+    holds: Mutex<Vec<Weak<Gate>>>,
     violations: Mutex<Vec<String>>,
     delay_us: AtomicU64,
     next_id: AtomicU64,
@@ -154,6 +159,7 @@ impl FakeDevice {
                 .collect(),
             queued_writes: (0..n_ranks).map(|_| Mutex::new(Vec::new())).collect(),
             faults: Mutex::new(Vec::new()),
+            holds: Mutex::new(Vec::new()),
             violations: Mutex::new(Vec::new()),
             delay_us: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
@@ -281,6 +287,11 @@ impl Drop for FakeDevice {
             lock(stream).shutdown = true;
             changed.notify_all();
         }
+        for gate in lock(&self.shared.holds).drain(..) {
+            if let Some(gate) = gate.upgrade() {
+                gate.open();
+            }
+        }
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
                 self.shared
@@ -364,6 +375,17 @@ impl Device for FakeDevice {
         lock(stream).queue.push_back(Op::Record(Arc::clone(&done)));
         changed.notify_all();
         Ok(FakeEvent { rank, done })
+    }
+
+    fn hold_stream(&self, rank: u32) -> Result<StreamHold, String> {
+        let (stream, changed) = self.stream(rank)?;
+        let (hold, gate) = StreamHold::new();
+        let mut holds = lock(&self.shared.holds);
+        holds.retain(|gate| gate.strong_count() > 0);
+        holds.push(Arc::downgrade(&gate));
+        lock(stream).queue.push_back(Op::Hold(gate));
+        changed.notify_all();
+        Ok(hold)
     }
 
     fn query(&self, event: &FakeEvent) -> Result<bool, String> {
@@ -511,6 +533,10 @@ fn execute(shared: &Shared, rank: u32, op: Op) -> Option<String> {
     match op {
         Op::Record(done) => {
             done.store(true, Ordering::Release);
+            None
+        }
+        Op::Hold(gate) => {
+            gate.pass();
             None
         }
         Op::Htod {

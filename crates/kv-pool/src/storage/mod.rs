@@ -15,7 +15,7 @@ mod prefix;
 mod tests;
 
 pub use cuda::{CudaDriver, CudaPinned, CudaStorage, cuda_available};
-pub use device::{Device, DeviceStorage};
+pub use device::{Device, DeviceStorage, StreamHold};
 pub use fake_device::{FakeDevice, FakeEvent, FakeFault, FakePinned, FakeStats};
 pub use host::HostStorage;
 pub use prefix::PagePrefix;

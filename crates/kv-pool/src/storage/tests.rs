@@ -7,8 +7,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::{
-    CudaStorage, Device, DeviceStorage, FakeDevice, FakeFault, HostStorage, PagePrefix,
-    PageStorage, cuda_available,
+    CudaStorage, Device, DeviceStorage, FakeFault, HostStorage, PagePrefix, PageStorage,
+    cuda_available,
 };
 use crate::error::Error;
 use crate::error::Error::BufferLength;
@@ -650,12 +650,12 @@ fn fake_device_storage_round_trips_copies_and_errors() {
 
 /// Queues `n_pages` pages of `pattern(seed)` into pages `first..` of rank 0 and records their event; the
 /// caller keeps the returned staging until the stream ran.
-fn queue_pages(
-    storage: &DeviceStorage<FakeDevice>,
+fn queue_pages<D: Device>(
+    storage: &DeviceStorage<D>,
     first: u32,
     n_pages: u32,
     seed: u8,
-) -> super::FakePinned {
+) -> D::Pinned {
     let bytes_per_page = storage.bytes_per_page();
     let device = storage.device();
     let mut pinned = device
@@ -782,4 +782,86 @@ fn fake_device_storage_refuses_bad_runs_and_keeps_failed_pages_marked() {
     assert_eq!(storage.n_pending_pages(0), 0);
     assert!(device.violations().is_empty(), "{:?}", device.violations());
     drop(staging);
+}
+
+/// A held stream keeps what is queued after it queued, and the device says so (`n_pages_in_flight`): an
+/// access to one of those pages waits for the hold's drop, an access to another page does not; once
+/// released, nothing is in flight. A bad rank is an error (issue 36, leftover 2).
+fn check_stream_hold<D: Device>(storage: &Arc<DeviceStorage<D>>) {
+    let device = storage.device();
+    let hold = device.hold_stream(0).unwrap();
+    let staging = queue_pages(storage, 1, 3, 30);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        storage.n_pages_in_flight(0).unwrap(),
+        3,
+        "held behind the hold"
+    );
+    assert_eq!(
+        storage.n_pages_in_flight(1).unwrap(),
+        0,
+        "another rank's stream"
+    );
+    storage.write(0, PageId(5), &pattern(5, 64)).unwrap();
+    let (sender, receiver) = mpsc::channel();
+    let reader = Arc::clone(storage);
+    let thread = std::thread::spawn(move || {
+        let mut buffer = vec![0; 64];
+        reader.read(0, PageId(2), &mut buffer).unwrap();
+        sender.send(buffer).unwrap();
+    });
+    assert_eq!(
+        receiver.recv_timeout(Duration::from_millis(50)),
+        Err(mpsc::RecvTimeoutError::Timeout),
+        "a read of a page behind the hold returned while held"
+    );
+    drop(hold);
+    assert_eq!(receiver.recv().unwrap(), pattern(31, 64));
+    thread.join().unwrap();
+    device.synchronize(0).unwrap();
+    assert_eq!(storage.n_pages_in_flight(0).unwrap(), 0);
+    assert_eq!(
+        storage.n_pages_in_flight(2).unwrap_err(),
+        Error::RankOutOfRange {
+            rank: 2,
+            n_ranks: 2
+        }
+    );
+    assert!(device.hold_stream(2).is_err());
+    drop(staging);
+}
+
+#[test]
+fn fake_device_stream_hold_keeps_transfers_queued_until_dropped() {
+    let storage = Arc::new(DeviceStorage::fake(2, 8, 64).unwrap());
+    check_stream_hold(&storage);
+    let device = storage.device();
+    assert_eq!(device.stats().transfers, 1);
+    assert!(device.violations().is_empty(), "{:?}", device.violations());
+    // A query the device cannot answer is an error, not a count.
+    let hold = device.hold_stream(0).unwrap();
+    let staging = queue_pages(&storage, 4, 1, 40);
+    device.inject(FakeFault::Query);
+    assert!(matches!(
+        storage.n_pages_in_flight(0).unwrap_err(),
+        Error::CudaFailed { .. }
+    ));
+    assert_eq!(storage.n_pages_in_flight(0).unwrap(), 1);
+    // A device dropped while held lets its streams go instead of hanging.
+    drop(staging);
+    drop(storage);
+    drop(hold);
+}
+
+#[test]
+fn cuda_stream_hold_keeps_transfers_queued_until_dropped() {
+    let Some(storage) = cuda_storage_or_skip(
+        "cuda_stream_hold_keeps_transfers_queued_until_dropped",
+        2,
+        8,
+        64,
+    ) else {
+        return;
+    };
+    check_stream_hold(&Arc::new(storage));
 }
