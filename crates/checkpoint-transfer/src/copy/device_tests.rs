@@ -417,6 +417,57 @@ fn fake_failed_transfer_keeps_pages_and_staging_held_until_the_device_says_it_is
     assert!(device.violations().is_empty(), "{:?}", device.violations());
 }
 
+/// A panic below the staging thread, with transfers of its chunk already queued, fails that job instead of
+/// hanging the engine: the job is reported failed, naming the panic, only once its queued transfers ran;
+/// the chunk they read is neither freed nor refilled under them; the rank's next job runs (issue 36,
+/// item 12, for the device engine).
+#[test]
+fn fake_panic_while_staging_fails_the_job_after_its_transfers_ran() {
+    let (storage, mut copies) = fake(32, 4);
+    let device = storage.device();
+    let hold = device.hold_stream(0).unwrap();
+    device.inject(FakeFault::Panic);
+    copies
+        .submit(restore_job(0, &[1, 2, 5, 6]), Timestamp::ZERO)
+        .unwrap();
+    let started = Instant::now();
+    while storage.n_pages_in_flight(0).unwrap() + device.n_queued(0) < 3
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        device.n_queued(0),
+        3,
+        "the hold and the chunk's two runs queued"
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        copies.poll(Timestamp::ZERO).is_empty(),
+        "reported while its transfers are queued"
+    );
+    assert_eq!(copies.in_flight_pages().len(), 4);
+    drop(hold);
+    let done = poll_until_idle(&mut copies);
+    assert!(
+        matches!(&done[0].outcome, CopyOutcome::Failed { reason } if reason.contains("Panic")),
+        "{done:?}"
+    );
+    assert_eq!(device.n_queued(0), 0);
+    copies
+        .submit(restore_job(0, &[1, 2]), Timestamp::ZERO)
+        .unwrap();
+    assert_eq!(copies.wait_all()[0].outcome, CopyOutcome::Done);
+    assert_eq!(read_back(&*storage, 0, 2), page_bytes(2).to_vec());
+    drop(copies);
+    assert!(device.violations().is_empty(), "{:?}", device.violations());
+    assert_eq!(
+        device.stats().pinned_live_bytes,
+        0,
+        "staging freed with the engine"
+    );
+}
+
 /// Dropping the engine with copies in flight frees no staging under a transfer.
 #[test]
 fn fake_engine_dropped_with_copies_in_flight_frees_staging_after_they_ran() {

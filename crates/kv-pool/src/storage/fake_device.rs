@@ -34,6 +34,9 @@ pub enum FakeFault {
     Query,
     /// The next `wait` or `synchronize` fails.
     Sync,
+    /// The next `record` panics, after the transfers before it were queued: a bug below the copy engine,
+    /// which must become that copy's failure, never a hang or staging freed under a transfer.
+    Panic,
     /// The next transfer executed fails: its stream stays failed (queries, waits and synchronizations fail,
     /// nothing more executes) until `recover`.
     Transfer,
@@ -370,6 +373,9 @@ impl Device for FakeDevice {
 
     fn record(&self, rank: u32) -> Result<FakeEvent, String> {
         self.shared.fire(FakeFault::Record)?;
+        if self.shared.fire(FakeFault::Panic).is_err() {
+            std::panic::panic_any("injected fault: Panic");
+        }
         let done = Arc::new(AtomicBool::new(false));
         let (stream, changed) = self.stream(rank)?;
         lock(stream).queue.push_back(Op::Record(Arc::clone(&done)));
