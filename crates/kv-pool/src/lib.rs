@@ -19,5 +19,6 @@ pub use page::{BlockKey, BlockKeyHashBuilder, BlockKeyHasher, PageId};
 pub use pool::{PagePool, PrefixChange};
 pub use storage::{
     CudaDriver, CudaPinned, CudaStorage, Device, DeviceStorage, FakeDevice, FakeEvent, FakeFault,
-    FakePinned, FakeStats, HostStorage, PageStorage, cuda_available, read_run_by_page,
+    FakePinned, FakeStats, HostStorage, PagePrefix, PageStorage, StreamHold, cuda_available,
+    read_run_by_page,
 };

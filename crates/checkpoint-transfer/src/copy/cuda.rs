@@ -5,7 +5,8 @@
 //! consecutive pages, with an event after each chunk; `poll` queries each job's last event and never
 //! blocks; a cancelled job stops staging chunks and is reported once what it queued completed. A job is
 //! reported (done, cancelled or failed) only once the device says nothing of it can still run: its last
-//! event completed, or its rank's stream synchronized. When the device can say neither (a failed context),
+//! event completed, or an event recorded after everything queued on its stream did (`poll`), or its rank's
+//! stream synchronized (`wait_all`). When the device can say neither (a failed context),
 //! the job stays in flight, its pages listed by `in_flight_pages` and its staging held; `wait_all` then
 //! returns without it.
 
@@ -169,10 +170,17 @@ impl<D: Device> DeviceCopyEngine<D> {
         let mut failure = None;
         let mut over = true;
         if job.unconfirmed {
-            over = device
-                .synchronize(job.rank)
-                .inspect_err(|reason| failure = Some(reason.clone()))
-                .is_ok();
+            // Without blocking: an event after everything queued on the stream says it (kept for the next
+            // poll); when none can be recorded, or when asked to block, the stream's synchronization.
+            let fence = (!block).then(|| self.fence(id, job.rank)).flatten();
+            let status = match &fence {
+                Some(fence) => device.query(fence),
+                None => device.synchronize(job.rank).map(|()| true),
+            };
+            over = status.unwrap_or_else(|reason| {
+                failure = Some(reason);
+                device.synchronize(job.rank).is_ok()
+            });
         }
         if over && let Some(event) = &job.last_event {
             let status = if block {
@@ -193,6 +201,24 @@ impl<D: Device> DeviceCopyEngine<D> {
             }
         }
         over
+    }
+
+    /// The event recorded after everything queued on `rank`'s stream for unconfirmed job `id`, recorded
+    /// at the first ask; `None` when the device refuses one.
+    fn fence(&self, id: CopyJobId, rank: u32) -> Option<Arc<D::Event>> {
+        if let Some(fence) = self
+            .shared
+            .lock()
+            .get(&id)
+            .and_then(|job| job.fence.clone())
+        {
+            return Some(fence);
+        }
+        let fence = Arc::new(self.storage.device().record(rank).ok()?);
+        if let Some(job) = self.shared.lock().get_mut(&id) {
+            job.fence = Some(Arc::clone(&fence));
+        }
+        Some(fence)
     }
 
     /// Removes job `id`, which is over, forgetting its page marks, and says how it ended.
@@ -266,6 +292,7 @@ impl<D: Device> CopyEngine for DeviceCopyEngine<D> {
             events: Vec::new(),
             failure: None,
             unconfirmed: false,
+            fence: None,
         };
         self.shared.lock().insert(id, record);
         self.in_flight.push_back(id);

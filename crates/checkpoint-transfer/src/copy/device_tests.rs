@@ -17,7 +17,6 @@ use kv_pool::{
 };
 
 use super::tests::{BYTES_PER_PAGE, page_bytes, restore_job};
-use crate::PageBuf;
 use crate::copy::{
     CopyCompletion, CopyEngine, CopyJob, CopyOutcome, CudaCopyEngine, DeviceCopyEngine,
     StagingLimits,
@@ -153,91 +152,66 @@ fn cuda_pinned_upload_baseline_moves_its_bytes() {
     assert_eq!(read_back(&*storage, 0, 8), vec![0x5A; BYTES_PER_PAGE]);
 }
 
-/// Cancel with the job's transfers provably still queued (issue 36, item 1): the caller put work ahead of
-/// them on rank 0's stream; an event recorded after the job's first staged chunk is still pending once
-/// `cancel` returned, so the job was in flight on the device when it was cancelled. It is then not
-/// reported and its pages stay listed; once `release` let the stream go it is reported `Cancelled`.
+/// Cancel with the job's transfers provably still queued (issue 36, item 1): a hold queued on rank 0's
+/// stream before the job (`Device::hold_stream`, a blocking host function on a GPU) keeps its transfers
+/// queued, and the device itself says its three pages are in flight before and after `cancel`. The job is
+/// then not reported and its pages stay listed; once the hold is dropped it is reported `Cancelled` and
+/// the device says nothing is in flight.
 fn check_cancel_while_queued<D: Device>(
     storage: &DeviceStorage<D>,
     copies: &mut DeviceCopyEngine<D>,
-    pages: &[u32],
-    release: impl FnOnce(),
 ) {
-    let bytes = storage.bytes_per_page();
-    let job = CopyJob {
-        rank: 0,
-        pages: pages
-            .iter()
-            .map(|&page| (PageBuf::from(vec![page as u8; bytes]), PageId(page)))
-            .collect(),
-    };
-    let job = copies.submit(job, Timestamp::ZERO).unwrap();
+    let hold = storage.device().hold_stream(0).unwrap();
+    let job = copies
+        .submit(restore_job(0, &[3, 4, 5]), Timestamp::ZERO)
+        .unwrap();
     let started = Instant::now();
-    while storage.n_pending_pages(0) == 0 && started.elapsed() < Duration::from_secs(10) {
+    while storage.n_pages_in_flight(0).unwrap() < 3 && started.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(1));
     }
-    assert!(
-        storage.n_pending_pages(0) > 0,
-        "no chunk of the job was queued"
+    assert_eq!(
+        storage.n_pages_in_flight(0).unwrap(),
+        3,
+        "the job's transfers are queued behind the hold"
     );
-    let probe = storage.record(0, &[]).unwrap();
     copies.cancel(job);
-    let device = storage.device();
-    assert!(
-        !device.query(&probe).unwrap(),
-        "the job's transfers ran before cancel returned: nothing was in flight"
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        storage.n_pages_in_flight(0).unwrap(),
+        3,
+        "the device still holds the job's transfers after cancel"
     );
     assert!(
         copies.poll(Timestamp::ZERO).is_empty(),
         "reported while queued"
     );
-    assert!(!copies.in_flight_pages().is_empty());
-    release();
+    let mut listed = copies.in_flight_pages();
+    listed.sort_unstable();
+    assert_eq!(listed, [PageId(3), PageId(4), PageId(5)]);
+    drop(hold);
     let done = copies.wait_all();
     assert_eq!(done.len(), 1, "{done:?}");
     assert_eq!(done[0].outcome, CopyOutcome::Cancelled);
-    assert!(device.query(&probe).unwrap());
+    assert_eq!(storage.n_pages_in_flight(0).unwrap(), 0);
+    assert!(copies.in_flight_pages().is_empty());
 }
 
 #[test]
 fn fake_cancel_while_queued_drains_before_it_is_reported() {
     let (storage, mut copies) = fake(64, 4);
-    storage.device().pause(0, true);
+    check_cancel_while_queued(&storage, &mut copies);
     let device = storage.device();
-    check_cancel_while_queued(&storage, &mut copies, &[3, 4, 5], || device.pause(0, false));
     assert!(device.violations().is_empty(), "{:?}", device.violations());
 }
 
-/// On a GPU, 2 GiB of uploads queued ahead on the rank's stream (tens of milliseconds on any current link)
-/// keep the job's transfers queued while it is cancelled.
 #[test]
 fn cuda_cancel_while_queued_drains_before_it_is_reported() {
-    if !kv_pool::gpu_test_gate("cuda_cancel_while_queued_drains_before_it_is_reported").unwrap() {
+    let Some((storage, mut copies)) =
+        cuda("cuda_cancel_while_queued_drains_before_it_is_reported", 64)
+    else {
         return;
-    }
-    const PAGE: usize = 2 << 20;
-    const HOLD_PAGES: u32 = 128;
-    let storage = Arc::new(CudaStorage::new(0, 1, HOLD_PAGES + 8, PAGE).unwrap());
-    let mut copies = CudaCopyEngine::new(Arc::clone(&storage)).unwrap();
-    let device = storage.device();
-    let pinned = device.alloc_pinned(HOLD_PAGES as usize * PAGE).unwrap();
-    for _ in 0..8 {
-        hold_stream(&storage, HOLD_PAGES, &pinned);
-    }
-    let job_pages: Vec<u32> = (HOLD_PAGES + 1..HOLD_PAGES + 8).collect();
-    check_cancel_while_queued(&storage, &mut copies, &job_pages, || {});
-    device.synchronize(0).unwrap();
-    drop(pinned);
-}
-
-/// Queues an upload of `pinned` into pages `1..=n_pages` of rank 0.
-#[allow(
-    unsafe_code,
-    reason = "queues a transfer from pinned memory to hold a stream busy; the block has a SAFETY note"
-)]
-fn hold_stream(storage: &CudaStorage, n_pages: u32, pinned: &kv_pool::CudaPinned) {
-    // SAFETY: the caller keeps `pinned` alive and unchanged until it synchronized rank 0's stream.
-    unsafe { storage.enqueue_run(0, PageId(1), n_pages, pinned, 0) }.unwrap();
+    };
+    check_cancel_while_queued(&storage, &mut copies);
 }
 
 /// One transfer per run of consecutive destination pages within a chunk (issue 36, item 4).
@@ -441,6 +415,57 @@ fn fake_failed_transfer_keeps_pages_and_staging_held_until_the_device_says_it_is
         "{done:?}"
     );
     assert!(device.violations().is_empty(), "{:?}", device.violations());
+}
+
+/// A panic below the staging thread, with transfers of its chunk already queued, fails that job instead of
+/// hanging the engine: the job is reported failed, naming the panic, only once its queued transfers ran;
+/// the chunk they read is neither freed nor refilled under them; the rank's next job runs (issue 36,
+/// item 12, for the device engine).
+#[test]
+fn fake_panic_while_staging_fails_the_job_after_its_transfers_ran() {
+    let (storage, mut copies) = fake(32, 4);
+    let device = storage.device();
+    let hold = device.hold_stream(0).unwrap();
+    device.inject(FakeFault::Panic);
+    copies
+        .submit(restore_job(0, &[1, 2, 5, 6]), Timestamp::ZERO)
+        .unwrap();
+    let started = Instant::now();
+    while storage.n_pages_in_flight(0).unwrap() + device.n_queued(0) < 3
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        device.n_queued(0),
+        3,
+        "the hold and the chunk's two runs queued"
+    );
+    std::thread::sleep(Duration::from_millis(20));
+    assert!(
+        copies.poll(Timestamp::ZERO).is_empty(),
+        "reported while its transfers are queued"
+    );
+    assert_eq!(copies.in_flight_pages().len(), 4);
+    drop(hold);
+    let done = poll_until_idle(&mut copies);
+    assert!(
+        matches!(&done[0].outcome, CopyOutcome::Failed { reason } if reason.contains("Panic")),
+        "{done:?}"
+    );
+    assert_eq!(device.n_queued(0), 0);
+    copies
+        .submit(restore_job(0, &[1, 2]), Timestamp::ZERO)
+        .unwrap();
+    assert_eq!(copies.wait_all()[0].outcome, CopyOutcome::Done);
+    assert_eq!(read_back(&*storage, 0, 2), page_bytes(2).to_vec());
+    drop(copies);
+    assert!(device.violations().is_empty(), "{:?}", device.violations());
+    assert_eq!(
+        device.stats().pinned_live_bytes,
+        0,
+        "staging freed with the engine"
+    );
 }
 
 /// Dropping the engine with copies in flight frees no staging under a transfer.

@@ -3,7 +3,9 @@
 //! host-to-device transfer per run of consecutive destination pages in a chunk on the rank's copy stream,
 //! and records an event after each chunk. A chunk is reused only once its event completed, or the stream
 //! synchronized; when the device cannot say either, the chunk is held (never refilled, never freed) until it
-//! can, or leaked at the end rather than freed under a transfer.
+//! can, or leaked at the end rather than freed under a transfer. A panic in a device call is that call's
+//! error (so the chunk takes the error path, never unwinds away under a transfer); any other panic fails
+//! the job, which is then over only once the stream synchronized.
 #![allow(
     unsafe_code,
     reason = "transfers queued from pinned chunks run after the call returned; each block has a SAFETY note"
@@ -58,6 +60,9 @@ pub(crate) struct JobRecord<E> {
     pub(crate) failure: Option<String>,
     /// Something of it may be queued with no event after it: only a synchronized stream says it is over.
     pub(crate) unconfirmed: bool,
+    /// For an unconfirmed job: an event recorded after everything queued on the stream, which `poll`
+    /// queries instead of blocking for the stream.
+    pub(crate) fence: Option<Arc<E>>,
 }
 
 /// The jobs of one engine, and a condition signalled when one is staged.
@@ -112,9 +117,12 @@ pub(crate) fn run_stager<D: Device>(
         let staged = catch_unwind(AssertUnwindSafe(|| {
             stage_job(storage, shared, rank, &order, &mut staging)
         }))
-        .unwrap_or_else(|_| Staged {
+        .unwrap_or_else(|panic| Staged {
             events: Vec::new(),
-            failure: Some("the staging thread panicked".to_string()),
+            failure: Some(format!(
+                "the staging thread panicked: {}",
+                panic_message(panic.as_ref())
+            )),
             unconfirmed: true,
         });
         let mut jobs = shared.lock();
@@ -177,18 +185,24 @@ fn stage_chunk<D: Device>(
     let device = storage.device();
     let bytes_per_page = storage.bytes_per_page();
     let mut chunk = staging.take(storage, rank)?;
-    let filled = device.fill_pinned(&mut chunk, &mut |bytes| {
-        for ((source, _), dst) in pages.iter().zip(bytes.chunks_exact_mut(bytes_per_page)) {
-            dst.copy_from_slice(source);
-        }
+    let filled = shielded(|| {
+        device.fill_pinned(&mut chunk, &mut |bytes| {
+            for ((source, _), dst) in pages.iter().zip(bytes.chunks_exact_mut(bytes_per_page)) {
+                dst.copy_from_slice(source);
+            }
+        })
     });
     if let Err(reason) = filled {
         staging.free.push(chunk);
         return Err(reason);
     }
-    let queued = enqueue_runs(storage, rank, pages, &chunk);
+    let queued = shielded(|| enqueue_runs(storage, rank, pages, &chunk));
     let destinations: Vec<PageId> = pages.iter().map(|(_, page)| *page).collect();
-    match storage.record(rank, &destinations) {
+    match shielded(|| {
+        storage
+            .record(rank, &destinations)
+            .map_err(|e| e.to_string())
+    }) {
         Ok(event) => {
             staging.busy.push_back((chunk, Arc::clone(&event)));
             staged.events.push(event);
@@ -196,14 +210,14 @@ fn stage_chunk<D: Device>(
         }
         Err(error) => {
             // Transfers of this chunk may be queued with no event after them: only the stream can say.
-            match device.synchronize(rank) {
+            match shielded(|| device.synchronize(rank)) {
                 Ok(()) => staging.free.push(chunk),
                 Err(_) => {
                     staging.held.push(chunk);
                     staged.unconfirmed = true;
                 }
             }
-            queued.and(Err(error.to_string()))
+            queued.and(Err(error))
         }
     }
 }
@@ -241,7 +255,7 @@ impl<D: Device> Staging<D> {
         if let Some(chunk) = self.free.pop() {
             return Ok(chunk);
         }
-        if !self.held.is_empty() && device.synchronize(rank).is_ok() {
+        if !self.held.is_empty() && shielded(|| device.synchronize(rank)).is_ok() {
             // The device says everything queued is over: the held chunks are free again.
             self.free.append(&mut self.held);
             if let Some(chunk) = self.free.pop() {
@@ -249,7 +263,8 @@ impl<D: Device> Staging<D> {
             }
         }
         if self.n_allocated < self.limits.chunks_per_rank {
-            let chunk = device.alloc_pinned(self.pages_per_chunk * storage.bytes_per_page())?;
+            let n_bytes = self.pages_per_chunk * storage.bytes_per_page();
+            let chunk = shielded(|| device.alloc_pinned(n_bytes))?;
             self.n_allocated += 1;
             return Ok(chunk);
         }
@@ -259,8 +274,8 @@ impl<D: Device> Staging<D> {
                 self.n_allocated
             ));
         };
-        let waited = device.wait(&event);
-        if waited.is_ok() || device.synchronize(rank).is_ok() {
+        let waited = shielded(|| device.wait(&event));
+        if waited.is_ok() || shielded(|| device.synchronize(rank)).is_ok() {
             return Ok(chunk);
         }
         // The device cannot say whether anything queued is over: hold every chunk in use.
@@ -278,7 +293,7 @@ impl<D: Device> Staging<D> {
         if self.busy.is_empty() && self.held.is_empty() {
             return;
         }
-        if let Err(reason) = storage.device().synchronize(rank) {
+        if let Err(reason) = shielded(|| storage.device().synchronize(rank)) {
             tracing::warn!(%reason, rank, "pinned staging leaked: the device cannot say its transfers are over");
             for (chunk, _) in self.busy.drain(..) {
                 std::mem::forget(chunk);
@@ -288,4 +303,24 @@ impl<D: Device> Staging<D> {
             }
         }
     }
+}
+
+/// Runs a device call, turning a panic in it into its error: the caller's error path then keeps a chunk
+/// that queued transfers may still read, where unwinding would free it under them.
+fn shielded<T>(call: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|panic| {
+        Err(format!(
+            "the device layer panicked: {}",
+            panic_message(panic.as_ref())
+        ))
+    })
+}
+
+/// The message a panic carried, when it is text.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message")
 }

@@ -21,7 +21,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use kv_pool::{GroupKind, HostStorage, PageId, PageStorage};
+use kv_pool::{GroupKind, HostStorage, PageId, PagePrefix, PageStorage};
 use reference_model::{ForwardEntry, ModelError, ModelStorage, ReferenceConfig, ReferenceModel};
 
 use super::{
@@ -83,21 +83,19 @@ impl ReferenceExecutor {
     }
 
     /// The model's view of the pool storage: full-attention, local and recurrent pages of their own sizes.
-    fn storages<'a>(&self, storage: &'a dyn PageStorage) -> GroupViews<'a> {
+    fn storages<'a>(&self, storage: &'a dyn PageStorage) -> Result<GroupViews<'a>> {
         let config = self.model.config();
-        let view = |bytes_per_page| PagePrefix {
-            inner: storage,
-            bytes_per_page,
-        };
-        GroupViews {
-            attention: view(config.bytes_per_page()),
-            local: config
-                .local
-                .is_some()
-                .then(|| view(config.local_bytes_per_page())),
-            recurrent: (config.n_recurrent_layers > 0)
-                .then(|| view(config.recurrent_bytes_per_page())),
-        }
+        let view = |bytes_per_page| PagePrefix::new(storage, bytes_per_page);
+        let optional =
+            |present: bool, bytes_per_page| present.then(|| view(bytes_per_page)).transpose();
+        Ok(GroupViews {
+            attention: view(config.bytes_per_page())?,
+            local: optional(config.local.is_some(), config.local_bytes_per_page())?,
+            recurrent: optional(
+                config.n_recurrent_layers > 0,
+                config.recurrent_bytes_per_page(),
+            )?,
+        })
     }
 
     /// Runs `entries` in waves: an entry that reads a page an earlier entry of its wave writes (a block
@@ -213,7 +211,7 @@ impl Executor for ReferenceExecutor {
                 },
             )
             .collect();
-        let views = self.storages(storage);
+        let views = self.storages(storage)?;
         let next_tokens = self.forward_in_waves(views.model_storage(), &entries)?;
         self.measured.record(
             entries
@@ -401,70 +399,7 @@ impl GroupViews<'_> {
     }
 }
 
-/// The first `bytes_per_page` bytes of every page of `inner`: a model's page kind inside larger pool pages.
-/// A write zeroes the rest of the page.
-struct PagePrefix<'a> {
-    inner: &'a dyn PageStorage,
-    bytes_per_page: usize,
-}
-
-impl PageStorage for PagePrefix<'_> {
-    fn n_ranks(&self) -> u32 {
-        self.inner.n_ranks()
-    }
-
-    fn n_pages(&self) -> u32 {
-        self.inner.n_pages()
-    }
-
-    fn bytes_per_page(&self) -> usize {
-        self.bytes_per_page
-    }
-
-    fn read(&self, rank: u32, page: PageId, dst: &mut [u8]) -> kv_pool::Result<()> {
-        if self.bytes_per_page == self.inner.bytes_per_page() {
-            return self.inner.read(rank, page, dst);
-        }
-        check_len(dst.len(), self.bytes_per_page)?;
-        // Only the prefix: no page-sized buffer per access, and on a device only these bytes move.
-        self.inner.read_prefix(rank, page, dst)
-    }
-
-    fn read_run(&self, rank: u32, first: PageId, dst: &mut [u8]) -> kv_pool::Result<()> {
-        if self.bytes_per_page == self.inner.bytes_per_page() {
-            return self.inner.read_run(rank, first, dst);
-        }
-        // Prefixes of consecutive pool pages are not contiguous: page by page.
-        kv_pool::read_run_by_page(self, rank, first, dst)
-    }
-
-    fn write(&self, rank: u32, page: PageId, src: &[u8]) -> kv_pool::Result<()> {
-        if self.bytes_per_page == self.inner.bytes_per_page() {
-            return self.inner.write(rank, page, src);
-        }
-        check_len(src.len(), self.bytes_per_page)?;
-        let mut whole = vec![0u8; self.inner.bytes_per_page()];
-        whole[..self.bytes_per_page].copy_from_slice(src);
-        self.inner.write(rank, page, &whole)
-    }
-
-    fn copy(&self, rank: u32, src: PageId, dst: PageId) -> kv_pool::Result<()> {
-        self.inner.copy(rank, src, dst)
-    }
-}
-
 /// The model's error as the engine's: `Error::Model`, its source the `ModelError`, its message the model's.
 fn model_error(error: ModelError) -> Error {
     Error::Model(Box::new(error))
-}
-
-fn check_len(len: usize, bytes_per_page: usize) -> kv_pool::Result<()> {
-    if len == bytes_per_page {
-        Ok(())
-    } else {
-        Err(kv_pool::Error::BufferLength {
-            len,
-            bytes_per_page,
-        })
-    }
 }

@@ -2,19 +2,22 @@
 //! `storage` (asserted here, on machines without a GPU); with one, agents sessions restore through CUDA
 //! copies straight into the pool's device pages and every restored page is read back from the device and
 //! compared with recompute (E3), and cancel, reset and shutdown with copies in flight leave no page leaked:
-//! on host storage, on the host-backed stand-in device (`FakeDevice`, given through
-//! `Engine::with_page_storage`, its streams paused so the copies are provably still queued) and on CUDA.
+//! on host storage, and on device storage given through `Engine::with_page_storage` (the host-backed
+//! stand-in `FakeDevice`, and CUDA), its copy streams held (`Device::hold_stream`) so the device itself says
+//! the copies are still queued when the engine acts.
 //! The GPU tests pass `kv_pool::gpu_test_gate` first: without a driver they print `skipped: <test>: <reason>`
 //! and log it for `cargo xtask` to count, unless `KVGATE_REQUIRE_GPU=1`, which makes a missing driver a
 //! failure (`cargo xtask gpu` sets it on machines with a driver).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::{CopyEngine, CopyJob, DeviceCopyEngine, PageBuf, StagingLimits};
 use engine::{CopyEngineKind, Engine, EngineParams, Error, Policy, SimExecutor, StorageKind};
-use kv_pool::{DeviceStorage, FakeDevice, PageId, PageStorage, RequestId};
+use kv_pool::{
+    CudaStorage, Device, DeviceStorage, FakeDevice, PageId, PageStorage, RequestId, StreamHold,
+};
 
 use crate::agents::{Agents, run_agents, tokens};
 use crate::contract::{TPP, params, seed_checkpoint, spec};
@@ -141,15 +144,24 @@ fn cuda_agents_restore_into_device_pages_verified_under_every_policy() {
     }
 }
 
+/// On a GPU: CUDA page storage and the CUDA copy engine given to the engine, each rank's copy stream held by
+/// a blocking host function (`Device::hold_stream`), so the device says the restores' pages are in flight
+/// when cancel, reset and shutdown act.
 #[test]
 fn cuda_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
     if !gpu_present("cuda_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing") {
         return;
     }
-    cancel_reset_and_shutdown_with_copies_in_flight(|policy| {
-        let engine = Engine::new(cuda_params(policy, 256)).unwrap();
-        (engine, Hold::Gauge)
-    });
+    for staging in [STAGING_BLOCKED, STAGING_WHOLE] {
+        cancel_reset_and_shutdown_with_copies_in_flight(|policy| {
+            device_engine(
+                policy,
+                staging,
+                |ranks, pages, bytes| CudaStorage::new(0, ranks, pages, bytes).unwrap(),
+                |_| Vec::new(),
+            )
+        });
+    }
 }
 
 /// The same on host storage with modeled copies (in flight until their modeled end), so the sequence and
@@ -164,31 +176,62 @@ fn host_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
 }
 
 /// The same on the stand-in device through the CUDA path's copy engine (`DeviceCopyEngine`), given to the
-/// engine with `Engine::with_page_storage`: the copy streams are paused, so at cancel, reset and shutdown
-/// the device provably still holds transfers into the pages, the engine keeps those pages until the device
-/// says the copies are over (shutdown returns only after the streams were let go), and no page was read or
+/// engine with `Engine::with_page_storage`, its streams held as on a GPU: at cancel, reset and shutdown the
+/// device says transfers into the pages are still queued, the engine keeps those pages until the device
+/// says the copies are over (shutdown returns only after the holds were dropped), and no page was read or
 /// written while a queued transfer still wrote it.
 #[test]
 fn fake_device_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
-    cancel_reset_and_shutdown_with_copies_in_flight(|policy| {
-        let params = params(policy, 256);
-        let storage = DeviceStorage::fake(
-            params.geometry.context_parallel(),
-            params.pool_pages(),
-            params.sim_bytes_per_page as usize,
-        )
-        .unwrap();
-        let storage = Arc::new(storage);
-        let limits = StagingLimits {
-            chunk_bytes: 8 * params.sim_bytes_per_page as usize,
-            chunks_per_rank: 2,
-        };
-        let copies = DeviceCopyEngine::with_staging(Arc::clone(&storage), limits).unwrap();
-        let executor = SimExecutor::new(params.cost.clone());
-        let given: Arc<dyn PageStorage> = Arc::clone(&storage) as Arc<dyn PageStorage>;
-        let engine = Engine::with_page_storage(params, executor, given, Box::new(copies)).unwrap();
-        (engine, Hold::Fake(storage))
-    });
+    for staging in [STAGING_BLOCKED, STAGING_WHOLE] {
+        cancel_reset_and_shutdown_with_copies_in_flight(|policy| {
+            device_engine(
+                policy,
+                staging,
+                |ranks, pages, bytes| DeviceStorage::fake(ranks, pages, bytes).unwrap(),
+                |storage| storage.device().violations(),
+            )
+        });
+    }
+}
+
+/// Staging of 2 chunks of 8 pages a rank: a held restore's staging thread waits for a chunk, so the
+/// restores are partly staged when the engine acts (a cancelled job must not be reported before staging
+/// ends).
+const STAGING_BLOCKED: (usize, usize) = (8, 2);
+/// Staging of 4 chunks of 64 pages a rank: the three restores are staged whole while held, every transfer
+/// queued, so only the device's events can say when a cancelled job is over.
+const STAGING_WHOLE: (usize, usize) = (64, 4);
+
+/// An engine of `params(policy, 256)` on device storage made by `open` (ranks, pages, bytes per page),
+/// restoring through a `DeviceCopyEngine` that stages `staging.0` pages a chunk, `staging.1` chunks a
+/// rank; the stand-in's ordering violations read by `violations`.
+fn device_engine<D: Device>(
+    policy: Policy,
+    (chunk_pages, chunks_per_rank): (usize, usize),
+    open: impl FnOnce(u32, u32, usize) -> DeviceStorage<D>,
+    violations: fn(&DeviceStorage<D>) -> Vec<String>,
+) -> (Engine, Hold) {
+    let params = params(policy, 256);
+    let bytes_per_page = params.sim_bytes_per_page as usize;
+    let storage = Arc::new(open(
+        params.geometry.context_parallel(),
+        params.pool_pages(),
+        bytes_per_page,
+    ));
+    let limits = StagingLimits {
+        chunk_bytes: chunk_pages * bytes_per_page,
+        chunks_per_rank,
+    };
+    let copies = DeviceCopyEngine::with_staging(Arc::clone(&storage), limits).unwrap();
+    let executor = SimExecutor::new(params.cost.clone());
+    let given: Arc<dyn PageStorage> = Arc::clone(&storage) as Arc<dyn PageStorage>;
+    let engine = Engine::with_page_storage(params, executor, given, Box::new(copies)).unwrap();
+    let held = DeviceHold {
+        storage,
+        holds: Mutex::new(Vec::new()),
+        violations,
+    };
+    (engine, Hold::Device(Arc::new(held)))
 }
 
 /// Storage given to `Engine::with_page_storage` must have the pool's shape, and its copy engine must be idle:
@@ -231,11 +274,55 @@ fn given_page_storage_of_another_shape_or_a_busy_copy_engine_is_refused() {
 
 /// What proves copies are in flight on a storage, beyond the engine's gauge (asserted on every storage).
 enum Hold {
-    /// The gauge only: modeled copies (host) are pending until their modeled end; on a real GPU the driver
-    /// offers no way to hold a stream from here, so only the engine's view is asserted.
+    /// The gauge only: modeled copies (host storage, inline copy engine) are pending until their modeled
+    /// end; there is no device to ask.
     Gauge,
-    /// The stand-in device, whose streams are paused while the engine acts.
-    Fake(Arc<DeviceStorage<FakeDevice>>),
+    /// Device storage (the stand-in or CUDA), its copy streams held while the engine acts.
+    Device(Arc<dyn HeldDevice>),
+}
+
+/// A device storage whose copy streams a test holds, asked through the device what is in flight.
+trait HeldDevice: Send + Sync {
+    /// Queues a hold on every rank's copy stream.
+    fn hold(&self);
+    /// Drops the holds: the streams run on.
+    fn release(&self);
+    /// Pages a queued transfer still writes, on every rank, as the device says.
+    fn pages_in_flight(&self) -> usize;
+    /// Pages read or written while a queued transfer still wrote them (the stand-in checks; CUDA cannot).
+    fn violations(&self) -> Vec<String>;
+}
+
+struct DeviceHold<D: Device> {
+    storage: Arc<DeviceStorage<D>>,
+    holds: Mutex<Vec<StreamHold>>,
+    violations: fn(&DeviceStorage<D>) -> Vec<String>,
+}
+
+impl<D: Device> HeldDevice for DeviceHold<D> {
+    fn hold(&self) {
+        let mut holds = self.holds.lock().unwrap();
+        for rank in 0..self.storage.n_ranks() {
+            holds.push(self.storage.device().hold_stream(rank).unwrap());
+        }
+    }
+
+    fn release(&self) {
+        self.holds
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    fn pages_in_flight(&self) -> usize {
+        (0..self.storage.n_ranks())
+            .map(|rank| self.storage.n_pages_in_flight(rank).unwrap())
+            .sum()
+    }
+
+    fn violations(&self) -> Vec<String> {
+        (self.violations)(&self.storage)
+    }
 }
 
 impl Drop for Hold {
@@ -245,52 +332,49 @@ impl Drop for Hold {
 }
 
 impl Hold {
-    /// Pauses the stand-in's copy streams.
+    /// Holds the device's copy streams.
     fn hold(&self) {
-        if let Hold::Fake(storage) = self {
-            for rank in 0..storage.n_ranks() {
-                storage.device().pause(rank, true);
-            }
+        if let Hold::Device(device) = self {
+            device.hold();
         }
     }
 
     /// Steps taken with the copies held after the cancel (none where nothing holds them).
     fn steps_held(&self) -> u32 {
-        if matches!(self, Hold::Fake(_)) { 3 } else { 0 }
+        if matches!(self, Hold::Device(_)) {
+            3
+        } else {
+            0
+        }
     }
 
-    /// Asserts the device has transfers queued before the engine does `act`, waiting up to 10 s for the
-    /// staging threads to queue the first (they stage off the engine thread).
+    /// Asserts the device says transfers into pages are queued before the engine does `act`, waiting up to
+    /// 10 s for the staging threads to queue the first (they stage off the engine thread).
     fn assert_queued(&self, policy: Policy, act: &str) {
-        if let Hold::Fake(storage) = self {
-            let queued = || -> usize {
-                (0..storage.n_ranks())
-                    .map(|rank| storage.device().n_queued(rank))
-                    .sum()
-            };
+        if let Hold::Device(device) = self {
             let started = Instant::now();
-            while queued() == 0 && started.elapsed() < Duration::from_secs(10) {
+            while device.pages_in_flight() == 0 && started.elapsed() < Duration::from_secs(10) {
                 std::thread::sleep(Duration::from_millis(1));
             }
             assert!(
-                queued() > 0,
-                "{policy}: no transfer queued on the device at {act}"
+                device.pages_in_flight() > 0,
+                "{policy}: the device holds no transfer at {act}"
             );
         }
     }
 
-    /// Runs `act`, which waits for the copies, letting the stand-in's streams go only from another thread
-    /// after 50 ms, and asserts `act` returned only after that.
+    /// Runs `act`, which waits for the copies, dropping the holds only from another thread after 50 ms,
+    /// and asserts `act` returned only after that.
     fn while_held<T>(&self, act: impl FnOnce() -> T) -> T {
-        let Hold::Fake(storage) = self else {
+        let Hold::Device(device) = self else {
             return act();
         };
         let released = Arc::new(AtomicBool::new(false));
-        let (flag, storage) = (Arc::clone(&released), Arc::clone(storage));
+        let (flag, device) = (Arc::clone(&released), Arc::clone(device));
         let releaser = std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(50));
             flag.store(true, Ordering::SeqCst);
-            Hold::Fake(storage).release();
+            device.release();
         });
         let out = act();
         assert!(
@@ -301,19 +385,17 @@ impl Hold {
         out
     }
 
-    /// Lets the stand-in's streams go (a failed assertion must not leave the engine's drop waiting).
+    /// Drops the holds (a failed assertion must not leave the engine's drop waiting).
     fn release(&self) {
-        if let Hold::Fake(storage) = self {
-            for rank in 0..storage.n_ranks() {
-                storage.device().pause(rank, false);
-            }
+        if let Hold::Device(device) = self {
+            device.release();
         }
     }
 
     /// Asserts the stand-in saw no page read or written while a queued transfer still wrote it.
     fn assert_no_violation(&self, policy: Policy) {
-        if let Hold::Fake(storage) = self {
-            let violations = storage.device().violations();
+        if let Hold::Device(device) = self {
+            let violations = device.violations();
             assert!(violations.is_empty(), "{policy}: {violations:?}");
         }
     }

@@ -17,7 +17,7 @@ use cudarc::driver::{
 };
 
 use super::Shape;
-use super::device::{Device, DeviceStorage};
+use super::device::{Device, DeviceStorage, Gate, StreamHold};
 use crate::error::{Error, Result};
 
 /// Whether CUDA storage can be used here: `Ok`, or why not (no libcuda, no device, the driver failed to
@@ -251,6 +251,26 @@ impl Device for CudaDriver {
         guarded("recording an event", || stream.record_event(no_timing))
     }
 
+    /// A host function queued with `cuLaunchHostFunc` that blocks the stream until the hold is dropped.
+    fn hold_stream(&self, rank: u32) -> std::result::Result<StreamHold, String> {
+        let stream = self.stream(rank)?;
+        let (hold, gate) = StreamHold::new();
+        let user_data = Arc::into_raw(gate).cast_mut().cast::<std::ffi::c_void>();
+        let queued = guarded("queueing a stream hold", || {
+            self.context.bind_to_thread()?;
+            // SAFETY: `pass_gate` takes `user_data` back as the `Arc<Gate>` it is, once, when the stream
+            // reaches it; it calls no CUDA function.
+            unsafe {
+                result::stream::launch_host_function(stream.cu_stream(), pass_gate, user_data)
+            }
+        });
+        if queued.is_err() {
+            // SAFETY: not queued, so `pass_gate` never runs: the reference is still ours to drop.
+            drop(unsafe { Arc::from_raw(user_data.cast_const().cast::<Gate>()) });
+        }
+        queued.map(|()| hold)
+    }
+
     fn query(&self, event: &CudaEvent) -> std::result::Result<bool, String> {
         guarded("querying an event", || event.try_is_complete())
     }
@@ -280,6 +300,29 @@ impl Device for CudaDriver {
         })
     }
 
+    fn write_padded(
+        &self,
+        rank: u32,
+        offset: usize,
+        src: &[u8],
+        n_bytes: usize,
+    ) -> std::result::Result<(), String> {
+        let tail = n_bytes
+            .checked_sub(src.len())
+            .ok_or_else(|| format!("{} bytes padded to {n_bytes}", src.len()))?;
+        let dst = self.address(rank, offset, n_bytes)?;
+        let tail_dst = dst + src.len() as CUdeviceptr;
+        // SAFETY: `dst` addresses `n_bytes` of the arena (checked by `address`): `src` at its start, the
+        // zeroed tail after it; `src` outlives the synchronization.
+        self.on_access_stream("write", |stream| unsafe {
+            result::memcpy_htod_async(dst, src, stream)?;
+            if tail > 0 {
+                result::memset_d8_async(tail_dst, 0, tail, stream)?;
+            }
+            Ok(())
+        })
+    }
+
     fn copy_within(
         &self,
         rank: u32,
@@ -294,6 +337,18 @@ impl Device for CudaDriver {
             result::memcpy_dtod_async(dst, src, n_bytes, stream)
         })
     }
+}
+
+/// The host function of a stream hold: blocks the stream until the gate opens, then drops its reference.
+///
+/// # Safety
+///
+/// `user_data` is an `Arc<Gate>` turned into a raw pointer by `hold_stream`, passed here once.
+unsafe extern "C" fn pass_gate(user_data: *mut std::ffi::c_void) {
+    // SAFETY: as the function's contract says.
+    let gate = unsafe { Arc::from_raw(user_data.cast_const().cast::<Gate>()) };
+    // Nothing may unwind into the driver.
+    let _passed = catch_unwind(AssertUnwindSafe(|| gate.pass()));
 }
 
 /// Find libcuda, then count devices; any failure or loader panic becomes the reason.

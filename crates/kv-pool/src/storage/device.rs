@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 
 use super::{PageStorage, Shape};
 use crate::error::{Error, Result};
@@ -58,10 +58,23 @@ pub trait Device: Send + Sync + 'static {
     fn wait(&self, event: &Self::Event) -> Result<(), String>;
     /// Blocks until everything queued on `rank`'s copy stream completed.
     fn synchronize(&self, rank: u32) -> Result<(), String>;
+    /// Queues on `rank`'s copy stream a step that ends only when the returned hold is dropped: everything
+    /// queued after it stays queued until then (tests hold copies in flight with it). Drop the hold before
+    /// anything waits for those transfers on the same thread, and before the device.
+    fn hold_stream(&self, rank: u32) -> Result<StreamHold, String>;
     /// Copies `dst.len()` bytes at `offset` of `rank`'s arena into `dst`; complete on return.
     fn read(&self, rank: u32, offset: usize, dst: &mut [u8]) -> Result<(), String>;
     /// Copies `src` to `offset` of `rank`'s arena; complete on return.
     fn write(&self, rank: u32, offset: usize, src: &[u8]) -> Result<(), String>;
+    /// Copies `src` to `offset` of `rank`'s arena and zeroes the `n_bytes - src.len()` bytes after it on
+    /// the device (only `src` crosses to it); complete on return. `n_bytes` is at least `src.len()`.
+    fn write_padded(
+        &self,
+        rank: u32,
+        offset: usize,
+        src: &[u8],
+        n_bytes: usize,
+    ) -> Result<(), String>;
     /// Copies `n_bytes` within `rank`'s arena (the ranges do not overlap); complete on return.
     fn copy_within(
         &self,
@@ -70,6 +83,56 @@ pub trait Device: Send + Sync + 'static {
         dst_offset: usize,
         n_bytes: usize,
     ) -> Result<(), String>;
+}
+
+/// A copy stream held by `Device::hold_stream`: released when dropped.
+#[derive(Debug)]
+pub struct StreamHold {
+    gate: Arc<Gate>,
+}
+
+impl StreamHold {
+    /// A hold and the gate the stream waits at.
+    pub(crate) fn new() -> (StreamHold, Arc<Gate>) {
+        let gate = Arc::new(Gate::default());
+        (
+            StreamHold {
+                gate: Arc::clone(&gate),
+            },
+            gate,
+        )
+    }
+}
+
+impl Drop for StreamHold {
+    fn drop(&mut self) {
+        self.gate.open();
+    }
+}
+
+/// Where a held stream waits: open once its hold is dropped (or its device shut down).
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    open: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    pub(crate) fn open(&self) {
+        *self.open.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        self.opened.notify_all();
+    }
+
+    /// Blocks until the gate is open.
+    pub(crate) fn pass(&self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        while !*open {
+            open = self
+                .opened
+                .wait(open)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
 }
 
 /// Page bytes in a device's memory (`CudaStorage` is `DeviceStorage<CudaDriver>`). Synchronous accesses
@@ -181,6 +244,31 @@ impl<D: Device> DeviceStorage<D> {
         self.pending_of(rank).map_or(0, |pending| pending.len())
     }
 
+    /// Pages of `rank` a queued transfer still writes, as the device says now: pages marked written whose
+    /// event it reports not complete (what tests assert to show copies are in flight). Errors: a bad rank,
+    /// or a query the device cannot answer (`CudaFailed`).
+    pub fn n_pages_in_flight(&self, rank: u32) -> Result<usize> {
+        let marked: Vec<Arc<D::Event>> = self.pending_of(rank)?.values().cloned().collect();
+        let mut n_pages = 0;
+        let mut answers: Vec<(Arc<D::Event>, bool)> = Vec::new();
+        for event in marked {
+            let known = answers.iter().find(|(e, _)| Arc::ptr_eq(e, &event));
+            let complete = match known {
+                Some(&(_, complete)) => complete,
+                None => {
+                    let complete = self
+                        .device
+                        .query(&event)
+                        .map_err(|reason| failed("query an event", reason))?;
+                    answers.push((event, complete));
+                    complete
+                }
+            };
+            n_pages += usize::from(!complete);
+        }
+        Ok(n_pages)
+    }
+
     fn pending_of(
         &self,
         rank: u32,
@@ -273,6 +361,16 @@ impl<D: Device> PageStorage for DeviceStorage<D> {
         self.await_pages(rank, [page], "write")?;
         self.device
             .write(rank, self.offset(page), src)
+            .map_err(|reason| failed("write", reason))
+    }
+
+    /// One transfer of the prefix; the rest of the page is zeroed on the device.
+    fn write_prefix(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()> {
+        super::check_prefix_len(src.len(), self.shape.bytes_per_page)?;
+        self.shape.check_writable(rank, page)?;
+        self.await_pages(rank, [page], "write")?;
+        self.device
+            .write_padded(rank, self.offset(page), src, self.shape.bytes_per_page)
             .map_err(|reason| failed("write", reason))
     }
 

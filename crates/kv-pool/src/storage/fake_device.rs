@@ -1,7 +1,8 @@
 //! `FakeDevice`: a host-backed stand-in for the CUDA driver behind `Device`, so the CUDA path's logic
 //! (ordering, staging, error paths, drain-before-release) runs in CI without a GPU. Each rank's copy stream
 //! is a thread that executes queued transfers in order, after an injected delay each, and reads the pinned
-//! source bytes only when it executes them, as a device does. Tests pause a stream to hold copies in flight,
+//! source bytes only when it executes them, as a device does. Tests pause a stream, or hold it at a queued
+//! step as on the real driver (`Device::hold_stream`), to keep copies in flight,
 //! inject failures (a refused enqueue or record, a failed query or synchronization, a transfer that fails
 //! and leaves its stream failed until `recover`), and read the violations it saw: pinned bytes refilled or
 //! freed while a queued transfer still reads them, an arena range read or written while a queued transfer
@@ -14,12 +15,12 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::Shape;
-use super::device::{Device, DeviceStorage};
+use super::device::{Device, DeviceStorage, Gate, StreamHold};
 use crate::error::Result;
 
 /// A failure `FakeDevice::inject` arms; each fires once, on the next call of its kind.
@@ -33,6 +34,9 @@ pub enum FakeFault {
     Query,
     /// The next `wait` or `synchronize` fails.
     Sync,
+    /// The next `record` panics, after the transfers before it were queued: a bug below the copy engine,
+    /// which must become that copy's failure, never a hang or staging freed under a transfer.
+    Panic,
     /// The next transfer executed fails: its stream stays failed (queries, waits and synchronizations fail,
     /// nothing more executes) until `recover`.
     Transfer,
@@ -67,6 +71,10 @@ pub struct FakeStats {
     pub transfers: u64,
     /// Device-to-host reads (`Device::read`), each one transfer.
     pub reads: u64,
+    /// Synchronous host-to-device writes (`Device::write`, `Device::write_padded`), each one transfer.
+    pub writes: u64,
+    /// Bytes those writes moved from the host (a padded write's zeros are made on the device).
+    pub write_bytes: u64,
     /// Pinned bytes allocated and not yet freed.
     pub pinned_live_bytes: usize,
     /// The most pinned bytes live at once.
@@ -97,6 +105,8 @@ enum Op {
         id: u64,
     },
     Record(Arc<AtomicBool>),
+    /// A held stream: nothing after it executes until the gate opens.
+    Hold(Arc<Gate>),
 }
 
 #[derive(Default)]
@@ -118,11 +128,15 @@ struct Shared {
     /// Per rank: the arena ranges queued transfers will write, by transfer id.
     queued_writes: Vec<Mutex<Vec<QueuedWrite>>>,
     faults: Mutex<Vec<FakeFault>>,
+    /// The gates of holds not released yet, opened when the device is dropped.
+    holds: Mutex<Vec<Weak<Gate>>>,
     violations: Mutex<Vec<String>>,
     delay_us: AtomicU64,
     next_id: AtomicU64,
     transfers: AtomicU64,
     reads: AtomicU64,
+    writes: AtomicU64,
+    write_bytes: AtomicU64,
     pinned_live: AtomicUsize,
     pinned_peak: AtomicUsize,
 }
@@ -148,11 +162,14 @@ impl FakeDevice {
                 .collect(),
             queued_writes: (0..n_ranks).map(|_| Mutex::new(Vec::new())).collect(),
             faults: Mutex::new(Vec::new()),
+            holds: Mutex::new(Vec::new()),
             violations: Mutex::new(Vec::new()),
             delay_us: AtomicU64::new(0),
             next_id: AtomicU64::new(0),
             transfers: AtomicU64::new(0),
             reads: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            write_bytes: AtomicU64::new(0),
             pinned_live: AtomicUsize::new(0),
             pinned_peak: AtomicUsize::new(0),
         });
@@ -205,6 +222,8 @@ impl FakeDevice {
         FakeStats {
             transfers: self.shared.transfers.load(Ordering::Relaxed),
             reads: self.shared.reads.load(Ordering::Relaxed),
+            writes: self.shared.writes.load(Ordering::Relaxed),
+            write_bytes: self.shared.write_bytes.load(Ordering::Relaxed),
             pinned_live_bytes: self.shared.pinned_live.load(Ordering::Relaxed),
             pinned_peak_bytes: self.shared.pinned_peak.load(Ordering::Relaxed),
         }
@@ -270,6 +289,11 @@ impl Drop for FakeDevice {
         for (stream, changed) in &self.shared.streams {
             lock(stream).shutdown = true;
             changed.notify_all();
+        }
+        for gate in lock(&self.shared.holds).drain(..) {
+            if let Some(gate) = gate.upgrade() {
+                gate.open();
+            }
         }
         for thread in self.threads.drain(..) {
             if thread.join().is_err() {
@@ -349,11 +373,25 @@ impl Device for FakeDevice {
 
     fn record(&self, rank: u32) -> Result<FakeEvent, String> {
         self.shared.fire(FakeFault::Record)?;
+        if self.shared.fire(FakeFault::Panic).is_err() {
+            std::panic::panic_any("injected fault: Panic");
+        }
         let done = Arc::new(AtomicBool::new(false));
         let (stream, changed) = self.stream(rank)?;
         lock(stream).queue.push_back(Op::Record(Arc::clone(&done)));
         changed.notify_all();
         Ok(FakeEvent { rank, done })
+    }
+
+    fn hold_stream(&self, rank: u32) -> Result<StreamHold, String> {
+        let (stream, changed) = self.stream(rank)?;
+        let (hold, gate) = StreamHold::new();
+        let mut holds = lock(&self.shared.holds);
+        holds.retain(|gate| gate.strong_count() > 0);
+        holds.push(Arc::downgrade(&gate));
+        lock(stream).queue.push_back(Op::Hold(gate));
+        changed.notify_all();
+        Ok(hold)
     }
 
     fn query(&self, event: &FakeEvent) -> Result<bool, String> {
@@ -386,13 +424,32 @@ impl Device for FakeDevice {
     }
 
     fn write(&self, rank: u32, offset: usize, src: &[u8]) -> Result<(), String> {
-        let range = offset..offset.saturating_add(src.len());
+        self.write_padded(rank, offset, src, src.len())
+    }
+
+    fn write_padded(
+        &self,
+        rank: u32,
+        offset: usize,
+        src: &[u8],
+        n_bytes: usize,
+    ) -> Result<(), String> {
+        if n_bytes < src.len() {
+            return Err(format!("{} bytes padded to {n_bytes}", src.len()));
+        }
+        self.shared.writes.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .write_bytes
+            .fetch_add(src.len() as u64, Ordering::Relaxed);
+        let range = offset..offset.saturating_add(n_bytes);
         self.check_not_queued(rank, &range, "a write");
         let mut arena = self.arena(rank)?;
-        arena
+        let (head, tail) = arena
             .get_mut(range)
             .ok_or("write out of bounds")?
-            .copy_from_slice(src);
+            .split_at_mut(src.len());
+        head.copy_from_slice(src);
+        tail.fill(0);
         Ok(())
     }
 
@@ -482,6 +539,10 @@ fn execute(shared: &Shared, rank: u32, op: Op) -> Option<String> {
     match op {
         Op::Record(done) => {
             done.store(true, Ordering::Release);
+            None
+        }
+        Op::Hold(gate) => {
+            gate.pass();
             None
         }
         Op::Htod {

@@ -252,6 +252,28 @@ impl PageStorage for HostStorage {
         })
     }
 
+    /// In place: the prefix and the zeros after it are written into the page, no buffer between.
+    fn write_prefix(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()> {
+        super::check_prefix_len(src.len(), self.shape.bytes_per_page)?;
+        self.shape.check_writable(rank, page)?;
+        let idx = self.index(rank, page);
+        let len = self.shape.bytes_per_page;
+        let pad = |bytes: &mut [u8]| {
+            let (head, tail) = bytes.split_at_mut(src.len());
+            head.copy_from_slice(src);
+            tail.fill(0);
+        };
+        match &self.pages {
+            Pages::Lines(pages) => {
+                let mut line = Line([0; LINE_ALIGN_BYTES]);
+                pad(line.view_mut(len));
+                pages.get_or_allocate(idx, &self.allocated).store(&line.0);
+            }
+            Pages::Buffers(pages) => pad(self.write_buffer(pages, idx).view_mut(len)),
+        }
+        Ok(())
+    }
+
     fn n_ranks(&self) -> u32 {
         self.shape.n_ranks
     }

@@ -1,7 +1,8 @@
 //! Where page bytes live: the `PageStorage` trait (read, write and copy whole pages by id, per rank shard),
 //! `HostStorage` (aligned host memory, the embedded default) and `DeviceStorage` over a `Device`:
 //! `CudaStorage` (device arenas through cudarc, libcuda loaded at run time) or the host-backed stand-in
-//! `FakeDevice` that runs the CUDA path's logic in CI. Layout: `n_ranks` shards of `n_pages` pages of `bytes_per_page` bytes; page
+//! `FakeDevice` that runs the CUDA path's logic in CI; `PagePrefix`, a smaller kind of page inside the pool's
+//! pages. Layout: `n_ranks` shards of `n_pages` pages of `bytes_per_page` bytes; page
 //! `p` of rank `r` lives in shard `r` at offset `p * bytes_per_page`. Page 0 is the null page: it reads as
 //! zeros and is never written.
 
@@ -9,13 +10,17 @@ mod cuda;
 mod device;
 mod fake_device;
 mod host;
+mod prefix;
 #[cfg(test)]
 mod tests;
 
 pub use cuda::{CudaDriver, CudaPinned, CudaStorage, cuda_available};
-pub use device::{Device, DeviceStorage};
+pub use device::{Device, DeviceStorage, StreamHold};
 pub use fake_device::{FakeDevice, FakeEvent, FakeFault, FakePinned, FakeStats};
 pub use host::HostStorage;
+pub use prefix::PagePrefix;
+
+use std::cell::Cell;
 
 use crate::error::{Error, Result};
 use crate::page::PageId;
@@ -61,6 +66,32 @@ pub trait PageStorage: Send + Sync {
         dst.copy_from_slice(prefix);
         Ok(())
     }
+
+    /// Overwrite page `page` of `rank` with `src` (at most `bytes_per_page` long, else `BufferLength`)
+    /// followed by zeros to the page's end: a smaller kind of page stored inside larger pool pages, the
+    /// same bytes as `write` of `src` padded with zeros. Never the null page. The default pads through a
+    /// buffer reused per thread; the backends pad in place (device storage: only `src` crosses to the
+    /// device, the rest is zeroed there).
+    fn write_prefix(&self, rank: u32, page: PageId, src: &[u8]) -> Result<()> {
+        let bytes_per_page = self.bytes_per_page();
+        if src.len() == bytes_per_page {
+            return self.write(rank, page, src);
+        }
+        check_prefix_len(src.len(), bytes_per_page)?;
+        let mut padded = PAD.try_with(Cell::take).unwrap_or_default();
+        padded.clear();
+        padded.extend_from_slice(src);
+        padded.resize(bytes_per_page, 0);
+        let written = self.write(rank, page, &padded);
+        // Back for the thread's next write (dropped if the thread is ending or a nested write left one).
+        let _kept = PAD.try_with(|pad| pad.replace(padded));
+        written
+    }
+}
+
+thread_local! {
+    /// The page-sized buffer `PageStorage::write_prefix`'s default pads through, one per thread.
+    static PAD: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
 }
 
 /// `PageStorage::read_run` page by page: what the default does, for wrappers that override it.

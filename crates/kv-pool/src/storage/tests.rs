@@ -7,10 +7,11 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use super::{
-    CudaStorage, Device, DeviceStorage, FakeDevice, FakeFault, HostStorage, PageStorage,
+    CudaStorage, Device, DeviceStorage, FakeFault, HostStorage, PagePrefix, PageStorage,
     cuda_available,
 };
 use crate::error::Error;
+use crate::error::Error::BufferLength;
 use crate::page::PageId;
 
 fn pattern(seed: u8, len: usize) -> Vec<u8> {
@@ -120,6 +121,197 @@ fn check_backend(storage: &dyn PageStorage) {
         }
     );
     check_read_run(storage);
+    check_write_prefix(storage);
+}
+
+/// `write_prefix` leaves the bytes `write` of the prefix padded with zeros left (what the reference model's
+/// page view wrote before it moved here), over a page that held other bytes; a prefix longer than a page,
+/// the null page, a bad rank or page is an error that writes nothing.
+fn check_write_prefix(storage: &dyn PageStorage) {
+    let bytes_per_page = storage.bytes_per_page();
+    let mut whole = vec![0u8; bytes_per_page];
+    for len in [0, 1, bytes_per_page / 2, bytes_per_page - 1, bytes_per_page] {
+        storage
+            .write(1, PageId(2), &pattern(40, bytes_per_page))
+            .unwrap();
+        let prefix = pattern(50, len);
+        storage.write_prefix(1, PageId(2), &prefix).unwrap();
+        storage.read(1, PageId(2), &mut whole).unwrap();
+        let mut padded = prefix.clone();
+        padded.resize(bytes_per_page, 0);
+        assert_eq!(whole, padded, "a prefix of {len} bytes");
+    }
+    storage
+        .write(0, PageId(2), &pattern(41, bytes_per_page))
+        .unwrap();
+    let long = pattern(0, bytes_per_page + 1);
+    assert_eq!(
+        storage.write_prefix(0, PageId(2), &long).unwrap_err(),
+        Error::BufferLength {
+            len: bytes_per_page + 1,
+            bytes_per_page
+        }
+    );
+    let short = &long[..1];
+    assert_eq!(
+        storage.write_prefix(0, PageId::NULL, short).unwrap_err(),
+        Error::NullPage
+    );
+    let (n_ranks, n_pages) = (storage.n_ranks(), storage.n_pages());
+    assert_eq!(
+        storage.write_prefix(n_ranks, PageId(2), short).unwrap_err(),
+        Error::RankOutOfRange {
+            rank: n_ranks,
+            n_ranks
+        }
+    );
+    assert_eq!(
+        storage.write_prefix(0, PageId(n_pages), short).unwrap_err(),
+        Error::PageOutOfRange {
+            page: n_pages,
+            n_pages
+        }
+    );
+    storage.read(0, PageId(2), &mut whole).unwrap();
+    assert_eq!(
+        whole,
+        pattern(41, bytes_per_page),
+        "refused prefixes wrote nothing"
+    );
+    storage.read(0, PageId::NULL, &mut whole).unwrap();
+    assert!(whole.iter().all(|&b| b == 0), "the null page stays zeros");
+}
+
+/// A storage with only the required methods: the trait's defaults (`read_prefix`, `read_run`,
+/// `write_prefix`) over `HostStorage`.
+#[derive(Debug)]
+struct Defaults(HostStorage);
+
+impl PageStorage for Defaults {
+    fn n_ranks(&self) -> u32 {
+        self.0.n_ranks()
+    }
+    fn n_pages(&self) -> u32 {
+        self.0.n_pages()
+    }
+    fn bytes_per_page(&self) -> usize {
+        self.0.bytes_per_page()
+    }
+    fn read(&self, rank: u32, page: PageId, dst: &mut [u8]) -> crate::Result<()> {
+        self.0.read(rank, page, dst)
+    }
+    fn write(&self, rank: u32, page: PageId, src: &[u8]) -> crate::Result<()> {
+        self.0.write(rank, page, src)
+    }
+    fn copy(&self, rank: u32, src: PageId, dst: PageId) -> crate::Result<()> {
+        self.0.copy(rank, src, dst)
+    }
+}
+
+#[test]
+fn the_default_prefix_and_run_methods_agree_with_the_backends() {
+    for bytes_per_page in [8, 100] {
+        check_backend(&Defaults(HostStorage::new(2, 4, bytes_per_page).unwrap()));
+    }
+}
+
+/// The reference model's page view (issue 36, item 4): a smaller page in the first bytes of the pool's
+/// pages reads and writes its own size, a write leaves the rest of the pool page zeroed, and on a device a
+/// write is one transfer of the prefix's bytes with no read first; a view of 0 bytes or wider than the
+/// pool's pages, and a buffer of the wrong size, are errors.
+#[test]
+fn a_page_prefix_view_writes_its_bytes_and_zeros_in_one_transfer() {
+    let fake = DeviceStorage::fake(2, 8, 100).unwrap();
+    let host = HostStorage::new(2, 8, 100).unwrap();
+    let lines = HostStorage::new(2, 8, 40).unwrap();
+    for storage in [&fake as &dyn PageStorage, &host, &lines] {
+        let width = storage.bytes_per_page();
+        for bad in [0, width + 1] {
+            assert_eq!(
+                PagePrefix::new(storage, bad).unwrap_err(),
+                Error::BufferLength {
+                    len: bad,
+                    bytes_per_page: width
+                }
+            );
+        }
+        let view = PagePrefix::new(storage, 24).unwrap();
+        assert_eq!(
+            (view.n_ranks(), view.n_pages(), view.bytes_per_page()),
+            (2, 8, 24)
+        );
+        storage.write(1, PageId(3), &pattern(1, width)).unwrap();
+        view.write(1, PageId(3), &pattern(2, 24)).unwrap();
+        let mut whole = vec![0u8; width];
+        storage.read(1, PageId(3), &mut whole).unwrap();
+        let mut expected = pattern(2, 24);
+        expected.resize(width, 0);
+        assert_eq!(whole, expected, "the prefix, then zeros");
+        let mut page = vec![0u8; 24];
+        view.read(1, PageId(3), &mut page).unwrap();
+        assert_eq!(page, pattern(2, 24));
+        view.write(1, PageId(4), &pattern(3, 24)).unwrap();
+        let mut run = vec![0u8; 48];
+        view.read_run(1, PageId(3), &mut run).unwrap();
+        assert_eq!(run, [pattern(2, 24), pattern(3, 24)].concat());
+        view.copy(1, PageId(4), PageId(5)).unwrap();
+        view.read(1, PageId(5), &mut page).unwrap();
+        assert_eq!(page, pattern(3, 24));
+        let mut short = vec![0u8; 12];
+        view.read_prefix(1, PageId(5), &mut short).unwrap();
+        assert_eq!(short, pattern(3, 12));
+        view.write_prefix(1, PageId(5), &pattern(4, 12)).unwrap();
+        storage.read(1, PageId(5), &mut whole).unwrap();
+        let mut expected = pattern(4, 12);
+        expected.resize(width, 0);
+        assert_eq!(whole, expected);
+        for len in [23, 25] {
+            let wrong = BufferLength {
+                len,
+                bytes_per_page: 24,
+            };
+            assert_eq!(
+                view.write(1, PageId(3), &pattern(0, len)).unwrap_err(),
+                wrong
+            );
+            assert_eq!(
+                view.read(1, PageId(3), &mut vec![0; len]).unwrap_err(),
+                wrong
+            );
+        }
+        assert_eq!(
+            view.write_prefix(1, PageId(3), &pattern(0, 25))
+                .unwrap_err(),
+            Error::BufferLength {
+                len: 25,
+                bytes_per_page: 24
+            }
+        );
+        assert_eq!(
+            view.write(1, PageId::NULL, &pattern(0, 24)).unwrap_err(),
+            Error::NullPage
+        );
+        // A view as wide as the pool's pages is the storage itself.
+        let full = PagePrefix::new(storage, width).unwrap();
+        full.write(0, PageId(6), &pattern(5, width)).unwrap();
+        storage.read(0, PageId(6), &mut whole).unwrap();
+        assert_eq!(whole, pattern(5, width));
+    }
+    let before = fake.device().stats();
+    let view = PagePrefix::new(&fake, 24).unwrap();
+    for page in 1..8 {
+        view.write(0, PageId(page), &pattern(page as u8, 24))
+            .unwrap();
+    }
+    let after = fake.device().stats();
+    assert_eq!(after.writes - before.writes, 7, "one transfer per write");
+    assert_eq!(
+        after.write_bytes - before.write_bytes,
+        7 * 24,
+        "only the prefixes crossed"
+    );
+    assert_eq!(after.reads, before.reads, "no read-modify-write");
+    assert!(fake.device().violations().is_empty());
 }
 
 /// A run of pages reads what the pages read one by one; a bad length, rank or range is an error.
@@ -458,12 +650,12 @@ fn fake_device_storage_round_trips_copies_and_errors() {
 
 /// Queues `n_pages` pages of `pattern(seed)` into pages `first..` of rank 0 and records their event; the
 /// caller keeps the returned staging until the stream ran.
-fn queue_pages(
-    storage: &DeviceStorage<FakeDevice>,
+fn queue_pages<D: Device>(
+    storage: &DeviceStorage<D>,
     first: u32,
     n_pages: u32,
     seed: u8,
-) -> super::FakePinned {
+) -> D::Pinned {
     let bytes_per_page = storage.bytes_per_page();
     let device = storage.device();
     let mut pinned = device
@@ -590,4 +782,86 @@ fn fake_device_storage_refuses_bad_runs_and_keeps_failed_pages_marked() {
     assert_eq!(storage.n_pending_pages(0), 0);
     assert!(device.violations().is_empty(), "{:?}", device.violations());
     drop(staging);
+}
+
+/// A held stream keeps what is queued after it queued, and the device says so (`n_pages_in_flight`): an
+/// access to one of those pages waits for the hold's drop, an access to another page does not; once
+/// released, nothing is in flight. A bad rank is an error (issue 36, leftover 2).
+fn check_stream_hold<D: Device>(storage: &Arc<DeviceStorage<D>>) {
+    let device = storage.device();
+    let hold = device.hold_stream(0).unwrap();
+    let staging = queue_pages(storage, 1, 3, 30);
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        storage.n_pages_in_flight(0).unwrap(),
+        3,
+        "held behind the hold"
+    );
+    assert_eq!(
+        storage.n_pages_in_flight(1).unwrap(),
+        0,
+        "another rank's stream"
+    );
+    storage.write(0, PageId(5), &pattern(5, 64)).unwrap();
+    let (sender, receiver) = mpsc::channel();
+    let reader = Arc::clone(storage);
+    let thread = std::thread::spawn(move || {
+        let mut buffer = vec![0; 64];
+        reader.read(0, PageId(2), &mut buffer).unwrap();
+        sender.send(buffer).unwrap();
+    });
+    assert_eq!(
+        receiver.recv_timeout(Duration::from_millis(50)),
+        Err(mpsc::RecvTimeoutError::Timeout),
+        "a read of a page behind the hold returned while held"
+    );
+    drop(hold);
+    assert_eq!(receiver.recv().unwrap(), pattern(31, 64));
+    thread.join().unwrap();
+    device.synchronize(0).unwrap();
+    assert_eq!(storage.n_pages_in_flight(0).unwrap(), 0);
+    assert_eq!(
+        storage.n_pages_in_flight(2).unwrap_err(),
+        Error::RankOutOfRange {
+            rank: 2,
+            n_ranks: 2
+        }
+    );
+    assert!(device.hold_stream(2).is_err());
+    drop(staging);
+}
+
+#[test]
+fn fake_device_stream_hold_keeps_transfers_queued_until_dropped() {
+    let storage = Arc::new(DeviceStorage::fake(2, 8, 64).unwrap());
+    check_stream_hold(&storage);
+    let device = storage.device();
+    assert_eq!(device.stats().transfers, 1);
+    assert!(device.violations().is_empty(), "{:?}", device.violations());
+    // A query the device cannot answer is an error, not a count.
+    let hold = device.hold_stream(0).unwrap();
+    let staging = queue_pages(&storage, 4, 1, 40);
+    device.inject(FakeFault::Query);
+    assert!(matches!(
+        storage.n_pages_in_flight(0).unwrap_err(),
+        Error::CudaFailed { .. }
+    ));
+    assert_eq!(storage.n_pages_in_flight(0).unwrap(), 1);
+    // A device dropped while held lets its streams go instead of hanging.
+    drop(staging);
+    drop(storage);
+    drop(hold);
+}
+
+#[test]
+fn cuda_stream_hold_keeps_transfers_queued_until_dropped() {
+    let Some(storage) = cuda_storage_or_skip(
+        "cuda_stream_hold_keeps_transfers_queued_until_dropped",
+        2,
+        8,
+        64,
+    ) else {
+        return;
+    };
+    check_stream_hold(&Arc::new(storage));
 }
