@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use engine::STOP_TOKEN;
-use llama::{ChatMessage, Tokenizer, gguf::Gguf};
+use llama::{ChatMessage, Gguf, Tokenizer};
 
 use super::api::Prompt;
 use super::error::ApiError;
