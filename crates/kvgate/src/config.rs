@@ -275,7 +275,7 @@ impl Default for StoreConfig {
             capacity_pages: 1 << 20,
             dir: None,
             url: None,
-            key_prefix: checkpoint_transfer::store::DEFAULT_KEY_PREFIX.to_string(),
+            key_prefix: checkpoint_transfer::DEFAULT_KEY_PREFIX.to_string(),
         }
     }
 }
@@ -538,7 +538,7 @@ impl EngineConfig {
     /// `store.url` parses as a Redis URL and is not given together with `store.dir`; `store.key_prefix` fits.
     fn check_store_url(&self) -> Result<()> {
         let prefix = &self.store.key_prefix;
-        if prefix.len() > checkpoint_transfer::store::KEY_PREFIX_BYTES_MAX
+        if prefix.len() > checkpoint_transfer::KEY_PREFIX_BYTES_MAX
             || prefix.chars().any(char::is_control)
         {
             return invalid(
