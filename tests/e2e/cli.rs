@@ -145,7 +145,7 @@ fn the_shipped_scenarios_run_from_the_command_line() {
 #[test]
 fn a_scenario_runs_on_every_model_preset_from_the_command_line() {
     let path = repo_root().join("tests/scenarios/restore_after_reset.json");
-    for preset in kvgate::config::MODEL_PRESETS {
+    for preset in kvgate::MODEL_PRESETS {
         let (ok, stdout, stderr) = kvgate(&[
             "scenario",
             path.to_str().unwrap(),

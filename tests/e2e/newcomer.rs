@@ -171,10 +171,7 @@ fn a_printed_config_reads_back_to_the_same_run() {
             vec!["--pool-pages", "300", "--seed", "4"],
         ),
     ];
-    for preset in kvgate::config::MODEL_PRESETS
-        .iter()
-        .chain(&["glm-like-moe"])
-    {
+    for preset in kvgate::MODEL_PRESETS.iter().chain(&["glm-like-moe"]) {
         cases.push((preset.to_string(), vec!["--preset", preset]));
     }
     for (name, args) in &cases {

@@ -4,7 +4,7 @@
 //! their consumer is admitted).
 
 use engine::{FallbackReason, Policy};
-use kvgate::config::MODEL_PRESETS;
+use kvgate::MODEL_PRESETS;
 use kvgate::run;
 use kvgate::workload::agents::AgentsSpec;
 

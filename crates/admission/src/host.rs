@@ -62,7 +62,7 @@ pub enum Admit {
 
 impl Admit {
     /// The request admitted.
-    pub fn request(&self) -> RequestId {
+    pub(crate) fn request(&self) -> RequestId {
         match *self {
             Admit::Cold { request, .. }
             | Admit::Ready { request }

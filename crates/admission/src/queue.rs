@@ -44,7 +44,8 @@ impl WaitingQueue {
     }
 
     /// Appends `request` (`priority` is ignored under FCFS) and returns its place. Errors if already queued.
-    pub fn push(&mut self, request: RequestId, priority: u32) -> Result<AdmissionOrder> {
+    #[cfg(test)]
+    pub(crate) fn push(&mut self, request: RequestId, priority: u32) -> Result<AdmissionOrder> {
         if self.orders.contains_key(&request) {
             return Err(Error::AlreadyQueued { request });
         }
@@ -91,7 +92,7 @@ impl WaitingQueue {
     }
 
     /// Moves `request`, keeping its place, to `other` (e.g. onto the ready-import list, or back from it).
-    pub fn move_to(
+    pub(crate) fn move_to(
         &mut self,
         request: RequestId,
         other: &mut WaitingQueue,
@@ -103,12 +104,12 @@ impl WaitingQueue {
     }
 
     /// `request`'s place, if it is queued.
-    pub fn order_of(&self, request: RequestId) -> Option<AdmissionOrder> {
+    pub(crate) fn order_of(&self, request: RequestId) -> Option<AdmissionOrder> {
         self.orders.get(&request).copied()
     }
 
     /// The request at `order`, if any.
-    pub fn get(&self, order: &AdmissionOrder) -> Option<RequestId> {
+    pub(crate) fn get(&self, order: &AdmissionOrder) -> Option<RequestId> {
         self.entries.get(order).copied()
     }
 
@@ -123,7 +124,7 @@ impl WaitingQueue {
     }
 
     /// The first queued request at or after `from`, in order.
-    pub fn next_from(&self, from: AdmissionOrder) -> Option<(AdmissionOrder, RequestId)> {
+    pub(crate) fn next_from(&self, from: AdmissionOrder) -> Option<(AdmissionOrder, RequestId)> {
         self.entries
             .range(from..)
             .next()
@@ -131,7 +132,7 @@ impl WaitingQueue {
     }
 
     /// The first queued request strictly after `after`, in order.
-    pub fn next_after(&self, after: AdmissionOrder) -> Option<(AdmissionOrder, RequestId)> {
+    pub(crate) fn next_after(&self, after: AdmissionOrder) -> Option<(AdmissionOrder, RequestId)> {
         use std::ops::Bound::{Excluded, Unbounded};
         self.entries
             .range((Excluded(after), Unbounded))

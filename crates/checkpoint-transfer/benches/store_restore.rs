@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use checkpoint_transfer::store::DEFAULT_KEY_PREFIX;
+use checkpoint_transfer::DEFAULT_KEY_PREFIX;
 use checkpoint_transfer::{
     Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, CheckpointStore,
     CopyEngine, CopyJob, CopyOutcome, HostStore, LayoutDescriptor, RankPages, RedisStore,

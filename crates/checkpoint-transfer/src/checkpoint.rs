@@ -14,7 +14,7 @@ use crate::layout::{LayoutDescriptor, groups_to_string};
 use crate::page_buf::RankPages;
 
 /// Longest checkpoint id accepted, in bytes (hex-encoded file names must stay under 255 bytes).
-pub const CHECKPOINT_ID_BYTES_MAX: usize = 100;
+pub(crate) const CHECKPOINT_ID_BYTES_MAX: usize = 100;
 
 /// Names a checkpoint in a store (for example a session id plus a turn). Any printable text; the disk store
 /// encodes it, so an id can never name a path outside the store's directory. Shared text: a store's indexes
@@ -119,7 +119,7 @@ pub struct PageSlot {
 impl PageSlot {
     /// The pages of one full-attention group (group 0) holding `n_tokens` tokens: every full page is keyed
     /// by its block, a trailing partial page is not.
-    pub fn full_attention(n_tokens: usize, tokens_per_page: usize) -> Vec<PageSlot> {
+    pub(crate) fn full_attention(n_tokens: usize, tokens_per_page: usize) -> Vec<PageSlot> {
         let n_full = n_tokens / tokens_per_page;
         let n_pages = n_tokens.div_ceil(tokens_per_page);
         (0..n_pages)
@@ -182,7 +182,7 @@ impl CheckpointMeta {
 
     /// As [`CheckpointMeta::full_attention`], with the block keys of `tokens`' full blocks already computed
     /// (an engine keeps them per request; hashing them again dominated a capture's cost).
-    pub fn full_attention_keyed(
+    pub(crate) fn full_attention_keyed(
         id: CheckpointId,
         generation: u64,
         kind: CheckpointKind,
@@ -243,7 +243,7 @@ impl CheckpointMeta {
     }
 
     /// Whether its token prefix is a prefix of the query's request (and not longer than it).
-    pub fn is_prefix_of(&self, query: &PrefixQuery<'_>) -> bool {
+    pub(crate) fn is_prefix_of(&self, query: &PrefixQuery<'_>) -> bool {
         let n_full = self.block_keys.len();
         let tail_start = n_full * self.layout.tokens_per_page as usize;
         self.n_tokens <= query.tokens.len()
@@ -259,7 +259,7 @@ impl CheckpointMeta {
     /// keyed pages of its live window at that boundary: a full group blocks `[0, n_blocks)`, a sliding-window
     /// group the blocks of its window plus retained tail, a chunked-local group those of the current chunk.
     /// Never for `n_blocks == 0` or more blocks than it has. Costs one pass over its pages.
-    pub fn restores_block_prefix(&self, n_blocks: usize) -> bool {
+    pub(crate) fn restores_block_prefix(&self, n_blocks: usize) -> bool {
         let tokens_per_page = self.layout.tokens_per_page as usize;
         if n_blocks == 0 || n_blocks > self.block_keys.len() || tokens_per_page == 0 {
             return false;
@@ -303,7 +303,7 @@ impl CheckpointMeta {
     }
 
     /// How many leading full blocks it shares with the query's request (block keys compared).
-    pub fn common_blocks(&self, query: &PrefixQuery<'_>) -> usize {
+    pub(crate) fn common_blocks(&self, query: &PrefixQuery<'_>) -> usize {
         self.block_keys
             .iter()
             .zip(query.block_keys)
@@ -365,7 +365,7 @@ impl CheckpointPayload {
     }
 
     /// `Ok` when it holds `meta.layout.n_ranks` ranks of `meta.pages.len()` pages of `bytes_per_page` bytes.
-    pub fn check_shape(&self, meta: &CheckpointMeta) -> Result<(), Invalid> {
+    pub(crate) fn check_shape(&self, meta: &CheckpointMeta) -> Result<(), Invalid> {
         let expected = meta.pages.len();
         if self.ranks.len() != meta.layout.n_ranks as usize {
             return Err(Invalid::PayloadShape {

@@ -38,7 +38,8 @@ impl LayoutDescriptor {
     /// own (`CheckpointMeta::restores_block_prefix`), as LMCache matches chunks. A recurrent group's state and
     /// an auxiliary group's pages (draft, hidden state) are valid only at exactly the boundary they were taken
     /// at, so a layout with one must restore whole checkpoints (`CheckpointStore::find_longest`).
-    pub fn is_attention_only(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_attention_only(&self) -> bool {
         self.groups.iter().all(|kind| {
             matches!(
                 kind,
@@ -49,7 +50,7 @@ impl LayoutDescriptor {
 
     /// `Ok` when a checkpoint written for `self` can be restored into an engine with layout `engine`;
     /// otherwise the first difference, in the order ranks, groups, page width, tokens per page.
-    pub fn check_matches(&self, engine: &LayoutDescriptor) -> Result<(), Mismatch> {
+    pub(crate) fn check_matches(&self, engine: &LayoutDescriptor) -> Result<(), Mismatch> {
         if self.n_ranks != engine.n_ranks {
             return Err(Mismatch::Ranks {
                 expected: engine.n_ranks,

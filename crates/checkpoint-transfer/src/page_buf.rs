@@ -174,7 +174,7 @@ impl RankPages {
 
     /// The pages `pages`, in order, each `bytes_per_page` long (the caller's to check: a shorter page shifts
     /// the ones after it).
-    pub fn from_pages<'a>(
+    pub(crate) fn from_pages<'a>(
         pages: impl IntoIterator<Item = &'a [u8]>,
         bytes_per_page: usize,
     ) -> RankPages {

@@ -237,7 +237,7 @@ impl Default for EngineParams {
             store_capacity_pages: 1 << 20,
             store_dir: None,
             store_url: None,
-            store_key_prefix: checkpoint_transfer::store::DEFAULT_KEY_PREFIX.to_string(),
+            store_key_prefix: checkpoint_transfer::DEFAULT_KEY_PREFIX.to_string(),
             sim_bytes_per_page: 32,
             cost,
             verify_restores: cfg!(any(debug_assertions, test)),

@@ -59,7 +59,8 @@ impl std::fmt::Display for GroupKind {
 
 impl GroupKind {
     /// Whether the group stores per-token attention state in pages (full, sliding window, chunked local).
-    pub fn is_attention(self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_attention(self) -> bool {
         matches!(
             self,
             GroupKind::Full | GroupKind::SlidingWindow { .. } | GroupKind::ChunkedLocal { .. }
@@ -245,7 +246,7 @@ impl Geometry {
     /// Pages group `group_idx` needs (per rank) to hold tokens `[start, end)` once `end` tokens are computed:
     /// a full group the whole span, a sliding/chunked group only the part of the span inside its live window
     /// at `end`, a recurrent group one state page and an auxiliary group its fixed pages (0 for an empty range).
-    pub fn group_pages_for_tokens(&self, group_idx: usize, start: u32, end: u32) -> u32 {
+    pub(crate) fn group_pages_for_tokens(&self, group_idx: usize, start: u32, end: u32) -> u32 {
         if end <= start {
             return 0;
         }

@@ -82,7 +82,7 @@ pub fn check_engines(n_engines: u32) -> Result<()> {
 }
 
 /// What [`check_memory`] allows (the limit is `EngineParams::POOL_MEMORY_BYTES_MAX`).
-pub const MEMORY_ALLOWED: &str = "engines whose pools, every policy's together, take at most 8589934592 bytes \
+pub(crate) const MEMORY_ALLOWED: &str = "engines whose pools, every policy's together, take at most 8589934592 bytes \
     (8 GiB) of page storage and bookkeeping, every page counted; lower --engines, --pool-pages (pool.pages) or \
     pool.sim_bytes_per_page, or run fewer policies (--policy; the oracle's pool holds max_running requests of \
     max_model_len tokens)";
@@ -136,7 +136,7 @@ pub struct ClusterSpec {
 /// inference repository's `loadgen/mlperf.conf`: `llama3_1-405b.Server.ttft_latency = 6000`,
 /// `*.Server.target_latency_percentile = 99`). The reports give the p99 and the lag themselves, so either
 /// objective can be read off them.
-pub const TTFT_SLO_P99_S: f64 = 10.0;
+pub(crate) const TTFT_SLO_P99_S: f64 = 10.0;
 
 /// The throughput a trace asks for at its own arrival times, what the cluster sustained, how far behind
 /// the last arrival it finished (`drain_s`, the lag), its p99 time to first token, and whether that meets

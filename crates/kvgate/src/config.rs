@@ -12,7 +12,9 @@ use crate::limits::{self, duration_s};
 
 mod presets;
 
-pub use presets::{MODEL_PRESETS, ModelPreset, model_preset};
+pub use presets::MODEL_PRESETS;
+
+pub(crate) use presets::model_preset;
 
 /// What `model.preset` may name: a cost preset or a model preset.
 const PRESETS_ALLOWED: &str = "one of small-8b-gpu, glm-like-moe (cost presets), glm-mla-hybrid, linear-hybrid, sliding-window (model presets)";
@@ -27,7 +29,7 @@ const MODEL_PRESET_FIELDS: [(&str, &str); 5] = [
 ];
 
 /// The environment variable that overrides `restore.max_wait_s` (contract W1).
-pub const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
+pub(crate) const RESTORE_MAX_WAIT_ENV: &str = "KVGATE_RESTORE_MAX_WAIT_S";
 
 /// The whole engine configuration. `EngineConfig::default()` is the embedded default.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -296,7 +298,7 @@ impl EngineConfig {
 
     /// `load`, remembering which fields the file set (`ConfigFile::sets`): a driver whose own default
     /// differs from a field's (the agents run's pool) uses it only where the file is silent.
-    pub fn load_file(path: &Path) -> Result<ConfigFile> {
+    pub(crate) fn load_file(path: &Path) -> Result<ConfigFile> {
         let shown = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {
             path: shown.clone(),
@@ -366,7 +368,10 @@ impl EngineConfig {
     /// says whether the parsed text set a field: a model preset sets the geometry and the drafts, so a
     /// text naming one and setting them too is ambiguous and refused, naming the field. A cost preset
     /// changes nothing.
-    pub fn with_model_preset(mut self, set: &dyn Fn(&str, &str) -> bool) -> Result<EngineConfig> {
+    pub(crate) fn with_model_preset(
+        mut self,
+        set: &dyn Fn(&str, &str) -> bool,
+    ) -> Result<EngineConfig> {
         let Some(preset) = model_preset(&self.model.preset) else {
             return Ok(self);
         };
@@ -406,7 +411,7 @@ impl EngineConfig {
     }
 
     /// The cost preset `model.preset` names (itself, or the cost preset of a model preset).
-    pub fn cost_preset(&self) -> &str {
+    pub(crate) fn cost_preset(&self) -> &str {
         model_preset(&self.model.preset).map_or(self.model.preset.as_str(), |preset| preset.cost)
     }
 
@@ -425,7 +430,7 @@ impl EngineConfig {
 
     /// This config with `restore.max_wait_s` set from `value`, the text of `KVGATE_RESTORE_MAX_WAIT_S`: a number
     /// of seconds from 0 to 1e9 (surrounding spaces allowed).
-    pub fn with_restore_max_wait_env(mut self, value: &str) -> Result<EngineConfig> {
+    pub(crate) fn with_restore_max_wait_env(mut self, value: &str) -> Result<EngineConfig> {
         let bad = |allowed| Error::Env {
             name: RESTORE_MAX_WAIT_ENV,
             value: value.to_string(),
@@ -546,7 +551,7 @@ impl EngineConfig {
     /// `store.url` parses as a Redis URL and is not given together with `store.dir`; `store.key_prefix` fits.
     fn check_store_url(&self) -> Result<()> {
         let prefix = &self.store.key_prefix;
-        if prefix.len() > checkpoint_transfer::store::KEY_PREFIX_BYTES_MAX
+        if prefix.len() > checkpoint_transfer::KEY_PREFIX_BYTES_MAX
             || prefix.chars().any(char::is_control)
         {
             return invalid(
@@ -654,7 +659,7 @@ impl EngineConfig {
     /// This config for the engine of `policy` when several engines run at once: its disk store, if any, in
     /// the subdirectory `<store.dir>/<policy>`, so no two engines share a directory, and its Redis keys under
     /// `<store.key_prefix><policy>:`, so no engine restores another policy's checkpoints.
-    pub fn for_one_of_several(&self, policy: Policy) -> EngineConfig {
+    pub(crate) fn for_one_of_several(&self, policy: Policy) -> EngineConfig {
         let mut config = self.clone();
         if let Some(dir) = &mut config.store.dir {
             dir.push(policy.name());
@@ -802,7 +807,7 @@ impl EngineConfig {
 
 /// A config file as loaded: the config, and which fields the file set.
 #[derive(Clone, Debug)]
-pub struct ConfigFile {
+pub(crate) struct ConfigFile {
     /// The config (validated, the environment override applied).
     pub config: EngineConfig,
     /// The file's text as a table.
@@ -811,7 +816,7 @@ pub struct ConfigFile {
 
 impl ConfigFile {
     /// Whether the file set field `key` of `section` (a field left out takes its default).
-    pub fn sets(&self, section: &str, key: &str) -> bool {
+    pub(crate) fn sets(&self, section: &str, key: &str) -> bool {
         table_sets(&self.table, section, key)
     }
 }

@@ -24,7 +24,7 @@
 //! engine.submit(RequestSpec::new(1, first_prompt.clone(), 16, Timestamp::ZERO))?;
 //! while !engine.is_idle() {
 //!     let report = engine.step()?;
-//!     kvgate::Observer::step(&mut metrics, &engine, &report);
+//!     kvgate::run::Observer::step(&mut metrics, &engine, &report);
 //!     for done in engine.take_finished() {
 //!         if done.id.get() == 1 {
 //!             // The next turn: the whole context so far and 50 new tokens, a second of think time later.
@@ -49,7 +49,7 @@
 
 mod builder;
 pub mod cluster;
-pub mod config;
+mod config;
 mod error;
 pub mod fidelity;
 pub mod limits;
@@ -66,10 +66,12 @@ pub mod setup;
 pub mod workload;
 
 pub use builder::EngineBuilder;
-pub use config::{ConfigFile, EngineConfig};
+pub use config::{
+    EngineConfig, GroupConfig, MODEL_PRESETS, ModelConfig, PoolConfig, RestoreConfig,
+    SchedulerConfig, StoreConfig,
+};
 pub use error::{Error, Result};
 pub use prometheus_client::registry::Registry;
-pub use run::Observer;
 
 pub use checkpoint_transfer::{
     CheckpointStore, DiskStore, Error as TransferError, Fault, HostStore, RedisStore, SharedStore,

@@ -12,44 +12,44 @@ pub const SECONDS_MAX: f64 = 1e9;
 
 /// Longest context in tokens (`model.max_model_len`) at most, and so the longest prompt any input may ask
 /// for: 16 Mi tokens.
-pub const MODEL_LEN_MAX: u32 = 1 << 24;
+pub(crate) const MODEL_LEN_MAX: u32 = 1 << 24;
 
 /// Sessions of an agents run at most. Every session's whole context is held in memory by the driver and by
 /// the engine of each policy, which run side by side: 100 000 one-turn sessions under the four policies took
 /// 50 s and 5.8 GB on a 2-core machine.
-pub const AGENTS_MAX: u32 = 100_000;
+pub(crate) const AGENTS_MAX: u32 = 100_000;
 
 /// Turns of an agents run at most, all sessions together (`n_agents * turns`).
-pub const AGENT_TURNS_TOTAL_MAX: u64 = 100_000;
+pub(crate) const AGENT_TURNS_TOTAL_MAX: u64 = 100_000;
 
 /// Sessions of a live agents run (`--executor reference`) at most: the reference model computes every token
 /// on the CPU, so a live run is sized for minutes (1 600 one-turn sessions took 94 s a policy on a 2-core
 /// machine, 100 took 3 s).
-pub const LIVE_AGENTS_MAX: u32 = 256;
+pub(crate) const LIVE_AGENTS_MAX: u32 = 256;
 
 /// Turns of a live agents run at most, all sessions together (`n_agents * turns`; the default live run has
 /// 64).
-pub const LIVE_AGENT_TURNS_TOTAL_MAX: u64 = 1_024;
+pub(crate) const LIVE_AGENT_TURNS_TOTAL_MAX: u64 = 1_024;
 
 /// Steps of a scenario at most (`max_steps`): every step is a record of the trace it prints.
-pub const SCENARIO_STEPS_MAX: u32 = 1_000_000;
+pub(crate) const SCENARIO_STEPS_MAX: u32 = 1_000_000;
 
 /// Bytes of one trace line at most (1 MiB, the hash ids of an 8 Mi-token prompt); a longer line is refused
 /// before it is read whole.
-pub const TRACE_LINE_BYTES_MAX: usize = 1 << 20;
+pub(crate) const TRACE_LINE_BYTES_MAX: usize = 1 << 20;
 
 /// Engines of a cluster replay (`--engines`) at most: each holds its own pool and page storage, all stepped
 /// on one thread.
-pub const ENGINES_MAX: u32 = 64;
+pub(crate) const ENGINES_MAX: u32 = 64;
 
 /// `--time-scale` of a replay at most.
-pub const TIME_SCALE_MAX: f64 = 1e6;
+pub(crate) const TIME_SCALE_MAX: f64 = 1e6;
 
 /// What [`duration_s`] allows for a time that may be zero.
-pub const SECONDS_ALLOWED: &str = "a number of seconds from 0 to 1e9";
+pub(crate) const SECONDS_ALLOWED: &str = "a number of seconds from 0 to 1e9";
 
 /// What [`duration_s`] allows for a time that must be positive.
-pub const POSITIVE_SECONDS_ALLOWED: &str = "a number of seconds above 0, at most 1e9";
+pub(crate) const POSITIVE_SECONDS_ALLOWED: &str = "a number of seconds above 0, at most 1e9";
 
 /// `value` seconds as a `Duration`, when it is a finite number from 0 (above 0 when `positive`) to
 /// [`SECONDS_MAX`]; otherwise what is allowed ([`SECONDS_ALLOWED`] or [`POSITIVE_SECONDS_ALLOWED`]), for the

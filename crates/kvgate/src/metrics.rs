@@ -21,20 +21,21 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-pub use self::exposition::{Format, encode, negotiate};
+pub use self::exposition::{Format, encode};
+
 pub use self::http::{MetricsServer, serve};
 use crate::run::Observer;
 
 /// Series of one engine.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PolicyLabels {
+pub(crate) struct PolicyLabels {
     /// The engine's admission policy.
     pub policy: String,
 }
 
 /// Restore fallbacks of one engine by reason (`FallbackReason::name`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
+pub(crate) struct ReasonLabels {
     /// The engine's admission policy.
     pub policy: String,
     /// Why the restore fell back.
@@ -43,7 +44,7 @@ pub struct ReasonLabels {
 
 /// Prompt tokens of one engine by source: `local_hit`, `restored`, `recomputed`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceLabels {
+pub(crate) struct SourceLabels {
     /// The engine's admission policy.
     pub policy: String,
     /// Where the tokens came from.
@@ -52,7 +53,7 @@ pub struct SourceLabels {
 
 /// Pool pages of one engine by state: `free`, `credits` (free pages protected by credits), `owned_imports`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
+pub(crate) struct StateLabels {
     /// The engine's admission policy.
     pub policy: String,
     /// The pages' state.

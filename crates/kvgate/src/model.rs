@@ -51,14 +51,14 @@ impl VerifyTime {
 /// The wall clock less the time spent verifying restores: a live run's turn times without `--verify`'s
 /// recompute (which runs on the engine thread and would otherwise be charged to every turn in flight).
 #[derive(Debug)]
-pub struct VerifyExcludedClock {
+pub(crate) struct VerifyExcludedClock {
     start: Instant,
     verify: VerifyTime,
 }
 
 impl VerifyExcludedClock {
     /// A clock reading zero now that leaves out what `verify` records from now on.
-    pub fn new(verify: VerifyTime) -> VerifyExcludedClock {
+    pub(crate) fn new(verify: VerifyTime) -> VerifyExcludedClock {
         #[allow(
             clippy::disallowed_methods,
             reason = "a live run's clock reads real time (L1)"
@@ -119,11 +119,11 @@ pub struct Sampling {
 /// entry at submit and removes it when the request ends) and the executor; a request without an entry is
 /// greedy.
 #[derive(Clone, Debug, Default)]
-pub struct SamplingTable(Arc<Mutex<HashMap<kv_pool::RequestId, Sampling>>>);
+pub(crate) struct SamplingTable(Arc<Mutex<HashMap<kv_pool::RequestId, Sampling>>>);
 
 impl SamplingTable {
     /// Sets `request`'s sampling.
-    pub fn set(&self, request: kv_pool::RequestId, sampling: Sampling) {
+    pub(crate) fn set(&self, request: kv_pool::RequestId, sampling: Sampling) {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -131,7 +131,7 @@ impl SamplingTable {
     }
 
     /// Forgets `request` (it ended).
-    pub fn remove(&self, request: kv_pool::RequestId) {
+    pub(crate) fn remove(&self, request: kv_pool::RequestId) {
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -139,12 +139,14 @@ impl SamplingTable {
     }
 
     /// Requests with an entry.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
     }
 
     /// Whether no request has an entry.
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
@@ -348,7 +350,7 @@ impl ModelExecutor {
 
     /// This executor, picking each request's tokens as `sampling` says (greedy without an entry).
     #[must_use]
-    pub fn with_sampling(mut self, sampling: SamplingTable) -> ModelExecutor {
+    pub(crate) fn with_sampling(mut self, sampling: SamplingTable) -> ModelExecutor {
         self.sampling = sampling;
         self
     }
@@ -356,11 +358,6 @@ impl ModelExecutor {
     /// Steps executed so far.
     pub fn steps(&self) -> u64 {
         self.steps
-    }
-
-    /// Wall time spent verifying restores so far.
-    pub fn verify_time(&self) -> Duration {
-        self.verify.total()
     }
 
     /// Runs `works` in waves: an entry that reads a page an earlier entry of its wave writes (a block
@@ -637,13 +634,8 @@ pub struct VerifyTimed<E> {
 
 impl<E: Executor> VerifyTimed<E> {
     /// `inner`, recording its verification time into `verify`.
-    pub fn new(inner: E, verify: VerifyTime) -> VerifyTimed<E> {
+    pub(crate) fn new(inner: E, verify: VerifyTime) -> VerifyTimed<E> {
         VerifyTimed { inner, verify }
-    }
-
-    /// The wrapped executor.
-    pub fn inner(&self) -> &E {
-        &self.inner
     }
 }
 

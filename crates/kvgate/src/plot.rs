@@ -99,7 +99,8 @@ impl Timeline {
 
     /// Prompt tokens from cache and prompt tokens over every finished turn: what the table's "prompt tokens
     /// from cache" divides.
-    pub fn cached_and_prompt_tokens(&self) -> (u64, u64) {
+    #[cfg(test)]
+    pub(crate) fn cached_and_prompt_tokens(&self) -> (u64, u64) {
         self.turns.iter().fold((0, 0), |(cached, prompt), point| {
             (
                 cached + u64::from(point.cached_tokens),
@@ -109,12 +110,14 @@ impl Timeline {
     }
 
     /// Turn times (arrival to finish) of the finished requests, in seconds, in the order they finished.
-    pub fn turn_times_s(&self) -> Vec<f64> {
+    #[cfg(test)]
+    pub(crate) fn turn_times_s(&self) -> Vec<f64> {
         self.turns.iter().map(|point| point.turn_s).collect()
     }
 
     /// The most capacity waiters after any step.
-    pub fn peak_capacity_waiters(&self) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn peak_capacity_waiters(&self) -> u32 {
         self.samples
             .iter()
             .map(|sample| sample.capacity_waiters)

@@ -198,7 +198,7 @@ fn kept_up(run: &RunMetrics, last_arrival_s: f64) -> (bool, f64) {
 }
 
 /// [`replay_keep_up`] for machines: `{policy: {"kept_up", "drain_s"}}`.
-pub fn replay_keep_up_json(runs: &[RunMetrics], last_arrival_s: f64) -> Value {
+pub(crate) fn replay_keep_up_json(runs: &[RunMetrics], last_arrival_s: f64) -> Value {
     let by_policy: Map<String, Value> = runs
         .iter()
         .map(|run| {

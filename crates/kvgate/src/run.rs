@@ -35,7 +35,7 @@ pub trait Observer<E: Executor = SimExecutor> {
 
 /// An observer that does nothing.
 #[derive(Debug, Default)]
-pub struct NoObserver;
+pub(crate) struct NoObserver;
 
 impl<E: Executor> Observer<E> for NoObserver {
     fn step(&mut self, _engine: &Engine<E>, _report: &StepReport) {}
@@ -433,7 +433,7 @@ pub(crate) fn submit_keyed_or_reject(engine: &mut Engine, request: KeyedRequest)
 /// their last turns while any one session still fits with its continuation. The page count follows the
 /// model's page width (`AGENTS_POOL_TOKENS_PER_RANK / tokens_per_page`): every GPU of a model brings the same
 /// memory, so a model on more context-parallel ranks has a pool of as many more tokens.
-pub const AGENTS_POOL_TOKENS_PER_RANK: u32 = 16_384;
+pub(crate) const AGENTS_POOL_TOKENS_PER_RANK: u32 = 16_384;
 
 /// The seed of an agents run's token streams (`AgentsSpec::seed`): the engine config's seed plus one.
 pub fn agents_seed(config: &EngineConfig) -> u64 {
@@ -478,14 +478,11 @@ mod store;
 #[cfg(test)]
 mod tests;
 
-pub use live::{
-    LIVE_MAX_MODEL_LEN, LIVE_MAX_RUNNING, LIVE_POOL_PAGES, LIVE_SLIDING_WINDOW_TOKENS,
-    LiveReference, check_live_geometry, live_agents_spec, live_params, live_pool_pages,
-    reference_model, run_agents_live, run_agents_live_observed,
-};
+pub(crate) use live::{check_live_geometry, live_agents_spec, live_params, live_pool_pages};
+
+pub use live::{LiveReference, reference_model, run_agents_live_observed};
 pub use live_model::{
-    ChatRun, ChatSpec, MODEL_AGENTS_MAX, MODEL_ANSWER_TOKENS_MAX, MODEL_MAX_MODEL_LEN,
-    MODEL_MAX_RUNNING, MODEL_POOL_PAGES, MODEL_TURNS_MAX, SYSTEM_PROMPT, extend_chat, first_prompt,
-    model_params, run_chats_live,
+    ChatSpec, MODEL_POOL_PAGES, extend_chat, first_prompt, model_params, run_chats_live,
 };
-pub use store::{StoreAtStart, describe_stores, store_at_start};
+pub use store::StoreAtStart;
+pub use store::{describe_stores, store_at_start};

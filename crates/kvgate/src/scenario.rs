@@ -182,14 +182,9 @@ fn default_max_steps() -> u32 {
     10_000
 }
 
-/// Reads a scenario file, runs it and returns the trace as pretty JSON. `KVGATE_RESTORE_MAX_WAIT_S` overrides
-/// the file's `restore.max_wait_s`, as it overrides a config file's.
-pub fn run_file(path: &Path) -> Result<String> {
-    run_file_with_preset(path, None)
-}
-
-/// `run_file`, with preset `preset` (a cost or model preset, as `--preset` gives it) replacing the file's
-/// model when one is given.
+/// Reads a scenario file, runs it and returns the trace as pretty JSON, with preset `preset` (a cost or model
+/// preset, as `--preset` gives it) replacing the file's model when one is given. `KVGATE_RESTORE_MAX_WAIT_S`
+/// overrides the file's `restore.max_wait_s`, as it overrides a config file's.
 pub fn run_file_with_preset(path: &Path, preset: Option<&str>) -> Result<String> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|source| Error::ReadFile {

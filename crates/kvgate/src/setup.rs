@@ -129,7 +129,7 @@ pub fn stores_at_start(config: &EngineConfig, policies: &[Policy]) -> Result<Sto
 }
 
 /// The stores of a report's JSON: each policy's store.
-pub fn stores_json(stores: &[(String, StoreAtStart)]) -> Value {
+pub(crate) fn stores_json(stores: &[(String, StoreAtStart)]) -> Value {
     let by_policy: serde_json::Map<String, Value> = stores
         .iter()
         .map(|(policy, store)| (policy.clone(), json!(store)))

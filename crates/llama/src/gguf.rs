@@ -45,7 +45,7 @@ pub enum Value {
 
 impl Value {
     /// The value as an unsigned integer, when it is a non-negative integer of any width.
-    pub fn as_u64(&self) -> Option<u64> {
+    pub(crate) fn as_u64(&self) -> Option<u64> {
         match *self {
             Value::U8(v) => Some(u64::from(v)),
             Value::U16(v) => Some(u64::from(v)),
@@ -60,7 +60,7 @@ impl Value {
     }
 
     /// The value as a float, when it is a float.
-    pub fn as_f32(&self) -> Option<f32> {
+    pub(crate) fn as_f32(&self) -> Option<f32> {
         match *self {
             Value::F32(v) => Some(v),
             Value::F64(v) => Some(v as f32),
@@ -89,20 +89,19 @@ impl Value {
 
 /// A GGML element type: its id in the file, name, and block geometry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GgmlType {
-    pub id: u32,
-    pub name: &'static str,
+pub(crate) struct GgmlType {
+    pub(crate) id: u32,
+    pub(crate) name: &'static str,
     /// Elements per block.
-    pub block: u64,
+    pub(crate) block: u64,
     /// Bytes per block.
-    pub block_bytes: u64,
+    pub(crate) block_bytes: u64,
 }
 
 impl GgmlType {
-    pub const F32: u32 = 0;
-    pub const F16: u32 = 1;
-    pub const Q4_1: u32 = 3;
-    pub const Q8_0: u32 = 8;
+    pub(crate) const F32: u32 = 0;
+    pub(crate) const Q4_1: u32 = 3;
+    pub(crate) const Q8_0: u32 = 8;
 
     /// The types whose sizes this reader knows (llama.cpp's `ggml_type` table).
     const KNOWN: &[(u32, &str, u64, u64)] = &[
@@ -129,7 +128,7 @@ impl GgmlType {
     ];
 
     /// The type of id `id`, if known.
-    pub fn from_id(id: u32) -> Option<GgmlType> {
+    pub(crate) fn from_id(id: u32) -> Option<GgmlType> {
         GgmlType::KNOWN
             .iter()
             .find(|t| t.0 == id)
@@ -144,29 +143,21 @@ impl GgmlType {
 
 /// One tensor's description and where its data lies in the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TensorInfo {
-    pub name: String,
+pub(crate) struct TensorInfo {
+    pub(crate) name: String,
     /// Dimensions, innermost (contiguous) first, as GGML writes them.
-    pub dims: Vec<u64>,
-    pub ty: GgmlType,
+    pub(crate) dims: Vec<u64>,
+    pub(crate) ty: GgmlType,
     /// Byte range of the data in the file.
-    pub start: u64,
-    pub len: u64,
-}
-
-impl TensorInfo {
-    /// Number of elements.
-    pub fn elements(&self) -> u64 {
-        self.dims.iter().product()
-    }
+    pub(crate) start: u64,
+    pub(crate) len: u64,
 }
 
 /// A parsed GGUF file: its metadata and tensor infos, every tensor's data checked to lie in the file.
 #[derive(Debug)]
 pub struct Gguf {
-    pub version: u32,
-    pub metadata: HashMap<String, Value>,
-    pub tensors: Vec<TensorInfo>,
+    pub(crate) metadata: HashMap<String, Value>,
+    pub(crate) tensors: Vec<TensorInfo>,
 }
 
 impl Gguf {
@@ -202,15 +193,11 @@ impl Gguf {
             .map(|raw| locate(raw, data_start, alignment, file_len))
             .collect::<LlamaResult<Vec<_>>>()?;
         check_distinct(&tensors)?;
-        Ok(Gguf {
-            version,
-            metadata,
-            tensors,
-        })
+        Ok(Gguf { metadata, tensors })
     }
 
     /// The metadata value of `key`.
-    pub fn get(&self, key: &str) -> LlamaResult<&Value> {
+    pub(crate) fn get(&self, key: &str) -> LlamaResult<&Value> {
         self.metadata.get(key).ok_or_else(|| LlamaError::Metadata {
             key: key.into(),
             problem: "missing".into(),
@@ -218,7 +205,7 @@ impl Gguf {
     }
 
     /// The unsigned integer of `key`.
-    pub fn get_u64(&self, key: &str) -> LlamaResult<u64> {
+    pub(crate) fn get_u64(&self, key: &str) -> LlamaResult<u64> {
         let value = self.get(key)?;
         value.as_u64().ok_or_else(|| LlamaError::Metadata {
             key: key.into(),
@@ -230,7 +217,7 @@ impl Gguf {
     }
 
     /// The float of `key`.
-    pub fn get_f32(&self, key: &str) -> LlamaResult<f32> {
+    pub(crate) fn get_f32(&self, key: &str) -> LlamaResult<f32> {
         let value = self.get(key)?;
         value.as_f32().ok_or_else(|| LlamaError::Metadata {
             key: key.into(),
@@ -239,7 +226,7 @@ impl Gguf {
     }
 
     /// The string of `key`.
-    pub fn get_str(&self, key: &str) -> LlamaResult<&str> {
+    pub(crate) fn get_str(&self, key: &str) -> LlamaResult<&str> {
         match self.get(key)? {
             Value::String(s) => Ok(s),
             other => Err(LlamaError::Metadata {
@@ -261,7 +248,7 @@ impl Gguf {
     }
 
     /// The tensor named `name`.
-    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+    pub(crate) fn tensor(&self, name: &str) -> Option<&TensorInfo> {
         self.tensors.iter().find(|t| t.name == name)
     }
 }

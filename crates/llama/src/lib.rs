@@ -1,7 +1,7 @@
 //! A real model for the engine: SmolLM2-135M-Instruct (Llama architecture, Q4_1 weights in GGUF), with its
 //! own tokenizer and chat template, checked against llama.cpp on the same file (`docs/model.md`).
 //!
-//! - [`gguf`]: the container, read with every stated size checked against the file (hostile files are
+//! - [`Gguf`]: the container, read with every stated size checked against the file (hostile files are
 //!   errors, never panics or allocations of the size they claim).
 //! - [`Llama`]: hyperparameters from the file, Q4_1 and Q8_0 weights, the forward pass (RMSNorm, rotary
 //!   attention with grouped KV heads, SwiGLU, tied embeddings) batched over sequences and parallel with
@@ -19,10 +19,9 @@
 //! into passes, or on the thread count. The rotary angles use the platform's `sin` and `cos`, so the
 //! guarantee holds on one machine.
 
-pub mod gguf;
-
 mod error;
 mod generate;
+mod gguf;
 mod kernels;
 mod kv;
 mod model;
@@ -33,6 +32,7 @@ mod tokenizer;
 
 pub use error::{LlamaError, LlamaResult};
 pub use generate::{Generation, generate_greedy};
+pub use gguf::{Gguf, Value};
 pub use kernels::argmax;
 pub use kv::{ContiguousKv, KvStore};
 pub use model::{Entry, Llama, LlamaConfig};

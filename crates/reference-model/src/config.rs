@@ -121,7 +121,7 @@ pub enum LocalWindow {
 
 impl LocalWindow {
     /// The first key the query at `pos` attends to.
-    pub fn first_key(self, pos: usize) -> usize {
+    pub(crate) fn first_key(self, pos: usize) -> usize {
         match self {
             LocalWindow::Sliding { window_tokens } => pos.saturating_sub(window_tokens as usize),
             LocalWindow::Chunked { chunk_tokens } => {
@@ -233,7 +233,7 @@ impl ReferenceConfig {
     }
 
     /// Width of one layer's heads together (`n_heads * head_dim`).
-    pub fn inner_dim(&self) -> usize {
+    pub(crate) fn inner_dim(&self) -> usize {
         self.n_heads as usize * self.head_dim as usize
     }
 

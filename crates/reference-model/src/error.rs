@@ -5,7 +5,7 @@
 use kv_pool::PageId;
 
 /// Result of reference model operations.
-pub type ModelResult<T> = std::result::Result<T, ModelError>;
+pub(crate) type ModelResult<T> = std::result::Result<T, ModelError>;
 
 /// Everything the reference model can refuse or fail at.
 #[derive(Debug, thiserror::Error)]

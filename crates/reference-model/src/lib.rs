@@ -31,7 +31,8 @@ mod weights;
 mod tests;
 
 pub use config::{LocalAttention, LocalWindow, ReferenceConfig};
-pub use error::{ModelError, ModelResult};
+pub use error::ModelError;
+use error::ModelResult;
 
 use kv_pool::{PageId, PageStorage};
 use rayon::prelude::*;

@@ -15,7 +15,7 @@ pub struct LedgerConfig {
 
 impl LedgerConfig {
     /// The default bounded wait: 60 s.
-    pub const DEFAULT_RESTORE_MAX_WAIT: Duration = Duration::from_secs(60);
+    pub(crate) const DEFAULT_RESTORE_MAX_WAIT: Duration = Duration::from_secs(60);
     /// A config with `max_running_slots` and the default 60 s wait.
     pub fn new(max_running_slots: u32) -> LedgerConfig {
         LedgerConfig {
@@ -41,7 +41,7 @@ pub struct Preflight {
 
 impl Preflight {
     /// Pages of the watermark that apply: `watermark_pages` while other work is scheduled, else 0.
-    pub fn applied_watermark_pages(&self) -> u32 {
+    pub(crate) fn applied_watermark_pages(&self) -> u32 {
         if self.other_work_scheduled {
             self.watermark_pages
         } else {

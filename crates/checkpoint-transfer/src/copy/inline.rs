@@ -124,7 +124,7 @@ impl InlineCopyEngine {
     }
 
     /// Injects a fault (see `Fault`).
-    pub fn inject(&mut self, fault: Fault) {
+    pub(crate) fn inject(&mut self, fault: Fault) {
         match fault {
             Fault::FailNext { .. } | Fault::DelayNext { .. } | Fault::CorruptNext { .. } => {
                 self.next_on_rank.push(fault);
@@ -158,7 +158,8 @@ impl InlineCopyEngine {
     }
 
     /// Ids of the jobs in flight, in submission order.
-    pub fn in_flight_jobs(&self) -> Vec<CopyJobId> {
+    #[cfg(test)]
+    pub(crate) fn in_flight_jobs(&self) -> Vec<CopyJobId> {
         self.in_flight.keys().copied().collect()
     }
 

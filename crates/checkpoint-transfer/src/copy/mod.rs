@@ -18,7 +18,7 @@ use kv_pool::Timestamp;
 
 pub use cuda::{CudaCopyEngine, DeviceCopyEngine, StagingLimits};
 pub use inline::{CopyModel, Fault, InlineCopyEngine};
-pub use reordering::{REORDER_DELAY_POLLS_MAX, ReorderingCopyEngine};
+pub use reordering::ReorderingCopyEngine;
 pub use threaded::ThreadedCopyEngine;
 
 use crate::error::{Error, Result};
@@ -26,7 +26,7 @@ use crate::page_buf::PageBuf;
 
 /// Identifies one submitted copy job within its engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CopyJobId(pub u64);
+pub struct CopyJobId(pub(crate) u64);
 
 /// One copy job: the restore of one rank, each store buffer written to its pool page.
 #[derive(Clone, Debug)]

@@ -27,7 +27,7 @@ use crate::copy::{
 use crate::error::{Error, Result};
 
 /// The most polls a job waits before it starts, and again before its completion is reported.
-pub const REORDER_DELAY_POLLS_MAX: u64 = 6;
+pub(crate) const REORDER_DELAY_POLLS_MAX: u64 = 6;
 
 /// The most violations kept (the first ones say what went wrong).
 const VIOLATIONS_KEPT: usize = 32;
@@ -105,11 +105,6 @@ impl ReorderingCopyEngine {
             fail_next: Vec::new(),
             violations: Vec::new(),
         })
-    }
-
-    /// Polls seen so far.
-    pub fn polls(&self) -> u64 {
-        self.polls
     }
 
     /// splitmix64.

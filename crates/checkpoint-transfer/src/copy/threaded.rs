@@ -83,11 +83,6 @@ impl ThreadedCopyEngine {
         })
     }
 
-    /// Worker threads.
-    pub fn n_workers(&self) -> usize {
-        self.workers.len()
-    }
-
     fn observed(&mut self, completion: &CopyCompletion) {
         self.in_flight.remove(&completion.job);
         self.cancel_flags.remove(&completion.job);

@@ -35,9 +35,11 @@ use foldhash::HashMap;
 use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId, PagePool};
 
+#[cfg(test)]
+pub(crate) use types::LookupBudget;
 pub use types::{
-    AcquiredImport, CancelOutcome, ImportEvent, ImportId, ImportState, LookupBudget,
-    RESTORE_LOOKUPS_MAX, StageRequest,
+    AcquiredImport, CancelOutcome, ImportEvent, ImportId, ImportState, RESTORE_LOOKUPS_MAX,
+    StageRequest,
 };
 
 use crate::checkpoint::{CheckpointMeta, PrefixQuery};
@@ -123,7 +125,8 @@ impl ResidentIndex {
     }
 
     /// Whether the request's import is published and not yet acquired.
-    pub fn is_ready(&self, request: RequestId) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_ready(&self, request: RequestId) -> bool {
         self.state(request) == Some(ImportState::Published)
     }
 
@@ -151,7 +154,7 @@ impl ResidentIndex {
     }
 
     /// Ready imports (published, owned, not yet acquired).
-    pub fn n_owned(&self) -> usize {
+    pub(crate) fn n_owned(&self) -> usize {
         self.imports
             .values()
             .filter(|import| import.state == ImportState::Published)

@@ -33,7 +33,7 @@ impl ResidentIndex {
     /// Applies copy completions: a finished restore job is its rank's acknowledgement; the last one
     /// publishes (O2); a failure discards after the other ranks drain (O7); a cancelled import is discarded
     /// once drained (O5). Completions of jobs the index does not know are ignored.
-    pub fn apply_completions(
+    pub(crate) fn apply_completions(
         &mut self,
         pool: &mut PagePool,
         copies: &mut dyn CopyEngine,

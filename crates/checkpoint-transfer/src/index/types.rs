@@ -14,7 +14,7 @@ pub const RESTORE_LOOKUPS_MAX: u32 = 4;
 /// Identifies one import for its whole life; never reused, so a request that reuses an id never inherits
 /// an older import's state (O5).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ImportId(pub u64);
+pub struct ImportId(pub(crate) u64);
 
 /// Where an import is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -143,19 +143,21 @@ pub enum CancelOutcome {
 
 /// Counts the store lookups of one restore (O7): the first lookup and at most `RESTORE_LOOKUPS_MAX - 1`
 /// retries of shorter checkpoints, then recompute.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LookupBudget {
+pub(crate) struct LookupBudget {
     n_used: u32,
 }
 
+#[cfg(test)]
 impl LookupBudget {
     /// A budget with no lookup used.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Takes one lookup; `false` (taking nothing) when all are used: recompute.
-    pub fn try_take(&mut self) -> bool {
+    pub(crate) fn try_take(&mut self) -> bool {
         if self.n_used >= RESTORE_LOOKUPS_MAX {
             return false;
         }
@@ -164,7 +166,7 @@ impl LookupBudget {
     }
 
     /// Lookups used.
-    pub fn n_used(&self) -> u32 {
+    pub(crate) fn n_used(&self) -> u32 {
         self.n_used
     }
 }

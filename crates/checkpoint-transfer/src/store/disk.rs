@@ -34,7 +34,7 @@ const EVICTED_NAMED_MAX: usize = 8;
 
 /// A file found at open that was not loaded, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RejectedFile {
+pub(crate) struct RejectedFile {
     /// The file.
     pub path: PathBuf,
     /// Why it was not loaded.
@@ -92,23 +92,25 @@ impl DiskStore {
 
     /// Files found at open that were not loaded (truncated, corrupted, foreign, wrong version, not a
     /// regular file).
-    pub fn rejected(&self) -> &[RejectedFile] {
+    #[cfg(test)]
+    pub(crate) fn rejected(&self) -> &[RejectedFile] {
         &self.rejected
     }
 
     /// Checkpoints deleted at open because the directory held more than the capacity (or one alone was
     /// larger than it), least recently written first.
-    pub fn evicted_at_open(&self) -> &[CheckpointId] {
+    #[cfg(test)]
+    pub(crate) fn evicted_at_open(&self) -> &[CheckpointId] {
         &self.evicted_at_open
     }
 
     /// Path of the manifest of `id`.
-    pub fn manifest_path(&self, id: &CheckpointId) -> PathBuf {
+    pub(crate) fn manifest_path(&self, id: &CheckpointId) -> PathBuf {
         self.dir.join(format!("{}{MANIFEST_SUFFIX}", file_stem(id)))
     }
 
     /// Path of the payload of generation `generation` of `id`.
-    pub fn payload_path(&self, id: &CheckpointId, generation: u64) -> PathBuf {
+    pub(crate) fn payload_path(&self, id: &CheckpointId, generation: u64) -> PathBuf {
         self.dir
             .join(format!("{}.{generation}{PAYLOAD_SUFFIX}", file_stem(id)))
     }

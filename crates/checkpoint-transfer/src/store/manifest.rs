@@ -10,10 +10,10 @@ use crate::page_buf::RankPages;
 
 /// Manifest format this build writes and reads (2: the manifest carries a checksum of its own bytes; 3: an
 /// auxiliary group's kind carries its pages per request).
-pub const MANIFEST_FORMAT_VERSION: u32 = 3;
+pub(crate) const MANIFEST_FORMAT_VERSION: u32 = 3;
 
 /// Largest manifest accepted, in bytes: a hostile file cannot make decoding allocate more.
-pub const MANIFEST_BYTES_MAX: usize = 16 << 20;
+pub(crate) const MANIFEST_BYTES_MAX: usize = 16 << 20;
 
 const MANIFEST_MAGIC: [u8; 8] = *b"KVGATECK";
 const CHECKSUM_BYTES: usize = 32;

@@ -15,12 +15,9 @@ mod tier;
 
 use std::sync::Arc;
 
-pub use self::redis::{
-    DEFAULT_KEY_PREFIX, KEY_PREFIX_BYTES_MAX, RedisStore, RejectedKey, check_redis_url,
-};
-pub use disk::{DiskStore, RejectedFile};
+pub use self::redis::{DEFAULT_KEY_PREFIX, KEY_PREFIX_BYTES_MAX, RedisStore, check_redis_url};
+pub use disk::DiskStore;
 pub use host::HostStore;
-pub use manifest::{MANIFEST_BYTES_MAX, MANIFEST_FORMAT_VERSION};
 pub use shared::SharedStore;
 
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, PrefixQuery};

@@ -55,7 +55,7 @@ pub(crate) const BREAKER_PROBE_INTERVAL_MAX: Duration = Duration::from_secs(30);
 
 /// A value found on the server that was not loaded, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RejectedKey {
+pub(crate) struct RejectedKey {
     /// The key.
     pub key: String,
     /// Why it was not loaded.
@@ -186,20 +186,11 @@ impl RedisStore {
         Ok(store)
     }
 
-    /// The server's URL, its password hidden.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// The key prefix.
-    pub fn key_prefix(&self) -> &str {
-        &self.prefix
-    }
-
     /// Values found on the server that were not loaded (not a kvgate manifest, a failed checksum, another
     /// format version, a manifest that names another checkpoint, a value of another type) or that were
     /// repaired (a foreign epoch or index), at most the first 64.
-    pub fn rejected(&self) -> &[RejectedKey] {
+    #[cfg(test)]
+    pub(crate) fn rejected(&self) -> &[RejectedKey] {
         &self.rejected
     }
 
@@ -210,17 +201,17 @@ impl RedisStore {
     }
 
     /// The key of the manifest of `id`.
-    pub fn manifest_key(&self, id: &CheckpointId) -> String {
+    pub(crate) fn manifest_key(&self, id: &CheckpointId) -> String {
         format!("{}m:{}", self.prefix, id_stem(id))
     }
 
     /// The key of the payload of generation `generation` of `id`.
-    pub fn payload_key(&self, id: &CheckpointId, generation: u64) -> String {
+    pub(crate) fn payload_key(&self, id: &CheckpointId, generation: u64) -> String {
         self.payload_key_of_stem(&id_stem(id), generation)
     }
 
     /// The key of the hash that maps each stored checkpoint to its generation.
-    pub fn index_key(&self) -> String {
+    pub(crate) fn index_key(&self) -> String {
         format!("{}index", self.prefix)
     }
 

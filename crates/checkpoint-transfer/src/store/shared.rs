@@ -30,7 +30,8 @@ impl SharedStore {
     }
 
     /// How many handles share the store (this one included).
-    pub fn n_handles(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn n_handles(&self) -> usize {
         Arc::strong_count(&self.inner)
     }
 }

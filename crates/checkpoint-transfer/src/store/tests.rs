@@ -14,8 +14,8 @@ use kv_pool::GroupKind;
 
 use crate::layout::LayoutDescriptor;
 use crate::page_buf::RankPages;
-use crate::store::manifest::seal as seal_manifest;
-use crate::store::{CheckpointStore, DiskStore, HostStore, MANIFEST_FORMAT_VERSION};
+use crate::store::manifest::{MANIFEST_FORMAT_VERSION, seal as seal_manifest};
+use crate::store::{CheckpointStore, DiskStore, HostStore};
 
 mod crash;
 mod durability;

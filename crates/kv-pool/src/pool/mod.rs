@@ -185,7 +185,7 @@ impl PagePool {
     /// `allocate`, appending the pages to `out` (no heap allocation when `out` has room). On error `out` is
     /// unchanged.
     #[inline]
-    pub fn allocate_into(&mut self, n: u32, out: &mut Vec<PageId>) -> Result<()> {
+    pub(crate) fn allocate_into(&mut self, n: u32, out: &mut Vec<PageId>) -> Result<()> {
         let n_stacked = self.free_list.n_stacked();
         if n <= n_stacked {
             // The hot path: pages freed before, most recently freed first.

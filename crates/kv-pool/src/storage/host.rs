@@ -73,7 +73,8 @@ impl HostStorage {
     /// Bytes of page memory the storage holds now: what the pages written so far took (chunks of line
     /// pages, the handles of larger pages and their buffers), not counting the few bytes per chunk of an
     /// empty table.
-    pub fn allocated_bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn allocated_bytes(&self) -> usize {
         self.allocated.load(Ordering::Relaxed)
     }
 
@@ -91,7 +92,8 @@ impl HostStorage {
     }
 
     /// The alignment every page starts on, in bytes (4096 for pages of at least 16 KiB, else 64).
-    pub fn align_bytes(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn align_bytes(&self) -> usize {
         self.align_bytes
     }
 
@@ -119,7 +121,8 @@ impl HostStorage {
 
     /// Run `f` over the mutable bytes of page `page` of `rank`. Errors: `RankOutOfRange`,
     /// `PageOutOfRange`, `NullPage`.
-    pub fn with_page_mut<R>(
+    #[cfg(test)]
+    pub(crate) fn with_page_mut<R>(
         &self,
         rank: u32,
         page: PageId,

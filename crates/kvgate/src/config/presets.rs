@@ -6,7 +6,7 @@ use super::GroupConfig;
 
 /// A model preset: everything of `[model]` plus the draft depth and acceptance.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ModelPreset {
+pub(crate) struct ModelPreset {
     /// The name `--preset` takes.
     pub name: &'static str,
     /// One line on what it models.
@@ -34,7 +34,7 @@ const F32: u64 = 4;
 pub const MODEL_PRESETS: [&str; 3] = ["glm-mla-hybrid", "linear-hybrid", "sliding-window"];
 
 /// The model preset named `name`, if any.
-pub fn model_preset(name: &str) -> Option<ModelPreset> {
+pub(crate) fn model_preset(name: &str) -> Option<ModelPreset> {
     match name {
         "glm-mla-hybrid" => Some(glm_mla_hybrid()),
         "linear-hybrid" => Some(linear_hybrid()),

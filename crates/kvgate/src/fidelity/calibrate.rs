@@ -28,10 +28,10 @@ use super::{FidelityError, Result};
 pub const ROUNDS: usize = 3;
 
 /// Weight of the ridge pull towards the prior, per coefficient, against relative errors of the stages.
-pub const RIDGE: f64 = 0.01;
+pub(crate) const RIDGE: f64 = 0.01;
 
 /// Runs `simulate` on each experiment of `jobs` (experiment, fit) on every core, in order.
-pub fn simulate_all(jobs: &[(&Experiment, &Coefficients)]) -> Result<Vec<SimRun>> {
+pub(crate) fn simulate_all(jobs: &[(&Experiment, &Coefficients)]) -> Result<Vec<SimRun>> {
     let threads = std::thread::available_parallelism()
         .map_or(1, usize::from)
         .min(jobs.len().max(1));
@@ -72,7 +72,7 @@ pub fn simulate_all(jobs: &[(&Experiment, &Coefficients)]) -> Result<Vec<SimRun>
 }
 
 /// Whether `experiment` takes part in fits: none of its stages is overloaded.
-pub fn fittable(experiment: &Experiment) -> bool {
+pub(crate) fn fittable(experiment: &Experiment) -> bool {
     (0..experiment.stages.len()).all(|stage| !experiment.overloaded(stage))
 }
 
@@ -102,7 +102,7 @@ fn tpot_rows(experiment: &Experiment, run: &SimRun) -> Vec<Row> {
 
 /// Solves min sum (a.x - y)^2 + ridge * sum (x_k / prior_k - 1)^2 with x >= 0 (active set: the most negative
 /// coefficient is pinned at 0 and the rest solved again).
-pub fn nnls_ridge<const N: usize>(
+pub(crate) fn nnls_ridge<const N: usize>(
     rows: &[([f64; N], f64)],
     prior: &[f64; N],
     ridge: f64,
@@ -115,7 +115,7 @@ pub fn nnls_ridge<const N: usize>(
     clippy::needless_range_loop,
     reason = "matrix indices read clearer than zipped iterators"
 )]
-pub fn bounded_ridge<const N: usize>(
+pub(crate) fn bounded_ridge<const N: usize>(
     rows: &[([f64; N], f64)],
     prior: &[f64; N],
     lower: &[f64; N],

@@ -12,7 +12,7 @@ use super::yaml::{self, Yaml};
 use super::{FidelityError, Result};
 
 /// The nine figures compared, in report order: (metric, statistic).
-pub const FIGURES: [(Metric, Stat); 9] = [
+pub(crate) const FIGURES: [(Metric, Stat); 9] = [
     (Metric::Ttft, Stat::Mean),
     (Metric::Ttft, Stat::P90),
     (Metric::Ttft, Stat::P99),
@@ -26,7 +26,7 @@ pub const FIGURES: [(Metric, Stat); 9] = [
 
 /// A latency metric of inference-perf's lifecycle report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Metric {
+pub(crate) enum Metric {
     /// `time_to_first_token`.
     Ttft,
     /// `time_per_output_token`.
@@ -37,7 +37,7 @@ pub enum Metric {
 
 impl Metric {
     /// The report's short name.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Metric::Ttft => "ttft",
             Metric::Tpot => "tpot",
@@ -56,7 +56,7 @@ impl Metric {
 
 /// A statistic over a stage's requests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Stat {
+pub(crate) enum Stat {
     /// The mean.
     Mean,
     /// The 90th percentile.
@@ -67,7 +67,7 @@ pub enum Stat {
 
 impl Stat {
     /// The report's short name.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Stat::Mean => "mean",
             Stat::P90 => "p90",
@@ -77,7 +77,7 @@ impl Stat {
 }
 
 /// The nine figures of one stage, in [`FIGURES`] order, in seconds.
-pub type Figures = [f64; 9];
+pub(crate) type Figures = [f64; 9];
 
 /// The vLLM server's arguments.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,7 +140,7 @@ pub struct MeasuredStage {
 
 impl MeasuredStage {
     /// Failed requests as a fraction of all.
-    pub fn failure_rate(&self) -> f64 {
+    pub(crate) fn failure_rate(&self) -> f64 {
         let total = self.successes + self.failures;
         if total == 0 {
             0.0
@@ -214,7 +214,7 @@ pub struct Experiment {
 impl Experiment {
     /// Whether stage `stage` ran overloaded: more than 10% of its requests failed (the source repository's
     /// own rule; those stages' measured latencies cover only the requests that got through).
-    pub fn overloaded(&self, stage: usize) -> bool {
+    pub(crate) fn overloaded(&self, stage: usize) -> bool {
         self.measured
             .get(stage)
             .is_some_and(|m| m.failure_rate() > OVERLOAD_FAILURE_RATE)
@@ -222,14 +222,14 @@ impl Experiment {
 }
 
 /// Failure rate above which a stage counts as overloaded.
-pub const OVERLOAD_FAILURE_RATE: f64 = 0.10;
+pub(crate) const OVERLOAD_FAILURE_RATE: f64 = 0.10;
 
 /// The datasheet read when nothing else is named: the experiments ran on H100 SXM.
-pub const DEFAULT_GPU: &str = "h100-sxm";
+pub(crate) const DEFAULT_GPU: &str = "h100-sxm";
 
 /// Every experiment under `dir` (the data folder holding `experiments/`, `models/` and `hardware/`, or the
 /// `experiments/` folder itself), in folder-name order.
-pub fn load_all(dir: &Path) -> Result<Vec<Experiment>> {
+pub(crate) fn load_all(dir: &Path) -> Result<Vec<Experiment>> {
     let (experiments_dir, root) = if dir.join("experiments").is_dir() {
         (dir.join("experiments"), dir.to_path_buf())
     } else {

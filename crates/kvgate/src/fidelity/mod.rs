@@ -23,13 +23,15 @@ pub mod experiment;
 pub mod report;
 pub mod server;
 pub mod simulate;
-pub mod step_model;
+pub(crate) mod step_model;
 pub mod target;
 pub mod workload;
 mod yaml;
 
 #[cfg(test)]
 mod tests;
+
+pub use step_model::{Coefficients, CostModelFile};
 
 /// Result of the fidelity tools.
 pub type Result<T, E = FidelityError> = std::result::Result<T, E>;

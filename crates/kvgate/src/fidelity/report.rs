@@ -13,7 +13,7 @@ use super::{FidelityError, Result};
 
 /// One figure of one stage.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct FigureRow {
+pub(crate) struct FigureRow {
     /// `ttft.mean` and so on.
     pub figure: String,
     /// Measured, seconds.
@@ -27,13 +27,13 @@ pub struct FigureRow {
 }
 
 /// Absolute percentage error of `predicted` against `measured`.
-pub fn ape(predicted: f64, measured: f64) -> f64 {
+pub(crate) fn ape(predicted: f64, measured: f64) -> f64 {
     ((predicted - measured) / measured).abs() * 100.0
 }
 
 /// One stage of one experiment.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct StageRow {
+pub(crate) struct StageRow {
     /// The experiment's folder name.
     pub experiment: String,
     /// Stage index.
@@ -50,7 +50,7 @@ pub struct StageRow {
 
 /// The whole comparison.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Every stage.
     pub stages: Vec<StageRow>,
     /// Median APE of the in-sample figures (fit on everything), stages not overloaded.
@@ -87,7 +87,7 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 /// Simulates every experiment under its three fits and compares.
-pub fn compare(experiments: &[Experiment], file: &CostModelFile) -> Result<Report> {
+pub(crate) fn compare(experiments: &[Experiment], file: &CostModelFile) -> Result<Report> {
     let all = file
         .fits
         .get(FIT_ALL)
@@ -206,7 +206,7 @@ fn ms(seconds: f64) -> String {
 
 impl Report {
     /// The report as a table.
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
@@ -281,7 +281,7 @@ impl Report {
     }
 
     /// The report as JSON.
-    pub fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 }
@@ -290,7 +290,7 @@ impl Report {
 /// is the kind the preset stands for ([`super::target::shape_of`]: the same tensor parallelism and a dense or
 /// mixture-of-experts model alike), stages not overloaded.
 #[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct PresetReport {
+pub(crate) struct PresetReport {
     /// The cost preset.
     pub preset: String,
     /// The experiments it was run on.
@@ -305,7 +305,7 @@ pub struct PresetReport {
 
 /// The kind of server cost preset `name` stands for: its tensor parallelism, whether its model is a mixture
 /// of experts, and its cost model. Errors: a preset with no calibrated shape.
-pub fn preset_kind(name: &str) -> Result<(u32, bool, engine::CostModel)> {
+pub(crate) fn preset_kind(name: &str) -> Result<(u32, bool, engine::CostModel)> {
     match (
         super::target::shape_of(name),
         engine::CostModel::preset(name),
@@ -321,7 +321,7 @@ pub fn preset_kind(name: &str) -> Result<(u32, bool, engine::CostModel)> {
 
 /// Runs cost preset `name` on the experiments of its kind. Errors: a preset with no calibrated shape, or
 /// no experiment of its kind in `experiments`.
-pub fn preset_check(experiments: &[Experiment], name: &str) -> Result<PresetReport> {
+pub(crate) fn preset_check(experiments: &[Experiment], name: &str) -> Result<PresetReport> {
     let (tp, moe, cost) = preset_kind(name)?;
     let chosen: Vec<&Experiment> = experiments
         .iter()
@@ -372,7 +372,7 @@ pub fn preset_check(experiments: &[Experiment], name: &str) -> Result<PresetRepo
 
 impl PresetReport {
     /// The report as a table.
-    pub fn table(&self) -> String {
+    pub(crate) fn table(&self) -> String {
         let mut out = format!(
             "Cost preset {} (its own step figures, no first-token delay) against the measurements \
              (milliseconds), stages not overloaded\n\n{:<44} {:>2} {:<9} {:>9} {:>9} {:>6}\n",
@@ -398,7 +398,7 @@ impl PresetReport {
     }
 
     /// The report as JSON.
-    pub fn json(&self) -> String {
+    pub(crate) fn json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 }

@@ -25,7 +25,7 @@ use super::experiment::{Experiment, ModelShape};
 use super::{FidelityError, Result};
 
 /// Bytes of GPU memory outside the weights and the KV cache, per GPU (an estimate; vLLM measures it).
-pub const NON_WEIGHT_OVERHEAD_BYTES: f64 = 1.5 * GIB;
+pub(crate) const NON_WEIGHT_OVERHEAD_BYTES: f64 = 1.5 * GIB;
 
 const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 
@@ -34,13 +34,13 @@ const BF16: f64 = 2.0;
 
 /// The memory the CUDA driver reports for a GPU sold as `capacity_gb` GB: an H100 "80 GB" has 80 GiB of HBM
 /// of which the driver reports 79.2 GiB (`torch.cuda.mem_get_info` on H100 SXM: 85 031 714 816 bytes).
-pub fn usable_memory_bytes(capacity_gb: f64) -> f64 {
+pub(crate) fn usable_memory_bytes(capacity_gb: f64) -> f64 {
     capacity_gb * GIB * 0.99
 }
 
 impl ModelShape {
     /// Dimension of one attention head.
-    pub fn head_dim(&self) -> u32 {
+    pub(crate) fn head_dim(&self) -> u32 {
         self.hidden / self.heads
     }
 
@@ -58,7 +58,7 @@ impl ModelShape {
     }
 
     /// Every parameter (embeddings and output head included).
-    pub fn params(&self) -> f64 {
+    pub(crate) fn params(&self) -> f64 {
         let per_layer = self.attention_params()
             + f64::from(self.experts) * self.mlp_params()
             + if self.experts > 1 {
@@ -78,21 +78,21 @@ impl ModelShape {
 
     /// Parameters one token multiplies by (a mixture of experts uses `experts_per_token` experts; the
     /// embedding lookup costs no multiply).
-    pub fn active_params(&self) -> f64 {
+    pub(crate) fn active_params(&self) -> f64 {
         let per_layer =
             self.attention_params() + f64::from(self.experts_per_token) * self.mlp_params();
         f64::from(self.layers) * per_layer + f64::from(self.vocab) * f64::from(self.hidden)
     }
 
     /// KV-cache bytes of one token over every layer, on one GPU of a `tp`-way group.
-    pub fn kv_bytes_per_token_per_gpu(&self, tp: u32) -> f64 {
+    pub(crate) fn kv_bytes_per_token_per_gpu(&self, tp: u32) -> f64 {
         let heads = (self.kv_heads / tp.max(1)).max(1);
         2.0 * f64::from(self.layers) * f64::from(heads) * f64::from(self.head_dim()) * BF16
     }
 
     /// FLOPs of attention per (query token, context token) pair over every layer: QK^T and PV, two
     /// multiply-adds per head dimension each.
-    pub fn attention_flops_per_pair(&self) -> f64 {
+    pub(crate) fn attention_flops_per_pair(&self) -> f64 {
         4.0 * f64::from(self.layers) * f64::from(self.heads * self.head_dim())
     }
 }

@@ -22,7 +22,7 @@ use super::workload::{self, Workload};
 use super::{FidelityError, Result};
 
 /// Seed of every generated workload (the prompts' token ids and their order).
-pub const WORKLOAD_SEED: u64 = 2026;
+pub(crate) const WORKLOAD_SEED: u64 = 2026;
 
 /// The simulated executor, recording what each step did.
 #[derive(Debug)]
@@ -95,7 +95,7 @@ pub struct SimRequest {
 
 impl SimRequest {
     /// Its mean decode step, seconds (0 with a single output token).
-    pub fn step_s(&self) -> f64 {
+    pub(crate) fn step_s(&self) -> f64 {
         if self.output > 1 {
             self.decode_s / f64::from(self.output - 1)
         } else {
@@ -104,17 +104,17 @@ impl SimRequest {
     }
 
     /// The client's time to first token under `fit`.
-    pub fn ttft(&self, fit: &Coefficients) -> f64 {
+    pub(crate) fn ttft(&self, fit: &Coefficients) -> f64 {
         self.ttft_s + fit.first_token_s + fit.first_token_steps * self.step_s()
     }
 
     /// The client's time per output token (stream chunks, see the module doc).
-    pub fn tpot(&self) -> f64 {
+    pub(crate) fn tpot(&self) -> f64 {
         self.decode_s / (2.0 * f64::from(self.output) + 1.0)
     }
 
     /// The client's end-to-end latency under `fit`.
-    pub fn e2e(&self, fit: &Coefficients) -> f64 {
+    pub(crate) fn e2e(&self, fit: &Coefficients) -> f64 {
         self.ttft(fit) + self.decode_s
     }
 }
@@ -138,7 +138,7 @@ pub fn simulate(experiment: &Experiment, fit: &Coefficients) -> Result<SimRun> {
 }
 
 /// Simulates `experiment` with the steps priced by `cost` (a fit's, or a cost preset's own).
-pub fn simulate_priced(experiment: &Experiment, cost: CostModel) -> Result<SimRun> {
+pub(crate) fn simulate_priced(experiment: &Experiment, cost: CostModel) -> Result<SimRun> {
     let workload = workload::generate(experiment, WORKLOAD_SEED)?;
     let scales = Scales::of(experiment);
     let params = engine_params(experiment, cost.clone())?;
@@ -242,7 +242,7 @@ fn summary(mut values: Vec<f64>) -> [f64; 3] {
 
 impl SimRun {
     /// The predicted nine figures of each stage under `fit` (its first-token delay).
-    pub fn figures(&self, fit: &Coefficients) -> Result<Vec<Figures>> {
+    pub(crate) fn figures(&self, fit: &Coefficients) -> Result<Vec<Figures>> {
         (0..self.stages)
             .map(|stage| {
                 let of: Vec<&SimRequest> =
@@ -263,7 +263,7 @@ impl SimRun {
     }
 
     /// The requests of `stage`.
-    pub fn of_stage(&self, stage: usize) -> impl Iterator<Item = &SimRequest> {
+    pub(crate) fn of_stage(&self, stage: usize) -> impl Iterator<Item = &SimRequest> {
         self.requests.iter().filter(move |r| r.stage == stage)
     }
 }

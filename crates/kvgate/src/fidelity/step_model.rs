@@ -28,10 +28,10 @@ use super::experiment::{Experiment, Gpu, ModelShape};
 use super::{FidelityError, Result};
 
 /// Number of step-time coefficients ([`Coefficients::step`] order).
-pub const N_STEP: usize = 7;
+pub(crate) const N_STEP: usize = 7;
 
 /// The step-time coefficients' names, in order, as the file spells them.
-pub const STEP_NAMES: [&str; N_STEP] = [
+pub(crate) const STEP_NAMES: [&str; N_STEP] = [
     "overhead_s",
     "weights",
     "allreduce_s",
@@ -43,7 +43,7 @@ pub const STEP_NAMES: [&str; N_STEP] = [
 
 /// The largest value any coefficient may take: a multiplier of 1000 on a datasheet peak, or 1000 s of fixed
 /// time, is no fit of a real server.
-pub const COEFFICIENT_MAX: f64 = 1000.0;
+pub(crate) const COEFFICIENT_MAX: f64 = 1000.0;
 
 /// One fit's coefficients.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -75,7 +75,7 @@ pub struct Coefficients {
 impl Coefficients {
     /// The physical prior the fit starts from: datasheet peaks reached at 80% (bandwidth) and 50% (compute),
     /// 3 ms of step overhead, 20 us per all-reduce and per sequence, a first token one step late.
-    pub fn prior() -> Coefficients {
+    pub(crate) fn prior() -> Coefficients {
         Coefficients {
             overhead_s: 0.003,
             weights: 1.25,
@@ -96,10 +96,10 @@ impl Coefficients {
     /// docs/benchmarks.md). Not 1 on `kv_read` (sequences behind one shared prefix read the same blocks in
     /// one kernel, and the L2 cache can serve them above HBM's bandwidth) nor on `flops` (the step model adds
     /// compute to memory time where the GPU overlaps them, so a multiplier below 1 stands for the overlap).
-    pub const LOWER: [f64; N_STEP] = [0.0; N_STEP];
+    pub(crate) const LOWER: [f64; N_STEP] = [0.0; N_STEP];
 
     /// The step coefficients in [`STEP_NAMES`] order.
-    pub fn step(&self) -> [f64; N_STEP] {
+    pub(crate) fn step(&self) -> [f64; N_STEP] {
         [
             self.overhead_s,
             self.weights,
@@ -112,7 +112,7 @@ impl Coefficients {
     }
 
     /// These coefficients with the step ones replaced by `step` ([`STEP_NAMES`] order).
-    pub fn with_step(&self, step: [f64; N_STEP]) -> Coefficients {
+    pub(crate) fn with_step(&self, step: [f64; N_STEP]) -> Coefficients {
         let [
             overhead_s,
             weights,
@@ -136,7 +136,7 @@ impl Coefficients {
 
     /// `Err` naming the first field (as `fits.NAME.FIELD`) that is not a finite number from 0 to
     /// [`COEFFICIENT_MAX`].
-    pub fn check(&self, fit: &str) -> std::result::Result<(), (String, String)> {
+    pub(crate) fn check(&self, fit: &str) -> std::result::Result<(), (String, String)> {
         let step = self.step();
         let frontend = [
             ("first_token_s", self.first_token_s),
@@ -158,12 +158,12 @@ impl Coefficients {
     }
 
     /// The engine's cost model for `experiment`'s model, GPU and tensor parallelism.
-    pub fn cost_model(&self, experiment: &Experiment) -> CostModel {
+    pub(crate) fn cost_model(&self, experiment: &Experiment) -> CostModel {
         self.cost_model_for(&Scales::of(experiment))
     }
 
     /// The engine's cost model for a model, GPU and tensor parallelism given by their `scales`.
-    pub fn cost_model_for(&self, scales: &Scales) -> CostModel {
+    pub(crate) fn cost_model_for(&self, scales: &Scales) -> CostModel {
         CostModel {
             name: "calibrated",
             step_overhead_s: self.overhead_s
@@ -183,7 +183,7 @@ impl Coefficients {
 
 /// The physical times one unit of each batch quantity takes at the datasheet's peaks, for one experiment.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Scales {
+pub(crate) struct Scales {
     /// Seconds to stream one GPU's share of the weights.
     pub weights_s: f64,
     /// All-reduces per step (0 without tensor parallelism).
@@ -200,7 +200,7 @@ pub struct Scales {
 
 impl Scales {
     /// The scales of `experiment`.
-    pub fn of(experiment: &Experiment) -> Scales {
+    pub(crate) fn of(experiment: &Experiment) -> Scales {
         Scales::for_shape(
             &experiment.model,
             &experiment.gpu,
@@ -209,7 +209,7 @@ impl Scales {
     }
 
     /// The scales of `model` on `tensor_parallel` GPUs of kind `gpu`.
-    pub fn for_shape(model: &ModelShape, gpu: &Gpu, tensor_parallel: u32) -> Scales {
+    pub(crate) fn for_shape(model: &ModelShape, gpu: &Gpu, tensor_parallel: u32) -> Scales {
         let tp = f64::from(tensor_parallel.max(1));
         let kv_bytes = model.kv_bytes_per_token_per_gpu(tensor_parallel);
         Scales {
@@ -228,7 +228,7 @@ impl Scales {
 
     /// The step-time features of a span of steps from its raw counts: (steps, tokens computed, prefill
     /// pairs, context tokens decoded, sequences decoded), in [`STEP_NAMES`] order.
-    pub fn features(&self, raw: &RawCounts) -> [f64; N_STEP] {
+    pub(crate) fn features(&self, raw: &RawCounts) -> [f64; N_STEP] {
         [
             raw.steps,
             raw.steps * self.weights_s,
@@ -243,7 +243,7 @@ impl Scales {
 
 /// What a span of steps did, summed.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct RawCounts {
+pub(crate) struct RawCounts {
     /// Steps.
     pub steps: f64,
     /// Tokens computed (prefill chunks and decodes).
@@ -258,7 +258,7 @@ pub struct RawCounts {
 
 impl RawCounts {
     /// `self - earlier`.
-    pub fn minus(&self, earlier: &RawCounts) -> RawCounts {
+    pub(crate) fn minus(&self, earlier: &RawCounts) -> RawCounts {
         RawCounts {
             steps: self.steps - earlier.steps,
             tokens: self.tokens - earlier.tokens,
@@ -269,7 +269,7 @@ impl RawCounts {
     }
 
     /// `self + other`.
-    pub fn plus(&self, other: &RawCounts) -> RawCounts {
+    pub(crate) fn plus(&self, other: &RawCounts) -> RawCounts {
         RawCounts {
             steps: self.steps + other.steps,
             tokens: self.tokens + other.tokens,
@@ -292,24 +292,24 @@ pub struct CostModelFile {
 }
 
 /// The name of the fit on every experiment that is not overloaded.
-pub const FIT_ALL: &str = "all";
+pub(crate) const FIT_ALL: &str = "all";
 
 /// The name of the fit that left profile `profile` out.
-pub fn without_profile(profile: &str) -> String {
+pub(crate) fn without_profile(profile: &str) -> String {
     format!("without-profile-{profile}")
 }
 
 /// The name of the fit that left model `model` out.
-pub fn without_model(model: &str) -> String {
+pub(crate) fn without_model(model: &str) -> String {
     format!("without-model-{model}")
 }
 
 /// The committed fit, made by the command in its `fitted_by`.
-pub const COMMITTED: &str = include_str!("h100-vllm.toml");
+pub(crate) const COMMITTED: &str = include_str!("h100-vllm.toml");
 
 impl CostModelFile {
     /// Parses and checks `text` read from `path`. Errors name the file and the field, and say what to do.
-    pub fn parse(text: &str, path: &str) -> Result<CostModelFile> {
+    pub(crate) fn parse(text: &str, path: &str) -> Result<CostModelFile> {
         let file: CostModelFile = toml::from_str(text).map_err(|e| FidelityError::CostModel {
             path: path.to_owned(),
             field: String::new(),
@@ -339,7 +339,7 @@ impl CostModelFile {
     }
 
     /// Reads and checks the file at `path`.
-    pub fn load(path: &Path) -> Result<CostModelFile> {
+    pub(crate) fn load(path: &Path) -> Result<CostModelFile> {
         let text = std::fs::read_to_string(path).map_err(|source| FidelityError::Read {
             path: path.display().to_string(),
             source,
@@ -348,17 +348,17 @@ impl CostModelFile {
     }
 
     /// The committed fit.
-    pub fn committed() -> Result<CostModelFile> {
+    pub(crate) fn committed() -> Result<CostModelFile> {
         CostModelFile::parse(COMMITTED, "crates/kvgate/src/fidelity/h100-vllm.toml")
     }
 
     /// The file as TOML.
-    pub fn to_toml(&self) -> String {
+    pub(crate) fn to_toml(&self) -> String {
         toml::to_string(self).unwrap_or_default()
     }
 
     /// The fit named `name`, else the fit on all experiments.
-    pub fn fit_or_all(&self, name: &str) -> Option<&Coefficients> {
+    pub(crate) fn fit_or_all(&self, name: &str) -> Option<&Coefficients> {
         self.fits.get(name).or_else(|| self.fits.get(FIT_ALL))
     }
 }

@@ -18,7 +18,7 @@ use super::{FidelityError, Result};
 
 /// Meta-Llama-3-8B, from its `config.json` as Meta publishes it: 32 layers, hidden 4096, MLP 14 336,
 /// 32 query heads and 8 key-value heads of 128, a 128 256-token vocabulary, untied embeddings.
-pub fn llama_3_8b() -> ModelShape {
+pub(crate) fn llama_3_8b() -> ModelShape {
     ModelShape {
         name: "Meta-Llama-3-8B".to_owned(),
         layers: 32,
@@ -35,7 +35,7 @@ pub fn llama_3_8b() -> ModelShape {
 
 /// H100 SXM from NVIDIA's datasheet (the figures `../shared/fidelity/hardware/h100-sxm.json` holds):
 /// 1979 TFLOP/s of bf16 with sparsity, so 989.5 dense; 3.35 TB/s of HBM3; 80 GB.
-pub fn h100_sxm() -> Gpu {
+pub(crate) fn h100_sxm() -> Gpu {
     Gpu {
         name: "H100 SXM".to_owned(),
         peak_flops: 989.5e12,
@@ -45,7 +45,7 @@ pub fn h100_sxm() -> Gpu {
 }
 
 /// The model, GPU and tensor parallelism a cost preset stands for, where the calibration applies.
-pub fn shape_of(cost_preset: &str) -> Option<(ModelShape, Gpu, u32)> {
+pub(crate) fn shape_of(cost_preset: &str) -> Option<(ModelShape, Gpu, u32)> {
     match cost_preset {
         "small-8b-gpu" => Some((llama_3_8b(), h100_sxm(), 1)),
         _ => None,

@@ -28,10 +28,10 @@ use super::experiment::{Experiment, SharedPrefix, Stage};
 use super::{FidelityError, Result};
 
 /// Tokens per drawn token id after decoding and re-tokenizing random ids (measured; see the module doc).
-pub const RETOKENIZE_GROWTH: f64 = 1.045;
+pub(crate) const RETOKENIZE_GROWTH: f64 = 1.045;
 
 /// Relative spread of a question's re-tokenized length around [`RETOKENIZE_GROWTH`].
-pub const RETOKENIZE_SPREAD: f64 = 0.03;
+pub(crate) const RETOKENIZE_SPREAD: f64 = 0.03;
 
 /// Vocabulary the random ids are drawn from (Llama-2's and Mixtral's 32 000), less the three special ids.
 const VOCAB: u64 = 32_000;

@@ -17,7 +17,7 @@ pub enum Format {
 
 impl Format {
     /// The `Content-Type` of a response in this format.
-    pub fn content_type(self) -> &'static str {
+    pub(crate) fn content_type(self) -> &'static str {
         match self {
             Format::OpenMetrics => "application/openmetrics-text; version=1.0.0; charset=utf-8",
             Format::Classic => "text/plain; version=0.0.4; charset=utf-8",
@@ -27,7 +27,7 @@ impl Format {
 
 /// The format an `Accept` header asks for: classic when it prefers `text/plain` (a higher `q` than any
 /// OpenMetrics type, or no OpenMetrics type at all); OpenMetrics otherwise, and with no header.
-pub fn negotiate(accept: Option<&str>) -> Format {
+pub(crate) fn negotiate(accept: Option<&str>) -> Format {
     let Some(accept) = accept else {
         return Format::OpenMetrics;
     };

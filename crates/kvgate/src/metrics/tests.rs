@@ -11,7 +11,8 @@ use std::sync::Arc;
 use engine::Policy;
 use prometheus_client::registry::Registry;
 
-use super::{Format, MetricFamilies, encode, negotiate, serve};
+use super::exposition::negotiate;
+use super::{Format, MetricFamilies, encode, serve};
 use crate::config::EngineConfig;
 use crate::run;
 use crate::workload::agents::AgentsSpec;

@@ -11,7 +11,7 @@ use reference_model::{LocalAttention, LocalWindow, ReferenceConfig};
 
 use std::time::Duration;
 
-use super::{NoObserver, Observer, Progress, drive_agents};
+use super::{Observer, Progress, drive_agents};
 use crate::config::{EngineConfig, model_preset};
 use crate::error::{Error, Result};
 use crate::model::{VerifyExcludedClock, VerifyTime, VerifyTimed};
@@ -20,20 +20,20 @@ use crate::workload::agents::AgentsSpec;
 /// Usable pages of the live run's pool unless told otherwise, for the tiny model: 3 072 tokens of 16-token
 /// pages, which eight live sessions of up to ~1 900 tokens outgrow about five times over by their last
 /// turns. Other shapes: `live_pool_pages`.
-pub const LIVE_POOL_PAGES: u32 = 192;
+pub(crate) const LIVE_POOL_PAGES: u32 = 192;
 /// Sessions whose state and window pages a live pool holds besides its `LIVE_POOL_PAGES` pages of tokens.
 const LIVE_POOL_SESSIONS: u32 = 4;
 /// The sliding window of the `sliding-window` preset's live model, in tokens (the preset's is 1024: the live
 /// sessions' contexts of 1-2k tokens would hardly leave it).
-pub const LIVE_SLIDING_WINDOW_TOKENS: u32 = 256;
+pub(crate) const LIVE_SLIDING_WINDOW_TOKENS: u32 = 256;
 /// Longest context of the live run's model, in tokens.
-pub const LIVE_MAX_MODEL_LEN: u32 = 4096;
+pub(crate) const LIVE_MAX_MODEL_LEN: u32 = 4096;
 /// Running slots of the live run (the `oracle` pool has room for each at the model's length).
-pub const LIVE_MAX_RUNNING: u32 = 16;
+pub(crate) const LIVE_MAX_RUNNING: u32 = 16;
 
 /// The live run's sessions unless told otherwise: 8 sessions x 8 turns, 1024-token first prompts, 64 new
 /// tokens and 48 response tokens a turn, 0.5 s think time (35 s wall for the four policies in a release build on 2 cores).
-pub fn live_agents_spec() -> AgentsSpec {
+pub(crate) fn live_agents_spec() -> AgentsSpec {
     AgentsSpec {
         n_agents: 8,
         turns: 8,
@@ -87,7 +87,7 @@ pub fn reference_model(config: &EngineConfig) -> ReferenceConfig {
 /// Usable pages of a live run's pool for `model` unless told otherwise: `LIVE_POOL_PAGES` 16-token pages'
 /// worth of tokens in the model's blocks, plus the state pages and live window pages of
 /// `LIVE_POOL_SESSIONS` sessions (`LIVE_POOL_PAGES` for the tiny model).
-pub fn live_pool_pages(model: &ReferenceConfig) -> u32 {
+pub(crate) fn live_pool_pages(model: &ReferenceConfig) -> u32 {
     let block_tokens = model.block_tokens().max(1);
     let tokens = LIVE_POOL_PAGES * 16;
     let window_pages = model.local.map_or(0, |local| match local.window {
@@ -109,7 +109,7 @@ pub fn live_pool_pages(model: &ReferenceConfig) -> u32 {
 /// `inline` (modeled time) becomes `threaded`, since a live run copies real bytes while steps run; its page
 /// storage (`cuda` with the cuda copy engine: the restores go straight into device pages). Errors: anything
 /// `engine_params` refuses.
-pub fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams> {
+pub(crate) fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams> {
     check_live_geometry(config)?;
     let model = reference_model(config);
     let preset = model_preset(&config.model.preset);
@@ -136,7 +136,7 @@ pub fn live_params(config: &EngineConfig, policy: Policy) -> Result<EngineParams
 /// page width and ranks from the reference model (`reference_model`), so `model.groups`,
 /// `model.tokens_per_page` and `model.context_parallel` must be what `model.preset` gives (the defaults, or a
 /// model preset's); anything else would be silently ignored. Errors: `InvalidConfig` naming the field.
-pub fn check_live_geometry(config: &EngineConfig) -> Result<()> {
+pub(crate) fn check_live_geometry(config: &EngineConfig) -> Result<()> {
     let mut expected = EngineConfig::default();
     expected.apply_preset(&config.model.preset)?;
     let (model, expected) = (&config.model, &expected.model);
@@ -173,20 +173,10 @@ pub fn check_live_geometry(config: &EngineConfig) -> Result<()> {
 /// The executor of a live reference run: the reference model, its restore verification timed apart.
 pub type LiveReference = VerifyTimed<ReferenceExecutor>;
 
-/// Runs the agents workload live under `policy` (see the module docs) until every turn has finished. The
-/// clock leaves out the time `--verify` spends recomputing restores; that time is returned beside the
-/// metrics.
-pub fn run_agents_live(
-    config: &EngineConfig,
-    spec: &AgentsSpec,
-    policy: Policy,
-    progress: Progress<'_>,
-) -> Result<(RunMetrics, Duration)> {
-    run_agents_live_observed(config, spec, policy, progress, &mut NoObserver)
-}
-
-/// `run_agents_live`, with `observer` shown every step while the run goes on (a metrics exporter serves
-/// what it records as the run progresses) and once at the end, before the engine shuts down.
+/// Runs the agents workload live under `policy` (see the module docs) until every turn has finished, with
+/// `observer` shown every step while the run goes on (a metrics exporter serves what it records as the run
+/// progresses) and once at the end, before the engine shuts down. The clock leaves out the time `--verify`
+/// spends recomputing restores; that time is returned beside the metrics.
 pub fn run_agents_live_observed(
     config: &EngineConfig,
     spec: &AgentsSpec,

@@ -27,18 +27,18 @@ use crate::model::{LoadedModel, ModelExecutor, VerifyExcludedClock, VerifyTime};
 /// session and its continuation always fit.
 pub const MODEL_POOL_PAGES: u32 = 16;
 /// Longest context of a model run, in tokens.
-pub const MODEL_MAX_MODEL_LEN: u32 = 1024;
+pub(crate) const MODEL_MAX_MODEL_LEN: u32 = 1024;
 /// Running slots of a model run (the `oracle` pool holds each at the model run's length: 325 pages).
-pub const MODEL_MAX_RUNNING: u32 = 4;
+pub(crate) const MODEL_MAX_RUNNING: u32 = 4;
 /// Most sessions of a model run.
-pub const MODEL_AGENTS_MAX: u32 = 8;
+pub(crate) const MODEL_AGENTS_MAX: u32 = 8;
 /// Most turns per session of a model run.
-pub const MODEL_TURNS_MAX: u32 = 8;
+pub(crate) const MODEL_TURNS_MAX: u32 = 8;
 /// Most answer tokens a turn of a model run.
-pub const MODEL_ANSWER_TOKENS_MAX: u32 = 128;
+pub(crate) const MODEL_ANSWER_TOKENS_MAX: u32 = 128;
 
 /// The system prompt every session starts with.
-pub const SYSTEM_PROMPT: &str = "You are a careful assistant on a small software team. Answer in one or two \
+pub(crate) const SYSTEM_PROMPT: &str = "You are a careful assistant on a small software team. Answer in one or two \
 short sentences, plainly, without lists or code unless asked. If a question is unclear, say what you would \
 need to know.";
 

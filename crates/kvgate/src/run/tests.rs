@@ -1,6 +1,7 @@
 //! Tests of the drivers' workload bookkeeping.
 
 use super::*;
+use crate::run::live_model::{MODEL_AGENTS_MAX, MODEL_TURNS_MAX};
 use crate::workload::agents::TurnPriority;
 use crate::workload::mooncake::parse_trace;
 

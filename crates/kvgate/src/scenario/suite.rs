@@ -81,7 +81,7 @@ pub struct RequestExpect {
 }
 
 /// Counts derived from the trace and the engine, checked like the trace's metrics.
-pub const DERIVED: [&str; 6] = [
+pub(crate) const DERIVED: [&str; 6] = [
     "requests_submitted",
     "requests_finished",
     "requests_cancelled",
@@ -134,7 +134,7 @@ pub fn run_suite(dir: &Path) -> Result<Vec<CaseRun>> {
 }
 
 /// Runs one suite file under each of its policies.
-pub fn run_case(path: &Path) -> Vec<CaseRun> {
+pub(crate) fn run_case(path: &Path) -> Vec<CaseRun> {
     let name = path
         .file_stem()
         .map_or_else(String::new, |stem| stem.to_string_lossy().into_owned());

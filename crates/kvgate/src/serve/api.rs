@@ -6,11 +6,11 @@ use serde_json::{Map, Value};
 use super::error::ApiError;
 
 /// Most stop sequences a request may give (OpenAI's limit).
-pub const STOP_SEQUENCES_MAX: usize = 4;
+pub(crate) const STOP_SEQUENCES_MAX: usize = 4;
 /// Longest stop sequence, in bytes.
-pub const STOP_BYTES_MAX: usize = 1024;
+pub(crate) const STOP_BYTES_MAX: usize = 1024;
 /// Most messages in a chat.
-pub const MESSAGES_MAX: usize = 100_000;
+pub(crate) const MESSAGES_MAX: usize = 100_000;
 
 /// Fields OpenAI accepts that change nothing here: sampling adjustments the engine's executors do not
 /// implement, and bookkeeping.
@@ -25,7 +25,7 @@ const IGNORED_FIELDS: &[&str] = &[
 
 /// A chat or completion request, checked.
 #[derive(Clone, Debug, PartialEq)]
-pub struct GenRequest {
+pub(crate) struct GenRequest {
     /// The model asked for.
     pub model: String,
     /// The prompt.
@@ -44,7 +44,7 @@ pub struct GenRequest {
 
 /// A request's prompt.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Prompt {
+pub(crate) enum Prompt {
     /// Chat messages: (role, content).
     Chat(Vec<(String, String)>),
     /// Plain text (`/v1/completions`).
@@ -54,7 +54,7 @@ pub enum Prompt {
 }
 
 /// Parses a `/v1/chat/completions` body.
-pub fn parse_chat(body: &[u8]) -> Result<GenRequest, ApiError> {
+pub(crate) fn parse_chat(body: &[u8]) -> Result<GenRequest, ApiError> {
     let mut fields = object(body)?;
     let messages = fields
         .remove("messages")
@@ -77,7 +77,7 @@ pub fn parse_chat(body: &[u8]) -> Result<GenRequest, ApiError> {
 }
 
 /// Parses a `/v1/completions` body.
-pub fn parse_completion(body: &[u8]) -> Result<GenRequest, ApiError> {
+pub(crate) fn parse_completion(body: &[u8]) -> Result<GenRequest, ApiError> {
     let mut fields = object(body)?;
     let prompt = fields.remove("prompt").ok_or_else(|| missing("prompt"))?;
     let prompt = completion_prompt(&prompt)?;

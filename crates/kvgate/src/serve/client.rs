@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// Longest a request may take before the client gives up.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// An OpenAI-compatible server at a base URL (`http://HOST:PORT`).
 #[derive(Clone, Debug)]
@@ -109,7 +109,7 @@ impl ApiClient {
     }
 
     /// The first model `/v1/models` lists.
-    pub async fn first_model(&self) -> Result<String> {
+    pub(crate) async fn first_model(&self) -> Result<String> {
         let (status, body) = self.get("/v1/models").await?;
         let value: Value = serde_json::from_str(&body).map_err(|e| {
             Error::Client(format!("/v1/models answered {status} with no JSON: {e}"))

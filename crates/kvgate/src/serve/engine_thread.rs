@@ -26,7 +26,7 @@ const PACE_MAX: Duration = Duration::from_secs(1);
 
 /// A request for the engine.
 #[derive(Debug)]
-pub struct Submission {
+pub(crate) struct Submission {
     /// Its id, unique among live requests.
     pub id: RequestId,
     /// Prompt token ids.
@@ -45,7 +45,7 @@ pub struct Submission {
 
 /// What the engine thread is told besides requests.
 #[derive(Clone, Copy, Debug)]
-pub enum Control {
+pub(crate) enum Control {
     /// Cancel a request (its client went away).
     Cancel(RequestId),
     /// A request's text reached a stop sequence at its `tokens`-th output token: end it there. It counts as
@@ -65,7 +65,7 @@ pub enum Control {
 
 /// What a request's channel carries.
 #[derive(Debug)]
-pub enum Event {
+pub(crate) enum Event {
     /// New output tokens.
     Tokens(Vec<u32>),
     /// The request ended.
@@ -76,7 +76,7 @@ pub enum Event {
 
 /// How a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Outcome {
+pub(crate) struct Outcome {
     /// Prompt tokens.
     pub prompt_tokens: u32,
     /// Prompt tokens that came from the prefix cache or a restore, never computed.
@@ -99,7 +99,7 @@ pub struct DrainReport {
 }
 
 /// Makes the engine (again, after an engine error).
-pub type EngineFactory<E> = Box<dyn FnMut() -> Result<Engine<E>> + Send>;
+pub(crate) type EngineFactory<E> = Box<dyn FnMut() -> Result<Engine<E>> + Send>;
 
 /// A request the engine is working on.
 #[derive(Debug)]
@@ -115,7 +115,7 @@ struct Live {
 }
 
 /// The engine thread's state.
-pub struct EngineLoop<E: Executor> {
+pub(crate) struct EngineLoop<E: Executor> {
     engine: Engine<E>,
     factory: EngineFactory<E>,
     live: HashMap<RequestId, Live>,
@@ -140,7 +140,7 @@ impl<E: Executor> std::fmt::Debug for EngineLoop<E> {
 impl<E: Executor> EngineLoop<E> {
     /// A loop around the engine `factory` makes. `pace`: sleep each step's modeled duration (the simulated
     /// executor). `copy_delay`: every restore copy completes this much later (fault tests; zero normally).
-    pub fn new(
+    pub(crate) fn new(
         mut factory: EngineFactory<E>,
         engine_metrics: EngineMetrics,
         metrics: ServeMetrics,
@@ -166,7 +166,7 @@ impl<E: Executor> EngineLoop<E> {
     /// executor reads), and an answer's text ends at `end_of_turn` (the engine, built with it as its
     /// `stop_token`, ends the answer there and leaves its response checkpoint).
     #[must_use]
-    pub fn for_model(mut self, sampling: SamplingTable, end_of_turn: u32) -> EngineLoop<E> {
+    pub(crate) fn for_model(mut self, sampling: SamplingTable, end_of_turn: u32) -> EngineLoop<E> {
         self.sampling = Some(sampling);
         self.end_of_turn = Some(end_of_turn);
         self
@@ -185,7 +185,7 @@ impl<E: Executor> EngineLoop<E> {
     }
 
     /// Runs until drained: steps while there is work, waits on the channels when there is none.
-    pub fn run(
+    pub(crate) fn run(
         mut self,
         submissions: &Receiver<Submission>,
         control: &Receiver<Control>,
@@ -466,7 +466,7 @@ fn rejected(reason: RejectReason) -> ApiError {
 }
 
 /// Starts the engine thread; returns once the engine is built (or failed to build).
-pub fn spawn<E: Executor + 'static>(
+pub(crate) fn spawn<E: Executor + 'static>(
     make: impl FnOnce() -> Result<EngineLoop<E>> + Send + 'static,
     submissions: Receiver<Submission>,
     control: Receiver<Control>,

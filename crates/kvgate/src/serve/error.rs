@@ -6,11 +6,11 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// Seconds a refused client is told to wait before it tries again (`Retry-After`).
-pub const RETRY_AFTER_S: u32 = 1;
+pub(crate) const RETRY_AFTER_S: u32 = 1;
 
 /// An error the API answers with.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ApiError {
+pub(crate) struct ApiError {
     /// The HTTP status.
     pub status: StatusCode,
     /// What went wrong, for a person.
@@ -23,7 +23,7 @@ pub struct ApiError {
 
 impl ApiError {
     /// A 400 `invalid_request_error` about `param`.
-    pub fn invalid(param: &str, message: impl Into<String>) -> ApiError {
+    pub(crate) fn invalid(param: &str, message: impl Into<String>) -> ApiError {
         ApiError {
             status: StatusCode::BAD_REQUEST,
             message: message.into(),
@@ -33,7 +33,7 @@ impl ApiError {
     }
 
     /// An error of `status` about no parameter in particular.
-    pub fn status(status: StatusCode, message: impl Into<String>) -> ApiError {
+    pub(crate) fn status(status: StatusCode, message: impl Into<String>) -> ApiError {
         ApiError {
             status,
             message: message.into(),
@@ -43,13 +43,13 @@ impl ApiError {
     }
 
     /// This error with the machine-readable `code`.
-    pub fn with_code(mut self, code: &'static str) -> ApiError {
+    pub(crate) fn with_code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
         self
     }
 
     /// The OpenAI error `type` of the status.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self.status.as_u16() {
             401 => "authentication_error",
             404 => "not_found_error",
@@ -60,7 +60,7 @@ impl ApiError {
     }
 
     /// The error body: `{"error": {"message", "type", "param", "code"}}`.
-    pub fn body(&self) -> serde_json::Value {
+    pub(crate) fn body(&self) -> serde_json::Value {
         json!({"error": {
             "message": self.message,
             "type": self.kind(),

@@ -29,14 +29,14 @@ const E2E_BUCKETS: &[f64] = &[
 
 /// One label: an outcome or a status.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct OutcomeLabels {
+pub(crate) struct OutcomeLabels {
     /// `finished`, `cancelled`, `rejected` or `failed`; or an HTTP status.
     pub outcome: String,
 }
 
 /// The server's metrics, registered once and shared by the engine thread and the handlers.
 #[derive(Clone, Debug)]
-pub struct ServeMetrics {
+pub(crate) struct ServeMetrics {
     time_to_first_token: Histogram,
     time_per_output_token: Histogram,
     e2e_request_latency: Histogram,
@@ -47,7 +47,7 @@ pub struct ServeMetrics {
 
 impl ServeMetrics {
     /// Registers the server's metrics in `registry` under the `kvgate_` prefix.
-    pub fn register(registry: &mut Registry) -> ServeMetrics {
+    pub(crate) fn register(registry: &mut Registry) -> ServeMetrics {
         let metrics = ServeMetrics {
             time_to_first_token: Histogram::new(TTFT_BUCKETS.iter().copied()),
             time_per_output_token: Histogram::new(TPOT_BUCKETS.iter().copied()),
@@ -91,12 +91,12 @@ impl ServeMetrics {
     }
 
     /// A request's first output token came `after` its arrival.
-    pub fn observe_first_token(&self, after: Duration) {
+    pub(crate) fn observe_first_token(&self, after: Duration) {
         self.time_to_first_token.observe(after.as_secs_f64());
     }
 
     /// A request ended `e2e` after its arrival, `decode` after its first token, with `n_output` tokens.
-    pub fn observe_finished(
+    pub(crate) fn observe_finished(
         &self,
         e2e: Duration,
         decode: Duration,
@@ -113,7 +113,7 @@ impl ServeMetrics {
     }
 
     /// Counts a request the engine ended with `outcome`.
-    pub fn count_request(&self, outcome: &str) {
+    pub(crate) fn count_request(&self, outcome: &str) {
         self.requests
             .get_or_create(&OutcomeLabels {
                 outcome: outcome.to_owned(),
@@ -122,7 +122,7 @@ impl ServeMetrics {
     }
 
     /// Counts a request refused with `status` before it reached the engine.
-    pub fn count_refused(&self, status: u16) {
+    pub(crate) fn count_refused(&self, status: u16) {
         self.refused
             .get_or_create(&OutcomeLabels {
                 outcome: status.to_string(),

@@ -17,14 +17,14 @@
               decisions still read only its clock (a WallClock here)"
 )]
 
-pub mod api;
+pub(crate) mod api;
 pub mod client;
-pub mod engine_thread;
+pub(crate) mod engine_thread;
 pub mod error;
 pub mod latency;
 pub mod remote_agents;
-pub mod routes;
-pub mod sse;
+pub(crate) mod routes;
+pub(crate) mod sse;
 pub mod text;
 
 #[cfg(test)]

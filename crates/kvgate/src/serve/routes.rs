@@ -29,7 +29,7 @@ use crate::model::Sampling;
 
 /// What every handler shares.
 #[derive(Debug)]
-pub struct AppState {
+pub(crate) struct AppState {
     /// The tokenizer.
     pub codec: TextCodec,
     /// The model's name (`model` in requests and `/v1/models`).
@@ -67,7 +67,7 @@ impl AppState {
         clippy::too_many_arguments,
         reason = "one constructor, called once, every field named"
     )]
-    pub fn new(
+    pub(crate) fn new(
         codec: TextCodec,
         model_name: String,
         executor: &'static str,
@@ -103,7 +103,7 @@ impl AppState {
 
 /// A request counted in flight until dropped.
 #[derive(Debug)]
-pub struct InFlight(Arc<AtomicUsize>);
+pub(crate) struct InFlight(Arc<AtomicUsize>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
@@ -112,7 +112,7 @@ impl Drop for InFlight {
 }
 
 /// The router over `state`, with bodies limited to `body_limit_bytes`.
-pub fn router(state: Arc<AppState>, body_limit_bytes: usize) -> Router {
+pub(crate) fn router(state: Arc<AppState>, body_limit_bytes: usize) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
@@ -159,7 +159,6 @@ async fn generate(
     let in_flight = admit(&state)?;
     let (events_tx, events) = tokio::sync::mpsc::unbounded_channel();
     let id = RequestId(state.next_id.fetch_add(1, Ordering::Relaxed));
-    let prompt_tokens = prompt.len() as u32;
     let submission = Submission {
         id,
         prompt,
@@ -191,7 +190,6 @@ async fn generate(
         id,
         events,
         request.stop.clone(),
-        prompt_tokens,
         in_flight,
     );
     let header = ChunkHeader {

@@ -23,7 +23,7 @@ use super::text::Detokenizer;
 
 /// Token counts of a request's `usage`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Prompt tokens.
     pub prompt_tokens: u32,
     /// Output tokens.
@@ -34,7 +34,7 @@ pub struct Usage {
 
 impl Usage {
     /// The OpenAI `usage` object.
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         json!({
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -46,7 +46,7 @@ impl Usage {
 
 /// A piece of an answer.
 #[derive(Debug)]
-pub enum Piece {
+pub(crate) enum Piece {
     /// Text to append.
     Text(String),
     /// The answer ended.
@@ -96,13 +96,12 @@ impl Drop for CancelGuard {
 
 /// One request's answer as the engine produces it.
 #[derive(Debug)]
-pub struct Generation {
+pub(crate) struct Generation {
     state: Arc<AppState>,
     events: UnboundedReceiver<Event>,
     detokenizer: Detokenizer,
     guard: CancelGuard,
     pending: VecDeque<Piece>,
-    prompt_tokens: u32,
     stop_token: bool,
     ended: bool,
     _in_flight: InFlight,
@@ -110,12 +109,11 @@ pub struct Generation {
 
 impl Generation {
     /// The answer to request `id`, whose events come on `events`.
-    pub fn new(
+    pub(crate) fn new(
         state: Arc<AppState>,
         id: RequestId,
         events: UnboundedReceiver<Event>,
         stops: Vec<String>,
-        prompt_tokens: u32,
         in_flight: InFlight,
     ) -> Generation {
         let control = state.control.clone();
@@ -129,7 +127,6 @@ impl Generation {
                 armed: true,
             },
             pending: VecDeque::new(),
-            prompt_tokens,
             stop_token: false,
             ended: false,
             _in_flight: in_flight,
@@ -137,7 +134,7 @@ impl Generation {
     }
 
     /// The next piece; `None` after the end. Cancel-safe: only the wait for an event is awaited.
-    pub async fn next(&mut self) -> Option<Piece> {
+    pub(crate) async fn next(&mut self) -> Option<Piece> {
         loop {
             if let Some(piece) = self.pending.pop_front() {
                 return Some(piece);
@@ -211,16 +208,11 @@ impl Generation {
         self.ended = true;
         self.pending.push_back(piece);
     }
-
-    /// The prompt's length in tokens.
-    pub fn prompt_tokens(&self) -> u32 {
-        self.prompt_tokens
-    }
 }
 
 /// How an endpoint frames its chunks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
+pub(crate) enum Kind {
     /// `/v1/chat/completions`: `chat.completion.chunk` with a `delta`.
     Chat,
     /// `/v1/completions`: `text_completion` with `text`.
@@ -229,7 +221,7 @@ pub enum Kind {
 
 /// What every chunk of one answer repeats.
 #[derive(Clone, Debug)]
-pub struct ChunkHeader {
+pub(crate) struct ChunkHeader {
     /// `chatcmpl-N` or `cmpl-N`.
     pub id: String,
     /// Unix seconds.
@@ -242,7 +234,7 @@ pub struct ChunkHeader {
 
 impl ChunkHeader {
     /// A chunk with `choices` (and `usage` when given).
-    pub fn chunk(&self, choices: &Value, usage: Option<Value>) -> Value {
+    pub(crate) fn chunk(&self, choices: &Value, usage: Option<Value>) -> Value {
         let object = match self.kind {
             Kind::Chat => "chat.completion.chunk",
             Kind::Completion => "text_completion",
@@ -261,7 +253,7 @@ impl ChunkHeader {
     }
 
     /// The choice of a chunk carrying `text` (and `finish_reason`).
-    pub fn choice(&self, text: Option<&str>, finish_reason: Option<&str>) -> Value {
+    pub(crate) fn choice(&self, text: Option<&str>, finish_reason: Option<&str>) -> Value {
         match self.kind {
             Kind::Chat => {
                 let delta = match text {
@@ -278,7 +270,7 @@ impl ChunkHeader {
 }
 
 /// One server-sent event carrying `value`.
-pub fn event(value: &Value) -> Bytes {
+pub(crate) fn event(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
 
@@ -292,7 +284,11 @@ enum Stage {
 
 /// The streamed response: the chunks of `generation` as server-sent events, a `: keep-alive` comment each
 /// `keepalive` without one, `data: [DONE]` at the end.
-pub fn sse_body(generation: Generation, header: ChunkHeader, keepalive: Duration) -> Response {
+pub(crate) fn sse_body(
+    generation: Generation,
+    header: ChunkHeader,
+    keepalive: Duration,
+) -> Response {
     let stream = futures_util::stream::unfold(
         (generation, header, Stage::Start),
         move |(mut generation, header, stage)| async move {

@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use engine::STOP_TOKEN;
-use llama::{ChatMessage, Tokenizer, gguf::Gguf};
+use llama::{ChatMessage, Gguf, Tokenizer};
 
 use super::api::Prompt;
 use super::error::ApiError;
@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 
 /// The tokenizer and chat template the server speaks.
 #[derive(Debug)]
-pub struct TextCodec {
+pub(crate) struct TextCodec {
     tokenizer: Tokenizer,
     vocab: u32,
     /// The model's end-of-turn token, when a real model answers.
@@ -23,7 +23,7 @@ pub struct TextCodec {
 impl TextCodec {
     /// The tokenizer of the GGUF model file at `path`. Errors: `Io` when it cannot be read, `Model` when it
     /// is not a model file whose tokenizer this crate builds.
-    pub fn from_model_file(path: &Path) -> Result<TextCodec> {
+    pub(crate) fn from_model_file(path: &Path) -> Result<TextCodec> {
         let bytes = std::fs::read(path).map_err(|source| Error::ReadFile {
             path: path.display().to_string(),
             source,
@@ -44,18 +44,13 @@ impl TextCodec {
 
     /// This codec for a real model's answers: `end_of_turn` ends one (and is not shown).
     #[must_use]
-    pub fn ending_at(mut self, end_of_turn: u32) -> TextCodec {
+    pub(crate) fn ending_at(mut self, end_of_turn: u32) -> TextCodec {
         self.end_of_turn = Some(end_of_turn);
         self
     }
 
-    /// Tokens in the vocabulary.
-    pub fn vocab(&self) -> u32 {
-        self.vocab
-    }
-
     /// The prompt's token ids: a chat rendered by the template with the generation prompt, text as it is.
-    pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    pub(crate) fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
         let internal = |e: llama::LlamaError| {
             ApiError::status(
                 axum::http::StatusCode::BAD_REQUEST,
@@ -84,7 +79,7 @@ impl TextCodec {
     /// Whether `token` ends the answer: the engine's stop token, or a real model's end of turn (the engine
     /// thread stops the request there). The simulated and reference executors' tokens are no language
     /// model's, so with them an id that happens to be `<|im_end|>` ends nothing.
-    pub fn is_stop(&self, token: u32) -> bool {
+    pub(crate) fn is_stop(&self, token: u32) -> bool {
         token == STOP_TOKEN || Some(token) == self.end_of_turn
     }
 
@@ -103,7 +98,7 @@ impl TextCodec {
 /// Output text as tokens come: decodes a window of the last tokens and hands out only complete characters
 /// (a byte-level token may end inside one), then cuts the text at the first stop sequence.
 #[derive(Debug)]
-pub struct Detokenizer {
+pub(crate) struct Detokenizer {
     tokens: Vec<u32>,
     /// Start of the window decoded as context for the next piece.
     prefix_offset: usize,
@@ -119,7 +114,7 @@ pub struct Detokenizer {
 
 impl Detokenizer {
     /// A detokenizer watching for `stops`.
-    pub fn new(stops: Vec<String>) -> Detokenizer {
+    pub(crate) fn new(stops: Vec<String>) -> Detokenizer {
         Detokenizer {
             tokens: Vec::new(),
             prefix_offset: 0,
@@ -132,17 +127,17 @@ impl Detokenizer {
     }
 
     /// Whether a stop sequence appeared (the text ends before it).
-    pub fn stopped(&self) -> bool {
+    pub(crate) fn stopped(&self) -> bool {
         self.stopped
     }
 
     /// Output tokens taken so far.
-    pub fn n_tokens(&self) -> usize {
+    pub(crate) fn n_tokens(&self) -> usize {
         self.tokens.len()
     }
 
     /// Takes one output token (not a stop token); returns the text now safe to hand out.
-    pub fn push(&mut self, codec: &TextCodec, token: u32) -> String {
+    pub(crate) fn push(&mut self, codec: &TextCodec, token: u32) -> String {
         if self.stopped {
             return String::new();
         }
@@ -161,7 +156,7 @@ impl Detokenizer {
 
     /// The text held back at the end: tokens that ended inside a character (decoded as they are) and a
     /// partial stop sequence that never completed.
-    pub fn finish(&mut self, codec: &TextCodec) -> String {
+    pub(crate) fn finish(&mut self, codec: &TextCodec) -> String {
         if !self.stopped && self.read_offset < self.tokens.len() {
             let prefix = codec.decode(self.window(self.read_offset));
             let full = codec.decode(self.window(self.tokens.len()));

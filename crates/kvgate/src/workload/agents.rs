@@ -13,7 +13,7 @@ use crate::limits::{
 
 /// The longest mean think time, in seconds: 5e8. A drawn think time is up to one and a half times the mean,
 /// so it stays within the limit on every time ([`SECONDS_MAX`]).
-pub const THINK_S_MAX: f64 = SECONDS_MAX / 2.0;
+pub(crate) const THINK_S_MAX: f64 = SECONDS_MAX / 2.0;
 
 /// Shape of an agents run. Every field has a default (see `Default`) and a unit in its name.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -179,7 +179,7 @@ impl AgentsSpec {
 
     /// `validate`, then the tighter limits of a live run, where a real model computes every token on the CPU:
     /// at most `LIVE_AGENTS_MAX` sessions and `LIVE_AGENT_TURNS_TOTAL_MAX` turns in all.
-    pub fn validate_live(&self) -> Result<(), AgentsSpecError> {
+    pub(crate) fn validate_live(&self) -> Result<(), AgentsSpecError> {
         self.validate()?;
         let limits = [
             (
@@ -209,7 +209,7 @@ impl AgentsSpec {
 
     /// New input tokens of `turn` for `agent`: the first prompt, or a later turn's tool output / user input,
     /// drawn uniformly from half to one and a half times `turn_input_tokens`. Deterministic in the seed.
-    pub fn input_len(&self, agent: u32, turn: u32) -> u32 {
+    pub(crate) fn input_len(&self, agent: u32, turn: u32) -> u32 {
         if turn == 0 {
             self.first_prompt_tokens
         } else {
@@ -218,7 +218,7 @@ impl AgentsSpec {
     }
 
     /// Output length cap of `turn` for `agent`: half to one and a half times `response_tokens`.
-    pub fn response_len(&self, agent: u32, turn: u32) -> u32 {
+    pub(crate) fn response_len(&self, agent: u32, turn: u32) -> u32 {
         self.jitter(self.response_tokens, agent, turn, 2)
     }
 
@@ -238,7 +238,7 @@ impl AgentsSpec {
 
     /// Prompt tokens over every turn of every session (one pass over the turns: a turn's prompt is the
     /// previous turn's prompt and response plus its input).
-    pub fn total_prompt_tokens(&self) -> u64 {
+    pub(crate) fn total_prompt_tokens(&self) -> u64 {
         (0..self.n_agents)
             .map(|agent| {
                 let mut context = 0u64;
@@ -255,7 +255,7 @@ impl AgentsSpec {
 
     /// The most any cache can serve, in percent of all prompt tokens: every prompt token but each turn's new
     /// input has been computed before (responses run to their cap: the simulated model never stops early).
-    pub fn max_from_cache_pct(&self) -> f64 {
+    pub(crate) fn max_from_cache_pct(&self) -> f64 {
         let new: u64 = (0..self.n_agents)
             .flat_map(|agent| (0..self.turns).map(move |turn| (agent, turn)))
             .map(|(agent, turn)| u64::from(self.input_len(agent, turn)))
@@ -265,7 +265,7 @@ impl AgentsSpec {
     }
 
     /// The new input tokens of `turn` for `agent`. Deterministic in (seed, agent, turn).
-    pub fn new_input(&self, agent: u32, turn: u32) -> Vec<u32> {
+    pub(crate) fn new_input(&self, agent: u32, turn: u32) -> Vec<u32> {
         let stream = self.stream(agent, turn, 0);
         (0..u64::from(self.input_len(agent, turn)))
             .map(|i| token(stream, i))

@@ -16,7 +16,7 @@ use crate::limits::{MODEL_LEN_MAX, SECONDS_MAX, TRACE_LINE_BYTES_MAX};
 pub mod generate;
 
 /// Tokens per hash block in the Mooncake traces.
-pub const TRACE_BLOCK_TOKENS: u32 = 512;
+pub(crate) const TRACE_BLOCK_TOKENS: u32 = 512;
 
 /// One request of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -199,7 +199,7 @@ pub fn theoretical_max_hit_pct(requests: &[TraceRequest]) -> f64 {
 }
 
 /// `(tokens that could be cache hits, all prompt tokens)` behind [`theoretical_max_hit_pct`].
-pub fn theoretical_max_hit_tokens(requests: &[TraceRequest]) -> (u64, u64) {
+pub(crate) fn theoretical_max_hit_tokens(requests: &[TraceRequest]) -> (u64, u64) {
     let mut seen = HashSet::new();
     let (mut hit, mut total) = (0u64, 0u64);
     for request in requests {

@@ -32,7 +32,7 @@ impl Ledger {
     }
 
     /// Records that admitted `request` allocated `n_pages` itself: they are drawn from its credits.
-    pub fn consume(&mut self, request: RequestId, n_pages: u32) -> Result<()> {
+    pub(crate) fn consume(&mut self, request: RequestId, n_pages: u32) -> Result<()> {
         let entry = self.entry_in(request, TicketState::Admitted)?;
         let before = entry.outstanding();
         entry.held_pages = entry.held_pages.saturating_add(n_pages);

@@ -74,7 +74,8 @@ pub struct Released {
 
 impl Released {
     /// Whether nothing was held.
-    pub fn is_noop(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_noop(&self) -> bool {
         *self == Released::default()
     }
 }
@@ -279,7 +280,8 @@ impl Ledger {
     }
 
     /// Outstanding credits of `request` (0 without a ticket).
-    pub fn credit_pages_of(&self, request: RequestId) -> u32 {
+    #[cfg(test)]
+    pub(crate) fn credit_pages_of(&self, request: RequestId) -> u32 {
         self.tickets
             .get(&request)
             .map_or(0, TicketEntry::outstanding)
@@ -310,12 +312,14 @@ impl Ledger {
     }
 
     /// Whether `request` holds a ticket or is a waiter.
-    pub fn holds_anything(&self, request: RequestId) -> bool {
+    #[cfg(test)]
+    pub(crate) fn holds_anything(&self, request: RequestId) -> bool {
         self.tickets.contains_key(&request) || self.waiter_orders.contains_key(&request)
     }
 
     /// Tickets.
-    pub fn n_tickets(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn n_tickets(&self) -> usize {
         self.tickets.len()
     }
 

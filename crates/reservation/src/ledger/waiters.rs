@@ -48,7 +48,8 @@ impl Ledger {
     }
 
     /// Capacity waiters, expired ones included.
-    pub fn n_waiters(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn n_waiters(&self) -> usize {
         self.waiters.len()
     }
 

@@ -14,7 +14,8 @@ use std::time::{Duration, SystemTime};
 use super::{TEN_TOKEN_BYTES, checkpoint, tokens};
 use crate::checkpoint::CheckpointId;
 use crate::error::Error;
-use crate::store::{CheckpointStore, DiskStore, MANIFEST_BYTES_MAX};
+use crate::store::manifest::MANIFEST_BYTES_MAX;
+use crate::store::{CheckpointStore, DiskStore};
 
 fn id(name: &str) -> CheckpointId {
     CheckpointId::new(name).unwrap()

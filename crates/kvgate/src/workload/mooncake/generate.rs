@@ -13,15 +13,15 @@ use super::{TRACE_BLOCK_TOKENS, TraceRequest};
 use crate::error::{Error, Result};
 
 /// Requests of a generated trace at most.
-pub const GENERATED_REQUESTS_MAX: u32 = 1_000_000;
+pub(crate) const GENERATED_REQUESTS_MAX: u32 = 1_000_000;
 
 /// Mean arrival rate of a generated trace, in requests per second, at least and at most.
-pub const RATE_PER_S_MIN: f64 = 0.01;
+pub(crate) const RATE_PER_S_MIN: f64 = 0.01;
 /// See [`RATE_PER_S_MIN`].
-pub const RATE_PER_S_MAX: f64 = 1e6;
+pub(crate) const RATE_PER_S_MAX: f64 = 1e6;
 
 /// A prompt grows by later turns until it would pass this many tokens; then its session ends.
-pub const SESSION_TOKENS_MAX: u32 = 65_536;
+pub(crate) const SESSION_TOKENS_MAX: u32 = 65_536;
 
 /// How long prompts are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
