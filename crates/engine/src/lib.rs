@@ -11,8 +11,8 @@ mod policy;
 mod request;
 
 pub use engine::{
-    Clock, Engine, RequestPhase, RequestView, RestoreGauges, ShutdownReport, SimClock, StepReport,
-    WALL_IDLE_WAIT, WallClock, open_store,
+    Builder, Clock, Engine, RequestPhase, RequestView, RestoreGauges, ShutdownReport, SimClock,
+    StepReport, WALL_IDLE_WAIT, WallClock, open_store,
 };
 pub use error::{Error, Result};
 pub use executor::{

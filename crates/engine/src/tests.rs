@@ -315,3 +315,18 @@ fn pools_too_big_to_allocate_are_refused_before_anything_is_allocated() {
     params.sim_bytes_per_page = 1 << 18;
     params.validate().unwrap();
 }
+
+#[test]
+fn the_builder_uses_a_given_clock_in_place_of_the_one_the_params_name() {
+    let params = EngineParams {
+        clock: crate::ClockKind::Wall,
+        ..EngineParams::default()
+    };
+    let named = crate::Engine::builder(params.clone()).build().unwrap();
+    assert_eq!(named.clock_name(), "wall");
+    let given = crate::Engine::builder(params)
+        .clock(Box::new(crate::SimClock))
+        .build()
+        .unwrap();
+    assert_eq!(given.clock_name(), "simulated");
+}

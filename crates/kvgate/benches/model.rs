@@ -122,8 +122,10 @@ fn model_figures(model: &Arc<LoadedModel>, sizes: &Sizes) -> String {
     let geometry = model.geometry(sizes.restore + 64).expect("geometry");
     let pages = 2 * (sizes.restore / 16 + 8);
     let p = prompt(sizes.prompt, vocab);
-    let mut engine =
-        Engine::with_executor(params(geometry.clone(), pages), executor()).expect("engine");
+    let mut engine = Engine::builder(params(geometry.clone(), pages))
+        .executor(executor())
+        .build()
+        .expect("engine");
     let one = serve(&mut engine, &[(1, &p, sizes.decode_steps + 1, false)]);
     let prefill = f64::from(sizes.prompt) / ttft_s(&one[0]);
     let decode_s = |m: &RequestMetrics| {
@@ -147,7 +149,10 @@ fn model_figures(model: &Arc<LoadedModel>, sizes: &Sizes) -> String {
     eprintln!(
         "model: prefill {prefill:.1} tok/s, decode {decode_1:.1} (batch 1), {decode_8:.1} tok/s (batch 8)"
     );
-    let engine = Engine::with_executor(params(geometry, pages), executor()).expect("engine");
+    let engine = Engine::builder(params(geometry, pages))
+        .executor(executor())
+        .build()
+        .expect("engine");
     let (recompute, restore) = restore_vs_recompute(engine, &prompt(sizes.restore, vocab), "model");
     format!(
         "\"model_prefill_tok_s\": {prefill:.2}, \"model_decode_tok_s_batch1\": {decode_1:.2}, \
@@ -162,7 +167,10 @@ fn reference_figures(sizes: &Sizes) -> String {
     let geometry = config.geometry(sizes.restore + 64).expect("geometry");
     let pages = 2 * (config.pages_for_tokens(sizes.restore) + 8);
     let executor = ReferenceExecutor::new(config).expect("the tiny model");
-    let engine = Engine::with_executor(params(geometry, pages), executor).expect("engine");
+    let engine = Engine::builder(params(geometry, pages))
+        .executor(executor)
+        .build()
+        .expect("engine");
     let (recompute, restore) =
         restore_vs_recompute(engine, &prompt(sizes.restore, config.vocab), "reference");
     format!(

@@ -1,4 +1,5 @@
-//! The `EngineBuilder`: the one way an embedding server makes an engine from an `EngineConfig`.
+//! The `EngineBuilder`: how an embedding server makes an engine from an `EngineConfig` (through the engine's
+//! own `Engine::builder`, the one way any engine is made).
 
 use engine::{Engine, Policy};
 
@@ -48,7 +49,13 @@ impl EngineBuilder {
 
     /// Validates the configuration and builds the engine; errors name the field at fault.
     pub fn build(self) -> Result<Engine> {
-        Ok(Engine::new(self.config.engine_params(self.policy)?)?)
+        Ok(self.engine()?.build()?)
+    }
+
+    /// Validates the configuration and gives the engine's own builder (`engine::Builder`), for the parts a
+    /// caller supplies itself: an executor, a shared checkpoint store, page storage, a clock.
+    pub fn engine(self) -> Result<engine::Builder> {
+        Ok(Engine::builder(self.config.engine_params(self.policy)?))
     }
 
     /// `build`, with the engine's Prometheus metrics registered in `registry` (labelled with the policy):

@@ -221,18 +221,8 @@ pub fn run_cluster_replay_observed(
     )]
     let started = Instant::now();
     let params = config.engine_params(policy)?;
-    let store = SharedStore::new(engine::open_store(&params)?);
-    let engines = (0..cluster.n_engines)
-        .map(|_| Engine::with_store(params.clone(), Box::new(store.clone())))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut fleet = Fleet::new(&params, &cluster)?;
     let block_tokens = params.geometry.block_tokens();
-    let mut fleet = Fleet {
-        busy: vec![false; engines.len()],
-        routed: vec![0u64; engines.len()],
-        engines,
-        router: RouterState::new(cluster.router),
-        store,
-    };
     let total = trace.len() as u64;
     let mut next = 0usize;
     let mut finished = 0u64;
@@ -296,6 +286,25 @@ struct Fleet {
 }
 
 impl Fleet {
+    /// `cluster.n_engines` engines built from `params`, sharing the one checkpoint store `params` asks for.
+    fn new(params: &EngineParams, cluster: &ClusterSpec) -> Result<Fleet> {
+        let store = SharedStore::new(engine::open_store(params)?);
+        let engines = (0..cluster.n_engines)
+            .map(|_| {
+                Engine::builder(params.clone())
+                    .store(Box::new(store.clone()))
+                    .build()
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Fleet {
+            busy: vec![false; engines.len()],
+            routed: vec![0u64; engines.len()],
+            engines,
+            router: RouterState::new(cluster.router),
+            store,
+        })
+    }
+
     /// Steps engine `index` with `observer` shown the step: how many requests finished in it, or why the
     /// engine stalled (K3).
     fn step(

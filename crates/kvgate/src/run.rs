@@ -10,6 +10,7 @@ use engine::{
 };
 use kv_pool::{RequestId, Timestamp};
 
+use crate::EngineBuilder;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::limits::{TIME_SCALE_MAX, duration_s, show};
@@ -79,7 +80,7 @@ pub fn run_agents_observed(
     observer: &mut dyn Observer,
 ) -> Result<RunMetrics> {
     spec.validate()?;
-    let mut engine = Engine::new(config.engine_params(policy)?)?;
+    let mut engine = EngineBuilder::new(config.clone()).policy(policy).build()?;
     drive_agents(&mut engine, spec, progress, &mut |engine, report| {
         observer.step(engine, report);
         !observer.stop()
@@ -161,7 +162,7 @@ pub fn run_replay_observed(
     observer: &mut dyn Observer,
 ) -> Result<RunMetrics> {
     let arrivals = replay_arrivals(trace, later_turn, time_scale)?;
-    let mut engine = Engine::new(config.engine_params(policy)?)?;
+    let mut engine = EngineBuilder::new(config.clone()).policy(policy).build()?;
     let block_tokens = engine.params().geometry.block_tokens();
     // Building a request (its prompt's tokens and block keys) is most of what a submit costs, and it does not
     // depend on the engine: a second thread builds them ahead, in order, a bounded number at a time, and

@@ -18,6 +18,7 @@ use kv_pool::RequestId;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::EngineBuilder;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::limits::{SCENARIO_STEPS_MAX, duration_s, show};
@@ -229,7 +230,9 @@ pub(crate) fn execute(scenario: &Scenario) -> Result<(Value, RunMetrics)> {
             scenario.max_steps
         )));
     }
-    let mut engine = Engine::new(scenario.config.engine_params(policy)?)?;
+    let mut engine = EngineBuilder::new(scenario.config.clone())
+        .policy(policy)
+        .build()?;
     let mut events: BTreeMap<u32, Vec<&Action>> = BTreeMap::new();
     for event in &scenario.events {
         if event.at_step >= scenario.max_steps {

@@ -4,15 +4,17 @@
 //!
 //! What each policy does and who owns an import's pages at each stage: `restore_policy/mod.rs`.
 //!
-//! Layout: this file holds the `Engine` type, its construction and the request API (submit, cancel, resume,
-//! reset); `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator;
-//! `pages.rs` page-level work; `req.rs` a live request; `table.rs` the live requests and the lifecycle's edges (`RequestTable::move_to`); `report.rs` `StepReport`, `RequestView` and the
-//! read-only accessors; `invariants.rs` `check_invariants` and the leak count; `capture_link.rs` the captures
-//! on their way to the store; `clock.rs` the injected clock; `groups.rs` the cache groups' plan; `drafts.rs` what a decode with draft
-//! tokens yields;
-//! `recompute.rs` E3 verification by recompute.
+//! Layout: this file holds the `Engine` type and the request API (submit, cancel, resume, reset);
+//! `builder.rs` its construction (`Engine::builder`, the one way); `parts.rs` its smaller owned parts;
+//! `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator; `pages.rs`
+//! page-level work; `req.rs` a live request; `table.rs` the live requests and the lifecycle's edges
+//! (`RequestTable::move_to`); `report.rs` `StepReport`, `RequestView` and the read-only accessors;
+//! `invariants.rs` `check_invariants` and the leak count; `capture_link.rs` the captures on their way to the
+//! store; `clock.rs` the injected clock; `groups.rs` the cache groups' plan; `drafts.rs` what a decode with
+//! draft tokens yields; `recompute.rs` E3 verification by recompute.
 
 mod admit;
+mod builder;
 mod capture_link;
 mod clock;
 mod coordinator;
@@ -33,17 +35,14 @@ use tokens::Tokens;
 
 use std::sync::Arc;
 
-use checkpoint_transfer::{
-    CheckpointStore, CopyEngine, CopyModel, CudaCopyEngine, DiskStore, Fault, HostStore,
-    InlineCopyEngine, RedisStore, ReorderingCopyEngine, ThreadedCopyEngine,
-};
+use checkpoint_transfer::Fault;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
-use kv_pool::{CudaStorage, HostStorage, PageId, PagePool, PageStorage};
+use kv_pool::{PageId, PagePool, PageStorage};
 
 use crate::error::{Error, Result};
 use crate::executor::{Executor, SimExecutor};
 use crate::metrics::{FallbackReason, RejectReason};
-use crate::params::{ClockKind, CopyEngineKind, EngineParams, StorageKind};
+use crate::params::EngineParams;
 use crate::request::{FinishedRequest, KeyedRequest, RequestSpec};
 
 use self::groups::GroupPlan;
@@ -51,6 +50,7 @@ use self::parts::{Ids, Restores, StepScratch, StepTime, Tally, Watchdog};
 use self::req::{Phase, Req, Restore};
 use self::table::RequestTable;
 
+pub use self::builder::{Builder, open_store};
 pub use self::clock::{Clock, SimClock, WALL_IDLE_WAIT, WallClock};
 pub use self::report::{RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
 
@@ -95,100 +95,7 @@ impl<E: Executor> std::fmt::Debug for Engine<E> {
     }
 }
 
-impl Engine<SimExecutor> {
-    /// An engine with the simulated executor built from `params.cost`.
-    pub fn new(params: EngineParams) -> Result<Self> {
-        let executor = SimExecutor::new(params.cost.clone());
-        Engine::with_executor(params, executor)
-    }
-
-    /// An engine with the simulated executor whose checkpoints go to `store` instead of the store `params`
-    /// asks for (`store_dir`, `store_url` and `store_capacity_pages` are not used to open one): engines built
-    /// with clones of one `SharedStore` restore each other's checkpoints.
-    pub fn with_store(params: EngineParams, store: Box<dyn CheckpointStore>) -> Result<Self> {
-        let executor = SimExecutor::new(params.cost.clone());
-        Engine::build(params, executor, Some(store), None)
-    }
-}
-
 impl<E: Executor> Engine<E> {
-    /// An engine driving `executor`. An executor that needs pages of its own size (a real model) sets
-    /// `sim_bytes_per_page` to it; it checks the rest of `params` itself (`Executor::check_params`).
-    pub fn with_executor(params: EngineParams, executor: E) -> Result<Self> {
-        Engine::build(params, executor, None, None)
-    }
-
-    /// `with_executor`, with page bytes in `storage` and restores through `copies` in place of those
-    /// `params.storage` and `params.copy_engine` ask for: how a test runs the engine on a stand-in device
-    /// whose copies it holds in flight. `copies` must write into `storage` and have nothing in flight.
-    /// Errors: `InvalidParam` naming `storage` when its shape is not the pool's (`context_parallel` ranks
-    /// of `pool_pages()` pages of `sim_bytes_per_page` bytes), or `copy_engine` when `copies` has jobs.
-    pub fn with_page_storage(
-        params: EngineParams,
-        executor: E,
-        storage: Arc<dyn PageStorage>,
-        copies: Box<dyn CopyEngine>,
-    ) -> Result<Self> {
-        Engine::build(params, executor, None, Some((storage, copies)))
-    }
-
-    /// `with_executor`, with `store` and the page bytes in place of those `params` asks for when given.
-    fn build(
-        mut params: EngineParams,
-        executor: E,
-        store: Option<Box<dyn CheckpointStore>>,
-        page_bytes: Option<(Arc<dyn PageStorage>, Box<dyn CopyEngine>)>,
-    ) -> Result<Self> {
-        if let Some(bytes_per_page) = executor.bytes_per_page() {
-            params.sim_bytes_per_page = bytes_per_page;
-        }
-        params.validate()?;
-        executor.check_params(&params)?;
-        let clock_kind = params.clock;
-        let n_ranks = params.geometry.context_parallel();
-        let n_pages = params.pool_pages();
-        let pool = PagePool::new(n_pages)?;
-        // One shard per rank: a page id names that page on every rank (`Geometry::block_tokens`).
-        let (storage, copies) = match page_bytes {
-            Some((storage, copies)) => {
-                check_given_page_bytes(&params, &*storage, &*copies, n_ranks, n_pages)?;
-                (storage, copies)
-            }
-            None => {
-                let storage = open_storage(&params, n_ranks, n_pages)?;
-                let model = copy_model(&params, &executor);
-                let copies = open_copy_engine(&params, model, &storage)?;
-                (storage.as_dyn(), copies)
-            }
-        };
-        let store = match store {
-            Some(store) => store,
-            None => open_store(&params)?,
-        };
-        let groups = GroupPlan::new(&params.geometry)?;
-        let layout = GroupPlan::layout(&params.geometry, u64::from(params.sim_bytes_per_page));
-        let policy = restore_policy::for_params(&params);
-        Ok(Engine {
-            scratch: StepScratch::new(params.sim_bytes_per_page as usize),
-            params,
-            executor,
-            pool,
-            storage,
-            policy,
-            groups,
-            table: RequestTable::default(),
-            restores: Restores::new(copies, store, layout),
-            time: StepTime::new(match clock_kind {
-                ClockKind::Simulated => Box::new(SimClock),
-                ClockKind::Wall => Box::new(WallClock::new()),
-            }),
-            watchdog: Watchdog::default(),
-            ids: Ids::default(),
-            tally: Tally::default(),
-            kv_events: None,
-        })
-    }
-
     /// The parameters the engine was built from.
     pub fn params(&self) -> &EngineParams {
         &self.params
@@ -477,11 +384,6 @@ impl<E: Executor> Engine<E> {
         self.time.now
     }
 
-    /// Replaces the clock (L1): a test's or a server's own. The engine's time never goes back.
-    pub fn set_clock(&mut self, clock: Box<dyn Clock>) {
-        self.time.source = clock;
-    }
-
     /// The clock's name (`simulated`, `wall`).
     pub fn clock_name(&self) -> &'static str {
         self.time.source.name()
@@ -559,7 +461,9 @@ impl<E: Executor> Engine<E> {
     /// Empties the checkpoint store (a store restart that lost everything): pending restores find their
     /// checkpoint gone at their next lookup or refresh.
     pub fn forget_checkpoints(&mut self) {
-        self.restores.store = Box::new(HostStore::new(store_capacity_bytes(&self.params)));
+        self.restores.store = Box::new(checkpoint_transfer::HostStore::new(
+            builder::store_capacity_bytes(&self.params),
+        ));
     }
 
     /// Injects a copy fault (fail, delay, corrupt, evict a destination page) into the copy engine. The inline
@@ -624,157 +528,4 @@ impl<E: Executor> Engine<E> {
 /// H1: `Ok` when the step loop runs `geometry`, else `UnsupportedGeometry` naming the group and why.
 pub(crate) fn check_geometry(geometry: &kv_pool::Geometry) -> Result<()> {
     GroupPlan::new(geometry).map(|_plan| ())
-}
-
-/// The store's capacity in payload bytes: `store_capacity_pages` simulated pages.
-fn store_capacity_bytes(params: &EngineParams) -> u64 {
-    params
-        .store_capacity_pages
-        .saturating_mul(u64::from(params.sim_bytes_per_page))
-}
-
-/// The checkpoint store `params` asks for: a `RedisStore` at `store_url` (sharing what the server holds), a
-/// `DiskStore` in `store_dir` (reopened with what it holds), else a `HostStore`.
-pub fn open_store(params: &EngineParams) -> Result<Box<dyn CheckpointStore>> {
-    let capacity = store_capacity_bytes(params);
-    Ok(match (&params.store_url, &params.store_dir) {
-        (Some(url), None) => Box::new(RedisStore::open(
-            url,
-            &params.store_key_prefix,
-            capacity,
-            params.lookup_timeout,
-        )?),
-        (Some(_), Some(_)) => {
-            return Err(Error::InvalidParam {
-                name: "store_url",
-                reason: "store_dir is set too; give one checkpoint store".to_string(),
-            });
-        }
-        (None, Some(dir)) => Box::new(DiskStore::open(dir, capacity)?),
-        (None, None) => Box::new(HostStore::new(capacity)),
-    })
-}
-
-/// The page storage `params` asks for, before its use is decided: the cuda copy engine needs the
-/// `CudaStorage` itself, everything else the `PageStorage` trait.
-enum Storage {
-    Host(Arc<HostStorage>),
-    Cuda(Arc<CudaStorage>),
-}
-
-impl Storage {
-    fn as_dyn(&self) -> Arc<dyn PageStorage> {
-        match self {
-            Storage::Host(host) => Arc::clone(host) as Arc<dyn PageStorage>,
-            Storage::Cuda(cuda) => Arc::clone(cuda) as Arc<dyn PageStorage>,
-        }
-    }
-}
-
-/// The page storage `params` asks for (L1): `n_ranks` shards of `n_pages` pages of `sim_bytes_per_page`.
-/// CUDA storage without a driver or device is `InvalidParam` naming `storage`, with the driver's reason.
-fn open_storage(params: &EngineParams, n_ranks: u32, n_pages: u32) -> Result<Storage> {
-    let bytes_per_page = params.sim_bytes_per_page as usize;
-    Ok(match params.storage {
-        StorageKind::Host => Storage::Host(Arc::new(HostStorage::new(
-            n_ranks,
-            n_pages,
-            bytes_per_page,
-        )?)),
-        StorageKind::Cuda { device } => {
-            match CudaStorage::new(device as usize, n_ranks, n_pages, bytes_per_page) {
-                Ok(cuda) => Storage::Cuda(Arc::new(cuda)),
-                Err(kv_pool::Error::CudaUnavailable { reason }) => {
-                    return Err(Error::InvalidParam {
-                        name: "storage",
-                        reason: format!(
-                            "cuda page storage on device {device} needs an NVIDIA driver and that device: \
-                             {reason}; use host storage ([pool] storage = \"host\", --storage host) on a \
-                             machine without one"
-                        ),
-                    });
-                }
-                Err(other) => return Err(other.into()),
-            }
-        }
-    })
-}
-
-/// The modeled copy time the inline copy engine charges: the executor's, per page of `params`.
-fn copy_model<E: Executor>(params: &EngineParams, executor: &E) -> CopyModel {
-    let latency = executor.copy_time(0);
-    let per_page = executor
-        .copy_time(params.geometry.tokens_per_page())
-        .saturating_sub(latency)
-        .as_secs_f64()
-        .max(1e-12);
-    CopyModel {
-        bandwidth_bytes_per_s: f64::from(params.sim_bytes_per_page) / per_page,
-        latency,
-    }
-}
-
-/// Checks storage given to `Engine::with_page_storage` has the pool's shape and its copy engine is idle.
-fn check_given_page_bytes(
-    params: &EngineParams,
-    storage: &dyn PageStorage,
-    copies: &dyn CopyEngine,
-    n_ranks: u32,
-    n_pages: u32,
-) -> Result<()> {
-    let bytes_per_page = params.sim_bytes_per_page as usize;
-    let shape = (
-        storage.n_ranks(),
-        storage.n_pages(),
-        storage.bytes_per_page(),
-    );
-    if shape != (n_ranks, n_pages, bytes_per_page) {
-        return Err(Error::InvalidParam {
-            name: "storage",
-            reason: format!(
-                "the given storage holds {} ranks of {} pages of {} bytes; the pool needs {n_ranks} \
-                 of {n_pages} of {bytes_per_page}",
-                shape.0, shape.1, shape.2
-            ),
-        });
-    }
-    if copies.n_in_flight() > 0 {
-        return Err(Error::InvalidParam {
-            name: "copy_engine",
-            reason: format!(
-                "the given copy engine has {} jobs in flight; give an idle one",
-                copies.n_in_flight()
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// The copy engine `params` asks for (L1), moving bytes into `storage`. `validate` refused cuda copies on
-/// host storage already; the check here keeps the refusal an error should that change.
-fn open_copy_engine(
-    params: &EngineParams,
-    model: CopyModel,
-    storage: &Storage,
-) -> Result<Box<dyn CopyEngine>> {
-    let shared = storage.as_dyn();
-    Ok(match params.copy_engine {
-        CopyEngineKind::Inline => Box::new(InlineCopyEngine::with_storage(model, shared)),
-        CopyEngineKind::Threaded { workers } => {
-            Box::new(ThreadedCopyEngine::new(shared, workers as usize)?)
-        }
-        CopyEngineKind::Reordering { workers, seed } => {
-            Box::new(ReorderingCopyEngine::new(shared, workers as usize, seed)?)
-        }
-        CopyEngineKind::Cuda => match storage {
-            Storage::Cuda(cuda) => Box::new(CudaCopyEngine::new(Arc::clone(cuda))?),
-            Storage::Host(_) => {
-                return Err(Error::InvalidParam {
-                    name: "copy_engine",
-                    reason: "cuda copies write into CUDA page storage; set storage to cuda"
-                        .to_string(),
-                });
-            }
-        },
-    })
 }

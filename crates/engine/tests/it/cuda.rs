@@ -2,7 +2,7 @@
 //! `storage` (asserted here, on machines without a GPU); with one, agents sessions restore through CUDA
 //! copies straight into the pool's device pages and every restored page is read back from the device and
 //! compared with recompute (E3), and cancel, reset and shutdown with copies in flight leave no page leaked:
-//! on host storage, and on device storage given through `Engine::with_page_storage` (the host-backed
+//! on host storage, and on device storage given through `Builder::page_storage` (the host-backed
 //! stand-in `FakeDevice`, and CUDA), its copy streams held (`Device::hold_stream`) so the device itself says
 //! the copies are still queued when the engine acts.
 //! The GPU tests pass `kv_pool::gpu_test_gate` first: without a driver they print `skipped: <test>: <reason>`
@@ -176,7 +176,7 @@ fn host_cancel_reset_and_shutdown_with_copies_in_flight_leak_nothing() {
 }
 
 /// The same on the stand-in device through the CUDA path's copy engine (`DeviceCopyEngine`), given to the
-/// engine with `Engine::with_page_storage`, its streams held as on a GPU: at cancel, reset and shutdown the
+/// engine with `Builder::page_storage`, its streams held as on a GPU: at cancel, reset and shutdown the
 /// device says transfers into the pages are still queued, the engine keeps those pages until the device
 /// says the copies are over (shutdown returns only after the holds were dropped), and no page was read or
 /// written while a queued transfer still wrote it.
@@ -225,7 +225,11 @@ fn device_engine<D: Device>(
     let copies = DeviceCopyEngine::with_staging(Arc::clone(&storage), limits).unwrap();
     let executor = SimExecutor::new(params.cost.clone());
     let given: Arc<dyn PageStorage> = Arc::clone(&storage) as Arc<dyn PageStorage>;
-    let engine = Engine::with_page_storage(params, executor, given, Box::new(copies)).unwrap();
+    let engine = Engine::builder(params)
+        .executor(executor)
+        .page_storage(given, Box::new(copies))
+        .build()
+        .unwrap();
     let held = DeviceHold {
         storage,
         holds: Mutex::new(Vec::new()),
@@ -234,7 +238,7 @@ fn device_engine<D: Device>(
     (engine, Hold::Device(Arc::new(held)))
 }
 
-/// Storage given to `Engine::with_page_storage` must have the pool's shape, and its copy engine must be idle:
+/// Storage given to `Builder::page_storage` must have the pool's shape, and its copy engine must be idle:
 /// otherwise an error naming the parameter.
 #[test]
 fn given_page_storage_of_another_shape_or_a_busy_copy_engine_is_refused() {
@@ -252,8 +256,10 @@ fn given_page_storage_of_another_shape_or_a_busy_copy_engine_is_refused() {
             copies.submit(job, kv_pool::Timestamp::ZERO).unwrap();
         }
         let executor = SimExecutor::new(params.cost.clone());
-        let built =
-            Engine::with_page_storage(params.clone(), executor, storage.clone(), Box::new(copies));
+        let built = Engine::builder(params.clone())
+            .executor(executor)
+            .page_storage(storage.clone(), Box::new(copies))
+            .build();
         storage.device().pause(0, false);
         built.map(|_| ()).unwrap_err()
     };

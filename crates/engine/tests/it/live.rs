@@ -42,7 +42,10 @@ fn ref_params(policy: Policy, config: &ReferenceConfig, n_pages: u32) -> EngineP
 fn ref_engine(policy: Policy, recurrent: bool) -> Engine<ReferenceExecutor> {
     let config = config(recurrent);
     let executor = ReferenceExecutor::new(config).expect("the tiny model builds");
-    Engine::with_executor(ref_params(policy, &config, 257), executor).expect("the engine builds")
+    Engine::builder(ref_params(policy, &config, 257))
+        .executor(executor)
+        .build()
+        .expect("the engine builds")
 }
 
 /// Steps `engine` until idle, checking the invariants after every step; the outputs of what finished.
@@ -239,7 +242,10 @@ fn l5_a_corrupted_copy_is_caught_by_the_reference_executors_verification() {
 fn l3_reference_executor_refuses_other_geometries_and_saved_logits() {
     let config = config(true);
     let build = |params: EngineParams| {
-        Engine::with_executor(params, ReferenceExecutor::new(config).unwrap()).map(|_| ())
+        Engine::builder(params)
+            .executor(ReferenceExecutor::new(config).unwrap())
+            .build()
+            .map(|_| ())
     };
     let base = ref_params(Policy::Reserved, &config, 65);
     let full_only = Geometry::new(self::config(false).cache_groups(), 16, 1, 4096).unwrap();
@@ -326,8 +332,10 @@ fn l1_the_same_step_loop_runs_on_the_wall_clock_with_threaded_copies_and_real_co
             copy_engine: CopyEngineKind::Threaded { workers: 2 },
             ..ref_params(policy, &config, 257)
         };
-        let mut engine =
-            Engine::with_executor(params, ReferenceExecutor::new(config).unwrap()).unwrap();
+        let mut engine = Engine::builder(params)
+            .executor(ReferenceExecutor::new(config).unwrap())
+            .build()
+            .unwrap();
         assert_eq!(engine.clock_name(), "wall");
         let prompt = tokens(13, 0, 0, 100);
         engine
@@ -408,7 +416,7 @@ fn e2_an_answer_ends_at_the_models_stop_token_and_leaves_its_response_checkpoint
         stop_token: Some(stop),
         ..ref_params(Policy::Reserved, &config, 257)
     };
-    let mut engine = Engine::with_executor(params, executor).unwrap();
+    let mut engine = Engine::builder(params).executor(executor).build().unwrap();
     engine
         .submit(spec(1, prompt.clone(), cap, engine.now()))
         .unwrap();

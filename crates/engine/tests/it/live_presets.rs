@@ -105,7 +105,10 @@ fn shape_params(policy: Policy, shape: &Shape) -> EngineParams {
 
 fn shape_engine(policy: Policy, shape: &Shape) -> Engine<ReferenceExecutor> {
     let executor = ReferenceExecutor::new(shape.model).expect("the shape's model builds");
-    Engine::with_executor(shape_params(policy, shape), executor).expect("the engine builds")
+    Engine::builder(shape_params(policy, shape))
+        .executor(executor)
+        .build()
+        .expect("the engine builds")
 }
 
 /// Greedy decoding of `prompt` by the model alone, in contiguous page tables on every rank: `n` tokens.

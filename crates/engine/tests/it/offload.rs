@@ -163,13 +163,12 @@ fn q6_a_preemption_is_not_offloaded_when_copying_costs_more_than_recomputing() {
         copy_bytes_per_s: 1e3,
         ..CostModel::small_8b_gpu()
     };
-    let mut engine = Engine::with_executor(
-        EngineParams {
-            cost: cost.clone(),
-            ..params(Policy::Reserved, Preemption::Offload)
-        },
-        SimExecutor::new(cost),
-    )
+    let mut engine = Engine::builder(EngineParams {
+        cost: cost.clone(),
+        ..params(Policy::Reserved, Preemption::Offload)
+    })
+    .executor(SimExecutor::new(cost))
+    .build()
     .unwrap();
     submit_pressure(&mut engine);
     let (_outputs, victim) = run(&mut engine);
@@ -192,7 +191,7 @@ fn q6_an_offloaded_preemption_generates_the_reference_models_tokens() {
             max_batched_tokens: 96,
             ..params(Policy::Reserved, preemption)
         };
-        let mut engine = Engine::with_executor(params, executor).unwrap();
+        let mut engine = Engine::builder(params).executor(executor).build().unwrap();
         submit_pressure(&mut engine);
         let (outputs, victim) = run(&mut engine);
         assert!(victim.preemptions > 0, "{preemption:?}");

@@ -22,7 +22,10 @@ fn params() -> EngineParams {
 
 /// An engine with a private store of its own.
 fn engine_alone() -> Engine {
-    Engine::with_store(params(), Box::new(HostStore::new(1 << 30))).unwrap()
+    Engine::builder(params())
+        .store(Box::new(HostStore::new(1 << 30)))
+        .build()
+        .unwrap()
 }
 
 /// `n` tokens from `first` on.
@@ -112,7 +115,10 @@ fn cache_aware_sends_a_prompt_the_store_covers_to_the_least_loaded() {
     serve(&mut engines[0], 1, first_block_only);
     load(&mut engines[0], 2);
     // A third engine captured the whole context into the shared store.
-    let mut capturer = Engine::with_store(params(), Box::new(store.clone())).unwrap();
+    let mut capturer = Engine::builder(params())
+        .store(Box::new(store.clone()))
+        .build()
+        .unwrap();
     serve(&mut capturer, 3, context.clone());
     assert!(store.stats().n_checkpoints > 0);
     let mut next_turn = context;
@@ -135,8 +141,14 @@ fn engines_sharing_a_store_restore_each_others_checkpoints() {
     let store = empty_store();
     let mut params = params();
     params.verify_restores = true;
-    let mut a = Engine::with_store(params.clone(), Box::new(store.clone())).unwrap();
-    let mut b = Engine::with_store(params, Box::new(store.clone())).unwrap();
+    let mut a = Engine::builder(params.clone())
+        .store(Box::new(store.clone()))
+        .build()
+        .unwrap();
+    let mut b = Engine::builder(params)
+        .store(Box::new(store.clone()))
+        .build()
+        .unwrap();
     let context = tokens(1_000, 640);
     serve(&mut a, 1, context.clone());
     assert!(store.stats().n_checkpoints > 0, "a captured its context");
@@ -439,7 +451,12 @@ fn a_cluster_of_big_pools_allocates_only_what_its_requests_touch() {
     let params = config.engine_params(Policy::Reserved).unwrap();
     let mut store = SharedStore::new(engine::open_store(&params).unwrap());
     let mut engines: Vec<Engine> = (0..13)
-        .map(|_| Engine::with_store(params.clone(), Box::new(store.clone())).unwrap())
+        .map(|_| {
+            Engine::builder(params.clone())
+                .store(Box::new(store.clone()))
+                .build()
+                .unwrap()
+        })
         .collect();
     let mut router = RouterState::new(Router::RoundRobin);
     let block_tokens = params.geometry.block_tokens();

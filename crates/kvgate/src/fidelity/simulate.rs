@@ -146,7 +146,7 @@ pub(crate) fn simulate_priced(experiment: &Experiment, cost: CostModel) -> Resul
         sim: SimExecutor::new(cost),
         total: RawCounts::default(),
     };
-    let mut engine = Engine::with_executor(params, executor)?;
+    let mut engine = Engine::builder(params).executor(executor).build()?;
     run(&mut engine, &workload, &scales, experiment.stages.len())
 }
 

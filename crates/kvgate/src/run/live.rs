@@ -191,8 +191,10 @@ pub fn run_agents_live_observed(
         ReferenceExecutor::new(reference_model(config))?,
         verify.clone(),
     );
-    let mut engine = Engine::with_executor(params, executor)?;
-    engine.set_clock(Box::new(VerifyExcludedClock::new(verify.clone())));
+    let mut engine = Engine::builder(params)
+        .executor(executor)
+        .clock(Box::new(VerifyExcludedClock::new(verify.clone())))
+        .build()?;
     drive_agents(&mut engine, spec, progress, &mut |engine, report| {
         observer.step(engine, report);
         !observer.stop()

@@ -195,8 +195,10 @@ pub fn run_chats_live(
     let params = model_params(config, model, policy)?;
     let verify = VerifyTime::default();
     let executor = ModelExecutor::new(Arc::clone(model), verify.clone());
-    let mut engine = Engine::with_executor(params, executor)?;
-    engine.set_clock(Box::new(VerifyExcludedClock::new(verify.clone())));
+    let mut engine = Engine::builder(params)
+        .executor(executor)
+        .clock(Box::new(VerifyExcludedClock::new(verify.clone())))
+        .build()?;
     let answers = drive_chats(&mut engine, spec, model, progress, observer)?;
     observer.finish(&engine);
     let _shutdown = engine.shutdown()?;

@@ -175,7 +175,7 @@ impl Server {
                 let max_model_len = params.geometry.max_model_len();
                 let factory: EngineFactory<ReferenceExecutor> = Box::new(move || {
                     let executor = ReferenceExecutor::new(model)?;
-                    Ok(Engine::with_executor(params.clone(), executor)?)
+                    Ok(Engine::builder(params.clone()).executor(executor).build()?)
                 });
                 let thread = spawn(
                     factory,
@@ -328,7 +328,7 @@ fn spawn_model(
     let factory: EngineFactory<ModelExecutor> = Box::new(move || {
         let executor = ModelExecutor::new(Arc::clone(&model), VerifyTime::default())
             .with_sampling(table.clone());
-        Ok(Engine::with_executor(params.clone(), executor)?)
+        Ok(Engine::builder(params.clone()).executor(executor).build()?)
     });
     let metrics = metrics.clone();
     let copy_delay = options.copy_delay;
