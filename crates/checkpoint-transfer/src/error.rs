@@ -55,6 +55,12 @@ pub enum Error {
         /// What failed and what to do.
         reason: String,
     },
+    /// The store's thread is gone (the store panicked and was dropped): nothing was stored or read.
+    #[error("checkpoint store unavailable: {reason}")]
+    StoreUnavailable {
+        /// What happened.
+        reason: String,
+    },
     /// The store holds no checkpoint with this id.
     #[error("no checkpoint {id} in the store")]
     NotFound {

@@ -27,6 +27,6 @@ pub use index::{
 pub use layout::LayoutDescriptor;
 pub use page_buf::{PageBuf, RankPages};
 pub use store::{
-    CheckpointStore, DEFAULT_KEY_PREFIX, DiskStore, HostStore, KEY_PREFIX_BYTES_MAX, PutOutcome,
-    RedisStore, SharedStore, StoreStats, check_redis_url,
+    CheckpointStore, DEFAULT_KEY_PREFIX, DiskStore, Found, HostStore, KEY_PREFIX_BYTES_MAX, Lookup,
+    PutOutcome, RedisStore, SharedStore, StoreLink, StoreStats, check_redis_url,
 };

@@ -8,6 +8,7 @@
 mod catalog;
 mod disk;
 mod host;
+mod link;
 mod manifest;
 mod redis;
 mod shared;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 pub use self::redis::{DEFAULT_KEY_PREFIX, KEY_PREFIX_BYTES_MAX, RedisStore, check_redis_url};
 pub use disk::DiskStore;
 pub use host::HostStore;
+pub use link::{Found, Lookup, StoreLink};
 pub use shared::SharedStore;
 
 use crate::checkpoint::{Checkpoint, CheckpointId, CheckpointMeta, PrefixQuery};

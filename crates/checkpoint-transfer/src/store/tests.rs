@@ -2,7 +2,7 @@
 //! rejection of truncated, corrupted and foreign files. Block-prefix lookup in `prefix`; the disk store's
 //! ownership, shrinking, hostile files, manifest checksum and write failures in `durability`; kill -9 at
 //! random points in `crash`; the Redis store against a real server in `redis`; the skeleton the tiers share, on
-//! a fake tier, in `tier`.
+//! a fake tier, in `tier`; the threaded `StoreLink` in `link`.
 
 use kv_pool::BlockKey;
 
@@ -19,6 +19,7 @@ use crate::store::{CheckpointStore, DiskStore, HostStore};
 
 mod crash;
 mod durability;
+mod link;
 mod prefix;
 mod redis;
 mod tier;

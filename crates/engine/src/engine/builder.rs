@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use checkpoint_transfer::{
     CheckpointStore, CopyEngine, CopyModel, CudaCopyEngine, DiskStore, HostStore, InlineCopyEngine,
-    RedisStore, ReorderingCopyEngine, ThreadedCopyEngine,
+    RedisStore, ReorderingCopyEngine, StoreLink, ThreadedCopyEngine,
 };
 use kv_pool::{CudaStorage, HostStorage, PagePool, PageStorage};
 
@@ -144,6 +144,7 @@ impl<E: Executor> Builder<E> {
             Some(store) => store,
             None => open_store(&params)?,
         };
+        let store = link_store(&params, store)?;
         let clock = clock.unwrap_or_else(|| match params.clock {
             ClockKind::Simulated => Box::new(SimClock),
             ClockKind::Wall => Box::new(WallClock::new()),
@@ -196,6 +197,19 @@ pub fn open_store(params: &EngineParams) -> Result<Box<dyn CheckpointStore>> {
         }
         (None, Some(dir)) => Box::new(DiskStore::open(dir, capacity)?),
         (None, None) => Box::new(HostStore::new(capacity)),
+    })
+}
+
+/// How the engine reaches `store`: on the wall clock on a thread of its own, so that a slow or dead store
+/// delays the restores that asked it and never a step; on the simulated clock inline, deterministic (its I/O
+/// takes no simulated time).
+pub(super) fn link_store(
+    params: &EngineParams,
+    store: Box<dyn CheckpointStore>,
+) -> Result<StoreLink> {
+    Ok(match params.clock {
+        ClockKind::Wall => StoreLink::threaded(store)?,
+        ClockKind::Simulated => StoreLink::inline(store),
     })
 }
 

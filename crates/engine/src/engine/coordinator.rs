@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use checkpoint_transfer::{
-    CheckpointMeta, ImportEvent, PrefixQuery, RESTORE_LOOKUPS_MAX, StageRequest,
+    CheckpointMeta, ImportEvent, Lookup, PrefixQuery, RESTORE_LOOKUPS_MAX, StageRequest,
 };
 use kv_pool::RequestId;
 use reservation::{ErrorKind, Preflight, RestoreSpec};
@@ -28,6 +28,16 @@ pub(crate) const CAPTURES_MAX: u32 = 3;
 
 /// A capacity wait is logged when it starts and every this often after (G5).
 const WAIT_LOG_INTERVAL: Duration = Duration::from_secs(30);
+
+/// A store lookup's answer as the coordinator reads it.
+enum StoreAnswer {
+    /// Sent to a store on a thread of its own and not answered yet.
+    OnItsWay,
+    /// No checkpoint restores the request (none stored, or one that does not match: G6).
+    Nothing,
+    /// The checkpoint and how many of its leading tokens restore the request.
+    Found(Arc<CheckpointMeta>, u32),
+}
 
 impl<E: Executor> Engine<E> {
     /// A request arrives: it asks the store unless its local prefix already covers every restorable block.
@@ -103,51 +113,57 @@ impl<E: Executor> Engine<E> {
     /// `limit_tokens`). With one full-attention group the checkpoint sharing the most leading blocks with
     /// `id`, even when it is longer than the match (its first blocks are a checkpoint of their own), in whole
     /// blocks; on a hybrid model (a window holds only its live blocks, a state is valid only at its exact
-    /// boundary, H2) the longest whole checkpoint that is a prefix of `id`, at its exact boundary (H6).
-    fn find_checkpoint(
-        &mut self,
-        id: RequestId,
-        limit_tokens: u32,
-    ) -> Result<Option<(Arc<CheckpointMeta>, u32)>> {
+    /// boundary, H2) the longest whole checkpoint that is a prefix of `id`, at its exact boundary (H6). A store
+    /// on a thread of its own (wall clock) answers at a later poll: `StoreAnswer::OnItsWay` until then.
+    fn find_checkpoint(&mut self, id: RequestId, limit_tokens: u32) -> Result<StoreAnswer> {
         let block_tokens = self.params.geometry.block_tokens();
         let limit = limit_tokens
             .saturating_sub(1)
             .min(self.restorable_tokens(id)?);
         // An exact-boundary (hybrid) match compares the checkpoint's partial tail with the prompt's tokens,
-        // which a hybrid engine holds from submit (`reads_running_tokens`).
-        let hybrid = self.groups.is_hybrid();
-        let req = &self.table.get(id)?;
-        let block_keys = &req.keys[..(limit / block_tokens) as usize];
-        let (meta, tokens, checked) = if !hybrid {
-            // A block-prefix match reads the keys alone, so a deferred prompt stays deferred.
-            let query = PrefixQuery {
-                block_keys,
-                tokens: &[],
-            };
-            let Some((meta, blocks)) = self.restores.store.find_longest_prefix(&query) else {
-                return Ok(None);
-            };
-            let checked =
-                meta.check_block_prefix_restorable(&self.restores.layout, &query, blocks as usize);
-            (meta, blocks * block_tokens, checked)
+        // which a hybrid engine holds from submit (`reads_running_tokens`); a block-prefix match reads the
+        // keys alone, so a deferred prompt stays deferred.
+        let (lookup, tokens) = if self.groups.is_hybrid() {
+            (
+                Lookup::Whole,
+                &self.table.get(id)?.tokens.get(id)?[..limit as usize],
+            )
         } else {
-            let query = PrefixQuery {
-                block_keys,
-                tokens: &req.tokens.get(id)?[..limit as usize],
-            };
-            let Some(meta) = self.restores.store.find_longest(&query) else {
-                return Ok(None);
-            };
-            let checked = meta.check_restorable(&self.restores.layout, &query);
-            let tokens = meta.n_tokens as u32;
-            (meta, tokens, checked)
+            (Lookup::BlockPrefix, &[][..])
+        };
+        let req = &self.table.get(id)?;
+        let query = PrefixQuery {
+            block_keys: &req.keys[..(limit / block_tokens) as usize],
+            tokens,
+        };
+        let Some(found) = self.restores.store.find(id, lookup, &query) else {
+            return Ok(StoreAnswer::OnItsWay);
+        };
+        let Some((meta, blocks)) = found else {
+            return Ok(StoreAnswer::Nothing);
+        };
+        let (checked, tokens) = match lookup {
+            Lookup::BlockPrefix => {
+                // An answer sent for a shorter query than this one is still a prefix of it.
+                let blocks = blocks.min(query.block_keys.len() as u32);
+                let checked = meta.check_block_prefix_restorable(
+                    &self.restores.layout,
+                    &query,
+                    blocks as usize,
+                );
+                (checked, blocks * block_tokens)
+            }
+            Lookup::Whole => (
+                meta.check_restorable(&self.restores.layout, &query),
+                meta.n_tokens as u32,
+            ),
         };
         if let Err(mismatch) = checked {
             // G6: never restored; the request recomputes and the log says why.
             tracing::warn!(request = %id, checkpoint = %meta.id, %mismatch, "checkpoint does not match: recomputing");
-            return Ok(None);
+            return Ok(StoreAnswer::Nothing);
         }
-        Ok(Some((meta, tokens)))
+        Ok(StoreAnswer::Found(meta, tokens))
     }
 
     /// Polls every pending restore once (Q8). What else competes (the restore preflight) is computed once: a
@@ -156,6 +172,10 @@ impl<E: Executor> Engine<E> {
     /// (`Refused`): the poll would change nothing. Debug builds poll it all the same and check that it did not.
     pub(crate) fn poll_restores(&mut self, report: &mut StepReport) -> Result<()> {
         let pending: Vec<RequestId> = self.table.restoring().values().copied().collect();
+        // A threaded store's answers to requests that no longer restore are dropped.
+        self.restores
+            .store
+            .retain(|request| pending.contains(&request));
         self.restores.earliest_lookup = None;
         let preflight = self.restore_preflight();
         for id in pending {
@@ -167,9 +187,11 @@ impl<E: Executor> Engine<E> {
                     answer_at,
                     limit_tokens,
                 } => {
-                    if self.time.now >= answer_at {
-                        self.answer_lookup(id, limit_tokens, &preflight, report)?;
-                    } else if self.time.now.since(sent) >= self.params.lookup_timeout {
+                    // A store on its own thread may answer after the modeled latency: the request waits
+                    // for it up to the lookup timeout, as for an answer not yet due.
+                    let answered = self.time.now >= answer_at
+                        && self.answer_lookup(id, limit_tokens, &preflight, report)?;
+                    if !answered && self.time.now.since(sent) >= self.params.lookup_timeout {
                         self.fall_back(id, FallbackReason::LookupTimeout, report)?;
                     }
                 }
@@ -228,9 +250,14 @@ impl<E: Executor> Engine<E> {
                     "{id}: refreshing an unanswered lookup"
                 )));
             };
-            // G4: a non-blocking refresh keeps the checkpoint recent in the store.
-            let Some((fresh, fresh_tokens)) = self.find_checkpoint(id, tokens + 1)? else {
-                return self.fall_back(id, FallbackReason::NotInStore, report);
+            // G4: a non-blocking refresh keeps the checkpoint recent in the store. One on its way keeps
+            // the answer it refreshes until it comes (the refresh stays due).
+            let (fresh, fresh_tokens) = match self.find_checkpoint(id, tokens + 1)? {
+                StoreAnswer::Found(fresh, fresh_tokens) => (fresh, fresh_tokens),
+                StoreAnswer::Nothing => {
+                    return self.fall_back(id, FallbackReason::NotInStore, report);
+                }
+                StoreAnswer::OnItsWay => return self.try_reserve(id, preflight, report),
             };
             // A hybrid checkpoint restores at its own boundary only: a different one found now replaces it
             // whole.
@@ -322,22 +349,29 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
+    /// `id`'s lookup, due now: its answer taken (`true`), or `false` while a store on its own thread has not
+    /// answered yet (nothing changed).
     fn answer_lookup(
         &mut self,
         id: RequestId,
         limit_tokens: u32,
         preflight: &Preflight,
         report: &mut StepReport,
-    ) -> Result<()> {
-        let Some((checkpoint, matched_tokens)) = self.find_checkpoint(id, limit_tokens)? else {
-            // After a failed copy the retry found nothing shorter: the copy failure is why it recomputes.
-            let reason = if self.table.get(id)?.copy_failed {
-                FallbackReason::CopyFailed
-            } else {
-                FallbackReason::NotInStore
-            };
-            self.fall_back(id, reason, report)?;
-            return Ok(());
+    ) -> Result<bool> {
+        let (checkpoint, matched_tokens) = match self.find_checkpoint(id, limit_tokens)? {
+            StoreAnswer::Found(checkpoint, matched_tokens) => (checkpoint, matched_tokens),
+            StoreAnswer::OnItsWay => return Ok(false),
+            StoreAnswer::Nothing => {
+                // After a failed copy the retry found nothing shorter: the copy failure is why it
+                // recomputes.
+                let reason = if self.table.get(id)?.copy_failed {
+                    FallbackReason::CopyFailed
+                } else {
+                    FallbackReason::NotInStore
+                };
+                self.fall_back(id, reason, report)?;
+                return Ok(true);
+            }
         };
         let tokens = matched_tokens.min(self.restorable_tokens(id)?);
         let block_tokens = self.params.geometry.block_tokens();
@@ -356,7 +390,8 @@ impl<E: Executor> Engine<E> {
             req.restore = Restore::Idle;
             req.metrics.complete_local_hit |= !req.admitted_once;
             req.expected_local_blocks = local;
-            return self.enqueue_waiting(id, None);
+            self.enqueue_waiting(id, None)?;
+            return Ok(true);
         }
         self.table.get_mut(id)?.restore = Restore::Answered {
             checkpoint,
@@ -366,9 +401,11 @@ impl<E: Executor> Engine<E> {
         };
         if self.policy.restores_at_admission() {
             // Before the contract: the restore is tried at admission, at once or not at all (G1).
-            return self.enqueue_waiting(id, None);
+            self.enqueue_waiting(id, None)?;
+        } else {
+            self.try_reserve(id, preflight, report)?;
         }
-        self.try_reserve(id, preflight, report)
+        Ok(true)
     }
 
     /// Reserves for an answered restore by the policy's mechanism and starts its copy.

@@ -459,11 +459,13 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Empties the checkpoint store (a store restart that lost everything): pending restores find their
-    /// checkpoint gone at their next lookup or refresh.
-    pub fn forget_checkpoints(&mut self) {
-        self.restores.store = Box::new(checkpoint_transfer::HostStore::new(
-            builder::store_capacity_bytes(&self.params),
-        ));
+    /// checkpoint gone at their next lookup or refresh. Errors: on the wall clock, when the new store's thread
+    /// cannot start (the old store then stays).
+    pub fn forget_checkpoints(&mut self) -> Result<()> {
+        let empty =
+            checkpoint_transfer::HostStore::new(builder::store_capacity_bytes(&self.params));
+        self.restores.store = builder::link_store(&self.params, Box::new(empty))?;
+        Ok(())
     }
 
     /// Injects a copy fault (fail, delay, corrupt, evict a destination page) into the copy engine. The inline

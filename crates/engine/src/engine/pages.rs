@@ -588,26 +588,39 @@ impl<E: Executor> Engine<E> {
         true
     }
 
-    /// Puts the captures that reached the store by now into it.
+    /// Puts the captures that reached the store by now into it, and logs the puts a store on its own thread
+    /// refused since the last step.
     pub(crate) fn deliver_captures(&mut self) {
         while let Some((id, checkpoint)) = self.restores.captures.arrived(self.time.now) {
             let _stored = self.store_checkpoint(id, checkpoint);
         }
+        for (id, error) in self.restores.store.take_put_failures() {
+            self.log_put_failure(id, &error);
+        }
     }
 
     /// Puts a captured checkpoint into the store; a store that cannot take it is counted and logged, never
-    /// an error of the step. `true` when the store took it.
+    /// an error of the step. `true` when the store took it (or, on its own thread, queued it).
     pub(crate) fn store_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) -> bool {
-        match self.restores.store.put(checkpoint) {
-            Ok(_outcome) => return true,
+        match self.restores.store.put(id, checkpoint) {
+            Ok(_outcome) => true,
+            Err(error) => {
+                self.log_put_failure(id, &error);
+                false
+            }
+        }
+    }
+
+    /// Logs a put the store refused.
+    fn log_put_failure(&self, id: RequestId, error: &checkpoint_transfer::Error) {
+        match error {
             // The store could not write (disk full, read-only file system, permission; a Redis server
-            // unreachable, slow or full): the engine goes on without this checkpoint; `store_write_failures`
-            // counts it, the log says so rate-limited.
-            Err(
-                error @ (checkpoint_transfer::Error::Write { .. }
-                | checkpoint_transfer::Error::Io { .. }
-                | checkpoint_transfer::Error::Remote { .. }),
-            ) => {
+            // unreachable, slow or full; its thread gone): the engine goes on without this checkpoint;
+            // `store_write_failures` counts it, the log says so rate-limited.
+            checkpoint_transfer::Error::Write { .. }
+            | checkpoint_transfer::Error::Io { .. }
+            | checkpoint_transfer::Error::Remote { .. }
+            | checkpoint_transfer::Error::StoreUnavailable { .. } => {
                 let n_failures = self.restores.store.stats().n_write_failures;
                 if n_failures <= 1 || n_failures.is_multiple_of(STORE_WRITE_FAILURES_PER_WARNING) {
                     tracing::warn!(
@@ -620,9 +633,8 @@ impl<E: Executor> Engine<E> {
                 }
             }
             // A capture too large for the store, or an older generation: nothing to restore later.
-            Err(error) => tracing::debug!(request = %id, %error, "checkpoint not stored"),
+            _ => tracing::debug!(request = %id, %error, "checkpoint not stored"),
         }
-        false
     }
 
     /// E3: checks that every page of `id`'s published import of `tokens` tokens (its blocks from `first_block`

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use checkpoint_transfer::{CheckpointStore, CopyEngine, LayoutDescriptor, ResidentIndex};
+use checkpoint_transfer::{CopyEngine, LayoutDescriptor, ResidentIndex, StoreLink};
 use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
@@ -19,7 +19,8 @@ use crate::request::FinishedRequest;
 /// draining after a cancel), the captures on their way to the store, and Q1's earliest unanswered lookup.
 pub(super) struct Restores {
     pub(super) copies: Box<dyn CopyEngine>,
-    pub(super) store: Box<dyn CheckpointStore>,
+    /// The checkpoint store, inline (simulated clock) or on a thread of its own (wall clock).
+    pub(super) store: StoreLink,
     /// Every import: staged (copying), published and owned, or draining after a cancel.
     pub(super) index: ResidentIndex,
     /// Captures on their way to the store (simulated clock).
@@ -33,7 +34,7 @@ pub(super) struct Restores {
 impl Restores {
     pub(super) fn new(
         copies: Box<dyn CopyEngine>,
-        store: Box<dyn CheckpointStore>,
+        store: StoreLink,
         layout: LayoutDescriptor,
     ) -> Restores {
         Restores {

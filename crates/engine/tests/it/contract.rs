@@ -616,7 +616,7 @@ fn g3_a_checkpoint_lost_after_its_reservation_frees_the_tickets_pages_at_once() 
     step_until_waiter(&mut engine, 4);
     // The store loses the checkpoint while the answered restore waits; then its capacity frees, so the
     // next step reserves before any refresh could notice.
-    engine.forget_checkpoints();
+    engine.forget_checkpoints().unwrap();
     engine.close_stream(RequestId(2)).unwrap();
     let logs = crate::restart::captured_logs(|| {
         let reports = step_until(&mut engine, 1000, |_, report| !report.fallbacks.is_empty());
@@ -643,7 +643,7 @@ fn g3_a_checkpoint_lost_after_its_reservation_frees_the_tickets_pages_at_once() 
 fn g4_refresh_after_half_the_lookup_timeout_finds_the_checkpoint_gone_and_recomputes() {
     let (mut engine, start) = restore_behind_a_paused_stream();
     step_until_waiter(&mut engine, 4);
-    engine.forget_checkpoints();
+    engine.forget_checkpoints().unwrap();
     let reports = step_until(&mut engine, 1000, |_, report| !report.fallbacks.is_empty());
     let report = reports.last().unwrap();
     assert_eq!(

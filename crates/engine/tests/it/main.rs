@@ -25,6 +25,7 @@ mod restart;
 mod reuse;
 mod robustness;
 mod sim;
+mod store_thread;
 
 /// `EngineParams::default()` with restore verification on (L5): every engine these tests build checks every
 /// restored page byte for byte against recompute, in release builds too (the default verifies only in

@@ -671,7 +671,9 @@ fn apply(engine: &mut Engine, call: &Call) {
                 _ => Fault::EvictDestination(kv_pool::PageId(page)),
             })
             .expect("inline copies take faults"),
-        Call::Forget => engine.forget_checkpoints(),
+        Call::Forget => engine
+            .forget_checkpoints()
+            .expect("a simulated store is replaced"),
     }
 }
 
