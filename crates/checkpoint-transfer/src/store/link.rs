@@ -1,7 +1,8 @@
 //! `StoreLink`: how an engine reaches its checkpoint store. Inline, every call is answered at once: the
 //! simulated clock's way (deterministic; the store's I/O takes no simulated time). Threaded, the store lives on
 //! a thread of its own and the caller never waits for its I/O: a lookup is sent and answered at a later poll,
-//! a put is queued. A slow or dead store then delays the restores that asked it, never the caller.
+//! a checkpoint's pages are read ahead (`ready`) and taken once read (`take`), a put is queued. A slow or
+//! dead store then delays the restores that asked it, never the caller.
 //!
 //! Jobs run in the order they were sent, so a lookup sees every put sent before it. A store that panics is
 //! dropped: every later lookup finds nothing and every later put counts as a write failure.
@@ -53,6 +54,8 @@ struct Worker {
     stats: Arc<Mutex<StoreStats>>,
     /// Lookups sent and not yet taken: `None` while the answer is on its way.
     lookups: HashMap<RequestId, Option<Found>>,
+    /// Checkpoint reads sent and not yet taken, per request: `None` while on their way.
+    reads: HashMap<RequestId, (CheckpointId, Option<Result<Checkpoint>>)>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -72,12 +75,17 @@ enum Job {
         id: CheckpointId,
         reply: Sender<Result<Checkpoint>>,
     },
+    Read {
+        request: RequestId,
+        id: CheckpointId,
+    },
 }
 
 /// What the store's thread sends back unasked.
 #[derive(Debug)]
 enum Answer {
     Found(RequestId, Found),
+    Read(RequestId, CheckpointId, Result<Checkpoint>),
     PutFailed(RequestId, Error),
 }
 
@@ -108,6 +116,7 @@ impl StoreLink {
                 put_failures: Vec::new(),
                 stats,
                 lookups: HashMap::new(),
+                reads: HashMap::new(),
                 thread: Some(thread),
             }),
         })
@@ -164,24 +173,24 @@ impl StoreLink {
         }
     }
 
-    /// The checkpoint `id` with its pages. Threaded, the caller waits for the store's thread (after the jobs
-    /// sent before it): the one call that still does. Errors: the store's, or `Error::StoreUnavailable` when its thread
-    /// is gone.
-    pub fn get(&mut self, id: &CheckpointId) -> Result<Checkpoint> {
+    /// Whether `request` can take checkpoint `id`'s pages (`take`) without waiting for the store: inline,
+    /// always (nothing is read until `take`); threaded, once a read sent by an earlier call has come back
+    /// (the first call sends it, and a call for another checkpoint replaces it). The pages read are held
+    /// until taken or until `retain` drops the request.
+    pub fn ready(&mut self, request: RequestId, id: &CheckpointId) -> bool {
+        match &mut self.mode {
+            Mode::Inline(_) => true,
+            Mode::Threaded(worker) => worker.ready(request, id),
+        }
+    }
+
+    /// Checkpoint `id` with its pages, for `request`: inline, read now; threaded, the pages `ready` had read,
+    /// or, when none were, read now on the store's thread while the caller waits. Errors: the store's, or
+    /// `Error::StoreUnavailable` when its thread is gone.
+    pub fn take(&mut self, request: RequestId, id: &CheckpointId) -> Result<Checkpoint> {
         match &mut self.mode {
             Mode::Inline(store) => store.get(id),
-            Mode::Threaded(worker) => {
-                let (reply, answer) = crossbeam::channel::bounded(1);
-                worker.send(Job::Get {
-                    id: id.clone(),
-                    reply,
-                });
-                answer.recv().unwrap_or_else(|_| {
-                    Err(Error::StoreUnavailable {
-                        reason: "the checkpoint store's thread is gone".to_string(),
-                    })
-                })
-            }
+            Mode::Threaded(worker) => worker.take(request, id),
         }
     }
 
@@ -193,11 +202,12 @@ impl StoreLink {
         }
     }
 
-    /// Drops the lookups of requests `keep` refuses (requests no longer waiting for one): their answers,
-    /// when they come, are dropped too.
+    /// Drops the lookups and reads of requests `keep` refuses (requests no longer waiting for one): their
+    /// answers, when they come, are dropped too.
     pub fn retain(&mut self, keep: impl Fn(RequestId) -> bool) {
         if let Mode::Threaded(worker) = &mut self.mode {
             worker.lookups.retain(|&request, _| keep(request));
+            worker.reads.retain(|&request, _| keep(request));
         }
     }
 
@@ -228,9 +238,54 @@ impl Worker {
                         *slot = Some(found);
                     }
                 }
+                Answer::Read(request, id, got) => {
+                    if let Some((read, slot)) = self.reads.get_mut(&request)
+                        && *read == id
+                    {
+                        *slot = Some(got);
+                    }
+                }
                 Answer::PutFailed(request, error) => self.put_failures.push((request, error)),
             }
         }
+    }
+
+    fn ready(&mut self, request: RequestId, id: &CheckpointId) -> bool {
+        self.drain_answers();
+        match self.reads.get(&request) {
+            Some((read, got)) if read == id => got.is_some(),
+            _ => {
+                self.reads.insert(request, (id.clone(), None));
+                self.send(Job::Read {
+                    request,
+                    id: id.clone(),
+                });
+                false
+            }
+        }
+    }
+
+    /// The pages `ready` read for `request`, when they are `id`'s and here; else read now, waiting.
+    fn take(&mut self, request: RequestId, id: &CheckpointId) -> Result<Checkpoint> {
+        self.drain_answers();
+        if self
+            .reads
+            .get(&request)
+            .is_some_and(|(read, got)| read == id && got.is_some())
+            && let Some((_, Some(got))) = self.reads.remove(&request)
+        {
+            return got;
+        }
+        let (reply, answer) = crossbeam::channel::bounded(1);
+        self.send(Job::Get {
+            id: id.clone(),
+            reply,
+        });
+        answer.recv().unwrap_or_else(|_| {
+            Err(Error::StoreUnavailable {
+                reason: "the checkpoint store's thread is gone".to_string(),
+            })
+        })
     }
 
     fn find(
@@ -325,13 +380,24 @@ fn run(store: Option<&mut (dyn CheckpointStore + 'static)>, job: Job, answers: &
             }
         }
         Job::Get { id, reply } => {
-            let got = match store {
-                Some(store) => store.get(&id),
-                None => Err(Error::StoreUnavailable {
-                    reason: "the checkpoint store panicked and was dropped".to_string(),
-                }),
-            };
-            let _sent = reply.send(got);
+            let _sent = reply.send(read(store, &id));
         }
+        Job::Read { request, id } => {
+            let got = read(store, &id);
+            let _sent = answers.send(Answer::Read(request, id, got));
+        }
+    }
+}
+
+/// Checkpoint `id` from `store` (`None`: a store that panicked).
+fn read(
+    store: Option<&mut (dyn CheckpointStore + 'static)>,
+    id: &CheckpointId,
+) -> Result<Checkpoint> {
+    match store {
+        Some(store) => store.get(id),
+        None => Err(Error::StoreUnavailable {
+            reason: "the checkpoint store panicked and was dropped".to_string(),
+        }),
     }
 }

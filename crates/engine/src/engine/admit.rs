@@ -88,7 +88,7 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
             // queue, like vLLM's scheduler, which admits nothing after a preemption in the same step.
             return Ok(Candidate::WaitsBehind);
         }
-        self.engine.examine(id, free_slots, self.plan)
+        self.engine.examine(id, free_slots, self.plan, self.report)
     }
 
     fn admit(&mut self, admit: Admit) -> Result<bool> {
@@ -141,7 +141,13 @@ impl<E: Executor> Engine<E> {
     /// What waiting `id` needs now. With a free slot, a request whose local prefix (found at its lookup) was
     /// evicted since asks the store again, as an engine re-queries its connector whenever it considers a
     /// request; under `ordinary` an answered restore is tried at once (G1).
-    fn examine(&mut self, id: RequestId, free_slots: u32, plan: &Plan) -> Result<Candidate> {
+    fn examine(
+        &mut self,
+        id: RequestId,
+        free_slots: u32,
+        plan: &Plan,
+        report: &mut StepReport,
+    ) -> Result<Candidate> {
         if self.table.get(id)?.phase == Phase::Ready {
             return Ok(Candidate::RestoreReady);
         }
@@ -179,6 +185,10 @@ impl<E: Executor> Engine<E> {
                 need_pages: cold.need_pages,
             });
         }
+        if let Some(candidate) = self.wait_for_read_ahead(id, &cold, report)? {
+            return Ok(candidate);
+        }
+        let req = &self.table.get(id)?;
         if self.policy.restores_at_admission()
             && let Restore::Answered {
                 ref checkpoint,
@@ -210,6 +220,43 @@ impl<E: Executor> Engine<E> {
         Ok(Candidate::Cold {
             need_pages: cold.need_pages,
         })
+    }
+
+    /// A restore tried at admission (G1) whose pages a store on its own thread is still reading ahead, off
+    /// the step: it waits for them at its place (Q1), up to the lookup timeout, then recomputes (G2). `None`
+    /// when that is not the case (inline stores read at once).
+    fn wait_for_read_ahead(
+        &mut self,
+        id: RequestId,
+        cold: &ColdStart,
+        report: &mut StepReport,
+    ) -> Result<Option<Candidate>> {
+        let Restore::Answered {
+            ref checkpoint,
+            tokens,
+            answered,
+            ..
+        } = self.table.get(id)?.restore
+        else {
+            return Ok(None);
+        };
+        let block_tokens = self.params.geometry.block_tokens();
+        if !self.policy.restores_at_admission()
+            || tokens <= cold.hits.len() as u32 * block_tokens
+            || self.restores.store.ready(id, &checkpoint.id)
+        {
+            return Ok(None);
+        }
+        if self.time.now.since(answered) < self.params.lookup_timeout {
+            return Ok(Some(Candidate::WaitsBehind));
+        }
+        let req = self.table.get_mut(id)?;
+        req.restore = Restore::Idle;
+        req.fall_back(FallbackReason::LookupTimeout);
+        report.fallbacks.push((id, FallbackReason::LookupTimeout));
+        Ok(Some(Candidate::Cold {
+            need_pages: cold.need_pages,
+        }))
     }
 
     /// Where `id` starts as a cold request with `budget` tokens left in the step.
@@ -433,7 +480,7 @@ impl<E: Executor> Engine<E> {
         if self.restores.index.n_staged() >= self.params.copy_task_limit as usize {
             return Ok(false);
         }
-        let Ok(stored) = self.restores.store.get(&checkpoint.id) else {
+        let Ok(stored) = self.restores.store.take(id, &checkpoint.id) else {
             return Ok(false);
         };
         let req = &self.table.get(id)?;

@@ -173,9 +173,12 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn poll_restores(&mut self, report: &mut StepReport) -> Result<()> {
         let pending: Vec<RequestId> = self.table.restoring().values().copied().collect();
         // A threaded store's answers to requests that no longer restore are dropped.
-        self.restores
-            .store
-            .retain(|request| pending.contains(&request));
+        let table = &self.table;
+        self.restores.store.retain(|request| {
+            table
+                .find(request)
+                .is_some_and(|req| !matches!(req.restore, Restore::Idle))
+        });
         self.restores.earliest_lookup = None;
         let preflight = self.restore_preflight();
         for id in pending {
@@ -408,6 +411,43 @@ impl<E: Executor> Engine<E> {
         Ok(true)
     }
 
+    /// The answered restore of `id` when it may reserve now: a copy slot is free and the checkpoint's pages
+    /// can be taken without waiting for the store. `None` while it waits for either (or once it gave up).
+    fn reservable(
+        &mut self,
+        id: RequestId,
+        report: &mut StepReport,
+    ) -> Result<Option<(Arc<CheckpointMeta>, u32)>> {
+        if self.restores.index.n_staged() >= self.params.copy_task_limit as usize {
+            // Wait for a copy slot (G2); a capacity wait whose bound ran out meanwhile is over all the same
+            // (W1), or the waiter would wait for ever behind copies that keep the slots busy.
+            if self.wait_expired(id) {
+                self.fall_back(id, FallbackReason::WaitExpired, report)?;
+            }
+            return Ok(None);
+        }
+        let Restore::Answered {
+            checkpoint,
+            tokens,
+            answered,
+            ..
+        } = self.table.get(id)?.restore.clone()
+        else {
+            return Err(Error::internal(format!(
+                "{id}: reserving without an answered lookup"
+            )));
+        };
+        if !self.restores.store.ready(id, &checkpoint.id) {
+            // A store on its own thread reads the pages ahead, off the step: the reservation waits for them
+            // up to the lookup timeout, then the restore recomputes (G2).
+            if self.time.now.since(answered) >= self.params.lookup_timeout {
+                self.fall_back(id, FallbackReason::LookupTimeout, report)?;
+            }
+            return Ok(None);
+        }
+        Ok(Some((checkpoint, tokens)))
+    }
+
     /// Reserves for an answered restore by the policy's mechanism and starts its copy.
     fn try_reserve(
         &mut self,
@@ -415,21 +455,8 @@ impl<E: Executor> Engine<E> {
         preflight: &Preflight,
         report: &mut StepReport,
     ) -> Result<()> {
-        if self.restores.index.n_staged() >= self.params.copy_task_limit as usize {
-            // Wait for a copy slot (G2); a capacity wait whose bound ran out meanwhile is over all the same
-            // (W1), or the waiter would wait for ever behind copies that keep the slots busy.
-            if self.wait_expired(id) {
-                self.fall_back(id, FallbackReason::WaitExpired, report)?;
-            }
+        let Some((checkpoint, tokens)) = self.reservable(id, report)? else {
             return Ok(());
-        }
-        let Restore::Answered {
-            checkpoint, tokens, ..
-        } = self.table.get(id)?.restore.clone()
-        else {
-            return Err(Error::internal(format!(
-                "{id}: reserving without an answered lookup"
-            )));
         };
         let reservation = match self.reserve(id, &checkpoint, tokens, preflight) {
             Ok(reservation) => reservation,
@@ -443,7 +470,7 @@ impl<E: Executor> Engine<E> {
             }
         };
         self.end_wait(id);
-        let Ok(stored) = self.restores.store.get(&checkpoint.id) else {
+        let Ok(stored) = self.restores.store.take(id, &checkpoint.id) else {
             // G3: the selected checkpoint was lost (evicted from the store, or the store failed) after the
             // reservation: no copy ever received the ticket's pages, so the release frees them at once, and
             // the request looks up again.

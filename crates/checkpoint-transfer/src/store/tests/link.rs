@@ -111,13 +111,9 @@ fn an_inline_link_answers_every_call_at_once() {
     let found = find(&mut link, 2, &tokens(16)).expect("inline answers at once");
     assert_eq!(found_id(&found), Some(("a", 3)));
     assert_eq!(link.n_lookups_outstanding(), 0);
-    assert_eq!(
-        link.get(&CheckpointId::new("a").unwrap())
-            .unwrap()
-            .meta
-            .n_tokens,
-        12
-    );
+    let a = CheckpointId::new("a").unwrap();
+    assert!(link.ready(RequestId(2), &a), "inline reads at take");
+    assert_eq!(link.take(RequestId(2), &a).unwrap().meta.n_tokens, 12);
 }
 
 #[test]
@@ -205,7 +201,9 @@ fn a_store_that_panics_is_dropped_and_every_later_call_fails_without_hanging() {
         None,
         "a dropped store finds nothing"
     );
-    let error = link.get(&CheckpointId::new("a").unwrap()).unwrap_err();
+    let error = link
+        .take(RequestId(3), &CheckpointId::new("a").unwrap())
+        .unwrap_err();
     assert!(matches!(error, Error::StoreUnavailable { .. }), "{error:?}");
     link.put(RequestId(4), checkpoint("b", 1, &tokens(12)))
         .unwrap();
@@ -214,4 +212,41 @@ fn a_store_that_panics_is_dropped_and_every_later_call_fails_without_hanging() {
     assert_eq!(failures.len(), 1, "{failures:?}");
     assert_eq!(failures[0].0, RequestId(4));
     drop(link); // joins the thread: a hang here fails the test by its timeout
+}
+
+#[test]
+fn a_threaded_read_ahead_is_sent_once_and_taken_when_it_is_back() {
+    let (store, _stuck) = gate(1 << 20);
+    let mut link = StoreLink::threaded(store).unwrap();
+    link.put(RequestId(1), checkpoint("a", 1, &tokens(12)))
+        .unwrap();
+    link.put(RequestId(1), checkpoint("b", 1, &tokens(8)))
+        .unwrap();
+    let (a, b) = (
+        CheckpointId::new("a").unwrap(),
+        CheckpointId::new("b").unwrap(),
+    );
+    assert!(!link.ready(RequestId(2), &a), "sent, not back");
+    let start = Instant::now();
+    while !link.ready(RequestId(2), &a) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the read never came back"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(link.take(RequestId(2), &a).unwrap().meta.id, a);
+    // Asking for another checkpoint replaces the read; a take without a read waits for one.
+    assert!(!link.ready(RequestId(3), &a));
+    assert!(
+        !link.ready(RequestId(3), &b),
+        "another checkpoint: a new read"
+    );
+    assert_eq!(link.take(RequestId(3), &b).unwrap().meta.id, b);
+    assert_eq!(link.take(RequestId(4), &a).unwrap().meta.id, a);
+    link.retain(|_| false);
+    assert!(matches!(
+        link.take(RequestId(5), &CheckpointId::new("gone").unwrap()),
+        Err(Error::NotFound { .. })
+    ));
 }
