@@ -109,7 +109,8 @@ const REQUIRE_GPU_ENV: &str = "KVGATE_REQUIRE_GPU";
 /// cores and a cold target directory, not yet measured there (nothing has run on a GPU yet); a step that
 /// overruns its budget is killed and fails the run.
 const GPU_BUDGET: [(&str, u64); 5] = [
-    // Release build of every test binary, the kvgate binary and the restore bench (the only compile).
+    // Release build of every test binary, the kvgate binary and the restore bench (the only compile); in
+    // the bundle's run.sh (`gpu --bundle`), built beforehand: the check that every binary loads there.
     ("build", 270),
     // The `cuda` tests, KVGATE_REQUIRE_GPU=1.
     ("cuda tests", 60),
