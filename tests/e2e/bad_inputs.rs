@@ -45,7 +45,7 @@ struct Outcome {
 /// Runs the binary with `args` and `env`, killing it after [`CASE_SECONDS_MAX`]; `None` when it was killed.
 fn run(args: &[String], env: &BTreeMap<String, String>) -> Option<Outcome> {
     let started = Instant::now();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_kvgate"));
+    let mut command = Command::new(crate::kvgate_exe());
     command
         .args(args)
         .env_remove(WAIT_ENV)

@@ -7,7 +7,7 @@ use crate::repo_root;
 
 /// Runs the binary and returns (success, stdout, stderr).
 fn kvgate(args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let output = Command::new(crate::kvgate_exe())
         .args(args)
         .output()
         .expect("the binary runs");
@@ -108,7 +108,7 @@ fn invalid_config_values_name_the_field() {
 
 #[test]
 fn a_bad_environment_override_is_named() {
-    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let output = Command::new(crate::kvgate_exe())
         .args(["agents", "--agents", "1", "--turns", "1"])
         .env("KVGATE_RESTORE_MAX_WAIT_S", "soon")
         .output()
@@ -161,7 +161,7 @@ fn a_scenario_runs_on_every_model_preset_from_the_command_line() {
 
 #[test]
 fn an_invalid_log_filter_is_an_error_naming_the_variable() {
-    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let output = Command::new(crate::kvgate_exe())
         .args(["agents", "--agents", "1", "--turns", "1"])
         .env("KVGATE_LOG", "kvgate=loud")
         .output()
@@ -197,7 +197,7 @@ fn logs_written_to_a_file_carry_no_colour_codes() {
         b"foreign",
     )
     .unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let output = Command::new(crate::kvgate_exe())
         .args(["agents", "--config", config.to_str().unwrap()])
         .args([
             "--policy", "reserved", "--agents", "1", "--turns", "1", "--verify",
@@ -303,7 +303,7 @@ fn k1_replay_rejects_requests_that_can_never_run_alone_and_counts_them() {
 #[test]
 fn a_closed_output_pipe_ends_the_run_quietly() {
     // `kvgate agents | head -1`: the reader goes away before the table is written.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let mut child = Command::new(crate::kvgate_exe())
         .args(["agents", "--agents", "2", "--turns", "2", "--verify"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -417,7 +417,7 @@ fn samples(text: &str) -> std::collections::HashMap<String, f64> {
 fn a_live_agents_run_serves_metrics_while_it_runs_and_draws_its_chart() {
     use std::io::BufRead;
     let plot = tempfile::tempdir().unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let mut child = Command::new(crate::kvgate_exe())
         .args([
             "agents",
             "--executor",

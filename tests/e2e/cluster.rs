@@ -9,7 +9,7 @@ use crate::without_wall_time;
 
 /// `kvgate trace generate` with `args`: the trace's text.
 fn generated(args: &[&str]) -> String {
-    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let output = Command::new(crate::kvgate_exe())
         .args(["trace", "generate"])
         .args(args)
         .output()
@@ -31,7 +31,7 @@ fn replay_json(extra: &[&str]) -> Value {
         generated(&["--seed", "1", "--requests", "200", "--rate", "4"]),
     )
     .expect("the trace is written");
-    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let output = Command::new(crate::kvgate_exe())
         .args(["replay", trace.to_str().unwrap()])
         .args([
             "--limit",

@@ -64,7 +64,7 @@ fn a_case_whose_expectation_is_wrong_fails_naming_it() {
         "{lines}"
     );
 
-    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let output = Command::new(crate::kvgate_exe())
         .args(["scenario", "--suite"])
         .arg(dir.path())
         .output()

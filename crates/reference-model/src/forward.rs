@@ -133,6 +133,8 @@ impl ReferenceModel {
     /// Reads slots `page_lo..read_hi` of `table` (every rank's share of each block), one `read_run` per
     /// run of consecutive page ids and rank (at most `RUN_PAGES_MAX` pages: one device transfer each), and
     /// zeroes the positions from `first` on in the last of them (a partial page may hold anything there).
+    /// The runs read through one byte buffer split between them: the allocations are the same however
+    /// many pages and runs the context has.
     fn load_kv(
         &self,
         storage: &dyn PageStorage,
@@ -144,17 +146,23 @@ impl ReferenceModel {
         let block = self.config.block_tokens() as usize;
         let inner = self.config.inner_dim();
         let page_floats = n_layers * 2 * block * inner;
+        let rank_bytes = page_floats / self.config.context_parallel as usize * F32_BYTES;
         let mut floats = vec![0.0f32; (slots.page_hi - slots.page_lo) * page_floats];
         let n_read = slots.read_hi - slots.page_lo;
-        let mut runs = Vec::new();
+        let mut bytes = vec![0u8; n_read * rank_bytes];
+        let table_runs = page_runs(&table[slots.page_lo..slots.read_hi]);
+        let mut runs = Vec::with_capacity(table_runs.len());
         let mut rest = &mut floats[..n_read * page_floats];
-        for run in page_runs(&table[slots.page_lo..slots.read_hi]) {
+        let mut rest_bytes = bytes.as_mut_slice();
+        for run in table_runs {
             let (out, after) = rest.split_at_mut(run.len() * page_floats);
-            runs.push((run, out));
+            let (run_bytes, after_bytes) = rest_bytes.split_at_mut(run.len() * rank_bytes);
+            runs.push((run, out, run_bytes));
             rest = after;
+            rest_bytes = after_bytes;
         }
         runs.into_par_iter()
-            .try_for_each(|(run, out)| self.load_run(storage, run, out, n_layers))?;
+            .try_for_each(|(run, out, bytes)| self.load_run(storage, run, out, bytes, n_layers))?;
         let first_slot = span.first % block;
         if first_slot != 0 {
             let page = &mut floats[(slots.write_lo - slots.page_lo) * page_floats..][..page_floats];
@@ -170,12 +178,13 @@ impl ReferenceModel {
     }
 
     /// Reads the blocks of `run` (consecutive page ids) into `out`, block after block in the block layout:
-    /// one `read_run` per rank.
+    /// one `read_run` per rank into `bytes` (a rank's share of each block of the run), converted in place.
     fn load_run(
         &self,
         storage: &dyn PageStorage,
         run: &[PageId],
         out: &mut [f32],
+        bytes: &mut [u8],
         n_layers: usize,
     ) -> ModelResult<()> {
         let Some(&first) = run.first() else {
@@ -184,22 +193,22 @@ impl ReferenceModel {
         let n_ranks = self.config.context_parallel;
         let inner = self.config.inner_dim();
         let page_floats = out.len() / run.len();
-        let rank_floats = page_floats / n_ranks as usize;
-        let mut bytes = vec![0u8; run.len() * rank_floats * F32_BYTES];
+        let rank_bytes = bytes.len() / run.len();
         if n_ranks == 1 {
             // One rank holds each whole block in the block's own layout.
-            storage.read_run(0, first, &mut bytes)?;
-            floats_from_bytes(&bytes, out);
+            storage.read_run(0, first, bytes)?;
+            floats_from_bytes(bytes, out);
             return Ok(());
         }
-        let mut rank_page = vec![0.0f32; rank_floats];
         for rank in 0..n_ranks {
-            storage.read_run(rank, first, &mut bytes)?;
-            let pages = bytes.chunks_exact(rank_floats * F32_BYTES);
+            storage.read_run(rank, first, bytes)?;
+            let pages = bytes.chunks_exact(rank_bytes);
             for (page_bytes, block_out) in pages.zip(out.chunks_exact_mut(page_floats)) {
-                floats_from_bytes(page_bytes, &mut rank_page);
                 self.for_each_rank_row(n_layers, rank, |block_at, rank_at| {
-                    block_out[block_at..][..inner].copy_from_slice(&rank_page[rank_at..][..inner]);
+                    floats_from_bytes(
+                        &page_bytes[rank_at * F32_BYTES..][..inner * F32_BYTES],
+                        &mut block_out[block_at..][..inner],
+                    );
                 });
             }
         }
@@ -538,7 +547,8 @@ fn project_add(a: &[f32], width: usize, w: &super::weights::Matrix, x: &mut [f32
 
 /// `table` cut into runs of consecutive page ids, each at most `RUN_PAGES_MAX` long, in order.
 fn page_runs(table: &[PageId]) -> Vec<&[PageId]> {
-    let mut runs = Vec::new();
+    // At most one run per page: one allocation whatever the number of runs.
+    let mut runs = Vec::with_capacity(table.len());
     let mut start = 0;
     for end in 1..=table.len() {
         let ends = match (table.get(end - 1), table.get(end)) {

@@ -160,6 +160,8 @@ pub(crate) fn attend(
     let head_dim = q.len();
     let scale = 1.0 / (head_dim as f32).sqrt();
     scores.clear();
+    // One allocation at most, of the final size, not a doubling per power of two of the context.
+    scores.reserve(hi.saturating_sub(lo) + 1);
     let mut max = f32::NEG_INFINITY;
     for offset in kv.slot_offsets(lo, hi) {
         let start = offset + kv.key_offset;

@@ -121,6 +121,19 @@ pub trait CopyEngine: Send + std::fmt::Debug {
     }
 }
 
+/// Runs `call`, a panic in it coming back as `Err` with the panic's message: where copy code catches a
+/// panic so that it becomes a copy failure (D3), never a hang or an unwind through a worker or the engine.
+/// The callers say what panicked.
+pub(crate) fn catch_panic<T>(call: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(call)).map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|message| (*message).to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_string())
+    })
+}
+
 #[cfg(test)]
 mod device_tests;
 #[cfg(test)]

@@ -12,13 +12,12 @@
 )]
 
 use std::collections::{HashMap, VecDeque};
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crossbeam::channel::Receiver;
 use kv_pool::{Device, DeviceStorage, PageId, PageStorage};
 
-use crate::copy::CopyJobId;
+use crate::copy::{CopyJobId, catch_panic};
 use crate::page_buf::PageBuf;
 
 /// The bound on a rank's pinned staging: `chunks_per_rank` chunks of `chunk_bytes` (rounded down to whole
@@ -114,17 +113,12 @@ pub(crate) fn run_stager<D: Device>(
         limits,
     };
     for order in orders {
-        let staged = catch_unwind(AssertUnwindSafe(|| {
-            stage_job(storage, shared, rank, &order, &mut staging)
-        }))
-        .unwrap_or_else(|panic| Staged {
-            events: Vec::new(),
-            failure: Some(format!(
-                "the staging thread panicked: {}",
-                panic_message(panic.as_ref())
-            )),
-            unconfirmed: true,
-        });
+        let staged = catch_panic(|| stage_job(storage, shared, rank, &order, &mut staging))
+            .unwrap_or_else(|message| Staged {
+                events: Vec::new(),
+                failure: Some(format!("the staging thread panicked: {message}")),
+                unconfirmed: true,
+            });
         let mut jobs = shared.lock();
         if let Some(job) = jobs.get_mut(&order.id) {
             job.staged = true;
@@ -308,19 +302,5 @@ impl<D: Device> Staging<D> {
 /// Runs a device call, turning a panic in it into its error: the caller's error path then keeps a chunk
 /// that queued transfers may still read, where unwinding would free it under them.
 fn shielded<T>(call: impl FnOnce() -> Result<T, String>) -> Result<T, String> {
-    catch_unwind(AssertUnwindSafe(call)).unwrap_or_else(|panic| {
-        Err(format!(
-            "the device layer panicked: {}",
-            panic_message(panic.as_ref())
-        ))
-    })
-}
-
-/// The message a panic carried, when it is text.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message")
+    catch_panic(call).unwrap_or_else(|message| Err(format!("the device layer panicked: {message}")))
 }

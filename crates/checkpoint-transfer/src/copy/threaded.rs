@@ -12,7 +12,7 @@ use crossbeam::channel::{Receiver, Sender};
 use kv_pool::Timestamp;
 use kv_pool::{PageId, PageStorage};
 
-use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome};
+use crate::copy::{CopyCompletion, CopyEngine, CopyJob, CopyJobId, CopyOutcome, catch_panic};
 use crate::error::{Error, Result};
 use crate::page_buf::PageBuf;
 
@@ -192,29 +192,16 @@ fn run_worker(task_rx: &Receiver<Task>, storage: &dyn PageStorage) {
         } else {
             // A panic in the storage is this page's failure, not a lost task: the job still completes (failed),
             // the worker goes on, and nobody waits forever for a task that will never finish.
-            let write = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                storage.write(job.rank, task.page, &task.bytes)
-            }));
-            match write {
+            match catch_panic(|| storage.write(job.rank, task.page, &task.bytes)) {
                 Ok(written) => written.err().map(|e| e.to_string()),
-                Err(panic) => Some(format!(
-                    "the copy worker panicked writing page {}: {}",
-                    task.page.0,
-                    panic_message(panic.as_ref())
+                Err(message) => Some(format!(
+                    "the copy worker panicked writing page {}: {message}",
+                    task.page.0
                 )),
             }
         };
         finish_task(job, failure);
     }
-}
-
-/// The message a panic carried, when it is text.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a panic without a message")
 }
 
 /// Counts one task of the job as ended; the last one sends the job's completion.

@@ -353,16 +353,19 @@ impl Executor for ReferenceExecutor {
             recurrent: recurrent.as_ref().map(|r| r as &dyn PageStorage),
         };
         self.model.forward(storage, &[entry]).map_err(model_error)?;
+        // Each page read in place into the first bytes of its returned buffer, allocated once at the pool's
+        // page size (zeros after the model's page): no scratch buffer, no growth.
         let read_padded = |storage: &dyn PageStorage, page: PageId| -> Result<PageOnRanks> {
             (0..n_ranks)
                 .map(|rank| {
-                    let mut bytes = vec![0u8; storage.bytes_per_page()];
-                    storage.read(rank, page, &mut bytes)?;
-                    bytes.resize(bytes_per_page, 0);
+                    let mut bytes = vec![0u8; bytes_per_page.max(storage.bytes_per_page())];
+                    storage.read(rank, page, &mut bytes[..storage.bytes_per_page()])?;
+                    bytes.truncate(bytes_per_page);
                     Ok(bytes)
                 })
                 .collect()
         };
+        pages.blocks.reserve(table.len());
         for &page in &table {
             pages.blocks.push(read_padded(&attention, page)?);
         }
