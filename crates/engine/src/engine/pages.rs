@@ -3,12 +3,12 @@
 //! of restores (E3), and the moves of a request between queues (preemption, fallback, release).
 
 use checkpoint_transfer::{
-    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
-    RankPages,
+    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, RankPages,
 };
 use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId};
 
+use super::groups::RestoreBoundary;
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
@@ -323,7 +323,7 @@ impl<E: Executor> Engine<E> {
     /// Captures `id`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
     /// always, whatever ended the response. `true` when it was sent to the store (`put_checkpoint`).
     pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<bool> {
-        if self.groups.is_hybrid() {
+        if self.groups.restore_boundary() == RestoreBoundary::Exact {
             return self.capture_hybrid(id, kind);
         }
         let block_tokens = self.params.geometry.block_tokens();
@@ -492,7 +492,7 @@ impl<E: Executor> Engine<E> {
         ))
     }
 
-    /// `id`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupPlan::slots` order: the
+    /// `id`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupCoordinator::slots` order: the
     /// block table's, every windowed table's live ones, the fixed pages.
     fn boundary_pages(&self, id: RequestId, n_tokens: u32) -> Result<Vec<PageId>> {
         let block_tokens = self.params.geometry.block_tokens();
@@ -517,7 +517,7 @@ impl<E: Executor> Engine<E> {
         Ok(pages)
     }
 
-    /// Gives `id` the pages of a checkpoint at `tokens` (`GroupPlan::slots` order, `pages` empty for none): its
+    /// Gives `id` the pages of a checkpoint at `tokens` (`GroupCoordinator::slots` order, `pages` empty for none): its
     /// block table, every windowed table (null before the window at `tokens`) and its fixed pages.
     pub(crate) fn assign_checkpoint_pages(
         &mut self,
@@ -534,7 +534,7 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// The tables the pages of a checkpoint at `tokens` (`GroupPlan::slots` order, empty for none) make:
+    /// The tables the pages of a checkpoint at `tokens` (`GroupCoordinator::slots` order, empty for none) make:
     /// the block table, every windowed table (null before the window at `tokens`) and the fixed pages.
     pub(crate) fn checkpoint_tables(
         &self,
@@ -641,7 +641,7 @@ impl<E: Executor> Engine<E> {
         if self.executor.writes_pages() {
             return self.verify_by_recompute(id, first_block, tokens);
         }
-        if self.groups.is_hybrid() {
+        if self.groups.restore_boundary() == RestoreBoundary::Exact {
             return self.verify_hybrid_import(id, tokens);
         }
         let block_tokens = self.params.geometry.block_tokens();
@@ -919,51 +919,16 @@ impl<E: Executor> Engine<E> {
     }
 
     /// The part of `stored` an import of its first `tokens` tokens from block `first_block` on copies into
-    /// the pool and publishes. Attention-only: blocks `[first_block, tokens / block_tokens)` (one keyed page
-    /// per block; the engine's checkpoints have one full-attention group and their keyed pages first).
-    /// Hybrid: the whole checkpoint, which must end at exactly `tokens` (from block 0).
+    /// the pool and publishes (`GroupCoordinator::import_part`).
     pub(crate) fn checkpoint_part(
         &self,
         stored: &Checkpoint,
         first_block: u32,
         tokens: u32,
     ) -> Result<Checkpoint> {
-        let block_tokens = self.params.geometry.block_tokens() as usize;
-        if self.groups.is_hybrid() {
-            if first_block != 0 || stored.meta.n_tokens != tokens as usize {
-                return Err(Error::internal(format!(
-                    "a hybrid checkpoint of {} tokens restored as {tokens} tokens from block {first_block}",
-                    stored.meta.n_tokens
-                )));
-            }
-            return Ok(stored.clone());
-        }
-        let end_block = tokens as usize / block_tokens;
-        let blocks = first_block as usize..end_block;
-        debug_assert!(blocks.end <= stored.meta.block_keys.len());
-        let meta = CheckpointMeta {
-            n_tokens: blocks.end * block_tokens,
-            draft_prefix_len: stored.meta.draft_prefix_len.min(blocks.end * block_tokens),
-            block_keys: stored.meta.block_keys[blocks.clone()].to_vec(),
-            tail_tokens: Vec::new(),
-            pages: (0..blocks.len() as u32)
-                .map(|key_idx| PageSlot {
-                    group: 0,
-                    key_idx: Some(key_idx),
-                })
-                .collect(),
-            ..stored.meta.clone()
-        };
-        let ranks = stored
-            .payload
-            .ranks
-            .iter()
-            .map(|pages| pages.range(blocks.clone()))
-            .collect();
-        Ok(Checkpoint {
-            meta,
-            payload: CheckpointPayload { ranks },
-        })
+        let block_tokens = self.params.geometry.block_tokens();
+        self.groups
+            .import_part(stored, first_block, tokens, block_tokens)
     }
 
     /// Ends `id`'s capacity wait, if any, recording its length.

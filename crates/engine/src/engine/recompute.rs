@@ -5,6 +5,7 @@
 use kv_pool::{PageId, RequestId};
 
 use super::Engine;
+use super::groups::RestoreBoundary;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 
@@ -37,7 +38,7 @@ impl<E: Executor> Engine<E> {
         };
         // (slot index for the error, page, expected bytes on every rank)
         let mut checks: Vec<(u32, PageId, &[Vec<u8>])> = Vec::with_capacity(dest.len());
-        if self.groups.is_hybrid() {
+        if self.groups.restore_boundary() == RestoreBoundary::Exact {
             let slots = self.groups.slots(tokens, block_tokens);
             let mut fixed = expected.fixed.iter();
             for (slot_idx, ((slot, block), &page)) in slots.iter().zip(&dest).enumerate() {
