@@ -13,33 +13,30 @@ use std::ops::Range;
 use checkpoint_transfer::PageSlot;
 use kv_pool::{BlockKey, GroupKind, PageId, PagePool};
 
-/// What a group's pages are in a request: the block table, a windowed table, or pages held whatever the
-/// request's length.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Holds {
-    /// One page per block, keyed for the prefix cache (the full-attention group).
-    BlockTable,
-    /// One page per block of the live window, null before it (sliding window, chunked local).
-    WindowTable,
-    /// This many pages per request (recurrent state, auxiliary).
-    Fixed(u32),
-}
-
 /// The cache manager of one group.
 pub(crate) trait GroupManager: std::fmt::Debug {
     /// The group's index in the geometry.
     fn group(&self) -> u32;
 
-    /// What the group's pages are in a request.
-    fn holds(&self) -> Holds;
+    /// Pages a request holds of this group whatever its length (a recurrent state, auxiliary pages); 0 for a
+    /// group of one page per block.
+    fn fixed_pages(&self) -> u32 {
+        0
+    }
 
     /// The pages of the longest prefix of `keys` (full blocks) the local prefix cache serves for this
-    /// group. Does not touch them.
-    fn local_hit(&self, pool: &PagePool, keys: &[BlockKey]) -> Vec<PageId>;
+    /// group. Does not touch them. None by default: the prefix cache keeps blocks of full attention alone,
+    /// no window and no state (H2).
+    fn local_hit(&self, _pool: &PagePool, _keys: &[BlockKey]) -> Vec<PageId> {
+        Vec::new()
+    }
 
     /// Whether a checkpoint of this group restores only at the exact token boundary it was captured at (its
-    /// partial pages and state are valid there alone), not at any block boundary before it (H6).
-    fn exact_boundary(&self) -> bool;
+    /// partial pages and state are valid there alone), not at any block boundary before it (H6). By
+    /// default it does: only full attention's blocks hold for every longer prefix.
+    fn exact_boundary(&self) -> bool {
+        true
+    }
 
     /// The tokens the group still holds once `n_tokens` are computed (`Geometry::live_tokens`).
     fn live_tokens(&self, n_tokens: u32) -> Range<u32>;
@@ -60,7 +57,8 @@ pub(crate) trait GroupManager: std::fmt::Debug {
         }
     }
 
-    /// The group's pages of a checkpoint at `n_tokens`, in payload order, with the block each holds.
+    /// The group's pages of a checkpoint at `n_tokens`, in payload order, with the block each holds: by
+    /// default its live blocks, then its fixed pages, none of them keyed.
     fn checkpoint_slots(&self, n_tokens: u32, block_tokens: u32) -> Vec<(PageSlot, Option<u32>)> {
         let group = self.group();
         let unkeyed = |block| {
@@ -72,22 +70,11 @@ pub(crate) trait GroupManager: std::fmt::Debug {
                 block,
             )
         };
-        match self.holds() {
-            Holds::BlockTable => {
-                let n_full = n_tokens / block_tokens;
-                (0..n_tokens.div_ceil(block_tokens))
-                    .map(|block| {
-                        let key_idx = (block < n_full).then_some(block);
-                        (PageSlot { group, key_idx }, Some(block))
-                    })
-                    .collect()
-            }
-            Holds::WindowTable => (self.checkpoint_first_block(n_tokens, block_tokens)
-                ..n_tokens.div_ceil(block_tokens))
-                .map(|block| unkeyed(Some(block)))
-                .collect(),
-            Holds::Fixed(pages) => (0..pages).map(|_| unkeyed(None)).collect(),
-        }
+        let live =
+            self.checkpoint_first_block(n_tokens, block_tokens)..n_tokens.div_ceil(block_tokens);
+        live.map(|block| unkeyed(Some(block)))
+            .chain((0..self.fixed_pages()).map(|_| unkeyed(None)))
+            .collect()
     }
 }
 
@@ -121,8 +108,15 @@ impl GroupManager for FullAttention {
     fn group(&self) -> u32 {
         self.group
     }
-    fn holds(&self) -> Holds {
-        Holds::BlockTable
+    /// One page per block, full blocks keyed, a partial last one not.
+    fn checkpoint_slots(&self, n_tokens: u32, block_tokens: u32) -> Vec<(PageSlot, Option<u32>)> {
+        let (group, n_full) = (self.group, n_tokens / block_tokens);
+        (0..n_tokens.div_ceil(block_tokens))
+            .map(|block| {
+                let key_idx = (block < n_full).then_some(block);
+                (PageSlot { group, key_idx }, Some(block))
+            })
+            .collect()
     }
     fn local_hit(&self, pool: &PagePool, keys: &[BlockKey]) -> Vec<PageId> {
         pool.longest_prefix(keys)
@@ -148,15 +142,6 @@ impl GroupManager for SlidingWindow {
     fn group(&self) -> u32 {
         self.group
     }
-    fn holds(&self) -> Holds {
-        Holds::WindowTable
-    }
-    fn local_hit(&self, _pool: &PagePool, _keys: &[BlockKey]) -> Vec<PageId> {
-        Vec::new()
-    }
-    fn exact_boundary(&self) -> bool {
-        true
-    }
     fn live_tokens(&self, n_tokens: u32) -> Range<u32> {
         n_tokens.saturating_sub(self.kept_tokens)..n_tokens
     }
@@ -173,15 +158,6 @@ struct ChunkedLocal {
 impl GroupManager for ChunkedLocal {
     fn group(&self) -> u32 {
         self.group
-    }
-    fn holds(&self) -> Holds {
-        Holds::WindowTable
-    }
-    fn local_hit(&self, _pool: &PagePool, _keys: &[BlockKey]) -> Vec<PageId> {
-        Vec::new()
-    }
-    fn exact_boundary(&self) -> bool {
-        true
     }
     fn live_tokens(&self, n_tokens: u32) -> Range<u32> {
         // `Geometry::new` refuses a chunk of 0 tokens; were one here, nothing would be live.
@@ -203,14 +179,8 @@ impl GroupManager for RecurrentState {
     fn group(&self) -> u32 {
         self.group
     }
-    fn holds(&self) -> Holds {
-        Holds::Fixed(1)
-    }
-    fn local_hit(&self, _pool: &PagePool, _keys: &[BlockKey]) -> Vec<PageId> {
-        Vec::new()
-    }
-    fn exact_boundary(&self) -> bool {
-        true
+    fn fixed_pages(&self) -> u32 {
+        1
     }
     fn live_tokens(&self, n_tokens: u32) -> Range<u32> {
         n_tokens..n_tokens
@@ -229,14 +199,8 @@ impl GroupManager for Auxiliary {
     fn group(&self) -> u32 {
         self.group
     }
-    fn holds(&self) -> Holds {
-        Holds::Fixed(self.pages)
-    }
-    fn local_hit(&self, _pool: &PagePool, _keys: &[BlockKey]) -> Vec<PageId> {
-        Vec::new()
-    }
-    fn exact_boundary(&self) -> bool {
-        true
+    fn fixed_pages(&self) -> u32 {
+        self.pages
     }
     fn live_tokens(&self, n_tokens: u32) -> Range<u32> {
         n_tokens..n_tokens

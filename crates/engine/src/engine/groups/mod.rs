@@ -19,7 +19,7 @@ use std::sync::Arc;
 use checkpoint_transfer::{
     Checkpoint, CheckpointMeta, CheckpointPayload, LayoutDescriptor, PageSlot,
 };
-use kv_pool::{BlockKey, Geometry, PageId, PagePool};
+use kv_pool::{BlockKey, Geometry, GroupKind, PageId, PagePool};
 
 use crate::error::{Error, Result};
 
@@ -27,7 +27,7 @@ mod boundary;
 mod managers;
 
 pub(crate) use self::boundary::{Boundary, exact_prefix_key, slot_key};
-use self::managers::{GroupManager, Holds};
+use self::managers::GroupManager;
 
 /// Which token boundaries a restore may resume at: the combined answer of the groups' managers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -69,9 +69,9 @@ impl GroupCoordinator {
         let mut fixed = Vec::new();
         for (idx, group) in geometry.groups().iter().enumerate() {
             let manager = managers::manager(idx as u32, group.kind);
-            match manager.holds() {
-                Holds::BlockTable if full.is_none() => full = Some(manager),
-                Holds::BlockTable => {
+            match group.kind {
+                GroupKind::Full if full.is_none() => full = Some(manager),
+                GroupKind::Full => {
                     return Err(Error::UnsupportedGeometry {
                         reason: format!(
                             "cache group {idx} is a second full-attention group: the step loop keeps one \
@@ -79,8 +79,10 @@ impl GroupCoordinator {
                         ),
                     });
                 }
-                Holds::WindowTable => windows.push(manager),
-                Holds::Fixed(_) => fixed.push(manager),
+                GroupKind::SlidingWindow { .. } | GroupKind::ChunkedLocal { .. } => {
+                    windows.push(manager);
+                }
+                GroupKind::Recurrent | GroupKind::Auxiliary { .. } => fixed.push(manager),
             }
         }
         let Some(full) = full else {
@@ -93,10 +95,7 @@ impl GroupCoordinator {
         };
         let n_fixed = fixed
             .iter()
-            .map(|manager| match manager.holds() {
-                Holds::Fixed(pages) => pages,
-                Holds::BlockTable | Holds::WindowTable => 0,
-            })
+            .map(|manager| manager.fixed_pages())
             .fold(0u32, u32::saturating_add);
         let all = || std::iter::once(&full).chain(&windows).chain(&fixed);
         let boundary = if all().any(|manager| manager.exact_boundary()) {

@@ -62,6 +62,37 @@ fn checkpoint_slots_count_the_pages_the_geometry_says() {
         // Payload order: the block table, the windows, the fixed pages.
         let order: Vec<u32> = slots.iter().map(|(slot, _)| slot.group).collect();
         assert!(order.is_sorted(), "{order:?}");
+        let block_tokens = geometry.block_tokens();
+        for (idx, group) in geometry.groups().iter().enumerate() {
+            let ours: Vec<_> = slots
+                .iter()
+                .filter(|(slot, _)| slot.group == idx as u32)
+                .map(|(slot, block)| (slot.key_idx, *block))
+                .collect();
+            let live = geometry.live_tokens(idx, n_tokens);
+            let first = if live.is_empty() {
+                n_tokens.div_ceil(block_tokens)
+            } else {
+                live.start / block_tokens
+            };
+            let expected: Vec<_> = match group.kind {
+                // Full blocks keyed, a partial last one not.
+                GroupKind::Full => (0..n_tokens.div_ceil(block_tokens))
+                    .map(|block| {
+                        (
+                            (block < n_tokens / block_tokens).then_some(block),
+                            Some(block),
+                        )
+                    })
+                    .collect(),
+                GroupKind::Recurrent => vec![(None, None)],
+                GroupKind::Auxiliary { pages } => vec![(None, None); pages as usize],
+                _ => (first..n_tokens.div_ceil(block_tokens))
+                    .map(|block| (None, Some(block)))
+                    .collect(),
+            };
+            assert_eq!(ours, expected, "{} at {n_tokens}", group.kind);
+        }
     }
 }
 
