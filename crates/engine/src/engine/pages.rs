@@ -625,8 +625,9 @@ impl<E: Executor> Engine<E> {
         false
     }
 
-    /// E3: checks that every page of `id`'s published import of `tokens` tokens (its blocks from `first_block`
-    /// on) holds what recomputing its prefix writes.
+    /// E3: checks that every page of `id`'s published import of `tokens` tokens (`GroupCoordinator::
+    /// import_slots`: its blocks from `first_block` on, or at an exact boundary the whole checkpoint, partial
+    /// and fixed pages included) holds what recomputing its prefix writes, on every rank.
     pub(crate) fn verify_import(
         &mut self,
         id: RequestId,
@@ -641,64 +642,14 @@ impl<E: Executor> Engine<E> {
         if self.executor.writes_pages() {
             return self.verify_by_recompute(id, first_block, tokens);
         }
-        if self.groups.restore_boundary() == RestoreBoundary::Exact {
-            return self.verify_hybrid_import(id, tokens);
-        }
-        let block_tokens = self.params.geometry.block_tokens();
-        let dest = self.verified_import_pages(id)?;
-        let keys = &self.table.get(id)?.keys[first_block as usize..];
-        let mut expected = vec![0u8; self.scratch.page_buf.len()];
-        for ((block, page), key) in (first_block..).zip(&dest).zip(keys) {
-            for rank in 0..self.storage.n_ranks() {
-                let write = PageWrite {
-                    group: 0,
-                    rank,
-                    page: *page,
-                    first_pos: block * block_tokens,
-                    prefix_key: *key,
-                };
-                self.executor.fill_page(&write, &mut expected);
-                self.storage.read(rank, *page, &mut self.scratch.page_buf)?;
-                if let Some(byte) = self
-                    .scratch
-                    .page_buf
-                    .iter()
-                    .zip(&expected)
-                    .position(|(a, b)| a != b)
-                {
-                    return Err(Error::RestoreMismatch {
-                        request: id,
-                        block,
-                        rank,
-                        page: *page,
-                        byte,
-                    });
-                }
-                self.tally.pages_verified += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// The pages of `id`'s import being verified (E3), as the index holds them.
-    pub(crate) fn verified_import_pages(&self, id: RequestId) -> Result<Vec<PageId>> {
-        self.restores
-            .index
-            .pages(id)
-            .map(<[PageId]>::to_vec)
-            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))
-    }
-
-    /// E3 for a hybrid import at exact boundary `tokens`: every page, the partial one and the fixed ones
-    /// included, on every rank.
-    fn verify_hybrid_import(&mut self, id: RequestId, tokens: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let dest = self.verified_import_pages(id)?;
         let req = &self.table.get(id)?;
-        let boundary = self.groups.boundary(
+        let boundary = self.groups.import_boundary(
             req.tokens.get(id)?,
             &req.keys,
             &req.spec.salt,
+            first_block,
             tokens,
             block_tokens,
         );
@@ -724,7 +675,7 @@ impl<E: Executor> Engine<E> {
                 {
                     return Err(Error::RestoreMismatch {
                         request: id,
-                        block: slot_idx as u32,
+                        block: first_block + slot_idx as u32,
                         rank,
                         page,
                         byte,
@@ -734,6 +685,15 @@ impl<E: Executor> Engine<E> {
             }
         }
         Ok(())
+    }
+
+    /// The pages of `id`'s import being verified (E3), as the index holds them.
+    pub(crate) fn verified_import_pages(&self, id: RequestId) -> Result<Vec<PageId>> {
+        self.restores
+            .index
+            .pages(id)
+            .map(<[PageId]>::to_vec)
+            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))
     }
 
     /// The keys a pages-only import published for hybrid `id` is found again under, slot by slot: a full

@@ -369,6 +369,26 @@ impl GroupCoordinator {
             .collect()
     }
 
+    /// The pages an import of `tokens` tokens from block `first_block` on holds (`import_part`), in the order
+    /// the index holds them, with the block each holds: blocks `[first_block, tokens / block_tokens)`, or at
+    /// an exact boundary the whole checkpoint's slots.
+    pub(crate) fn import_slots(
+        &self,
+        first_block: u32,
+        tokens: u32,
+        block_tokens: u32,
+    ) -> Vec<(PageSlot, Option<u32>)> {
+        match self.boundary {
+            RestoreBoundary::Exact => self.slots(tokens, block_tokens),
+            RestoreBoundary::Block => self
+                .full
+                .checkpoint_slots(tokens / block_tokens * block_tokens, block_tokens)
+                .into_iter()
+                .skip(first_block as usize)
+                .collect(),
+        }
+    }
+
     /// The checkpoint boundary at `n_tokens` of a request with `tokens` and full-block `keys`: its pages
     /// and what recompute writes into each.
     pub(crate) fn boundary<'a>(
@@ -379,7 +399,37 @@ impl GroupCoordinator {
         n_tokens: u32,
         block_tokens: u32,
     ) -> Boundary<'a> {
-        let (slots, blocks) = self.slots(n_tokens, block_tokens).into_iter().unzip();
+        let slots = self.slots(n_tokens, block_tokens);
+        Boundary::new(slots, tokens, keys, salt, n_tokens, block_tokens)
+    }
+
+    /// The boundary of an import of `n_tokens` tokens from block `first_block` on (`import_slots`): its pages
+    /// and what recompute writes into each.
+    pub(crate) fn import_boundary<'a>(
+        &self,
+        tokens: &[u32],
+        keys: &'a [BlockKey],
+        salt: &[u8],
+        first_block: u32,
+        n_tokens: u32,
+        block_tokens: u32,
+    ) -> Boundary<'a> {
+        let slots = self.import_slots(first_block, n_tokens, block_tokens);
+        Boundary::new(slots, tokens, keys, salt, n_tokens, block_tokens)
+    }
+}
+
+impl<'a> Boundary<'a> {
+    /// The boundary at `n_tokens` of a request with `tokens` and full-block `keys` whose pages are `slots`.
+    fn new(
+        slots: Vec<(PageSlot, Option<u32>)>,
+        tokens: &[u32],
+        keys: &'a [BlockKey],
+        salt: &[u8],
+        n_tokens: u32,
+        block_tokens: u32,
+    ) -> Boundary<'a> {
+        let (slots, blocks) = slots.into_iter().unzip();
         Boundary {
             slots,
             blocks,
