@@ -193,7 +193,7 @@ impl<E: Executor> Engine<E> {
                 let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
                 let held = start.div_ceil(block_tokens);
                 let chunk_pages = (start + chunk).div_ceil(block_tokens) - held;
-                let tables = 1 + self.groups.n_windows() as u32;
+                let tables = self.groups.n_tables();
                 let import_pages = self.groups.restore_at_once_pages(
                     checkpoint.pages.len() as u32,
                     start,

@@ -11,15 +11,36 @@ pub(crate) struct Boundary<'a> {
     /// The pages, in payload order.
     pub(crate) slots: Vec<PageSlot>,
     /// The block each page holds (`None` for a fixed page).
-    pub(super) blocks: Vec<Option<u32>>,
-    pub(super) n_tokens: u32,
-    pub(super) block_tokens: u32,
-    pub(super) keys: &'a [BlockKey],
+    blocks: Vec<Option<u32>>,
+    n_tokens: u32,
+    block_tokens: u32,
+    keys: &'a [BlockKey],
     /// The exact prefix key of the boundary's tokens.
     pub(crate) exact: BlockKey,
 }
 
-impl Boundary<'_> {
+impl<'a> Boundary<'a> {
+    /// The boundary at `n_tokens` of a request with `tokens` and full-block `keys` whose pages are `slots`
+    /// (`GroupCoordinator::slots` or `import_slots`).
+    pub(super) fn new(
+        slots: Vec<(PageSlot, Option<u32>)>,
+        tokens: &[u32],
+        keys: &'a [BlockKey],
+        salt: &[u8],
+        n_tokens: u32,
+        block_tokens: u32,
+    ) -> Boundary<'a> {
+        let (slots, blocks) = slots.into_iter().unzip();
+        Boundary {
+            slots,
+            blocks,
+            n_tokens,
+            block_tokens,
+            keys,
+            exact: exact_prefix_key(tokens, keys, n_tokens, block_tokens, salt),
+        }
+    }
+
     /// Whether page `slot_idx` holds what recompute writes at exactly the boundary (a partial last page or a
     /// fixed page), not a full block: such pages are written when a checkpoint is captured.
     pub(crate) fn is_partial(&self, slot_idx: usize) -> bool {
@@ -53,7 +74,7 @@ impl Boundary<'_> {
 
 /// The key of exactly the first `n_tokens` of `tokens` (`keys` are its full blocks' keys): the block key when
 /// `n_tokens` ends a block, else the last full block's key chained with the partial block's tokens.
-pub(crate) fn exact_prefix_key(
+fn exact_prefix_key(
     tokens: &[u32],
     keys: &[BlockKey],
     n_tokens: u32,

@@ -10,9 +10,12 @@
 //!
 //! Page contents (E3): a full block of the full or a windowed group holds what recompute writes for its block
 //! key; a partial last page, a recurrent state page and an auxiliary page hold what recompute writes at the
-//! exact boundary `n`, keyed by the exact prefix key of the first `n` tokens ([`exact_prefix_key`]). They are
+//! exact boundary `n`, keyed by the exact prefix key of the first `n` tokens (`boundary.rs`). They are
 //! written when a checkpoint is captured: until then nothing reads them (the same reason full pages are
 //! written only once full).
+//!
+//! Each group has its kind's manager (`managers.rs`); `GroupCoordinator` combines their answers for the step
+//! loop, which asks it and never a kind.
 
 use std::sync::Arc;
 
@@ -26,7 +29,7 @@ use crate::error::{Error, Result};
 mod boundary;
 mod managers;
 
-pub(crate) use self::boundary::{Boundary, exact_prefix_key, slot_key};
+pub(crate) use self::boundary::{Boundary, slot_key};
 use self::managers::GroupManager;
 
 /// Which token boundaries a restore may resume at: the combined answer of the groups' managers.
@@ -314,7 +317,7 @@ impl GroupCoordinator {
     }
 
     /// Tables a request holds one page per block in: the block table and the windowed tables.
-    fn n_tables(&self) -> u32 {
+    pub(crate) fn n_tables(&self) -> u32 {
         1 + self.windows.len() as u32
     }
 
@@ -416,28 +419,6 @@ impl GroupCoordinator {
     ) -> Boundary<'a> {
         let slots = self.import_slots(first_block, n_tokens, block_tokens);
         Boundary::new(slots, tokens, keys, salt, n_tokens, block_tokens)
-    }
-}
-
-impl<'a> Boundary<'a> {
-    /// The boundary at `n_tokens` of a request with `tokens` and full-block `keys` whose pages are `slots`.
-    fn new(
-        slots: Vec<(PageSlot, Option<u32>)>,
-        tokens: &[u32],
-        keys: &'a [BlockKey],
-        salt: &[u8],
-        n_tokens: u32,
-        block_tokens: u32,
-    ) -> Boundary<'a> {
-        let (slots, blocks) = slots.into_iter().unzip();
-        Boundary {
-            slots,
-            blocks,
-            n_tokens,
-            block_tokens,
-            keys,
-            exact: exact_prefix_key(tokens, keys, n_tokens, block_tokens, salt),
-        }
     }
 }
 
