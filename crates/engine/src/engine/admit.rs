@@ -10,6 +10,7 @@ use admission::{AdmissionHost, Admit, Candidate, Decision, FallbackCause, HostSt
 use kv_pool::PageId;
 use kv_pool::RequestId;
 
+use super::groups::RestoreBoundary;
 use super::req::{Loading, Phase, Restore};
 use super::step::{Plan, Work};
 use super::{Engine, StepReport};
@@ -202,15 +203,13 @@ impl<E: Executor> Engine<E> {
                 let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
                 let held = start.div_ceil(block_tokens);
                 let chunk_pages = (start + chunk).div_ceil(block_tokens) - held;
-                let tables = 1 + self.groups.n_windows() as u32;
-                let import_pages = if self.groups.is_hybrid() {
-                    // The whole checkpoint, then the copies on write of its partial pages and state.
-                    checkpoint.pages.len() as u32
-                        + u32::from(!start.is_multiple_of(block_tokens)) * tables
-                        + self.groups.n_fixed()
-                } else {
-                    held - n_hits
-                };
+                let tables = self.groups.n_tables();
+                let import_pages = self.groups.restore_at_once_pages(
+                    checkpoint.pages.len() as u32,
+                    start,
+                    n_hits,
+                    block_tokens,
+                );
                 return Ok(Candidate::RestoreAtOnce {
                     need_pages: import_pages + chunk_pages * tables + self.cached_free(&cold.hits),
                 });
@@ -261,7 +260,7 @@ impl<E: Executor> Engine<E> {
 
     /// Where `id` starts as a cold request with `budget` tokens left in the step.
     fn cold_start(&self, id: RequestId, budget: u32) -> Result<ColdStart> {
-        if self.groups.is_hybrid() {
+        if self.groups.restore_boundary() == RestoreBoundary::Exact {
             return self.hybrid_cold_start(id, budget);
         }
         let block_tokens = self.params.geometry.block_tokens();
@@ -364,7 +363,7 @@ impl<E: Executor> Engine<E> {
         for &page in &hits {
             self.pool.touch(page)?;
         }
-        if self.groups.is_hybrid() {
+        if self.groups.restore_boundary() == RestoreBoundary::Exact {
             return self.admit_hybrid_cold(id, hits, start, chunk, plan, report);
         }
         let pages = self.pool.allocate(new_pages)?;
@@ -485,12 +484,8 @@ impl<E: Executor> Engine<E> {
         };
         let req = &self.table.get(id)?;
         let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
-        // A hybrid request has no local prefix hit (H2): its restore brings the whole checkpoint.
-        let hits = if self.groups.is_hybrid() {
-            Vec::new()
-        } else {
-            self.pool.longest_prefix(&req.keys[..max_blocks])
-        };
+        // The groups' combined hit: none on a hybrid model (H2), whose restore brings the whole checkpoint.
+        let hits = self.groups.local_hit(&self.pool, &req.keys[..max_blocks]);
         debug_assert!(tokens > hits.len() as u32 * block_tokens);
         for &page in &hits {
             self.pool.touch(page)?;
@@ -528,7 +523,7 @@ impl<E: Executor> Engine<E> {
         // are copied on write by the first allocation.
         self.assign_checkpoint_pages(id, pages, tokens)?;
         let req = self.table.get_mut(id)?;
-        req.copy_on_write = self.groups.is_hybrid();
+        req.copy_on_write = self.groups.restores_copy_on_write();
         req.n_computed = tokens;
         req.n_registered = first_block;
         req.loading = Some(Loading {
@@ -558,7 +553,6 @@ impl<E: Executor> Engine<E> {
                 "{id} is ready without a published import"
             )));
         };
-        let blocks = tokens.div_ceil(block_tokens);
         let dest = self
             .restores
             .index
@@ -580,34 +574,18 @@ impl<E: Executor> Engine<E> {
             }
             Err(error) => return Err(error.into()),
         };
-        debug_assert_eq!(
-            hits.len(),
-            if self.groups.is_hybrid() {
-                self.groups.slots(tokens, block_tokens).len()
-            } else {
-                blocks as usize
-            }
-        );
+        debug_assert_eq!(hits.len(), self.groups.import_len(tokens, block_tokens));
         self.policy.admit(id, &mut self.pool)?;
-        let hybrid = self.groups.is_hybrid();
-        // Attention-only: a block another page already cached was a local hit. Hybrid: the import brought
-        // the whole boundary (no local hit without state, H2). `hits` is the import's page table with each
-        // block's page, position by position: a block restored is one whose page is still the import's own.
-        let restored_tokens = if hybrid {
-            tokens
-        } else {
-            hits.iter()
-                .zip(&dest)
-                .filter(|(hit, own)| hit == own)
-                .count() as u32
-                * block_tokens
-        };
+        // `hits` is the import's page table with each block's page, position by position.
+        let restored_tokens = self
+            .groups
+            .restored_tokens(&hits, &dest, tokens, block_tokens);
         let req = self.table.get_mut(id)?;
         req.restore = Restore::Idle;
         req.record_served(tokens - restored_tokens, restored_tokens);
         self.assign_checkpoint_pages(id, hits, tokens)?;
         let req = self.table.get_mut(id)?;
-        req.copy_on_write = hybrid;
+        req.copy_on_write = self.groups.restores_copy_on_write();
         req.n_computed = tokens;
         req.n_registered = tokens / block_tokens;
         let full_prompt = req.n_computed == req.tokens.len() as u32;

@@ -9,7 +9,7 @@ use checkpoint_transfer::{
 };
 use kv_pool::{CudaStorage, HostStorage, PagePool, PageStorage};
 
-use super::groups::GroupPlan;
+use super::groups::GroupCoordinator;
 use super::parts::{Ids, Restores, StepScratch, StepTime, Tally, Watchdog};
 use super::restore_policy;
 use super::table::RequestTable;
@@ -149,8 +149,9 @@ impl<E: Executor> Builder<E> {
             ClockKind::Simulated => Box::new(SimClock),
             ClockKind::Wall => Box::new(WallClock::new()),
         });
-        let groups = GroupPlan::new(&params.geometry)?;
-        let layout = GroupPlan::layout(&params.geometry, u64::from(params.sim_bytes_per_page));
+        let groups = GroupCoordinator::new(&params.geometry)?;
+        let layout =
+            GroupCoordinator::layout(&params.geometry, u64::from(params.sim_bytes_per_page));
         let policy = restore_policy::for_params(&params);
         Ok(Engine {
             scratch: StepScratch::new(params.sim_bytes_per_page as usize),

@@ -15,6 +15,7 @@ use checkpoint_transfer::{
 use kv_pool::RequestId;
 use reservation::{ErrorKind, Preflight, RestoreSpec};
 
+use super::groups::RestoreBoundary;
 use super::req::{Phase, Refused, Req, Restore};
 use super::restore_policy::{Publication, Refusal, Reservation, ReserveAsk};
 use super::{Engine, StepReport};
@@ -45,14 +46,14 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.table.get(id)?;
         let restorable = self.restorable_tokens(id)?;
-        // A hybrid request has no local prefix hit: the prefix cache keeps no recurrent state (H2).
-        let local = if self.groups.is_hybrid() {
-            0
-        } else {
-            self.pool
-                .longest_prefix(&req.keys[..(restorable / block_tokens) as usize])
-                .len() as u32
-        };
+        // The groups' combined hit: none on a hybrid model, whose prefix cache keeps no state (H2).
+        let local = self
+            .groups
+            .local_hit(
+                &self.pool,
+                &req.keys[..(restorable / block_tokens) as usize],
+            )
+            .len() as u32;
         if local * block_tokens >= restorable || restorable == 0 {
             let req = self.table.get_mut(id)?;
             req.expected_local_blocks = local;
@@ -67,23 +68,14 @@ impl<E: Executor> Engine<E> {
         }
         Ok(())
     }
-    /// Tokens of `id`'s prompt a restore may cover. Attention-only: the full blocks of all but the last
-    /// token, or the whole prompt when it ends on a block boundary and the request has saved logits (Q4).
-    /// Hybrid (exact boundaries, H6): all but the last token, or the whole prompt with saved logits.
+    /// Tokens of `id`'s prompt a restore may cover (`GroupCoordinator::restorable_tokens`).
     pub(crate) fn restorable_tokens(&self, id: RequestId) -> Result<u32> {
-        let block_tokens = self.params.geometry.block_tokens();
         let req = self.table.get(id)?;
-        let len = req.tokens.len() as u32;
-        if self.groups.is_hybrid() {
-            return Ok(if req.spec.saved_logits { len } else { len - 1 });
-        }
-        Ok(
-            if req.spec.saved_logits && len.is_multiple_of(block_tokens) {
-                len
-            } else {
-                (len - 1) / block_tokens * block_tokens
-            },
-        )
+        Ok(self.groups.restorable_tokens(
+            req.tokens.len() as u32,
+            req.spec.saved_logits,
+            self.params.geometry.block_tokens(),
+        ))
     }
 
     /// Sends a store lookup for `id`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
@@ -123,13 +115,13 @@ impl<E: Executor> Engine<E> {
         // An exact-boundary (hybrid) match compares the checkpoint's partial tail with the prompt's tokens,
         // which a hybrid engine holds from submit (`reads_running_tokens`); a block-prefix match reads the
         // keys alone, so a deferred prompt stays deferred.
-        let (lookup, tokens) = if self.groups.is_hybrid() {
+        let (lookup, tokens) = if self.groups.restore_boundary() == RestoreBoundary::Block {
+            (Lookup::BlockPrefix, &[][..])
+        } else {
             (
                 Lookup::Whole,
                 &self.table.get(id)?.tokens.get(id)?[..limit as usize],
             )
-        } else {
-            (Lookup::BlockPrefix, &[][..])
         };
         let req = &self.table.get(id)?;
         let query = PrefixQuery {
@@ -262,15 +254,9 @@ impl<E: Executor> Engine<E> {
                 }
                 StoreAnswer::OnItsWay => return self.try_reserve(id, preflight, report),
             };
-            // A hybrid checkpoint restores at its own boundary only: a different one found now replaces it
-            // whole.
-            let (checkpoint, tokens) = if self.groups.is_hybrid() {
-                (fresh, fresh_tokens)
-            } else if fresh.generation > checkpoint.generation {
-                (fresh, tokens.min(fresh_tokens))
-            } else {
-                (checkpoint, tokens.min(fresh_tokens))
-            };
+            let (checkpoint, tokens) = self
+                .groups
+                .refreshed((checkpoint, tokens), (fresh, fresh_tokens));
             self.table.get_mut(id)?.restore = Restore::Answered {
                 checkpoint,
                 tokens,
@@ -379,13 +365,10 @@ impl<E: Executor> Engine<E> {
         let tokens = matched_tokens.min(self.restorable_tokens(id)?);
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.table.get(id)?;
-        let local = if self.groups.is_hybrid() {
-            0
-        } else {
-            self.pool
-                .longest_prefix(&req.keys[..(tokens / block_tokens) as usize])
-                .len() as u32
-        };
+        let local = self
+            .groups
+            .local_hit(&self.pool, &req.keys[..(tokens / block_tokens) as usize])
+            .len() as u32;
         if tokens <= local * block_tokens {
             // A complete local hit: admitted without the store (G2). The lookup is over: should the local
             // pages be evicted before admission, the request asks the store again (`examine`).
@@ -529,11 +512,11 @@ impl<E: Executor> Engine<E> {
         );
         spec.draft_lookahead_tokens = self.params.draft_tokens;
         spec.captures = self.captures_after(id, tokens).map_err(Refusal::Internal)?;
-        let import_pages = if self.groups.is_hybrid() {
-            checkpoint.pages.len() as u32
-        } else {
-            tokens / self.params.geometry.block_tokens()
-        };
+        let import_pages = self.groups.import_pages(
+            checkpoint.pages.len() as u32,
+            tokens,
+            self.params.geometry.block_tokens(),
+        );
         // The naive fix counts the pages free now under the watermark, not other prefills' needs (no R2).
         let admissible_pages = reservation::pages_available_to_admit(
             self.pool.n_free(),
@@ -786,7 +769,7 @@ impl<E: Executor> Engine<E> {
                 .pages(id)
                 .ok_or_else(|| Error::internal(format!("{id}: published import has no pages")))?
                 .to_vec();
-            if self.groups.is_hybrid() {
+            if self.groups.imports_unkeyed_pages() {
                 // Its unkeyed pages (partial last page, state) stay findable under their slot's
                 // key, as evictable as its blocks, until the request is admitted.
                 self.key_unkeyed_slots(id, &published, tokens)?;

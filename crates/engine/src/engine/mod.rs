@@ -45,7 +45,7 @@ use crate::metrics::{FallbackReason, RejectReason};
 use crate::params::EngineParams;
 use crate::request::{FinishedRequest, KeyedRequest, RequestSpec};
 
-use self::groups::GroupPlan;
+use self::groups::GroupCoordinator;
 use self::parts::{Ids, Restores, StepScratch, StepTime, Tally, Watchdog};
 use self::req::{Phase, Req, Restore};
 use self::table::RequestTable;
@@ -62,7 +62,7 @@ pub struct Engine<E: Executor = SimExecutor> {
     /// The page bytes: host or CUDA memory (`EngineParams::storage`).
     storage: Arc<dyn PageStorage>,
     /// How requests' pages spread over the cache groups.
-    groups: GroupPlan,
+    groups: GroupCoordinator,
     /// The restore mechanism: `params.policy` as code, with the reservation ledger where it keeps one.
     policy: Box<dyn restore_policy::RestorePolicy>,
     /// Every live request, in the container its phase names.
@@ -490,12 +490,15 @@ impl<E: Executor> Engine<E> {
         Ok(self.restores.copies.inject_fault(fault)?)
     }
 
-    /// Whether a running request's whole prompt is read: by an executor that reads tokens, or on a hybrid
-    /// model (its lookups and captures end at exact boundaries, which take their partial pages' tokens). Such
+    /// Whether a running request's whole prompt is read: by an executor that reads tokens, or when restores
+    /// resume at exact boundaries (a hybrid model: its lookups and captures end there, which takes their
+    /// partial pages' tokens). Such
     /// an engine generates a deferred prompt at submit; otherwise a request reads only its held tokens
     /// (`Tokens`), and a deferred prompt stays deferred but for a verified restore.
     pub(crate) fn reads_running_tokens(&self) -> bool {
-        self.executor.reads_tokens() || self.groups.is_hybrid() || self.kv_events.is_some()
+        self.executor.reads_tokens()
+            || self.groups.restores_at_exact_boundaries()
+            || self.kv_events.is_some()
     }
 
     /// Generates `id`'s deferred prompt, if it has one (`RequestSpec::keyed_from_source`); a no-op once held.
@@ -529,5 +532,5 @@ impl<E: Executor> Engine<E> {
 
 /// H1: `Ok` when the step loop runs `geometry`, else `UnsupportedGeometry` naming the group and why.
 pub(crate) fn check_geometry(geometry: &kv_pool::Geometry) -> Result<()> {
-    GroupPlan::new(geometry).map(|_plan| ())
+    GroupCoordinator::new(geometry).map(|_groups| ())
 }

@@ -3,12 +3,12 @@
 //! of restores (E3), and the moves of a request between queues (preemption, fallback, release).
 
 use checkpoint_transfer::{
-    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, PageSlot,
-    RankPages,
+    Checkpoint, CheckpointId, CheckpointKind, CheckpointMeta, CheckpointPayload, RankPages,
 };
 use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId};
 
+use super::groups::RestoreBoundary;
 use super::req::{Phase, Restore};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
@@ -323,7 +323,7 @@ impl<E: Executor> Engine<E> {
     /// Captures `id`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
     /// always, whatever ended the response. `true` when it was sent to the store (`put_checkpoint`).
     pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<bool> {
-        if self.groups.is_hybrid() {
+        if self.groups.restore_boundary() == RestoreBoundary::Exact {
             return self.capture_hybrid(id, kind);
         }
         let block_tokens = self.params.geometry.block_tokens();
@@ -492,7 +492,7 @@ impl<E: Executor> Engine<E> {
         ))
     }
 
-    /// `id`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupPlan::slots` order: the
+    /// `id`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupCoordinator::slots` order: the
     /// block table's, every windowed table's live ones, the fixed pages.
     fn boundary_pages(&self, id: RequestId, n_tokens: u32) -> Result<Vec<PageId>> {
         let block_tokens = self.params.geometry.block_tokens();
@@ -517,7 +517,7 @@ impl<E: Executor> Engine<E> {
         Ok(pages)
     }
 
-    /// Gives `id` the pages of a checkpoint at `tokens` (`GroupPlan::slots` order, `pages` empty for none): its
+    /// Gives `id` the pages of a checkpoint at `tokens` (`GroupCoordinator::slots` order, `pages` empty for none): its
     /// block table, every windowed table (null before the window at `tokens`) and its fixed pages.
     pub(crate) fn assign_checkpoint_pages(
         &mut self,
@@ -534,7 +534,7 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// The tables the pages of a checkpoint at `tokens` (`GroupPlan::slots` order, empty for none) make:
+    /// The tables the pages of a checkpoint at `tokens` (`GroupCoordinator::slots` order, empty for none) make:
     /// the block table, every windowed table (null before the window at `tokens`) and the fixed pages.
     pub(crate) fn checkpoint_tables(
         &self,
@@ -637,8 +637,9 @@ impl<E: Executor> Engine<E> {
         }
     }
 
-    /// E3: checks that every page of `id`'s published import of `tokens` tokens (its blocks from `first_block`
-    /// on) holds what recomputing its prefix writes.
+    /// E3: checks that every page of `id`'s published import of `tokens` tokens (`GroupCoordinator::
+    /// import_slots`: its blocks from `first_block` on, or at an exact boundary the whole checkpoint, partial
+    /// and fixed pages included) holds what recomputing its prefix writes, on every rank.
     pub(crate) fn verify_import(
         &mut self,
         id: RequestId,
@@ -653,64 +654,14 @@ impl<E: Executor> Engine<E> {
         if self.executor.writes_pages() {
             return self.verify_by_recompute(id, first_block, tokens);
         }
-        if self.groups.is_hybrid() {
-            return self.verify_hybrid_import(id, tokens);
-        }
-        let block_tokens = self.params.geometry.block_tokens();
-        let dest = self.verified_import_pages(id)?;
-        let keys = &self.table.get(id)?.keys[first_block as usize..];
-        let mut expected = vec![0u8; self.scratch.page_buf.len()];
-        for ((block, page), key) in (first_block..).zip(&dest).zip(keys) {
-            for rank in 0..self.storage.n_ranks() {
-                let write = PageWrite {
-                    group: 0,
-                    rank,
-                    page: *page,
-                    first_pos: block * block_tokens,
-                    prefix_key: *key,
-                };
-                self.executor.fill_page(&write, &mut expected);
-                self.storage.read(rank, *page, &mut self.scratch.page_buf)?;
-                if let Some(byte) = self
-                    .scratch
-                    .page_buf
-                    .iter()
-                    .zip(&expected)
-                    .position(|(a, b)| a != b)
-                {
-                    return Err(Error::RestoreMismatch {
-                        request: id,
-                        block,
-                        rank,
-                        page: *page,
-                        byte,
-                    });
-                }
-                self.tally.pages_verified += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// The pages of `id`'s import being verified (E3), as the index holds them.
-    pub(crate) fn verified_import_pages(&self, id: RequestId) -> Result<Vec<PageId>> {
-        self.restores
-            .index
-            .pages(id)
-            .map(<[PageId]>::to_vec)
-            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))
-    }
-
-    /// E3 for a hybrid import at exact boundary `tokens`: every page, the partial one and the fixed ones
-    /// included, on every rank.
-    fn verify_hybrid_import(&mut self, id: RequestId, tokens: u32) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let dest = self.verified_import_pages(id)?;
         let req = &self.table.get(id)?;
-        let boundary = self.groups.boundary(
+        let boundary = self.groups.import_boundary(
             req.tokens.get(id)?,
             &req.keys,
             &req.spec.salt,
+            first_block,
             tokens,
             block_tokens,
         );
@@ -736,7 +687,7 @@ impl<E: Executor> Engine<E> {
                 {
                     return Err(Error::RestoreMismatch {
                         request: id,
-                        block: slot_idx as u32,
+                        block: first_block + slot_idx as u32,
                         rank,
                         page,
                         byte,
@@ -746,6 +697,15 @@ impl<E: Executor> Engine<E> {
             }
         }
         Ok(())
+    }
+
+    /// The pages of `id`'s import being verified (E3), as the index holds them.
+    pub(crate) fn verified_import_pages(&self, id: RequestId) -> Result<Vec<PageId>> {
+        self.restores
+            .index
+            .pages(id)
+            .map(<[PageId]>::to_vec)
+            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))
     }
 
     /// The keys a pages-only import published for hybrid `id` is found again under, slot by slot: a full
@@ -931,51 +891,16 @@ impl<E: Executor> Engine<E> {
     }
 
     /// The part of `stored` an import of its first `tokens` tokens from block `first_block` on copies into
-    /// the pool and publishes. Attention-only: blocks `[first_block, tokens / block_tokens)` (one keyed page
-    /// per block; the engine's checkpoints have one full-attention group and their keyed pages first).
-    /// Hybrid: the whole checkpoint, which must end at exactly `tokens` (from block 0).
+    /// the pool and publishes (`GroupCoordinator::import_part`).
     pub(crate) fn checkpoint_part(
         &self,
         stored: &Checkpoint,
         first_block: u32,
         tokens: u32,
     ) -> Result<Checkpoint> {
-        let block_tokens = self.params.geometry.block_tokens() as usize;
-        if self.groups.is_hybrid() {
-            if first_block != 0 || stored.meta.n_tokens != tokens as usize {
-                return Err(Error::internal(format!(
-                    "a hybrid checkpoint of {} tokens restored as {tokens} tokens from block {first_block}",
-                    stored.meta.n_tokens
-                )));
-            }
-            return Ok(stored.clone());
-        }
-        let end_block = tokens as usize / block_tokens;
-        let blocks = first_block as usize..end_block;
-        debug_assert!(blocks.end <= stored.meta.block_keys.len());
-        let meta = CheckpointMeta {
-            n_tokens: blocks.end * block_tokens,
-            draft_prefix_len: stored.meta.draft_prefix_len.min(blocks.end * block_tokens),
-            block_keys: stored.meta.block_keys[blocks.clone()].to_vec(),
-            tail_tokens: Vec::new(),
-            pages: (0..blocks.len() as u32)
-                .map(|key_idx| PageSlot {
-                    group: 0,
-                    key_idx: Some(key_idx),
-                })
-                .collect(),
-            ..stored.meta.clone()
-        };
-        let ranks = stored
-            .payload
-            .ranks
-            .iter()
-            .map(|pages| pages.range(blocks.clone()))
-            .collect();
-        Ok(Checkpoint {
-            meta,
-            payload: CheckpointPayload { ranks },
-        })
+        let block_tokens = self.params.geometry.block_tokens();
+        self.groups
+            .import_part(stored, first_block, tokens, block_tokens)
     }
 
     /// Ends `id`'s capacity wait, if any, recording its length.

@@ -9,9 +9,9 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 
 impl<E: Executor> Engine<E> {
-    /// Checks every page of `id`'s published import of `tokens` tokens (its blocks from `first_block` on;
-    /// hybrid: the whole checkpoint, its windowed groups' live pages and its fixed pages included), on every
-    /// rank, against a recompute of its first `tokens` tokens.
+    /// Checks every page of `id`'s published import of `tokens` tokens (`GroupCoordinator::import_slots`:
+    /// its blocks from `first_block` on; hybrid: the whole checkpoint, its windowed groups' live pages and its
+    /// fixed pages included), on every rank, against a recompute of its first `tokens` tokens.
     pub(crate) fn verify_by_recompute(
         &mut self,
         id: RequestId,
@@ -37,34 +37,32 @@ impl<E: Executor> Engine<E> {
         };
         // (slot index for the error, page, expected bytes on every rank)
         let mut checks: Vec<(u32, PageId, &[Vec<u8>])> = Vec::with_capacity(dest.len());
-        if self.groups.is_hybrid() {
-            let slots = self.groups.slots(tokens, block_tokens);
-            let mut fixed = expected.fixed.iter();
-            for (slot_idx, ((slot, block), &page)) in slots.iter().zip(&dest).enumerate() {
-                let bytes = match block {
-                    Some(block) if slot.group == self.groups.full() => {
-                        expected.blocks.get(*block as usize)
-                    }
-                    Some(block) => (0..self.groups.n_windows())
-                        .position(|window| self.groups.window_group(window) == slot.group)
-                        .and_then(|window| expected.windows.get(window))
-                        .and_then(|pages| pages.get(*block as usize)),
-                    None => fixed.next(),
-                };
-                let bytes = bytes.ok_or_else(|| {
-                    Error::internal(format!(
-                        "{id}: no recomputed page for checkpoint slot {slot_idx}"
-                    ))
-                })?;
-                checks.push((slot_idx as u32, page, bytes));
-            }
-        } else {
-            for (block, &page) in (first_block..).zip(&dest) {
-                let bytes = expected.blocks.get(block as usize).ok_or_else(|| {
-                    Error::internal(format!("{id}: no recomputed page for block {block}"))
-                })?;
-                checks.push((block, page, bytes));
-            }
+        let slots = self.groups.import_slots(first_block, tokens, block_tokens);
+        if slots.len() != dest.len() {
+            return Err(Error::internal(format!(
+                "{id}: an import of {} pages for {} slots",
+                dest.len(),
+                slots.len()
+            )));
+        }
+        let mut fixed = expected.fixed.iter();
+        for (slot_idx, ((slot, block), &page)) in slots.iter().zip(&dest).enumerate() {
+            let bytes = match block {
+                Some(block) if slot.group == self.groups.full() => {
+                    expected.blocks.get(*block as usize)
+                }
+                Some(block) => (0..self.groups.n_windows())
+                    .position(|window| self.groups.window_group(window) == slot.group)
+                    .and_then(|window| expected.windows.get(window))
+                    .and_then(|pages| pages.get(*block as usize)),
+                None => fixed.next(),
+            };
+            // Its block from `first_block` on; at an exact boundary (from block 0) its checkpoint slot.
+            let label = first_block + slot_idx as u32;
+            let bytes = bytes.ok_or_else(|| {
+                Error::internal(format!("{id}: no recomputed page for import page {label}"))
+            })?;
+            checks.push((label, page, bytes));
         }
         self.compare_with_recompute(id, checks)
     }

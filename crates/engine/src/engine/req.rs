@@ -114,11 +114,11 @@ pub(crate) struct Req {
     pub(crate) prompt_end: u32,
     /// Keys of every full block of `tokens` (`Geometry::block_tokens` tokens each: one page on every rank).
     pub(crate) keys: Vec<BlockKey>,
-    /// Pages of the recurrent and auxiliary groups (`GroupPlan::fixed_groups` order): empty until the request
+    /// Pages of the recurrent and auxiliary groups (`GroupCoordinator::slots` order): empty until the request
     /// first computes or is restored.
     pub(crate) fixed: Vec<PageId>,
-    /// One table per windowed group (`GroupPlan::window_group` order), block-indexed like `pages`: the null
-    /// page before the live window (those pages went back to the pool, H3).
+    /// One table per windowed group (`GroupCoordinator::window_group` order), block-indexed like `pages`: the
+    /// null page before the live window (those pages went back to the pool, H3).
     pub(crate) windows: Vec<Vec<PageId>>,
     /// Window pages it holds that were drawn from its ticket's credits: when they leave the window the
     /// credits come back (C4).
