@@ -330,3 +330,11 @@ fn the_builder_uses_a_given_clock_in_place_of_the_one_the_params_name() {
         .unwrap();
     assert_eq!(given.clock_name(), "simulated");
 }
+
+#[test]
+fn an_engine_can_move_to_another_thread() {
+    // A server or a Python binding runs the engine on a thread of its own: every part must be `Send`.
+    fn is_send<T: Send>() {}
+    is_send::<crate::Engine>();
+    is_send::<crate::Engine<crate::ReferenceExecutor>>();
+}

@@ -14,7 +14,7 @@ use checkpoint_transfer::PageSlot;
 use kv_pool::{BlockKey, GroupKind, PageId, PagePool};
 
 /// The cache manager of one group.
-pub(crate) trait GroupManager: std::fmt::Debug {
+pub(crate) trait GroupManager: std::fmt::Debug + Send + Sync {
     /// The group's index in the geometry.
     fn group(&self) -> u32;
 
