@@ -5,7 +5,7 @@
 //! ```text
 //! step = overhead_s                                    every step that schedules anything
 //!      + weights   * weight bytes per GPU / bandwidth   (the weights stream once per step)
-//!      + allreduce_s * 2 * layers                       (tensor parallel only: two all-reduces a layer)
+//!      + allreduce_s * 2 * layers * (tp - 1)            (two all-reduces a layer, each waiting on tp - 1 peers)
 //!      + flops     * tokens * 2 * active params / tp / peak FLOP/s   (prefill and decode tokens)
 //!      + attention * prefill pairs * 4 * layers * heads * head_dim / tp / peak FLOP/s
 //!      + kv_read   * context tokens decoded * KV bytes per token per GPU / bandwidth
@@ -53,7 +53,9 @@ pub struct Coefficients {
     pub overhead_s: f64,
     /// Multiplier of the weights' streaming time.
     pub weights: f64,
-    /// Seconds per all-reduce (tensor parallel only).
+    /// Seconds per all-reduce per peer GPU it waits on (tensor parallel only): a ring all-reduce over `tp`
+    /// GPUs passes `2 (tp - 1)` messages one after another, vLLM's one-shot kernel reads `tp - 1` peers'
+    /// buffers; at decode's message sizes each costs a latency, not bandwidth.
     pub allreduce_s: f64,
     /// Multiplier of the dense FLOPs' time at peak.
     pub flops: f64,
@@ -74,7 +76,7 @@ pub struct Coefficients {
 
 impl Coefficients {
     /// The physical prior the fit starts from: datasheet peaks reached at 80% (bandwidth) and 50% (compute),
-    /// 3 ms of step overhead, 20 us per all-reduce and per sequence, a first token one step late.
+    /// 3 ms of step overhead, 20 us per all-reduce peer and per sequence, a first token one step late.
     pub(crate) fn prior() -> Coefficients {
         Coefficients {
             overhead_s: 0.003,
@@ -186,7 +188,8 @@ impl Coefficients {
 pub(crate) struct Scales {
     /// Seconds to stream one GPU's share of the weights.
     pub weights_s: f64,
-    /// All-reduces per step (0 without tensor parallelism).
+    /// All-reduce peer waits per step: two all-reduces a layer, each over `tp - 1` peers (0 without tensor
+    /// parallelism).
     pub allreduces: f64,
     /// Seconds of dense FLOPs per token computed.
     pub flops_s_per_token: f64,
@@ -214,11 +217,7 @@ impl Scales {
         let kv_bytes = model.kv_bytes_per_token_per_gpu(tensor_parallel);
         Scales {
             weights_s: model.params() * 2.0 / tp / gpu.bandwidth,
-            allreduces: if tp > 1.0 {
-                2.0 * f64::from(model.layers)
-            } else {
-                0.0
-            },
+            allreduces: 2.0 * f64::from(model.layers) * (tp - 1.0),
             flops_s_per_token: 2.0 * model.active_params() / tp / gpu.peak_flops,
             attention_s_per_pair: model.attention_flops_per_pair() / tp / gpu.peak_flops,
             kv_s_per_token: kv_bytes / gpu.bandwidth,
