@@ -123,7 +123,8 @@ impl StoreLink {
     }
 
     /// Whether the store runs on a thread of its own.
-    pub fn is_threaded(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_threaded(&self) -> bool {
         matches!(self.mode, Mode::Threaded(_))
     }
 
@@ -212,7 +213,8 @@ impl StoreLink {
     }
 
     /// Lookups sent and not yet taken.
-    pub fn n_lookups_outstanding(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn n_lookups_outstanding(&self) -> usize {
         match &self.mode {
             Mode::Inline(_) => 0,
             Mode::Threaded(worker) => worker.lookups.len(),
