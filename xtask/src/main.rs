@@ -92,7 +92,8 @@ fn ci() -> Result<(), String> {
             String::new()
         } else {
             format!(
-                " ({}; `cargo xtask gpu` runs them on a GPU)",
+                " ({}; `cargo xtask gpu` runs them on a GPU, or its `--bundle` where the GPU \
+                 machine has no toolchain)",
                 gpu_tests.skipped.join(", ")
             )
         }
