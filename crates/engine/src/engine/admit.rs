@@ -115,12 +115,8 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
             matches!(cause, FallbackCause::NotAtOnce { .. }),
             "{id}: {cause:?}"
         );
-        let req = self.engine.table.get_mut(id)?;
-        req.fall_back(FallbackReason::NoPagesAtOnce);
-        req.restore = Restore::Idle;
-        self.report
-            .fallbacks
-            .push((id, FallbackReason::NoPagesAtOnce));
+        self.engine
+            .give_up_restore_at_admission(id, FallbackReason::NoPagesAtOnce, self.report)?;
         Ok(self.engine.cold_start(id, self.plan.budget)?.need_pages)
     }
 }
@@ -246,16 +242,27 @@ impl<E: Executor> Engine<E> {
         {
             return Ok(None);
         }
-        if self.time.now.since(answered) < self.params.lookup_timeout {
+        if !self.store_answer_expired(answered) {
             return Ok(Some(Candidate::WaitsBehind));
         }
-        let req = self.table.get_mut(id)?;
-        req.restore = Restore::Idle;
-        req.fall_back(FallbackReason::LookupTimeout);
-        report.fallbacks.push((id, FallbackReason::LookupTimeout));
+        self.give_up_restore_at_admission(id, FallbackReason::LookupTimeout, report)?;
         Ok(Some(Candidate::Cold {
             need_pages: cold.need_pages,
         }))
+    }
+
+    /// A waiting request's restore at admission (G1) is given up for `reason`: it recomputes.
+    fn give_up_restore_at_admission(
+        &mut self,
+        id: RequestId,
+        reason: FallbackReason,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        let req = self.table.get_mut(id)?;
+        req.fall_back(reason);
+        req.restore = Restore::Idle;
+        report.fallbacks.push((id, reason));
+        Ok(())
     }
 
     /// Where `id` starts as a cold request with `budget` tokens left in the step.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use checkpoint_transfer::{
     CheckpointMeta, ImportEvent, Lookup, PrefixQuery, RESTORE_LOOKUPS_MAX, StageRequest,
 };
-use kv_pool::RequestId;
+use kv_pool::{RequestId, Timestamp};
 use reservation::{ErrorKind, Preflight, RestoreSpec};
 
 use super::groups::RestoreBoundary;
@@ -423,12 +423,18 @@ impl<E: Executor> Engine<E> {
         if !self.restores.store.ready(id, &checkpoint.id) {
             // A store on its own thread reads the pages ahead, off the step: the reservation waits for them
             // up to the lookup timeout, then the restore recomputes (G2).
-            if self.time.now.since(answered) >= self.params.lookup_timeout {
+            if self.store_answer_expired(answered) {
                 self.fall_back(id, FallbackReason::LookupTimeout, report)?;
             }
             return Ok(None);
         }
         Ok(Some((checkpoint, tokens)))
+    }
+
+    /// Whether a read ahead of a checkpoint answered at `answered` waited out the lookup timeout (G2): a
+    /// store on its own thread that has not sent the pages by then is not waited for any longer.
+    pub(crate) fn store_answer_expired(&self, answered: Timestamp) -> bool {
+        self.time.now.since(answered) >= self.params.lookup_timeout
     }
 
     /// Reserves for an answered restore by the policy's mechanism and starts its copy.
