@@ -33,7 +33,7 @@ fn median(mut samples: Vec<f64>) -> f64 {
 fn live_restore_s(n_pages: u32, workers: u32) -> f64 {
     let params = EngineParams {
         n_pages: 2 * n_pages + 64,
-        sim_bytes_per_page: BYTES_PER_PAGE,
+        page_bytes: BYTES_PER_PAGE,
         clock: ClockKind::Wall,
         copy_engine: CopyEngineKind::Threaded { workers },
         policy: Policy::Reserved,

@@ -12,7 +12,7 @@ mod request;
 
 pub use engine::{
     Builder, Clock, Engine, RequestPhase, RequestView, RestoreGauges, ShutdownReport, SimClock,
-    StepReport, WALL_IDLE_WAIT, WallClock, open_store,
+    StepReport, WALL_IDLE_WAIT, WallClock,
 };
 pub use error::{Error, Result};
 pub use executor::{
@@ -21,9 +21,7 @@ pub use executor::{
 };
 pub use kv_events::{BlockRemoved, BlockStored, KvEvent};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
-pub use params::{
-    ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption, StorageKind,
-};
+pub use params::{ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption};
 pub use policy::Policy;
 pub use request::{
     FinishedRequest, KeyedRequest, PromptSource, RequestSpec, STOP_TOKEN, output_token,

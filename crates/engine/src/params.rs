@@ -15,7 +15,8 @@ use crate::policy::Policy;
 /// in for one across the network.
 pub const LOOKUP_LATENCY_DEFAULT: Duration = Duration::from_micros(200);
 
-/// Which copy engine moves a restore's pages into page storage (L1).
+/// Which copy engine the engine opens to move a restore's pages into page storage (L1). A device's own copy
+/// engine (CUDA streams) is opened by its caller with the device storage and given to `Builder::page_storage`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum CopyEngineKind {
     /// Modeled time on the engine clock: deterministic, with fault injection. The default.
@@ -41,10 +42,6 @@ pub enum CopyEngineKind {
         /// The seed of the delays and the order.
         seed: u64,
     },
-    /// CUDA streams: a restore's pages go from pinned host staging straight into the pool's device pages
-    /// (`checkpoint_transfer::CudaCopyEngine` over the engine's `CudaStorage`), completions polled per step
-    /// through events. Needs `StorageKind::Cuda`: with host storage it is refused when the engine is built.
-    Cuda,
 }
 
 /// What a running request preempted for pages (Q6) leaves behind.
@@ -84,31 +81,6 @@ impl std::str::FromStr for Preemption {
                 name: "preemption",
                 reason: format!("unknown preemption {name:?}; use offload or recompute"),
             })
-    }
-}
-
-/// Where the pool's page bytes live (L1).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum StorageKind {
-    /// Aligned host memory (`kv_pool::HostStorage`). The default.
-    #[default]
-    Host,
-    /// Device memory of a CUDA GPU (`kv_pool::CudaStorage`), one arena per rank. Every copy engine works
-    /// with it through `PageStorage`; the `Cuda` copy engine needs it. Without an NVIDIA driver or with no
-    /// such device, building the engine fails with an error naming `storage`.
-    Cuda {
-        /// The device ordinal (0 to 63).
-        device: u32,
-    },
-}
-
-impl StorageKind {
-    /// Its name in configuration: `host` or `cuda`.
-    pub fn name(self) -> &'static str {
-        match self {
-            StorageKind::Host => "host",
-            StorageKind::Cuda { .. } => "cuda",
-        }
     }
 }
 
@@ -168,18 +140,10 @@ pub struct EngineParams {
     pub watermark_pages: u32,
     /// Checkpoint store capacity in pages (each checkpoint costs one page per full block). Default 1 Mi pages.
     pub store_capacity_pages: u64,
-    /// Directory of a disk checkpoint store (`DiskStore`: checkpoints survive an engine restart), or `None`
-    /// for the host-memory store. Default `None`.
-    pub store_dir: Option<std::path::PathBuf>,
-    /// URL of a Redis checkpoint store shared with other engines (`RedisStore`, `redis://HOST:PORT/DB`), or
-    /// `None`. Every server call times out after `lookup_timeout` (wall time). Default `None`; not together
-    /// with `store_dir`.
-    pub store_url: Option<String>,
-    /// Prefix of every key of the Redis store. Default `kvgate:`.
-    pub store_key_prefix: String,
-    /// Bytes each simulated page really holds (the fingerprint the executor writes and restores copy; the cost
-    /// model uses the model's real KV bytes). Default 32.
-    pub sim_bytes_per_page: u32,
+    /// Bytes each page really holds, on every rank: with the simulated executor the fingerprint it writes and
+    /// restores copy (its cost model uses the model's real KV bytes); an executor with pages of its own size (a
+    /// real model, `Executor::bytes_per_page`) sets it at build. Default 32.
+    pub page_bytes: u32,
     /// The step-time cost model. Default `CostModel::small_8b_gpu()`.
     pub cost: CostModel,
     /// Verify every restored page against what recompute would write (E3, L5). Default: on in debug builds
@@ -189,8 +153,6 @@ pub struct EngineParams {
     pub seed: u64,
     /// The copy engine (L1). Default `Inline`.
     pub copy_engine: CopyEngineKind,
-    /// Where page bytes live (L1). Default `Host`.
-    pub storage: StorageKind,
     /// Whether a prompt computed in several chunks publishes a checkpoint where its last chunk starts (the
     /// prefill-tail slot, H7). Default false: the instruction slot (`RequestSpec::instruction_tokens`), the
     /// prompt end and the response end are captured always.
@@ -235,17 +197,13 @@ impl Default for EngineParams {
             copy_task_limit: 32,
             watermark_pages: 0,
             store_capacity_pages: 1 << 20,
-            store_dir: None,
-            store_url: None,
-            store_key_prefix: checkpoint_transfer::DEFAULT_KEY_PREFIX.to_string(),
-            sim_bytes_per_page: 32,
+            page_bytes: 32,
             cost,
             verify_restores: cfg!(any(debug_assertions, test)),
             seed: 0,
             stall_timeout: Duration::from_secs(3600),
             capture_prefill_tail: false,
             copy_engine: CopyEngineKind::Inline,
-            storage: StorageKind::Host,
             clock: ClockKind::Simulated,
             preemption: Preemption::Offload,
         }
@@ -256,12 +214,12 @@ impl EngineParams {
     /// Pages of a pool at most, the null page included: 4 Mi pages (64 Mi tokens of 16-token pages, far above
     /// any GPU's KV cache). Every page costs the pool and the page storage some bytes of bookkeeping.
     pub const N_PAGES_MAX: u32 = 1 << 22;
-    /// Bytes each simulated page holds at most (`sim_bytes_per_page`): 1 MiB.
-    pub const SIM_BYTES_PER_PAGE_MAX: u32 = 1 << 20;
-    /// Bytes of simulated page storage of one engine at most: the pool's pages (`pool_pages`, so the
-    /// oracle's larger pool counts) times its ranks times `sim_bytes_per_page`, 1 GiB. Host storage allocates
+    /// Bytes each page holds at most (`page_bytes`): 1 MiB.
+    pub const PAGE_BYTES_MAX: u32 = 1 << 20;
+    /// Bytes of page storage of one engine at most: the pool's pages (`pool_pages`, so the
+    /// oracle's larger pool counts) times its ranks times `page_bytes`, 1 GiB. Host storage allocates
     /// pages as they are first written, so this bounds what a run that touches every page holds.
-    pub const SIM_STORAGE_BYTES_MAX: u64 = 1 << 30;
+    pub const STORAGE_BYTES_MAX: u64 = 1 << 30;
     /// Bytes of pool memory every engine of a process may take together, at most (`pool_memory_bytes`:
     /// page storage as host storage allocates it, and the pool's per-page bookkeeping), counted as if every
     /// page were touched, though pools and host storage allocate only the pages their requests touch: 8 GiB.
@@ -270,8 +228,6 @@ impl EngineParams {
     /// it); 64 engines of 4 Mi pages (40 GiB a policy) do not. `validate` checks an engine alone; a caller
     /// that builds several at once (a cluster, policies side by side) checks their sum against it.
     pub const POOL_MEMORY_BYTES_MAX: u64 = 8 << 30;
-    /// Largest CUDA device ordinal `StorageKind::Cuda` may name.
-    pub const CUDA_DEVICE_MAX: u32 = 63;
 
     /// Pages the engine's pool holds, the null page included: `n_pages`, except under `Policy::Oracle`, whose
     /// pool has room for every running slot at the model's length (at least `n_pages`, at most 1 Mi pages).
@@ -292,27 +248,29 @@ impl EngineParams {
         }
     }
 
-    /// Bytes of simulated page storage the engine holds once every page is written:
-    /// `pool_pages() * context_parallel * sim_bytes_per_page` (one shard per rank).
-    pub fn sim_storage_bytes(&self) -> u64 {
+    /// Bytes of page storage the engine holds once every page is written:
+    /// `pool_pages() * context_parallel * page_bytes` (one shard per rank).
+    pub fn storage_bytes(&self) -> u64 {
         u64::from(self.pool_pages())
             * u64::from(self.geometry.context_parallel())
-            * u64::from(self.sim_bytes_per_page)
+            * u64::from(self.page_bytes)
+    }
+
+    /// The checkpoint store's capacity in payload bytes: `store_capacity_pages` pages of `page_bytes`.
+    pub fn store_capacity_bytes(&self) -> u64 {
+        self.store_capacity_pages
+            .saturating_mul(u64::from(self.page_bytes))
     }
 
     /// Bytes of host memory the engine's pool and page storage take at most, when every page has been
     /// handed out and written: per page, the pool's bookkeeping
-    /// (`kv_pool::PagePool::BOOKKEEPING_BYTES_PER_PAGE_MAX`) and, with host storage, what each rank's shard
+    /// (`kv_pool::PagePool::BOOKKEEPING_BYTES_PER_PAGE_MAX`) and what each rank's shard of host storage
     /// allocates for it (`kv_pool::HostStorage::allocated_bytes_per_page`: a 64-byte line for a page of at
-    /// most 64 bytes, else its buffer and lock). Device storage is not host memory.
+    /// most 64 bytes, else its buffer and lock). Page storage given to `Builder::page_storage` (a device's)
+    /// is counted as host storage would be: an upper bound.
     pub fn pool_memory_bytes(&self) -> u64 {
-        let storage_per_page = match self.storage {
-            StorageKind::Host => {
-                u64::from(self.geometry.context_parallel())
-                    * HostStorage::allocated_bytes_per_page(self.sim_bytes_per_page as usize) as u64
-            }
-            StorageKind::Cuda { .. } => 0,
-        };
+        let storage_per_page = u64::from(self.geometry.context_parallel())
+            * HostStorage::allocated_bytes_per_page(self.page_bytes as usize) as u64;
         u64::from(self.pool_pages()) * (PagePool::BOOKKEEPING_BYTES_PER_PAGE_MAX + storage_per_page)
     }
 
@@ -376,37 +334,22 @@ impl EngineParams {
         {
             return invalid("copy_engine", "threaded with 1 to 64 workers");
         }
-        if self.copy_engine == CopyEngineKind::Cuda && self.storage == StorageKind::Host {
-            return invalid(
-                "copy_engine",
-                "cuda copies write into CUDA page storage, and storage is host; set storage to cuda \
-                 ([pool] storage = \"cuda\", --storage cuda) or use inline, threaded or reordering copies",
-            );
-        }
-        if let StorageKind::Cuda { device } = self.storage
-            && device > Self::CUDA_DEVICE_MAX
-        {
-            return invalid(
-                "storage",
-                &format!("cuda device {device}; at most {}", Self::CUDA_DEVICE_MAX),
-            );
-        }
         if self.stall_timeout.is_zero() {
             return invalid("stall_timeout", "more than 0 s");
         }
         if self.copy_task_limit == 0 {
             return invalid("copy_task_limit", "at least 1");
         }
-        if self.sim_bytes_per_page == 0 {
-            return invalid("sim_bytes_per_page", "at least 1");
+        if self.page_bytes == 0 {
+            return invalid("page_bytes", "at least 1");
         }
-        if self.sim_bytes_per_page > Self::SIM_BYTES_PER_PAGE_MAX {
+        if self.page_bytes > Self::PAGE_BYTES_MAX {
             return invalid(
-                "sim_bytes_per_page",
+                "page_bytes",
                 &format!(
                     "{} is above the limit of {} bytes",
-                    self.sim_bytes_per_page,
-                    Self::SIM_BYTES_PER_PAGE_MAX
+                    self.page_bytes,
+                    Self::PAGE_BYTES_MAX
                 ),
             );
         }
@@ -435,7 +378,7 @@ impl EngineParams {
         Ok(())
     }
 
-    /// Refuses page storage above `SIM_STORAGE_BYTES_MAX` and pool memory above `POOL_MEMORY_BYTES_MAX`.
+    /// Refuses page storage above `STORAGE_BYTES_MAX` and pool memory above `POOL_MEMORY_BYTES_MAX`.
     fn check_memory(&self) -> Result<()> {
         let ranks = self.geometry.context_parallel();
         // One rank says nothing of ranks, as before ranks counted.
@@ -448,15 +391,15 @@ impl EngineParams {
             (String::new(), "fewer pages or fewer bytes per page")
         };
         let pages = self.pool_pages();
-        let bytes_per_page = self.sim_bytes_per_page;
-        if self.sim_storage_bytes() > Self::SIM_STORAGE_BYTES_MAX {
+        let bytes_per_page = self.page_bytes;
+        if self.storage_bytes() > Self::STORAGE_BYTES_MAX {
             return Err(Error::InvalidParam {
-                name: "sim_bytes_per_page",
+                name: "page_bytes",
                 reason: format!(
                     "{pages} pages of {bytes_per_page} bytes{on_ranks} make {} bytes of page storage, above \
                      the limit of {} bytes; use {what}",
-                    self.sim_storage_bytes(),
-                    Self::SIM_STORAGE_BYTES_MAX
+                    self.storage_bytes(),
+                    Self::STORAGE_BYTES_MAX
                 ),
             });
         }

@@ -295,24 +295,24 @@ fn pools_too_big_to_allocate_are_refused_before_anything_is_allocated() {
     params.n_pages = EngineParams::N_PAGES_MAX;
     params.validate().unwrap();
     params.n_pages = 4096;
-    params.sim_bytes_per_page = u32::MAX;
+    params.page_bytes = u32::MAX;
     assert_eq!(
         refusal(&params),
-        "invalid engine parameter sim_bytes_per_page: 4294967295 is above the limit of 1048576 bytes"
+        "invalid engine parameter page_bytes: 4294967295 is above the limit of 1048576 bytes"
     );
     // The oracle's pool is larger than n_pages: its storage counts.
-    params.sim_bytes_per_page = 1 << 20;
+    params.page_bytes = 1 << 20;
     params.policy = Policy::Oracle;
     assert_eq!(params.pool_pages(), 524_353);
     assert_eq!(
         refusal(&params),
-        "invalid engine parameter sim_bytes_per_page: 524353 pages of 1048576 bytes make 549823971328 bytes \
+        "invalid engine parameter page_bytes: 524353 pages of 1048576 bytes make 549823971328 bytes \
          of page storage, above the limit of 1073741824 bytes; use fewer pages or fewer bytes per page"
     );
     params.policy = Policy::Reserved;
     assert_eq!(params.pool_pages(), 4096);
     assert!(refusal(&params).contains("4096 pages of 1048576 bytes make 4294967296 bytes"));
-    params.sim_bytes_per_page = 1 << 18;
+    params.page_bytes = 1 << 18;
     params.validate().unwrap();
 }
 

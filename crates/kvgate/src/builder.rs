@@ -1,7 +1,13 @@
 //! The `EngineBuilder`: how an embedding server makes an engine from an `EngineConfig` (through the engine's
-//! own `Engine::builder`, the one way any engine is made).
+//! own `Engine::builder`, the one way any engine is made), and where the infrastructure a configuration names
+//! is opened: a Redis or disk checkpoint store (`[store]`) and CUDA page storage with its copies (`[pool]
+//! storage`, `[restore] copy_engine`). The engine opens none of them; it takes them as trait objects.
 
-use engine::{Engine, Policy};
+use std::sync::Arc;
+
+use checkpoint_transfer::{CheckpointStore, CudaCopyEngine, DiskStore, HostStore, RedisStore};
+use engine::{Engine, EngineParams, Executor, Policy, SimExecutor};
+use kv_pool::CudaStorage;
 
 use crate::config::EngineConfig;
 use crate::error::Result;
@@ -55,7 +61,9 @@ impl EngineBuilder {
     /// Validates the configuration and gives the engine's own builder (`engine::Builder`), for the parts a
     /// caller supplies itself: an executor, a shared checkpoint store, page storage, a clock.
     pub fn engine(self) -> Result<engine::Builder> {
-        Ok(Engine::builder(self.config.engine_params(self.policy)?))
+        let params = self.config.engine_params(self.policy)?;
+        let executor = SimExecutor::new(params.cost.clone());
+        engine_builder(&self.config, params, executor, None)
     }
 
     /// `build`, with the engine's Prometheus metrics registered in `registry` (labelled with the policy):
@@ -69,5 +77,83 @@ impl EngineBuilder {
         let engine = self.build()?;
         let metrics = MetricFamilies::register(registry).engine(policy.name());
         Ok((engine, metrics))
+    }
+}
+
+/// `Engine::builder(params)` driving `executor`, with the page storage `config` names opened for it, and
+/// `store`, or else the checkpoint store `config` names (`params` derived from `config`; a driver may have
+/// changed fields the infrastructure does not read). An executor with pages of its own size (a real model)
+/// sizes the store and the storage.
+pub(crate) fn engine_builder<E: Executor>(
+    config: &EngineConfig,
+    mut params: EngineParams,
+    executor: E,
+    store: Option<Box<dyn CheckpointStore>>,
+) -> Result<engine::Builder<E>> {
+    if let Some(bytes_per_page) = executor.bytes_per_page() {
+        params.page_bytes = bytes_per_page;
+    }
+    let store = match store {
+        Some(store) => store,
+        None => open_store(config, &params)?,
+    };
+    let device = open_cuda_storage(config, &params)?;
+    let builder = Engine::builder(params).executor(executor).store(store);
+    Ok(match device {
+        None => builder,
+        Some(storage) if config.cuda_copies() => {
+            let copies = CudaCopyEngine::new(Arc::clone(&storage)).map_err(engine::Error::from)?;
+            builder.page_storage(storage, Box::new(copies))
+        }
+        Some(storage) => builder.storage(storage),
+    })
+}
+
+/// The checkpoint store `config` names, of `params.store_capacity_bytes()`: a `RedisStore` at `store.url`
+/// (sharing what the server holds), a `DiskStore` in `store.dir` (reopened with what it holds), else a
+/// `HostStore`. `EngineConfig::validate` refused both at once.
+pub(crate) fn open_store(
+    config: &EngineConfig,
+    params: &EngineParams,
+) -> Result<Box<dyn CheckpointStore>> {
+    let capacity = params.store_capacity_bytes();
+    let store = &config.store;
+    Ok(match (&store.url, &store.dir) {
+        (Some(url), _) => Box::new(
+            RedisStore::open(url, &store.key_prefix, capacity, params.lookup_timeout)
+                .map_err(engine::Error::from)?,
+        ),
+        (None, Some(dir)) => Box::new(DiskStore::open(dir, capacity).map_err(engine::Error::from)?),
+        (None, None) => Box::new(HostStore::new(capacity)),
+    })
+}
+
+/// The CUDA page storage `[pool] storage = "cuda"` names, shaped as `params`' pool, or `None` for host
+/// storage (the engine's own). Without a driver or that device: `InvalidParam` naming `storage`, with the
+/// driver's reason and what to do.
+fn open_cuda_storage(
+    config: &EngineConfig,
+    params: &EngineParams,
+) -> Result<Option<Arc<CudaStorage>>> {
+    let Some(device) = config.cuda_device() else {
+        return Ok(None);
+    };
+    let opened = CudaStorage::new(
+        device as usize,
+        params.geometry.context_parallel(),
+        params.pool_pages(),
+        params.page_bytes as usize,
+    );
+    match opened {
+        Ok(cuda) => Ok(Some(Arc::new(cuda))),
+        Err(kv_pool::Error::CudaUnavailable { reason }) => Err(engine::Error::InvalidParam {
+            name: "storage",
+            reason: format!(
+                "cuda page storage on device {device} needs an NVIDIA driver and that device: {reason}; \
+                 use host storage ([pool] storage = \"host\", --storage host) on a machine without one"
+            ),
+        }
+        .into()),
+        Err(other) => Err(engine::Error::from(other).into()),
     }
 }

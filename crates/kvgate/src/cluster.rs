@@ -8,7 +8,7 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use checkpoint_transfer::{CheckpointStore, PrefixQuery, SharedStore};
-use engine::{Engine, EngineParams, Policy, RunMetrics};
+use engine::{Engine, EngineParams, Policy, RunMetrics, SimExecutor};
 use kv_pool::{BlockKey, Timestamp};
 
 use crate::config::EngineConfig;
@@ -84,7 +84,7 @@ pub fn check_engines(n_engines: u32) -> Result<()> {
 /// What [`check_memory`] allows (the limit is `EngineParams::POOL_MEMORY_BYTES_MAX`).
 pub(crate) const MEMORY_ALLOWED: &str = "engines whose pools, every policy's together, take at most 8589934592 bytes \
     (8 GiB) of page storage and bookkeeping, every page counted; lower --engines, --pool-pages (pool.pages) or \
-    pool.sim_bytes_per_page, or run fewer policies (--policy; the oracle's pool holds max_running requests of \
+    pool.page_bytes, or run fewer policies (--policy; the oracle's pool holds max_running requests of \
     max_model_len tokens)";
 
 /// Refuses `n_engines` engines under each of `policies` at once (a cluster replay runs its policies side by
@@ -221,7 +221,7 @@ pub fn run_cluster_replay_observed(
     )]
     let started = Instant::now();
     let params = config.engine_params(policy)?;
-    let mut fleet = Fleet::new(&params, &cluster)?;
+    let mut fleet = Fleet::new(config, &params, &cluster)?;
     let block_tokens = params.geometry.block_tokens();
     let total = trace.len() as u64;
     let mut next = 0usize;
@@ -286,16 +286,20 @@ struct Fleet {
 }
 
 impl Fleet {
-    /// `cluster.n_engines` engines built from `params`, sharing the one checkpoint store `params` asks for.
-    fn new(params: &EngineParams, cluster: &ClusterSpec) -> Result<Fleet> {
-        let store = SharedStore::new(engine::open_store(params)?);
+    /// `cluster.n_engines` engines built from `params` and `config`, sharing the one checkpoint store `config`
+    /// names.
+    fn new(config: &EngineConfig, params: &EngineParams, cluster: &ClusterSpec) -> Result<Fleet> {
+        let store = SharedStore::new(crate::builder::open_store(config, params)?);
         let engines = (0..cluster.n_engines)
             .map(|_| {
-                Engine::builder(params.clone())
-                    .store(Box::new(store.clone()))
-                    .build()
+                let executor = SimExecutor::new(params.cost.clone());
+                let shared = Some(Box::new(store.clone()) as Box<dyn CheckpointStore>);
+                Ok(
+                    crate::builder::engine_builder(config, params.clone(), executor, shared)?
+                        .build()?,
+                )
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>>>()?;
         Ok(Fleet {
             busy: vec![false; engines.len()],
             routed: vec![0u64; engines.len()],

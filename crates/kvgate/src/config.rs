@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use engine::{CopyEngineKind, CostModel, EngineParams, Policy, Preemption, StorageKind};
+use engine::{CopyEngineKind, CostModel, EngineParams, Policy, Preemption};
 use kv_pool::{CacheGroup, Geometry, GroupKind};
 use serde::{Deserialize, Serialize};
 
@@ -123,10 +123,12 @@ pub struct PoolConfig {
     /// Usable pages per rank (the null page not counted). Default 4095; 1..=4194303. An agents run from the
     /// command line uses its own pool (`run::agents_pool_pages`) unless the file sets this (`ConfigFile::sets`).
     pub pages: u32,
-    /// Bytes each simulated page really holds and copies (a fingerprint; the cost model uses the model's real
-    /// bytes). Default 32; 8..=1048576, and the pool's pages times this at most 1 GiB (the `oracle` policy's
-    /// pool counts when it runs).
-    pub sim_bytes_per_page: u32,
+    /// Bytes each page really holds and copies: with the simulated executor a fingerprint (the cost model uses
+    /// the model's real bytes); a real model sets its own. Default 32; 8..=1048576, and the pool's pages times
+    /// this at most 1 GiB (the `oracle` policy's pool counts when it runs). Read under its old name
+    /// `sim_bytes_per_page` too.
+    #[serde(alias = "sim_bytes_per_page")]
+    pub page_bytes: u32,
     /// Where page bytes live: `host` (aligned host memory, the default) or `cuda` (device memory of GPU
     /// `cuda_device`; needs an NVIDIA driver: without one, building the engine fails naming `storage`).
     pub storage: String,
@@ -238,8 +240,8 @@ impl Default for PoolConfig {
         let params = EngineParams::default();
         PoolConfig {
             pages: params.n_pages - 1,
-            sim_bytes_per_page: params.sim_bytes_per_page,
-            storage: params.storage.name().to_string(),
+            page_bytes: params.page_bytes,
+            storage: "host".to_string(),
             cuda_device: 0,
         }
     }
@@ -283,9 +285,9 @@ impl Default for StoreConfig {
         let params = EngineParams::default();
         StoreConfig {
             capacity_pages: params.store_capacity_pages,
-            dir: params.store_dir,
-            url: params.store_url,
-            key_prefix: params.store_key_prefix,
+            dir: None,
+            url: None,
+            key_prefix: checkpoint_transfer::DEFAULT_KEY_PREFIX.to_string(),
         }
     }
 }
@@ -501,6 +503,7 @@ impl EngineConfig {
             );
         }
         self.check_store_url()?;
+        self.check_storage_kind()?;
         check_storage(&self.params(Policy::Reserved)?)
     }
 
@@ -513,10 +516,10 @@ impl EngineConfig {
             EngineParams::N_PAGES_MAX - 1,
         )?;
         check_range(
-            "pool.sim_bytes_per_page",
-            self.pool.sim_bytes_per_page,
+            "pool.page_bytes",
+            self.pool.page_bytes,
             8,
-            EngineParams::SIM_BYTES_PER_PAGE_MAX,
+            EngineParams::PAGE_BYTES_MAX,
         )?;
         check_range(
             "scheduler.max_running",
@@ -694,7 +697,9 @@ impl EngineConfig {
                         ),
                     )?;
                 }
-                Ok(CopyEngineKind::Cuda)
+                // The facade gives the CUDA copy engine with the CUDA storage (`builder::engine_builder`);
+                // the engine's own copy engine is then unused.
+                Ok(CopyEngineKind::Inline)
             }
             other => {
                 invalid(
@@ -719,25 +724,28 @@ impl EngineConfig {
         })
     }
 
-    /// The page storage `[pool] storage` and `cuda_device` name.
-    fn storage_kind(&self) -> Result<StorageKind> {
+    /// The GPU whose memory holds the pool's pages (`[pool] storage = "cuda"`, `cuda_device`), or `None` for
+    /// host memory. `validate` checked both fields.
+    pub(crate) fn cuda_device(&self) -> Option<u32> {
+        (self.pool.storage == "cuda").then_some(self.pool.cuda_device)
+    }
+
+    /// Whether restores copy through CUDA streams (`[restore] copy_engine = "cuda"`, on CUDA storage).
+    pub(crate) fn cuda_copies(&self) -> bool {
+        self.restore.copy_engine == "cuda"
+    }
+
+    /// `[pool] storage` is `host` or `cuda`, and `cuda_device` a device ordinal.
+    fn check_storage_kind(&self) -> Result<()> {
         match self.pool.storage.as_str() {
-            "host" => Ok(StorageKind::Host),
-            "cuda" => {
-                check_range(
-                    "pool.cuda_device",
-                    self.pool.cuda_device,
-                    0,
-                    EngineParams::CUDA_DEVICE_MAX,
-                )?;
-                Ok(StorageKind::Cuda {
-                    device: self.pool.cuda_device,
-                })
-            }
-            other => {
-                invalid("pool.storage", other, "host or cuda")?;
-                Ok(StorageKind::Host)
-            }
+            "host" => Ok(()),
+            "cuda" => check_range(
+                "pool.cuda_device",
+                self.pool.cuda_device,
+                0,
+                CUDA_DEVICE_MAX,
+            ),
+            other => invalid("pool.storage", other, "host or cuda"),
         }
     }
 
@@ -784,13 +792,9 @@ impl EngineConfig {
             copy_task_limit: self.restore.copy_task_limit,
             watermark_pages: self.scheduler.watermark_pages,
             store_capacity_pages: self.store.capacity_pages,
-            store_dir: self.store.dir.clone(),
-            store_url: self.store.url.clone(),
-            store_key_prefix: self.store.key_prefix.clone(),
-            sim_bytes_per_page: self.pool.sim_bytes_per_page,
+            page_bytes: self.pool.page_bytes,
             cost: self.cost()?,
             verify_restores: self.restore.verify || cfg!(any(debug_assertions, test)),
-            storage: self.storage_kind()?,
             copy_engine: self.copy_engine_kind()?,
             capture_prefill_tail: self.restore.capture_prefill_tail,
             clock: engine::ClockKind::Simulated,
@@ -829,6 +833,9 @@ fn table_sets(table: &toml::Table, section: &str, key: &str) -> bool {
         .is_some_and(|section| section.contains_key(key))
 }
 
+/// Largest CUDA device ordinal `[pool] cuda_device` may name.
+const CUDA_DEVICE_MAX: u32 = 63;
+
 fn invalid(field: &'static str, value: &str, allowed: &str) -> Result<()> {
     Err(Error::InvalidConfig {
         field,
@@ -852,9 +859,9 @@ fn check_seconds(field: &'static str, value: f64, positive: bool) -> Result<()> 
     }
 }
 
-/// Refuses a pool whose simulated page storage, once every page is written, would pass its limit.
+/// Refuses a pool whose page storage, once every page is written, would pass its limit.
 fn check_storage(params: &EngineParams) -> Result<()> {
-    if params.sim_storage_bytes() <= EngineParams::SIM_STORAGE_BYTES_MAX {
+    if params.storage_bytes() <= EngineParams::STORAGE_BYTES_MAX {
         return Ok(());
     }
     let pages = params.pool_pages();
@@ -865,15 +872,15 @@ fn check_storage(params: &EngineParams) -> Result<()> {
         (String::new(), "")
     };
     invalid(
-        "pool.sim_bytes_per_page",
-        &params.sim_bytes_per_page.to_string(),
+        "pool.page_bytes",
+        &params.page_bytes.to_string(),
         &format!(
             "at most {} for the {} policy's pool of {pages} pages{on_ranks}: pages{times_ranks} times \
-             sim_bytes_per_page must stay within {} bytes of page storage; lower pool.pages or \
-             pool.sim_bytes_per_page",
-            EngineParams::SIM_STORAGE_BYTES_MAX / (u64::from(pages) * u64::from(ranks)),
+             page_bytes must stay within {} bytes of page storage; lower pool.pages or \
+             pool.page_bytes",
+            EngineParams::STORAGE_BYTES_MAX / (u64::from(pages) * u64::from(ranks)),
             params.policy.name(),
-            EngineParams::SIM_STORAGE_BYTES_MAX,
+            EngineParams::STORAGE_BYTES_MAX,
         ),
     )
 }

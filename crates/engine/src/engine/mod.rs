@@ -50,7 +50,7 @@ use self::parts::{Ids, Restores, StepScratch, StepTime, Tally, Watchdog};
 use self::req::{Phase, Req, Restore};
 use self::table::RequestTable;
 
-pub use self::builder::{Builder, open_store};
+pub use self::builder::Builder;
 pub use self::clock::{Clock, SimClock, WALL_IDLE_WAIT, WallClock};
 pub use self::report::{RequestPhase, RequestView, RestoreGauges, ShutdownReport, StepReport};
 
@@ -462,8 +462,7 @@ impl<E: Executor> Engine<E> {
     /// checkpoint gone at their next lookup or refresh. Errors: on the wall clock, when the new store's thread
     /// cannot start (the old store then stays).
     pub fn forget_checkpoints(&mut self) -> Result<()> {
-        let empty =
-            checkpoint_transfer::HostStore::new(builder::store_capacity_bytes(&self.params));
+        let empty = checkpoint_transfer::HostStore::new(self.params.store_capacity_bytes());
         self.restores.store = builder::link_store(&self.params, Box::new(empty))?;
         Ok(())
     }

@@ -168,7 +168,7 @@ pub trait Executor {
         false
     }
 
-    /// The bytes of one pool page the executor needs (`None`: the engine's `sim_bytes_per_page`).
+    /// The bytes of one pool page the executor needs (`None`: the engine's `page_bytes`).
     fn bytes_per_page(&self) -> Option<u32> {
         None
     }

@@ -50,13 +50,13 @@ impl ReferenceExecutor {
         let bytes = config.max_bytes_per_page();
         let bytes_per_page = u32::try_from(bytes)
             .ok()
-            .filter(|&bytes| bytes <= EngineParams::SIM_BYTES_PER_PAGE_MAX)
+            .filter(|&bytes| bytes <= EngineParams::PAGE_BYTES_MAX)
             .ok_or_else(|| Error::InvalidParam {
                 name: "reference model",
                 reason: format!(
                     "its pages hold {bytes} bytes, more than {} a pool page may; use fewer tokens per page \
                      or a narrower model",
-                    EngineParams::SIM_BYTES_PER_PAGE_MAX
+                    EngineParams::PAGE_BYTES_MAX
                 ),
             })?;
         Ok(ReferenceExecutor {

@@ -6,8 +6,8 @@ use kv_pool::{CacheGroup, Geometry, GroupKind};
 
 use super::EngineParams;
 
-/// The largest pool, `context_parallel` ranks, pages of `sim_bytes_per_page` bytes.
-fn largest_pool(context_parallel: u32, sim_bytes_per_page: u32) -> EngineParams {
+/// The largest pool, `context_parallel` ranks, pages of `page_bytes` bytes.
+fn largest_pool(context_parallel: u32, page_bytes: u32) -> EngineParams {
     let geometry = Geometry::new(
         vec![CacheGroup {
             kind: GroupKind::Full,
@@ -21,7 +21,7 @@ fn largest_pool(context_parallel: u32, sim_bytes_per_page: u32) -> EngineParams 
     EngineParams {
         geometry,
         n_pages: EngineParams::N_PAGES_MAX,
-        sim_bytes_per_page,
+        page_bytes,
         ..EngineParams::default()
     }
 }
@@ -31,10 +31,10 @@ fn pool_memory_counts_bookkeeping_and_every_ranks_storage() {
     let params = EngineParams::default();
     // 4096 pages of 32 bytes: 88 bytes of bookkeeping and a 64-byte line each.
     assert_eq!(params.pool_memory_bytes(), 4096 * (88 + 64));
-    assert_eq!(params.sim_storage_bytes(), 4096 * 32);
+    assert_eq!(params.storage_bytes(), 4096 * 32);
     params.validate().unwrap();
     let params = largest_pool(2, 32);
-    assert_eq!(params.sim_storage_bytes(), (1 << 22) * 2 * 32);
+    assert_eq!(params.storage_bytes(), (1 << 22) * 2 * 32);
     assert_eq!(params.pool_memory_bytes(), (1 << 22) * (88 + 2 * 64));
     params.validate().unwrap();
 }
@@ -45,7 +45,7 @@ fn storage_on_many_ranks_and_tiny_pages_on_many_ranks_are_refused() {
     let error = largest_pool(64, 8).validate().unwrap_err().to_string();
     assert_eq!(
         error,
-        "invalid engine parameter sim_bytes_per_page: 4194304 pages of 8 bytes on 64 ranks make 2147483648 \
+        "invalid engine parameter page_bytes: 4194304 pages of 8 bytes on 64 ranks make 2147483648 \
          bytes of page storage, above the limit of 1073741824 bytes; use fewer pages, ranks or bytes per page"
     );
     // 32 shards: 1 GiB of page storage, within its limit, but 8 GiB of 64-byte lines and 352 MiB of

@@ -42,7 +42,15 @@ pub(crate) struct AgentsRun {
 
 /// Runs the workload to completion under `params`, checking invariants every `check_every` steps.
 pub(crate) fn run_agents(params: EngineParams, agents: Agents, check_every: u64) -> AgentsRun {
-    let mut engine = Engine::new(params).expect("valid params");
+    run_agents_on(
+        Engine::new(params).expect("valid params"),
+        agents,
+        check_every,
+    )
+}
+
+/// `run_agents` on `engine`, built with the parts its caller gave it.
+pub(crate) fn run_agents_on(mut engine: Engine, agents: Agents, check_every: u64) -> AgentsRun {
     let mut contexts: Vec<Vec<u32>> = Vec::new();
     for agent in 0..agents.n_agents {
         let prompt = tokens(agents.seed, agent, 0, agents.first_prompt_tokens);

@@ -1,10 +1,11 @@
-//! The engine on CUDA page storage (L1, L2, L5): without a driver, asking for it is an error naming
-//! `storage` (asserted here, on machines without a GPU); with one, agents sessions restore through CUDA
-//! copies straight into the pool's device pages and every restored page is read back from the device and
-//! compared with recompute (E3), and cancel, reset and shutdown with copies in flight leave no page leaked:
-//! on host storage, and on device storage given through `Builder::page_storage` (the host-backed
-//! stand-in `FakeDevice`, and CUDA), its copy streams held (`Device::hold_stream`) so the device itself says
-//! the copies are still queued when the engine acts.
+//! The engine on CUDA page storage (L1, L2, L5), opened here as the facade opens it for `[pool] storage =
+//! "cuda"` and given to `Builder::page_storage` (CUDA copies) or `Builder::storage` (host copies through
+//! `PageStorage`): on a GPU, agents sessions restore through CUDA copies straight into the pool's device
+//! pages and every restored page is read back from the device and compared with recompute (E3), and cancel,
+//! reset and shutdown with copies in flight leave no page leaked: on host storage, and on device storage
+//! given through `Builder::page_storage` (the host-backed stand-in `FakeDevice`, and CUDA), its copy streams
+//! held (`Device::hold_stream`) so the device itself says the copies are still queued when the engine acts.
+//! Without a driver the facade's error naming `storage` is tested in `kvgate` (`parts`).
 //! The GPU tests pass `kv_pool::gpu_test_gate` first: without a driver they print `skipped: <test>: <reason>`
 //! and log it for `cargo xtask` to count, unless `KVGATE_REQUIRE_GPU=1`, which makes a missing driver a
 //! failure (`cargo xtask gpu` sets it on machines with a driver).
@@ -13,86 +14,51 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use checkpoint_transfer::{CopyEngine, CopyJob, DeviceCopyEngine, PageBuf, StagingLimits};
-use engine::{CopyEngineKind, Engine, EngineParams, Error, Policy, SimExecutor, StorageKind};
+use checkpoint_transfer::{
+    CopyEngine, CopyJob, CudaCopyEngine, DeviceCopyEngine, PageBuf, StagingLimits,
+};
+use engine::{CopyEngineKind, Engine, EngineParams, Error, Policy, SimExecutor};
 use kv_pool::{
     CudaStorage, Device, DeviceStorage, FakeDevice, PageId, PageStorage, RequestId, StreamHold,
 };
 
-use crate::agents::{Agents, run_agents, tokens};
+use crate::agents::{Agents, run_agents_on, tokens};
 use crate::contract::{TPP, params, seed_checkpoint, spec};
 
-const CUDA: StorageKind = StorageKind::Cuda { device: 0 };
-
-/// `params` on CUDA storage with CUDA copies, restores verified.
-fn cuda_params(policy: Policy, n_pages: u32) -> EngineParams {
+/// `params` with restores verified.
+fn verified(policy: Policy, n_pages: u32) -> EngineParams {
     EngineParams {
-        storage: CUDA,
-        copy_engine: CopyEngineKind::Cuda,
         verify_restores: true,
         ..params(policy, n_pages)
     }
+}
+
+/// An engine of `params` on CUDA page storage of device 0: with CUDA copies, or, with `host_copies`, the
+/// copy engine `params.copy_engine` names writing into it through `PageStorage`.
+fn cuda_engine(params: EngineParams, host_copies: bool) -> Engine {
+    let storage = Arc::new(
+        CudaStorage::new(
+            0,
+            params.geometry.context_parallel(),
+            params.pool_pages(),
+            params.page_bytes as usize,
+        )
+        .expect("CUDA storage on device 0"),
+    );
+    let builder = Engine::builder(params);
+    let builder = if host_copies {
+        builder.storage(storage)
+    } else {
+        let copies = CudaCopyEngine::new(Arc::clone(&storage)).expect("CUDA copies");
+        builder.page_storage(storage, Box::new(copies))
+    };
+    builder.build().expect("an engine on CUDA storage")
 }
 
 /// Whether GPU test `test` runs here: `false` (printed, and logged for `cargo xtask`) without a driver, a
 /// failure instead when `KVGATE_REQUIRE_GPU=1`.
 fn gpu_present(test: &str) -> bool {
     kv_pool::gpu_test_gate(test).unwrap()
-}
-
-#[test]
-fn cuda_storage_without_a_driver_is_an_error_naming_storage_never_a_panic() {
-    let built = Engine::new(cuda_params(Policy::Reserved, 64));
-    match kv_pool::cuda_available() {
-        Err(reason) => {
-            let error = built.unwrap_err();
-            let Error::InvalidParam { name, reason: why } = &error else {
-                panic!("expected InvalidParam naming storage, got {error}");
-            };
-            assert_eq!(*name, "storage");
-            assert!(why.contains(&reason), "{error}");
-            let message = error.to_string();
-            assert!(
-                message.contains("needs an NVIDIA driver")
-                    && message.contains("[pool] storage = \"host\""),
-                "the error says what to do: {message}"
-            );
-        }
-        Ok(()) => {
-            built.expect("an engine on CUDA storage");
-            // A device the machine lacks is the same clear error.
-            let absent = EngineParams {
-                storage: StorageKind::Cuda { device: 63 },
-                ..cuda_params(Policy::Reserved, 64)
-            };
-            let message = Engine::new(absent).unwrap_err().to_string();
-            assert!(message.contains("storage"), "{message}");
-        }
-    }
-}
-
-#[test]
-fn cuda_copies_need_cuda_storage_and_host_copies_take_any_storage() {
-    let host_storage = EngineParams {
-        copy_engine: CopyEngineKind::Cuda,
-        ..params(Policy::Reserved, 64)
-    };
-    let message = Engine::new(host_storage).unwrap_err().to_string();
-    assert!(
-        message.contains("copy_engine")
-            && message.contains("storage is host")
-            && message.contains("set storage to cuda"),
-        "{message}"
-    );
-    let bad_device = EngineParams {
-        storage: StorageKind::Cuda { device: 64 },
-        ..params(Policy::Reserved, 64)
-    };
-    let message = Engine::new(bad_device).unwrap_err().to_string();
-    assert!(
-        message.contains("storage") && message.contains("at most 63"),
-        "{message}"
-    );
 }
 
 #[test]
@@ -110,7 +76,7 @@ fn cuda_agents_restore_into_device_pages_verified_under_every_policy() {
         seed: 11,
     };
     for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
-        let run = run_agents(cuda_params(policy, 129), agents, 1);
+        let run = run_agents_on(cuda_engine(verified(policy, 129), false), agents, 1);
         assert_eq!(run.metrics.requests_finished, 16, "{policy}");
         assert_eq!(run.metrics.leaked_pages, 0, "{policy}");
         if policy == Policy::Reserved {
@@ -136,9 +102,9 @@ fn cuda_agents_restore_into_device_pages_verified_under_every_policy() {
     ] {
         let params = EngineParams {
             copy_engine,
-            ..cuda_params(Policy::Reserved, 129)
+            ..verified(Policy::Reserved, 129)
         };
-        let run = run_agents(params, agents, 1);
+        let run = run_agents_on(cuda_engine(params, true), agents, 1);
         assert_eq!(run.metrics.leaked_pages, 0, "{copy_engine:?}");
         assert!(run.pages_verified > 0, "{copy_engine:?}");
     }
@@ -212,7 +178,7 @@ fn device_engine<D: Device>(
     violations: fn(&DeviceStorage<D>) -> Vec<String>,
 ) -> (Engine, Hold) {
     let params = params(policy, 256);
-    let bytes_per_page = params.sim_bytes_per_page as usize;
+    let bytes_per_page = params.page_bytes as usize;
     let storage = Arc::new(open(
         params.geometry.context_parallel(),
         params.pool_pages(),
@@ -243,7 +209,7 @@ fn device_engine<D: Device>(
 #[test]
 fn given_page_storage_of_another_shape_or_a_busy_copy_engine_is_refused() {
     let params = params(Policy::Reserved, 64);
-    let bytes = params.sim_bytes_per_page as usize;
+    let bytes = params.page_bytes as usize;
     let engine_on = |storage: DeviceStorage<FakeDevice>, busy: bool| {
         let storage = Arc::new(storage);
         let mut copies = DeviceCopyEngine::new(Arc::clone(&storage)).unwrap();

@@ -1,18 +1,24 @@
 //! Checkpoints in a disk store survive an engine restart: a new engine over the same directory restores the
 //! previous engine's checkpoint, byte for byte equal to recompute (E3 verification is on in debug builds).
 
+use checkpoint_transfer::DiskStore;
 use engine::{Engine, EngineParams, Policy};
 use kv_pool::RequestId;
 
 use crate::agents::tokens;
 use crate::contract::{TPP, metrics_of, params, seed_checkpoint, spec};
 
-fn disk_params(policy: Policy, dir: &std::path::Path) -> EngineParams {
+fn disk_params(policy: Policy) -> EngineParams {
     EngineParams {
-        store_dir: Some(dir.to_path_buf()),
         verify_restores: true,
         ..params(policy, 129)
     }
+}
+
+/// An engine of `params` over a disk store in `dir`, opened as the facade's `[store] dir` opens it.
+fn disk_engine(params: EngineParams, dir: &std::path::Path) -> engine::Result<Engine> {
+    let store = DiskStore::open(dir, params.store_capacity_bytes())?;
+    Engine::builder(params).store(Box::new(store)).build()
 }
 
 #[test]
@@ -20,7 +26,7 @@ fn e3_disk_store_checkpoints_survive_an_engine_restart_and_restore_what_recomput
     let dir = tempfile::tempdir().unwrap();
     let prompt = tokens(5, 0, 0, 8 * TPP + 3);
     let output = {
-        let mut before = Engine::new(disk_params(Policy::Reserved, dir.path())).unwrap();
+        let mut before = disk_engine(disk_params(Policy::Reserved), dir.path()).unwrap();
         seed_checkpoint(&mut before, 1, &prompt, 4)
     };
     assert!(
@@ -28,7 +34,7 @@ fn e3_disk_store_checkpoints_survive_an_engine_restart_and_restore_what_recomput
         "the store wrote files"
     );
 
-    let mut after = Engine::new(disk_params(Policy::Reserved, dir.path())).unwrap();
+    let mut after = disk_engine(disk_params(Policy::Reserved), dir.path()).unwrap();
     assert!(
         after.store_stats().n_checkpoints > 0,
         "reopening rebuilt the store's index"
@@ -59,15 +65,15 @@ fn a_store_directory_that_cannot_be_opened_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-directory");
     std::fs::write(&file, b"x").unwrap();
-    let error = Engine::new(disk_params(Policy::Reserved, &file)).unwrap_err();
+    let error = disk_engine(disk_params(Policy::Reserved), &file).unwrap_err();
     assert!(error.to_string().contains("not-a-directory"), "{error}");
 }
 
 #[test]
 fn a_second_engine_on_a_store_directory_in_use_is_refused_naming_the_holder() {
     let dir = tempfile::tempdir().unwrap();
-    let first = Engine::new(disk_params(Policy::Reserved, dir.path())).unwrap();
-    let error = Engine::new(disk_params(Policy::Ordinary, dir.path())).unwrap_err();
+    let first = disk_engine(disk_params(Policy::Reserved), dir.path()).unwrap();
+    let error = disk_engine(disk_params(Policy::Ordinary), dir.path()).unwrap_err();
     assert!(
         error
             .to_string()
@@ -75,14 +81,14 @@ fn a_second_engine_on_a_store_directory_in_use_is_refused_naming_the_holder() {
         "{error}"
     );
     drop(first);
-    Engine::new(disk_params(Policy::Ordinary, dir.path())).unwrap();
+    disk_engine(disk_params(Policy::Ordinary), dir.path()).unwrap();
 }
 
 #[test]
 fn captures_the_store_cannot_write_are_counted_and_the_engine_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
-    let mut engine = Engine::new(disk_params(Policy::Reserved, &store_dir)).unwrap();
+    let mut engine = disk_engine(disk_params(Policy::Reserved), &store_dir).unwrap();
     // The store directory replaced by a file: every write fails, for root too.
     std::fs::remove_dir_all(&store_dir).unwrap();
     std::fs::write(&store_dir, b"not a directory").unwrap();
@@ -135,7 +141,7 @@ pub(crate) fn captured_logs(body: impl FnOnce()) -> String {
 fn failed_store_writes_are_warned_with_their_cause_and_rate_limited() {
     let dir = tempfile::tempdir().unwrap();
     let store_dir = dir.path().join("store");
-    let mut engine = Engine::new(disk_params(Policy::Reserved, &store_dir)).unwrap();
+    let mut engine = disk_engine(disk_params(Policy::Reserved), &store_dir).unwrap();
     std::fs::remove_dir_all(&store_dir).unwrap();
     std::fs::write(&store_dir, b"not a directory").unwrap();
     let logs = captured_logs(|| {
@@ -167,7 +173,7 @@ fn failed_store_writes_are_warned_with_their_cause_and_rate_limited() {
 fn a_store_reopened_with_a_lower_capacity_warns_what_it_evicted() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let mut engine = Engine::new(disk_params(Policy::Reserved, dir.path())).unwrap();
+        let mut engine = disk_engine(disk_params(Policy::Reserved), dir.path()).unwrap();
         for id in 0..6 {
             seed_checkpoint(&mut engine, id, &tokens(7, id as u32, 0, 4 * TPP), 1);
         }
@@ -176,9 +182,9 @@ fn a_store_reopened_with_a_lower_capacity_warns_what_it_evicted() {
     let logs = captured_logs(|| {
         let smaller = EngineParams {
             store_capacity_pages: 5,
-            ..disk_params(Policy::Reserved, dir.path())
+            ..disk_params(Policy::Reserved)
         };
-        let engine = Engine::new(smaller).unwrap();
+        let engine = disk_engine(smaller, dir.path()).unwrap();
         assert!(engine.store_stats().n_checkpoints <= 1);
     });
     assert!(

@@ -393,7 +393,7 @@ fn a_cluster_whose_pools_pass_the_memory_limit_is_refused_naming_what_to_lower()
          an engine: up to 132607115264 bytes of page storage and bookkeeping in all; at most 4 fit) is invalid; \
          allowed: engines whose pools, every policy's together, take at most 8589934592 bytes (8 GiB) of page \
          storage and bookkeeping, every page counted; lower --engines, --pool-pages (pool.pages) or \
-         pool.sim_bytes_per_page, or run fewer policies (--policy; the oracle's pool holds max_running \
+         pool.page_bytes, or run fewer policies (--policy; the oracle's pool holds max_running \
          requests of max_model_len tokens)"
     );
     assert!(MEMORY_ALLOWED.contains(&EngineParams::POOL_MEMORY_BYTES_MAX.to_string()));
@@ -449,7 +449,7 @@ fn a_cluster_of_big_pools_allocates_only_what_its_requests_touch() {
     let later = later_turns(&trace);
     let config = largest_pool_config();
     let params = config.engine_params(Policy::Reserved).unwrap();
-    let mut store = SharedStore::new(engine::open_store(&params).unwrap());
+    let mut store = SharedStore::new(crate::builder::open_store(&config, &params).unwrap());
     let mut engines: Vec<Engine> = (0..13)
         .map(|_| {
             Engine::builder(params.clone())

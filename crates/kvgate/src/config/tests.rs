@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use super::*;
+use crate::EngineBuilder;
 
 fn err(text: &str) -> String {
     EngineConfig::from_toml(text).unwrap_err().to_string()
@@ -181,20 +182,83 @@ fn the_documented_example_sets_no_pool_size_and_takes_any_preset() {
 }
 
 #[test]
-fn a_store_directory_selects_the_disk_store() {
-    let config = EngineConfig::from_toml("[store]\ndir = \"/tmp/kvgate-checkpoints\"").unwrap();
-    let params = config.engine_params(Policy::Reserved).unwrap();
-    assert_eq!(
-        params.store_dir.as_deref(),
-        Some(Path::new("/tmp/kvgate-checkpoints"))
+fn a_store_directory_opens_a_disk_store_there_that_one_engine_holds_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = EngineConfig {
+        store: StoreConfig {
+            dir: Some(dir.path().to_path_buf()),
+            ..StoreConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let first = EngineBuilder::new(config.clone()).build().unwrap();
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().count() > 0,
+        "the facade opened the disk store in the directory"
     );
-    assert_eq!(
-        EngineConfig::default()
-            .engine_params(Policy::Reserved)
-            .unwrap()
-            .store_dir,
-        None
+    let error = EngineBuilder::new(config.clone()).build().unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("is in use by pid {}", std::process::id())),
+        "{error}"
     );
+    drop(first);
+    EngineBuilder::new(config).build().unwrap();
+    let file = dir.path().join("not-a-directory");
+    std::fs::write(&file, b"x").unwrap();
+    let not_a_directory = EngineConfig {
+        store: StoreConfig {
+            dir: Some(file),
+            ..StoreConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let error = EngineBuilder::new(not_a_directory).build().unwrap_err();
+    assert!(error.to_string().contains("not-a-directory"), "{error}");
+}
+
+#[test]
+fn cuda_storage_without_a_driver_is_an_error_naming_storage_never_a_panic() {
+    let on_device = |device: u32| EngineConfig {
+        pool: PoolConfig {
+            pages: 63,
+            storage: "cuda".to_string(),
+            cuda_device: device,
+            ..PoolConfig::default()
+        },
+        restore: RestoreConfig {
+            copy_engine: "cuda".to_string(),
+            ..RestoreConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let built = EngineBuilder::new(on_device(0)).build();
+    match kv_pool::cuda_available() {
+        Err(reason) => {
+            let error = built.unwrap_err();
+            let Error::Engine(engine::Error::InvalidParam { name, reason: why }) = &error else {
+                panic!("expected InvalidParam naming storage, got {error}");
+            };
+            assert_eq!(*name, "storage");
+            assert!(why.contains(&reason), "{error}");
+            let message = error.to_string();
+            assert!(
+                message.contains("needs an NVIDIA driver")
+                    && message.contains("[pool] storage = \"host\""),
+                "the error says what to do: {message}"
+            );
+        }
+        Ok(()) => {
+            built.expect("an engine on CUDA storage");
+            // A device the machine lacks is the same clear error.
+            let message = EngineBuilder::new(on_device(63))
+                .build()
+                .unwrap_err()
+                .to_string();
+            assert!(message.contains("storage"), "{message}");
+        }
+    }
 }
 
 #[test]
@@ -227,17 +291,17 @@ fn pools_too_big_to_allocate_are_refused_naming_the_field_and_the_limit() {
         );
     }
     assert_eq!(
-        err("[pool]\nsim_bytes_per_page = 4294967295"),
-        "config: `pool.sim_bytes_per_page` = 4294967295 is out of range; allowed: 8..=1048576"
+        err("[pool]\npage_bytes = 4294967295"),
+        "config: `pool.page_bytes` = 4294967295 is out of range; allowed: 8..=1048576"
     );
     assert_eq!(
-        err("[pool]\npages = 4194303\nsim_bytes_per_page = 1048576"),
-        "config: `pool.sim_bytes_per_page` = 1048576 is out of range; allowed: at most 256 for the reserved \
-         policy's pool of 4194304 pages: pages times sim_bytes_per_page must stay within 1073741824 bytes of page \
-         storage; lower pool.pages or pool.sim_bytes_per_page"
+        err("[pool]\npages = 4194303\npage_bytes = 1048576"),
+        "config: `pool.page_bytes` = 1048576 is out of range; allowed: at most 256 for the reserved \
+         policy's pool of 4194304 pages: pages times page_bytes must stay within 1073741824 bytes of page \
+         storage; lower pool.pages or pool.page_bytes"
     );
     // The oracle's pool holds every running slot at the model's length, so it is refused where others are not.
-    let config = EngineConfig::from_toml("[pool]\nsim_bytes_per_page = 4096").unwrap();
+    let config = EngineConfig::from_toml("[pool]\npage_bytes = 4096").unwrap();
     config.engine_params(Policy::Reserved).unwrap();
     let oracle = config
         .engine_params(Policy::Oracle)
@@ -245,7 +309,7 @@ fn pools_too_big_to_allocate_are_refused_naming_the_field_and_the_limit() {
         .to_string();
     assert!(
         oracle.starts_with(
-            "config: `pool.sim_bytes_per_page` = 4096 is out of range; allowed: at most 2047 for the oracle \
+            "config: `pool.page_bytes` = 4096 is out of range; allowed: at most 2047 for the oracle \
              policy's pool of 524353 pages"
         ),
         "{oracle}"
@@ -292,14 +356,7 @@ fn engines_running_at_once_each_get_their_own_store_directory() {
     let config = EngineConfig::from_toml("[store]\ndir = \"/tmp/kvgate-checkpoints\"").unwrap();
     let dirs: Vec<_> = Policy::ALL
         .iter()
-        .map(|&policy| {
-            config
-                .for_one_of_several(policy)
-                .engine_params(policy)
-                .unwrap()
-                .store_dir
-                .unwrap()
-        })
+        .map(|&policy| config.for_one_of_several(policy).store.dir.unwrap())
         .collect();
     assert_eq!(
         dirs,
@@ -315,12 +372,11 @@ fn engines_running_at_once_each_get_their_own_store_directory() {
 #[test]
 fn a_store_url_selects_the_redis_store_and_each_policy_gets_its_own_prefix() {
     let config = EngineConfig::from_toml("[store]\nurl = \"redis://127.0.0.1:6379/0\"").unwrap();
-    let params = config.engine_params(Policy::Reserved).unwrap();
     assert_eq!(
-        params.store_url.as_deref(),
+        config.store.url.as_deref(),
         Some("redis://127.0.0.1:6379/0")
     );
-    assert_eq!(params.store_key_prefix, "kvgate:");
+    assert_eq!(config.store.key_prefix, "kvgate:");
     let several = config.for_one_of_several(Policy::PagesOnly);
     assert_eq!(several.store.key_prefix, "kvgate:pages-only:");
 }
@@ -408,20 +464,22 @@ fn a_model_preset_with_its_own_geometry_fields_is_refused_naming_them() {
 }
 
 #[test]
-fn l1_storage_and_every_copy_engine_reach_the_engine_params() {
+fn l1_storage_and_every_copy_engine_are_read_from_the_config() {
     let params = |text: &str| {
         EngineConfig::from_toml(text)
             .unwrap()
             .engine_params(Policy::Reserved)
             .unwrap()
     };
+    let config = |text: &str| EngineConfig::from_toml(text).unwrap();
     let default = params("");
-    assert_eq!(default.storage, StorageKind::Host);
+    assert_eq!(config("").cuda_device(), None);
     assert_eq!(default.copy_engine, CopyEngineKind::Inline);
-    let cuda =
-        params("[pool]\nstorage = \"cuda\"\ncuda_device = 1\n[restore]\ncopy_engine = \"cuda\"\n");
-    assert_eq!(cuda.storage, StorageKind::Cuda { device: 1 });
-    assert_eq!(cuda.copy_engine, CopyEngineKind::Cuda);
+    let cuda = "[pool]\nstorage = \"cuda\"\ncuda_device = 1\n[restore]\ncopy_engine = \"cuda\"\n";
+    assert_eq!(config(cuda).cuda_device(), Some(1));
+    assert!(config(cuda).cuda_copies() && !config("").cuda_copies());
+    // The facade gives CUDA copies with the CUDA storage; the engine's own copy engine is then unused.
+    assert_eq!(params(cuda).copy_engine, CopyEngineKind::Inline);
     let reordering =
         params("[restore]\ncopy_engine = \"reordering\"\ncopy_workers = 3\ncopy_seed = 9\n");
     assert_eq!(
@@ -436,7 +494,10 @@ fn l1_storage_and_every_copy_engine_reach_the_engine_params() {
         threaded.copy_engine,
         CopyEngineKind::Threaded { workers: 2 }
     );
-    assert_eq!(threaded.storage, StorageKind::Cuda { device: 0 });
+    assert_eq!(
+        config("[pool]\nstorage = \"cuda\"\n[restore]\ncopy_engine = \"threaded\"\n").cuda_device(),
+        Some(0)
+    );
 }
 
 #[test]
@@ -506,7 +567,7 @@ fn a_loaded_file_says_which_fields_it_set() {
     assert_eq!(file.config.pool.pages, 300);
     assert!(file.sets("pool", "pages"));
     assert!(file.sets("restore", "verify"));
-    assert!(!file.sets("pool", "sim_bytes_per_page"));
+    assert!(!file.sets("pool", "page_bytes"));
     assert!(!file.sets("scheduler", "max_running"));
     assert_eq!(EngineConfig::load(&path).unwrap(), file.config);
 }

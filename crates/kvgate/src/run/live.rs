@@ -4,14 +4,13 @@
 //! for a couple of cores: fewer, shorter sessions than the simulated run, a pool they still outgrow. With a
 //! model preset, the reference model takes the preset's shape, scaled down (`reference_model`).
 
-use engine::{
-    ClockKind, CopyEngineKind, Engine, EngineParams, Policy, ReferenceExecutor, RunMetrics,
-};
+use engine::{ClockKind, CopyEngineKind, EngineParams, Policy, ReferenceExecutor, RunMetrics};
 use reference_model::{LocalAttention, LocalWindow, ReferenceConfig};
 
 use std::time::Duration;
 
 use super::{Observer, Progress, drive_agents};
+use crate::builder::engine_builder;
 use crate::config::{EngineConfig, model_preset};
 use crate::error::{Error, Result};
 use crate::model::{VerifyExcludedClock, VerifyTime, VerifyTimed};
@@ -191,8 +190,7 @@ pub fn run_agents_live_observed(
         ReferenceExecutor::new(reference_model(config))?,
         verify.clone(),
     );
-    let mut engine = Engine::builder(params)
-        .executor(executor)
+    let mut engine = engine_builder(config, params, executor, None)?
         .clock(Box::new(VerifyExcludedClock::new(verify.clone())))
         .build()?;
     drive_agents(&mut engine, spec, progress, &mut |engine, report| {

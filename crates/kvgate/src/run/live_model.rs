@@ -17,6 +17,7 @@ use engine::{ClockKind, CopyEngineKind, Engine, EngineParams, Policy, RequestSpe
 use kv_pool::Timestamp;
 
 use super::{Observer, Progress, submit_or_reject};
+use crate::builder::engine_builder;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::limits::duration_s;
@@ -195,8 +196,7 @@ pub fn run_chats_live(
     let params = model_params(config, model, policy)?;
     let verify = VerifyTime::default();
     let executor = ModelExecutor::new(Arc::clone(model), verify.clone());
-    let mut engine = Engine::builder(params)
-        .executor(executor)
+    let mut engine = engine_builder(config, params, executor, None)?
         .clock(Box::new(VerifyExcludedClock::new(verify.clone())))
         .build()?;
     let answers = drive_chats(&mut engine, spec, model, progress, observer)?;

@@ -39,7 +39,7 @@ pub fn store_at_start(config: &EngineConfig, policy: Policy) -> Result<StoreAtSt
     let checkpoints = if kind == "host" {
         0
     } else {
-        let store = engine::open_store(&config.engine_params(policy)?)?;
+        let store = crate::builder::open_store(config, &config.engine_params(policy)?)?;
         store.stats().n_checkpoints
     };
     Ok(StoreAtStart {

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use engine::{ClockKind, Engine, Executor, Policy, ReferenceExecutor, SimExecutor};
+use engine::{ClockKind, Executor, Policy, ReferenceExecutor, SimExecutor};
 use prometheus_client::registry::Registry;
 
 pub use self::engine_thread::DrainReport;
@@ -44,6 +44,7 @@ use self::engine_thread::{Control, EngineFactory, EngineLoop, Submission};
 use self::latency::ServeMetrics;
 use self::routes::AppState;
 use self::text::TextCodec;
+use crate::builder::engine_builder;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::metrics::MetricFamilies;
@@ -156,8 +157,11 @@ impl Server {
                 let mut params = config.engine_params(options.policy)?;
                 params.clock = ClockKind::Wall;
                 let max_model_len = params.geometry.max_model_len();
-                let factory: EngineFactory<SimExecutor> =
-                    Box::new(move || Ok(Engine::new(params.clone())?));
+                let config = config.clone();
+                let factory: EngineFactory<SimExecutor> = Box::new(move || {
+                    let executor = SimExecutor::new(params.cost.clone());
+                    Ok(engine_builder(&config, params.clone(), executor, None)?.build()?)
+                });
                 let thread = spawn(
                     factory,
                     engine_metrics,
@@ -173,9 +177,10 @@ impl Server {
                 let params = crate::run::live_params(config, options.policy)?;
                 let model = crate::run::reference_model(config);
                 let max_model_len = params.geometry.max_model_len();
+                let config = config.clone();
                 let factory: EngineFactory<ReferenceExecutor> = Box::new(move || {
                     let executor = ReferenceExecutor::new(model)?;
-                    Ok(Engine::builder(params.clone()).executor(executor).build()?)
+                    Ok(engine_builder(&config, params.clone(), executor, None)?.build()?)
                 });
                 let thread = spawn(
                     factory,
@@ -325,10 +330,11 @@ fn spawn_model(
     params.stop_token = Some(end_of_turn);
     let sampling = SamplingTable::default();
     let table = sampling.clone();
+    let config = config.clone();
     let factory: EngineFactory<ModelExecutor> = Box::new(move || {
         let executor = ModelExecutor::new(Arc::clone(&model), VerifyTime::default())
             .with_sampling(table.clone());
-        Ok(Engine::builder(params.clone()).executor(executor).build()?)
+        Ok(engine_builder(&config, params.clone(), executor, None)?.build()?)
     });
     let metrics = metrics.clone();
     let copy_delay = options.copy_delay;
