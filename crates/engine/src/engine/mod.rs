@@ -47,7 +47,7 @@ use crate::request::{FinishedRequest, KeyedRequest, RequestSpec};
 
 use self::groups::GroupCoordinator;
 use self::parts::{Ids, Restores, StepScratch, StepTime, Tally, Watchdog};
-use self::req::{Phase, Req, Restore};
+use self::req::{Req, Restore};
 use self::table::RequestTable;
 
 pub use self::builder::{Builder, open_store};
@@ -214,12 +214,14 @@ impl<E: Executor> Engine<E> {
         let Some(req) = self.table.find(id) else {
             return Err(Error::UnknownRequest { request: id });
         };
-        let phase = req.phase;
+        let phase = req.phase.kind();
         self.table.leave_container(id);
         match phase {
-            Phase::Arriving => {}
-            Phase::Waiting | Phase::Restoring | Phase::Ready => self.drop_restore(id)?,
-            Phase::Running | Phase::Paused | Phase::Resuming => {
+            RequestPhase::Arriving => {}
+            RequestPhase::Waiting | RequestPhase::Restoring | RequestPhase::Ready => {
+                self.drop_restore(id)?;
+            }
+            RequestPhase::Running | RequestPhase::Paused | RequestPhase::Resuming => {
                 self.cancel_loading(id)?;
                 self.release_ticket(id);
                 self.free_request_pages(id)?;
@@ -238,7 +240,7 @@ impl<E: Executor> Engine<E> {
             .table
             .find_mut(id)
             .ok_or(Error::UnknownRequest { request: id })?;
-        if req.phase != Phase::Paused {
+        if req.phase.kind() != RequestPhase::Paused {
             return Err(Error::NotPaused { request: id });
         }
         if max_output_tokens == 0 {
@@ -254,7 +256,7 @@ impl<E: Executor> Engine<E> {
         req.answer_tokens = 0;
         req.answer_cap = max_output_tokens;
         req.stopped = false;
-        self.table.move_to(id, Phase::Resuming)
+        self.table.move_to(id, RequestPhase::Resuming)
     }
 
     /// Ends a paused streaming session: its pages are freed (cached) and it is reported finished.
@@ -263,7 +265,7 @@ impl<E: Executor> Engine<E> {
             .table
             .find(id)
             .ok_or(Error::UnknownRequest { request: id })?;
-        if req.phase != Phase::Paused {
+        if req.phase.kind() != RequestPhase::Paused {
             return Err(Error::NotPaused { request: id });
         }
         self.free_request_pages(id)?;
@@ -352,7 +354,12 @@ impl<E: Executor> Engine<E> {
         let paused: Vec<RequestId> = self
             .table
             .iter()
-            .filter(|(_, req)| matches!(req.phase, Phase::Paused | Phase::Resuming))
+            .filter(|(_, req)| {
+                matches!(
+                    req.phase.kind(),
+                    RequestPhase::Paused | RequestPhase::Resuming
+                )
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in paused {
@@ -401,7 +408,9 @@ impl<E: Executor> Engine<E> {
 
     /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
     pub fn is_idle(&self) -> bool {
-        self.table.values().all(|req| req.phase == Phase::Paused)
+        self.table
+            .values()
+            .all(|req| req.phase.kind() == RequestPhase::Paused)
             && self.restores.index.n_staged() == 0
             && self.restores.captures.len() == 0
     }

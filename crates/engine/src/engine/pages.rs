@@ -9,7 +9,8 @@ use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId};
 
 use super::groups::RestoreBoundary;
-use super::req::{Phase, Restore};
+use super::report::RequestPhase;
+use super::req::Restore;
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, PageWrite};
@@ -710,14 +711,14 @@ impl<E: Executor> Engine<E> {
 
     /// The keys a pages-only import published for hybrid `id` is found again under, slot by slot: a full
     /// block's own key, the slot key of every other page (`key_unkeyed_slots`).
-    pub(crate) fn published_slot_keys(&self, id: RequestId) -> Result<Vec<BlockKey>> {
+    pub(crate) fn published_slot_keys(&self, id: RequestId, tokens: u32) -> Result<Vec<BlockKey>> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.table.get(id)?;
         let boundary = self.groups.boundary(
             req.tokens.get(id)?,
             &req.keys,
             &req.spec.salt,
-            req.published_tokens,
+            tokens,
             block_tokens,
         );
         let exact = boundary.exact;
@@ -741,8 +742,7 @@ impl<E: Executor> Engine<E> {
         published: &[PageId],
         tokens: u32,
     ) -> Result<()> {
-        self.table.get_mut(id)?.published_tokens = tokens;
-        let keys = self.published_slot_keys(id)?;
+        let keys = self.published_slot_keys(id, tokens)?;
         let slots = self
             .groups
             .slots(tokens, self.params.geometry.block_tokens());
@@ -801,7 +801,7 @@ impl<E: Executor> Engine<E> {
     /// has nothing valid to capture.
     fn offload(&mut self, id: RequestId) -> Result<bool> {
         let req = &self.table.get(id)?;
-        if self.params.preemption != Preemption::Offload || req.loading.is_some() {
+        if self.params.preemption != Preemption::Offload || req.loading().is_some() {
             return Ok(false);
         }
         let n_tokens = req.n_computed;
@@ -839,7 +839,7 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn cancel_loading(&mut self, id: RequestId) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = self.table.get_mut(id)?;
-        if req.loading.take().is_some() {
+        if req.take_loading().is_some() {
             // Nothing the copy brought is valid: no copy on write of it, no draft replay either.
             req.copy_on_write = false;
             req.draft_replay_tokens = 0;
@@ -867,12 +867,13 @@ impl<E: Executor> Engine<E> {
         id: RequestId,
         fallback: Option<FallbackReason>,
     ) -> Result<()> {
+        self.end_wait(id);
         let req = self.table.get_mut(id)?;
         if let Some(reason) = fallback {
             req.fall_back(reason);
             req.restore = Restore::Idle;
         }
-        self.table.move_to(id, Phase::Waiting)
+        self.table.move_to(id, RequestPhase::Waiting)
     }
 
     /// Drops whatever restore `id` has in progress: its ticket or waiter (slot and credits at once), its
@@ -907,9 +908,11 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn end_wait(&mut self, id: RequestId) {
         let now = self.time.now;
         if let Some(req) = self.table.find_mut(id)
-            && let Some(started) = req.wait_started.take()
+            && let Some(wait) = req
+                .restoring_mut()
+                .and_then(|restoring| restoring.wait.take())
         {
-            let waited_s = now.since(started).as_secs_f64();
+            let waited_s = now.since(wait.started).as_secs_f64();
             req.metrics.longest_capacity_wait_s = req.metrics.longest_capacity_wait_s.max(waited_s);
         }
     }

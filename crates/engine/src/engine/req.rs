@@ -20,9 +20,87 @@ pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
     }
 }
 
-/// Where a request is in its lifecycle: the public `RequestPhase`; each phase names the one container that
-/// holds it (`table.rs` draws the edges and maps it onto the ledger's and the index's states).
-pub(crate) use super::report::RequestPhase as Phase;
+use super::report::RequestPhase;
+
+/// Where a request is in its lifecycle, with the data that belongs to that phase alone; `kind` is the public
+/// `RequestPhase`. Each phase names the one container that holds it (`table.rs` draws the edges and maps it
+/// onto the ledger's and the index's states).
+#[derive(Debug)]
+pub(crate) enum Phase {
+    Arriving,
+    Waiting(Waiting),
+    Restoring(Restoring),
+    Ready,
+    Running(Running),
+    Paused,
+    Resuming,
+}
+
+impl Phase {
+    /// The phase without its data, as reported and traced.
+    pub(crate) fn kind(&self) -> RequestPhase {
+        match self {
+            Phase::Arriving => RequestPhase::Arriving,
+            Phase::Waiting(_) => RequestPhase::Waiting,
+            Phase::Restoring(_) => RequestPhase::Restoring,
+            Phase::Ready => RequestPhase::Ready,
+            Phase::Running(_) => RequestPhase::Running,
+            Phase::Paused => RequestPhase::Paused,
+            Phase::Resuming => RequestPhase::Resuming,
+        }
+    }
+
+    /// A phase of kind `kind` with no data of its own yet.
+    pub(crate) fn entered(kind: RequestPhase) -> Phase {
+        match kind {
+            RequestPhase::Arriving => Phase::Arriving,
+            RequestPhase::Waiting => Phase::Waiting(Waiting::default()),
+            RequestPhase::Restoring => Phase::Restoring(Restoring::default()),
+            RequestPhase::Ready => Phase::Ready,
+            RequestPhase::Running => Phase::Running(Running::default()),
+            RequestPhase::Paused => Phase::Paused,
+            RequestPhase::Resuming => Phase::Resuming,
+        }
+    }
+}
+
+/// A waiting request's own data.
+#[derive(Debug, Default)]
+pub(crate) struct Waiting {
+    /// The pages-only import published for it (unowned), to count restored hits at admission.
+    pub(crate) published: Option<Published>,
+}
+
+/// The pages a pages-only import published for a waiting request: evictable cached pages, found again at
+/// admission unless evicted first.
+#[derive(Debug)]
+pub(crate) struct Published {
+    /// The import's pages (block table, then a hybrid import's window and fixed pages).
+    pub(crate) pages: Vec<PageId>,
+    /// Tokens the import restores (a hybrid import's exact boundary).
+    pub(crate) tokens: u32,
+}
+
+/// A restoring request's own data.
+#[derive(Debug, Default)]
+pub(crate) struct Restoring {
+    /// Its capacity wait, from its first reservation refused for pressure until it reserves or gives up.
+    pub(crate) wait: Option<CapacityWait>,
+}
+
+/// A capacity wait (G5): when it started, and when it was last logged.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CapacityWait {
+    pub(crate) started: Timestamp,
+    pub(crate) logged: Timestamp,
+}
+
+/// A running request's own data.
+#[derive(Debug, Default)]
+pub(crate) struct Running {
+    /// An `ordinary` restore copying into its pages: it is not scheduled until then.
+    pub(crate) loading: Option<Loading>,
+}
 
 /// What the coordinator knows about a request's restore.
 #[derive(Clone, Debug, Default)]
@@ -132,8 +210,6 @@ pub(crate) struct Req {
     /// Whether that replay still needs its replay page: a copy on write of the last full page of every
     /// attention table, which the draft model writes into.
     pub(crate) replay_page: bool,
-    /// Tokens of the pages-only import published for it (with `published_unowned`).
-    pub(crate) published_tokens: u32,
     /// Page table: page `i` holds tokens `[i * block_tokens, (i + 1) * block_tokens)`, on every rank the
     /// tokens of that block the rank holds.
     pub(crate) pages: Vec<PageId>,
@@ -158,10 +234,6 @@ pub(crate) struct Req {
     /// Tokens it had computed when last preempted, not yet accounted: its next admission says how many came
     /// back from the prefix cache, from the store, or are computed again.
     pub(crate) preempted_tokens: u32,
-    /// Pages a pages-only import published for it (unowned), to count restored hits at admission.
-    pub(crate) published_unowned: Vec<PageId>,
-    /// An `ordinary` restore copying into pages of this admitted request: it is not scheduled until then.
-    pub(crate) loading: Option<Loading>,
     /// Whether a copy of its restore failed (O7): a retry that finds nothing falls back as `copy_failed`.
     pub(crate) copy_failed: bool,
     /// Blocks found resident when the coordinator last decided no restore was needed (a complete local hit).
@@ -180,9 +252,6 @@ pub(crate) struct Req {
     /// Whether the answer stopped on the stop token.
     pub(crate) stopped: bool,
     pub(crate) metrics: RequestMetrics,
-    /// When the current capacity wait started, and when it was last logged (G5).
-    pub(crate) wait_started: Option<Timestamp>,
-    pub(crate) wait_logged: Timestamp,
 }
 
 impl Req {
@@ -211,7 +280,6 @@ impl Req {
             windows: Vec::new(),
             window_credit_pages: Vec::new(),
             copy_on_write: false,
-            published_tokens: 0,
             draft_replay_tokens: 0,
             replay_page: false,
             n_computed: 0,
@@ -226,8 +294,6 @@ impl Req {
             lookups: 0,
             admitted_once: false,
             preempted_tokens: 0,
-            published_unowned: Vec::new(),
-            loading: None,
             copy_failed: false,
             last_capture: None,
             output_token_state: None,
@@ -237,8 +303,6 @@ impl Req {
             expected_local_blocks: 0,
             stopped: false,
             metrics,
-            wait_started: None,
-            wait_logged: Timestamp::ZERO,
             spec,
         }
     }
@@ -280,6 +344,71 @@ impl Req {
         let state = output_token_state(&self.spec.salt, prompt_len, tail);
         self.output_token_state = Some(state);
         Ok(state)
+    }
+
+    /// The ordinary restore copying into its pages, while it runs.
+    pub(crate) fn loading(&self) -> Option<&Loading> {
+        match &self.phase {
+            Phase::Running(running) => running.loading.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Its capacity wait, while it restores.
+    pub(crate) fn capacity_wait(&self) -> Option<CapacityWait> {
+        match &self.phase {
+            Phase::Restoring(restoring) => restoring.wait,
+            _ => None,
+        }
+    }
+
+    /// The pages-only import published for it, while it waits.
+    pub(crate) fn published(&self) -> Option<&Published> {
+        match &self.phase {
+            Phase::Waiting(waiting) => waiting.published.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Takes the ordinary restore copying into its pages (its copy landed, failed or was cancelled).
+    pub(crate) fn take_loading(&mut self) -> Option<Loading> {
+        self.running_mut()?.loading.take()
+    }
+
+    /// Its capacity wait, mutably: `Error::Internal` unless it restores (only a restoring request waits).
+    pub(crate) fn capacity_wait_mut(&mut self) -> Result<&mut Option<CapacityWait>> {
+        let id = self.spec.id;
+        match &mut self.phase {
+            Phase::Restoring(restoring) => Ok(&mut restoring.wait),
+            phase => Err(Error::internal(format!(
+                "{id} waits for capacity while {:?}",
+                phase.kind()
+            ))),
+        }
+    }
+
+    /// Its restoring phase's data, while it restores.
+    pub(crate) fn restoring_mut(&mut self) -> Option<&mut Restoring> {
+        match &mut self.phase {
+            Phase::Restoring(restoring) => Some(restoring),
+            _ => None,
+        }
+    }
+
+    /// Its running phase's data, while it runs.
+    pub(crate) fn running_mut(&mut self) -> Option<&mut Running> {
+        match &mut self.phase {
+            Phase::Running(running) => Some(running),
+            _ => None,
+        }
+    }
+
+    /// Its waiting phase's data, while it waits.
+    pub(crate) fn waiting_mut(&mut self) -> Option<&mut Waiting> {
+        match &mut self.phase {
+            Phase::Waiting(waiting) => Some(waiting),
+            _ => None,
+        }
     }
 
     /// Tokens `[first_pos, first_pos + n)` (fewer if the request holds fewer).

@@ -46,6 +46,7 @@ use admission::WaitingQueue;
 use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
+use super::report::RequestPhase;
 use super::req::{Phase, Req, Restore};
 use crate::error::{Error, Result};
 
@@ -171,14 +172,34 @@ impl RequestTable {
     }
 
     /// Moves `id` to phase `to`: out of the container its phase names, into the one `to` names (its place
-    /// in the order for queues, the back for the running list and the resume queue). An edge the lifecycle
-    /// does not have is `Error::Internal`, and nothing changes.
-    pub(crate) fn move_to(&mut self, id: RequestId, to: Phase) -> Result<()> {
+    /// in the order for queues, the back for the running list and the resume queue). A move within a phase
+    /// (a re-queue) keeps the phase's data; a move to another phase enters it with none (`move_to_phase`
+    /// enters it with data). An edge the lifecycle does not have is `Error::Internal`, and nothing changes.
+    pub(crate) fn move_to(&mut self, id: RequestId, to: RequestPhase) -> Result<()> {
         let from = self
             .reqs
             .get(&id)
             .ok_or_else(|| Error::internal(format!("{id} moves to {to:?} but is not live")))?
-            .phase;
+            .phase
+            .kind();
+        if from == to {
+            return self.requeue(id, to);
+        }
+        self.move_to_phase(id, Phase::entered(to))
+    }
+
+    /// `move_to`, entering phase `to` with its data.
+    pub(crate) fn move_to_phase(&mut self, id: RequestId, to: Phase) -> Result<()> {
+        let kind = to.kind();
+        self.requeue(id, kind)?;
+        self.get_mut(id)?.phase = to;
+        Ok(())
+    }
+
+    /// Takes `id` out of its container and puts it into the one phase `to` names, checking the edge; the
+    /// caller sets the phase.
+    fn requeue(&mut self, id: RequestId, to: RequestPhase) -> Result<()> {
+        let from = self.get(id)?.phase.kind();
         if !edge_exists(from, to) {
             return Err(Error::internal(format!(
                 "{id} cannot move from {from:?} to {to:?}"
@@ -188,27 +209,26 @@ impl RequestTable {
         let req = self.get(id)?;
         let order = req.order;
         match to {
-            Phase::Arriving => {
+            RequestPhase::Arriving => {
                 self.arriving.insert(req.arrival_key, id);
             }
-            Phase::Waiting => {
+            RequestPhase::Waiting => {
                 self.waiting.insert(order, id);
             }
-            Phase::Restoring => {
+            RequestPhase::Restoring => {
                 self.restoring.insert(order, id);
             }
-            Phase::Ready if whole_prompt_with_logits(req) => {
+            RequestPhase::Ready if whole_prompt_with_logits(req) => {
                 // Its own isolated step admits it (Q4), not the admission walk.
                 self.ready_logits.insert(order, id);
             }
-            Phase::Ready => {
+            RequestPhase::Ready => {
                 self.ready.insert(order, id);
             }
-            Phase::Running => self.running.push(id),
-            Phase::Resuming => self.resuming.push_back(id),
-            Phase::Paused => {}
+            RequestPhase::Running => self.running.push(id),
+            RequestPhase::Resuming => self.resuming.push_back(id),
+            RequestPhase::Paused => {}
         }
-        self.get_mut(id)?.phase = to;
         Ok(())
     }
 
@@ -219,23 +239,23 @@ impl RequestTable {
             return;
         };
         let order = req.order;
-        match req.phase {
-            Phase::Arriving => {
+        match req.phase.kind() {
+            RequestPhase::Arriving => {
                 self.arriving.remove(&req.arrival_key);
             }
-            Phase::Waiting => {
+            RequestPhase::Waiting => {
                 self.waiting.remove(&order);
             }
-            Phase::Restoring => {
+            RequestPhase::Restoring => {
                 self.restoring.remove(&order);
             }
-            Phase::Ready => {
+            RequestPhase::Ready => {
                 self.ready.remove(&order);
                 self.ready_logits.remove(&order);
             }
-            Phase::Running => self.running.retain(|running| *running != id),
-            Phase::Resuming => self.resuming.retain(|resuming| *resuming != id),
-            Phase::Paused => {}
+            RequestPhase::Running => self.running.retain(|running| *running != id),
+            RequestPhase::Resuming => self.resuming.retain(|resuming| *resuming != id),
+            RequestPhase::Paused => {}
         }
     }
 
@@ -244,12 +264,12 @@ impl RequestTable {
         let broken = |invariant: String| Err(Error::internal(invariant));
         let mut in_containers = 0usize;
         let mut expect =
-            |id: RequestId, phase: Phase, order: Option<AdmissionOrder>, what: &str| {
+            |id: RequestId, phase: RequestPhase, order: Option<AdmissionOrder>, what: &str| {
                 in_containers += 1;
                 match self.reqs.get(&id) {
-                    Some(req) if req.phase != phase => broken(format!(
+                    Some(req) if req.phase.kind() != phase => broken(format!(
                         "{id} is {:?} but in the {what} container",
-                        req.phase
+                        req.phase.kind()
                     )),
                     Some(req) if order.is_some_and(|order| order != req.order) => {
                         broken(format!("{id}'s {what} key drifted"))
@@ -259,30 +279,30 @@ impl RequestTable {
                 }
             };
         for id in self.arriving.values() {
-            expect(*id, Phase::Arriving, None, "arriving")?;
+            expect(*id, RequestPhase::Arriving, None, "arriving")?;
         }
         for (order, id) in self.waiting.iter() {
-            expect(id, Phase::Waiting, Some(order), "waiting queue")?;
+            expect(id, RequestPhase::Waiting, Some(order), "waiting queue")?;
         }
         for (order, id) in self.ready.iter() {
-            expect(id, Phase::Ready, Some(order), "ready queue")?;
+            expect(id, RequestPhase::Ready, Some(order), "ready queue")?;
         }
         for (order, id) in &self.ready_logits {
-            expect(*id, Phase::Ready, Some(*order), "ready-logits")?;
+            expect(*id, RequestPhase::Ready, Some(*order), "ready-logits")?;
         }
         for (order, id) in &self.restoring {
-            expect(*id, Phase::Restoring, Some(*order), "restoring")?;
+            expect(*id, RequestPhase::Restoring, Some(*order), "restoring")?;
         }
         for id in &self.running {
-            expect(*id, Phase::Running, None, "running")?;
+            expect(*id, RequestPhase::Running, None, "running")?;
         }
         for id in &self.resuming {
-            expect(*id, Phase::Resuming, None, "resuming")?;
+            expect(*id, RequestPhase::Resuming, None, "resuming")?;
         }
         let n_paused = self
             .reqs
             .values()
-            .filter(|req| req.phase == Phase::Paused)
+            .filter(|req| req.phase.kind() == RequestPhase::Paused)
             .count();
         if in_containers + n_paused != self.reqs.len() {
             return broken(format!(
@@ -307,8 +327,8 @@ fn whole_prompt_with_logits(req: &Req) -> bool {
 
 /// The lifecycle's edges (same-phase moves re-queue a request at its place: a retried lookup, a request
 /// the admission walk put back).
-fn edge_exists(from: Phase, to: Phase) -> bool {
-    use Phase::{Arriving, Paused, Ready, Restoring, Resuming, Running, Waiting};
+fn edge_exists(from: RequestPhase, to: RequestPhase) -> bool {
+    use RequestPhase::{Arriving, Paused, Ready, Restoring, Resuming, Running, Waiting};
     matches!(
         (from, to),
         (Arriving, Waiting | Restoring)
