@@ -679,23 +679,6 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// The restore recomputes: release what it holds, record why, and queue it as an ordinary request.
-    fn fall_back(
-        &mut self,
-        id: RequestId,
-        reason: FallbackReason,
-        report: &mut StepReport,
-    ) -> Result<()> {
-        self.end_wait(id);
-        debug_assert!(
-            self.restores.index.state(id).is_none(),
-            "fallback of {id} with an import in the index"
-        );
-        self.release_ticket(id);
-        report.fallbacks.push((id, reason));
-        self.enqueue_waiting(id, Some(reason))
-    }
-
     /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2).
     pub(crate) fn poll_imports(&mut self, report: &mut StepReport) -> Result<()> {
         let events =
@@ -823,10 +806,7 @@ impl<E: Executor> Engine<E> {
                 garbage.extend(table.into_iter().filter(|page| !page.is_null()));
             }
             req.window_credit_pages.clear();
-            req.copy_on_write = false;
-            req.draft_replay_tokens = 0;
-            req.replay_page = false;
-            req.n_computed = hits as u32 * block_tokens;
+            req.forget_copy(hits as u32 * block_tokens);
             req.metrics.prompt_tokens_restored = 0;
             req.metrics.restored = false;
             req.fall_back(reason);

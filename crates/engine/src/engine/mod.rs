@@ -22,6 +22,7 @@ mod drafts;
 mod groups;
 mod invariants;
 mod kv_events;
+mod lifecycle;
 mod pages;
 mod parts;
 mod recompute;
@@ -208,30 +209,6 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Cancels a live request at any point: waiting, restoring (slot and credits released at once; pages of a
-    /// copying import drain first, O5), ready (ownership released, O6), running or paused.
-    pub fn cancel(&mut self, id: RequestId) -> Result<()> {
-        let Some(req) = self.table.find(id) else {
-            return Err(Error::UnknownRequest { request: id });
-        };
-        let phase = req.phase.kind();
-        self.table.leave_container(id);
-        match phase {
-            RequestPhase::Arriving => {}
-            RequestPhase::Waiting | RequestPhase::Restoring | RequestPhase::Ready => {
-                self.drop_restore(id)?;
-            }
-            RequestPhase::Running | RequestPhase::Paused | RequestPhase::Resuming => {
-                self.cancel_loading(id)?;
-                self.release_ticket(id);
-                self.free_request_pages(id)?;
-            }
-        }
-        self.end_wait(id);
-        self.retire(id, true);
-        Ok(())
-    }
-
     /// Gives a paused streaming session more input and a new output cap; it resumes ahead of the admission
     /// gate (Q7).
     pub fn resume(&mut self, id: RequestId, input: &[u32], max_output_tokens: u32) -> Result<()> {
@@ -268,9 +245,7 @@ impl<E: Executor> Engine<E> {
         if req.phase.kind() != RequestPhase::Paused {
             return Err(Error::NotPaused { request: id });
         }
-        self.free_request_pages(id)?;
-        self.retire(id, false);
-        Ok(())
+        self.finish(id)
     }
 
     /// Pages a request of `tokens` tokens (prompt, output and draft lookahead) holds on each rank at its last
@@ -342,7 +317,6 @@ impl<E: Executor> Engine<E> {
         for id in with_imports {
             let had_import = matches!(self.table.get(id)?.restore, Restore::Importing { .. });
             self.drop_restore(id)?;
-            self.end_wait(id);
             self.enqueue_waiting(id, had_import.then_some(FallbackReason::Reset))?;
             if had_import {
                 self.scratch
@@ -515,27 +489,6 @@ impl<E: Executor> Engine<E> {
     /// stops the run on any mismatch, generates one after submit).
     pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
         self.table.get_mut(id)?.tokens.materialize(id)
-    }
-
-    /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it
-    /// (a ticket whose prompt ended in the step it finished, a waiter) is released: release is idempotent.
-    fn retire(&mut self, id: RequestId, cancelled: bool) {
-        self.table.leave_container(id);
-        self.release_ticket(id);
-        self.note_progress();
-        let Some(mut req) = self.table.remove(id) else {
-            return;
-        };
-        req.metrics.finished = Some(self.time.now);
-        req.metrics.lookups = req.lookups;
-        req.metrics.cancelled = cancelled;
-        self.tally.done.push(req.metrics.clone());
-        self.tally.finished.push(FinishedRequest {
-            id,
-            output: req.output,
-            cancelled,
-            metrics: req.metrics,
-        });
     }
 }
 

@@ -387,6 +387,15 @@ impl Req {
         }
     }
 
+    /// Forgets what a restore's copy brought into its pages (the copy failed or was cancelled, or the pages
+    /// are freed): no copy on write of them, no draft replay; it has computed `n_computed` tokens.
+    pub(crate) fn forget_copy(&mut self, n_computed: u32) {
+        self.copy_on_write = false;
+        self.draft_replay_tokens = 0;
+        self.replay_page = false;
+        self.n_computed = n_computed;
+    }
+
     /// Its restoring phase's data, while it restores.
     pub(crate) fn restoring_mut(&mut self) -> Option<&mut Restoring> {
         match &mut self.phase {

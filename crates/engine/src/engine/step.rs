@@ -595,9 +595,7 @@ impl<E: Executor> Engine<E> {
             self.register_blocks(id)?;
             return Ok(());
         }
-        self.free_request_pages(id)?;
-        self.retire(id, false);
-        Ok(())
+        self.finish(id)
     }
 
     /// When something happens by itself next: an arrival, a copy completion, a capture reaching the store, a
