@@ -4,14 +4,15 @@
 //!
 //! What each policy does and who owns an import's pages at each stage: `restore_policy/mod.rs`.
 //!
-//! Layout: this file holds the `Engine` type and the request API (submit, cancel, resume, reset);
-//! `builder.rs` its construction (`Engine::builder`, the one way); `parts.rs` its smaller owned parts;
-//! `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator; `pages.rs`
-//! page-level work; `req.rs` a live request; `table.rs` the live requests and the lifecycle's edges
-//! (`RequestTable::move_to`); `report.rs` `StepReport`, `RequestView` and the read-only accessors;
-//! `invariants.rs` `check_invariants` and the leak count; `capture_link.rs` the captures on their way to the
-//! store; `clock.rs` the injected clock; `groups.rs` the cache groups' plan; `drafts.rs` what a decode with
-//! draft tokens yields; `recompute.rs` E3 verification by recompute.
+//! Layout: this file holds the `Engine` type and the request API (submit, resume, reset); `builder.rs` its
+//! construction (`Engine::builder`, the one way); `parts.rs` its smaller owned parts; `step.rs` the step loop;
+//! `admit.rs` admission; `coordinator.rs` the restore coordinator; `pages.rs` page-level work; `req.rs` a live
+//! request and its phase's data; `table.rs` the live requests and their containers (`RequestTable::move_to`);
+//! `lifecycle.rs` the lifecycle's edges (`cancel`, `finish`, `preempt`, `fall_back`, ...), each doing its side
+//! effects once; `report.rs` `StepReport`, `RequestView` and the read-only accessors; `invariants.rs`
+//! `check_invariants` and the leak count; `capture_link.rs` the captures on their way to the store; `clock.rs`
+//! the injected clock; `groups.rs` the cache groups' plan; `drafts.rs` what a decode with draft tokens yields;
+//! `recompute.rs` E3 verification by recompute.
 
 mod admit;
 mod builder;

@@ -4,7 +4,10 @@
 //! moves what it took). Together with `check_containers` (every live request is in exactly the container its
 //! phase names) this makes a forgotten container an immediate internal error instead of a stray request found
 //! many steps later. A request the engine's state names but the table does not hold is `Error::Internal`, never
-//! a panic.
+//! a panic. A `Phase` carries the data of that phase alone (`req.rs`): a waiting request's published pages-only
+//! import (`Waiting::published`), a restoring one's capacity wait (`Restoring::wait`), a running one's loading
+//! copy (`Running::loading`); leaving the phase drops it, a move within it (a re-queue) keeps it. The edges
+//! that release what a request holds are named functions in `lifecycle.rs`.
 //!
 //! ```text
 //!              submit
@@ -31,12 +34,12 @@
 //! | `Phase` (`RequestPhase`) | `Restore` (engine)         | `TicketState` (ledger, `reserved`) | `ImportState` (index)   |
 //! |--------------------|----------------------------|------------------------------------|-------------------------|
 //! | Arriving           | Idle                       | none                               | none                    |
-//! | Restoring          | Lookup / Answered          | none, or a capacity waiter         | none                    |
+//! | Restoring          | Lookup / Answered          | none, or a capacity waiter (`Restoring::wait`) | none        |
 //! | Restoring          | Importing                  | Importing                          | Staged                  |
 //! | Ready              | Importing                  | Ready                              | Published               |
-//! | Waiting            | Idle (or Answered, ordinary)| none                              | none                    |
+//! | Waiting            | Idle (or Answered, ordinary; `Waiting::published`, pages-only) | none | none           |
 //! | Running            | Idle                       | Admitted until the prompt is computed, then none | none (acquired) |
-//! | Running (ordinary, restore at once) | Idle (`Req::loading`) | none                 | Staged, then released   |
+//! | Running (ordinary, restore at once) | Idle (`Running::loading`) | none             | Staged, then released   |
 //! | Paused / Resuming  | Idle                       | none                               | none                    |
 //! | gone (cancelled while copying) | -              | none (slot and credits released)   | Cancelled until drained |
 
