@@ -12,7 +12,7 @@ use kv_pool::RequestId;
 
 use super::groups::RestoreBoundary;
 use super::report::RequestPhase;
-use super::req::{Loading, Phase, Published, Restore, Running};
+use super::req::{Loading, Phase, Published, Restore};
 use super::step::{Plan, Work};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
@@ -377,9 +377,7 @@ impl<E: Executor> Engine<E> {
         let req = self.table.get_mut(id)?;
         // Hits on the pages its pages-only import published (and not evicted since) were restored; sorted,
         // so that a long prompt's count is not its hits times its published pages.
-        let published = req
-            .waiting_mut()
-            .and_then(|waiting| waiting.published.take());
+        let published = req.take_published();
         let was_published = published.is_some();
         let restored = if let Some(Published {
             pages: mut published,
@@ -451,10 +449,7 @@ impl<E: Executor> Engine<E> {
     ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = self.table.get_mut(id)?;
-        let was_published = req
-            .waiting_mut()
-            .and_then(|waiting| waiting.published.take())
-            .is_some();
+        let was_published = req.take_published().is_some();
         if hits.is_empty() && was_published {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report
@@ -549,8 +544,7 @@ impl<E: Executor> Engine<E> {
             first_block,
             tokens,
         });
-        self.table
-            .move_to_phase(id, Phase::Running(Running { loading }))?;
+        self.table.move_to_phase(id, Phase::Running { loading })?;
         report.admitted.push(id);
         Ok(true)
     }

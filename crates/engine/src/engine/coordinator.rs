@@ -17,7 +17,7 @@ use reservation::{ErrorKind, Preflight, RestoreSpec};
 
 use super::groups::RestoreBoundary;
 use super::report::RequestPhase;
-use super::req::{CapacityWait, Phase, Published, Refused, Req, Restore, Waiting};
+use super::req::{CapacityWait, Phase, Published, Refused, Req, Restore};
 use super::restore_policy::{Publication, Refusal, Reservation, ReserveAsk};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
@@ -783,8 +783,7 @@ impl<E: Executor> Engine<E> {
                 pages: published,
                 tokens,
             });
-            self.table
-                .move_to_phase(id, Phase::Waiting(Waiting { published }))?;
+            self.table.move_to_phase(id, Phase::Waiting { published })?;
         }
         Ok(())
     }

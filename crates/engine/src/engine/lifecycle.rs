@@ -219,9 +219,8 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn end_wait(&mut self, id: RequestId) {
         let now = self.time.now;
         if let Some(req) = self.table.find_mut(id)
-            && let Some(wait) = req
-                .restoring_mut()
-                .and_then(|restoring| restoring.wait.take())
+            && req.capacity_wait().is_some()
+            && let Some(wait) = req.capacity_wait_mut().ok().and_then(Option::take)
         {
             let waited_s = now.since(wait.started).as_secs_f64();
             req.metrics.longest_capacity_wait_s = req.metrics.longest_capacity_wait_s.max(waited_s);

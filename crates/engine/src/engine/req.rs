@@ -28,10 +28,19 @@ use super::report::RequestPhase;
 #[derive(Debug)]
 pub(crate) enum Phase {
     Arriving,
-    Waiting(Waiting),
-    Restoring(Restoring),
+    Waiting {
+        /// The pages-only import published for it (unowned), to count restored hits at admission.
+        published: Option<Published>,
+    },
+    Restoring {
+        /// Its capacity wait, from its first reservation refused for pressure until it reserves or gives up.
+        wait: Option<CapacityWait>,
+    },
     Ready,
-    Running(Running),
+    Running {
+        /// An `ordinary` restore copying into its pages: it is not scheduled until then.
+        loading: Option<Loading>,
+    },
     Paused,
     Resuming,
 }
@@ -41,34 +50,14 @@ impl Phase {
     pub(crate) fn kind(&self) -> RequestPhase {
         match self {
             Phase::Arriving => RequestPhase::Arriving,
-            Phase::Waiting(_) => RequestPhase::Waiting,
-            Phase::Restoring(_) => RequestPhase::Restoring,
+            Phase::Waiting { .. } => RequestPhase::Waiting,
+            Phase::Restoring { .. } => RequestPhase::Restoring,
             Phase::Ready => RequestPhase::Ready,
-            Phase::Running(_) => RequestPhase::Running,
+            Phase::Running { .. } => RequestPhase::Running,
             Phase::Paused => RequestPhase::Paused,
             Phase::Resuming => RequestPhase::Resuming,
         }
     }
-
-    /// A phase of kind `kind` with no data of its own yet.
-    pub(crate) fn entered(kind: RequestPhase) -> Phase {
-        match kind {
-            RequestPhase::Arriving => Phase::Arriving,
-            RequestPhase::Waiting => Phase::Waiting(Waiting::default()),
-            RequestPhase::Restoring => Phase::Restoring(Restoring::default()),
-            RequestPhase::Ready => Phase::Ready,
-            RequestPhase::Running => Phase::Running(Running::default()),
-            RequestPhase::Paused => Phase::Paused,
-            RequestPhase::Resuming => Phase::Resuming,
-        }
-    }
-}
-
-/// A waiting request's own data.
-#[derive(Debug, Default)]
-pub(crate) struct Waiting {
-    /// The pages-only import published for it (unowned), to count restored hits at admission.
-    pub(crate) published: Option<Published>,
 }
 
 /// The pages a pages-only import published for a waiting request: evictable cached pages, found again at
@@ -81,25 +70,11 @@ pub(crate) struct Published {
     pub(crate) tokens: u32,
 }
 
-/// A restoring request's own data.
-#[derive(Debug, Default)]
-pub(crate) struct Restoring {
-    /// Its capacity wait, from its first reservation refused for pressure until it reserves or gives up.
-    pub(crate) wait: Option<CapacityWait>,
-}
-
 /// A capacity wait (G5): when it started, and when it was last logged.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct CapacityWait {
     pub(crate) started: Timestamp,
     pub(crate) logged: Timestamp,
-}
-
-/// A running request's own data.
-#[derive(Debug, Default)]
-pub(crate) struct Running {
-    /// An `ordinary` restore copying into its pages: it is not scheduled until then.
-    pub(crate) loading: Option<Loading>,
 }
 
 /// What the coordinator knows about a request's restore.
@@ -349,7 +324,7 @@ impl Req {
     /// The ordinary restore copying into its pages, while it runs.
     pub(crate) fn loading(&self) -> Option<&Loading> {
         match &self.phase {
-            Phase::Running(running) => running.loading.as_ref(),
+            Phase::Running { loading } => loading.as_ref(),
             _ => None,
         }
     }
@@ -357,7 +332,7 @@ impl Req {
     /// Its capacity wait, while it restores.
     pub(crate) fn capacity_wait(&self) -> Option<CapacityWait> {
         match &self.phase {
-            Phase::Restoring(restoring) => restoring.wait,
+            Phase::Restoring { wait } => *wait,
             _ => None,
         }
     }
@@ -365,26 +340,37 @@ impl Req {
     /// The pages-only import published for it, while it waits.
     pub(crate) fn published(&self) -> Option<&Published> {
         match &self.phase {
-            Phase::Waiting(waiting) => waiting.published.as_ref(),
+            Phase::Waiting { published } => published.as_ref(),
             _ => None,
         }
     }
 
     /// Takes the ordinary restore copying into its pages (its copy landed, failed or was cancelled).
     pub(crate) fn take_loading(&mut self) -> Option<Loading> {
-        self.running_mut()?.loading.take()
+        let Phase::Running { loading } = &mut self.phase else {
+            return None;
+        };
+        loading.take()
     }
 
     /// Its capacity wait, mutably: `Error::Internal` unless it restores (only a restoring request waits).
     pub(crate) fn capacity_wait_mut(&mut self) -> Result<&mut Option<CapacityWait>> {
         let id = self.spec.id;
         match &mut self.phase {
-            Phase::Restoring(restoring) => Ok(&mut restoring.wait),
+            Phase::Restoring { wait } => Ok(wait),
             phase => Err(Error::internal(format!(
                 "{id} waits for capacity while {:?}",
                 phase.kind()
             ))),
         }
+    }
+
+    /// Takes the pages-only import published for it (it is admitted).
+    pub(crate) fn take_published(&mut self) -> Option<Published> {
+        let Phase::Waiting { published } = &mut self.phase else {
+            return None;
+        };
+        published.take()
     }
 
     /// Forgets what a restore's copy brought into its pages (the copy failed or was cancelled, or the pages
@@ -394,30 +380,6 @@ impl Req {
         self.draft_replay_tokens = 0;
         self.replay_page = false;
         self.n_computed = n_computed;
-    }
-
-    /// Its restoring phase's data, while it restores.
-    pub(crate) fn restoring_mut(&mut self) -> Option<&mut Restoring> {
-        match &mut self.phase {
-            Phase::Restoring(restoring) => Some(restoring),
-            _ => None,
-        }
-    }
-
-    /// Its running phase's data, while it runs.
-    pub(crate) fn running_mut(&mut self) -> Option<&mut Running> {
-        match &mut self.phase {
-            Phase::Running(running) => Some(running),
-            _ => None,
-        }
-    }
-
-    /// Its waiting phase's data, while it waits.
-    pub(crate) fn waiting_mut(&mut self) -> Option<&mut Waiting> {
-        match &mut self.phase {
-            Phase::Waiting(waiting) => Some(waiting),
-            _ => None,
-        }
     }
 
     /// Tokens `[first_pos, first_pos + n)` (fewer if the request holds fewer).

@@ -3,11 +3,11 @@
 //! phase or a container's membership (the admission walk pops the heads of `waiting` and `ready` itself, then
 //! moves what it took). Together with `check_containers` (every live request is in exactly the container its
 //! phase names) this makes a forgotten container an immediate internal error instead of a stray request found
-//! many steps later. A request the engine's state names but the table does not hold is `Error::Internal`, never
-//! a panic. A `Phase` carries the data of that phase alone (`req.rs`): a waiting request's published pages-only
-//! import (`Waiting::published`), a restoring one's capacity wait (`Restoring::wait`), a running one's loading
-//! copy (`Running::loading`); leaving the phase drops it, a move within it (a re-queue) keeps it. The edges
-//! that release what a request holds are named functions in `lifecycle.rs`.
+//! many steps later. A request the engine's state names but the table does not hold is `Error::Internal`,
+//! never a panic. A `Phase` carries the data of that phase alone (`req.rs`): a waiting request's published
+//! pages-only import (`published`), a restoring one's capacity wait (`wait`), a running one's loading copy
+//! (`loading`); leaving the phase drops it, a move within it (a re-queue) keeps it. The edges that release
+//! what a request holds are named functions in `lifecycle.rs`.
 //!
 //! ```text
 //!              submit
@@ -26,7 +26,7 @@
 //!  preempt      | stream answer ends                          |
 //!  (or to       '---------------------------------------> Paused
 //!  Restoring)
-//! any phase -> gone: finished, cancelled, rejected (retire)
+//! any phase -> gone: finished, cancelled (`finish`, `cancel`: lifecycle.rs)
 //! ```
 //!
 //! Glossary, the four state machines side by side:
@@ -34,12 +34,12 @@
 //! | `Phase` (`RequestPhase`) | `Restore` (engine)         | `TicketState` (ledger, `reserved`) | `ImportState` (index)   |
 //! |--------------------|----------------------------|------------------------------------|-------------------------|
 //! | Arriving           | Idle                       | none                               | none                    |
-//! | Restoring          | Lookup / Answered          | none, or a capacity waiter (`Restoring::wait`) | none        |
+//! | Restoring          | Lookup / Answered          | none, or a capacity waiter (`wait`) | none                   |
 //! | Restoring          | Importing                  | Importing                          | Staged                  |
 //! | Ready              | Importing                  | Ready                              | Published               |
-//! | Waiting            | Idle (or Answered, ordinary; `Waiting::published`, pages-only) | none | none           |
+//! | Waiting            | Idle (or Answered, ordinary); `published` (pages-only) | none | none             |
 //! | Running            | Idle                       | Admitted until the prompt is computed, then none | none (acquired) |
-//! | Running (ordinary, restore at once) | Idle (`Running::loading`) | none             | Staged, then released   |
+//! | Running (ordinary, restore at once) | Idle (`loading`)   | none                        | Staged, then released   |
 //! | Paused / Resuming  | Idle                       | none                               | none                    |
 //! | gone (cancelled while copying) | -              | none (slot and credits released)   | Cancelled until drained |
 
@@ -185,23 +185,23 @@ impl RequestTable {
             .ok_or_else(|| Error::internal(format!("{id} moves to {to:?} but is not live")))?
             .phase
             .kind();
-        if from == to {
-            return self.requeue(id, to);
+        let entered = self.requeue(id, to)?;
+        if from != to {
+            self.get_mut(id)?.phase = entered;
         }
-        self.move_to_phase(id, Phase::entered(to))
+        Ok(())
     }
 
     /// `move_to`, entering phase `to` with its data.
     pub(crate) fn move_to_phase(&mut self, id: RequestId, to: Phase) -> Result<()> {
-        let kind = to.kind();
-        self.requeue(id, kind)?;
+        let _empty = self.requeue(id, to.kind())?;
         self.get_mut(id)?.phase = to;
         Ok(())
     }
 
-    /// Takes `id` out of its container and puts it into the one phase `to` names, checking the edge; the
-    /// caller sets the phase.
-    fn requeue(&mut self, id: RequestId, to: RequestPhase) -> Result<()> {
+    /// Takes `id` out of its container and puts it into the one phase `to` names, checking the edge: the
+    /// phase `to` with no data of its own yet, which the caller sets or drops.
+    fn requeue(&mut self, id: RequestId, to: RequestPhase) -> Result<Phase> {
         let from = self.get(id)?.phase.kind();
         if !edge_exists(from, to) {
             return Err(Error::internal(format!(
@@ -211,28 +211,38 @@ impl RequestTable {
         self.leave_container(id);
         let req = self.get(id)?;
         let order = req.order;
-        match to {
+        Ok(match to {
             RequestPhase::Arriving => {
                 self.arriving.insert(req.arrival_key, id);
+                Phase::Arriving
             }
             RequestPhase::Waiting => {
                 self.waiting.insert(order, id);
+                Phase::Waiting { published: None }
             }
             RequestPhase::Restoring => {
                 self.restoring.insert(order, id);
-            }
-            RequestPhase::Ready if whole_prompt_with_logits(req) => {
-                // Its own isolated step admits it (Q4), not the admission walk.
-                self.ready_logits.insert(order, id);
+                Phase::Restoring { wait: None }
             }
             RequestPhase::Ready => {
-                self.ready.insert(order, id);
+                if whole_prompt_with_logits(req) {
+                    // Its own isolated step admits it (Q4), not the admission walk.
+                    self.ready_logits.insert(order, id);
+                } else {
+                    self.ready.insert(order, id);
+                }
+                Phase::Ready
             }
-            RequestPhase::Running => self.running.push(id),
-            RequestPhase::Resuming => self.resuming.push_back(id),
-            RequestPhase::Paused => {}
-        }
-        Ok(())
+            RequestPhase::Running => {
+                self.running.push(id);
+                Phase::Running { loading: None }
+            }
+            RequestPhase::Resuming => {
+                self.resuming.push_back(id);
+                Phase::Resuming
+            }
+            RequestPhase::Paused => Phase::Paused,
+        })
     }
 
     /// Takes `id` out of whatever container its phase names (idempotent: a queue the admission walk already
@@ -342,4 +352,66 @@ fn edge_exists(from: RequestPhase, to: RequestPhase) -> bool {
             | (Paused, Resuming)
             | (Resuming, Running)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use kv_pool::{RequestId, Timestamp};
+
+    use super::super::req::{CapacityWait, Req};
+    use super::super::tokens::Tokens;
+    use super::{RequestPhase, RequestTable};
+    use crate::error::Error;
+    use crate::request::RequestSpec;
+
+    const ID: RequestId = RequestId(1);
+
+    fn table() -> RequestTable {
+        let prompt = vec![1, 2, 3];
+        let spec = RequestSpec::new(ID.0, prompt.clone(), 1, Timestamp::ZERO);
+        let mut table = RequestTable::default();
+        table.enter(Req::new(
+            spec,
+            Vec::new(),
+            Tokens::held(prompt),
+            0,
+            Timestamp::ZERO,
+        ));
+        table
+    }
+
+    /// A re-queue within a phase (a retried lookup) keeps the phase's data; leaving the phase drops it.
+    #[test]
+    fn a_requeue_keeps_its_phase_data_and_leaving_the_phase_drops_it() -> crate::error::Result<()> {
+        let mut table = table();
+        table.move_to(ID, RequestPhase::Restoring)?;
+        *table.get_mut(ID)?.capacity_wait_mut()? = Some(CapacityWait {
+            started: Timestamp::ZERO,
+            logged: Timestamp::ZERO,
+        });
+        table.move_to(ID, RequestPhase::Restoring)?;
+        assert!(table.get(ID)?.capacity_wait().is_some());
+        table.check_containers()?;
+        table.move_to(ID, RequestPhase::Waiting)?;
+        assert!(table.get(ID)?.capacity_wait().is_none());
+        assert!(matches!(
+            table.get_mut(ID)?.capacity_wait_mut(),
+            Err(Error::Internal { .. })
+        ));
+        table.check_containers()
+    }
+
+    /// An edge the lifecycle does not have is an internal error, and the request stays where it was.
+    #[test]
+    fn an_edge_the_lifecycle_lacks_is_an_internal_error_and_changes_nothing()
+    -> crate::error::Result<()> {
+        let mut table = table();
+        table.move_to(ID, RequestPhase::Waiting)?;
+        assert!(matches!(
+            table.move_to(ID, RequestPhase::Paused),
+            Err(Error::Internal { .. })
+        ));
+        assert_eq!(table.get(ID)?.phase.kind(), RequestPhase::Waiting);
+        table.check_containers()
+    }
 }
