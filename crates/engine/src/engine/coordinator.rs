@@ -81,7 +81,7 @@ impl<E: Executor> Engine<E> {
 
     /// Sends a store lookup for `id`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
     /// (nothing changed) when it is spent. Every path that asks the store goes through here.
-    fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
+    pub(crate) fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
         let (now, latency) = (self.time.now, self.params.lookup_latency);
         let req = self.table.get_mut(id)?;
         if req.lookups >= RESTORE_LOOKUPS_MAX {
@@ -465,7 +465,6 @@ impl<E: Executor> Engine<E> {
             // reservation: no copy ever received the ticket's pages, so the release frees them at once, and
             // the request looks up again.
             tracing::debug!(request = %id, "checkpoint lost after its reservation: ticket released");
-            self.release_ticket(id);
             self.retry_lookup(id, tokens + 1, FallbackReason::NotInStore, report)?;
             return Ok(());
         };
@@ -665,20 +664,6 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Looks up again (a shorter checkpoint below `limit_tokens`) within the lookup budget (O7), or recomputes.
-    fn retry_lookup(
-        &mut self,
-        id: RequestId,
-        limit_tokens: u32,
-        reason: FallbackReason,
-        report: &mut StepReport,
-    ) -> Result<()> {
-        if !self.send_lookup(id, limit_tokens)? {
-            self.fall_back(id, reason, report)?;
-        }
-        Ok(())
-    }
-
     /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2).
     pub(crate) fn poll_imports(&mut self, report: &mut StepReport) -> Result<()> {
         let events =
@@ -818,7 +803,6 @@ impl<E: Executor> Engine<E> {
                 "{id}: a failed import of no importing restore"
             )));
         };
-        self.release_ticket(id);
         self.retry_lookup(id, tokens, reason, report)?;
         Ok(())
     }

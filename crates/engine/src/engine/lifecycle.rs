@@ -6,6 +6,7 @@
 //! |------|------|----|------------------|
 //! | `enqueue_waiting` | any but Paused | Waiting | its capacity wait; a fallback's restore state |
 //! | `fall_back` | Restoring | Waiting | its ticket or waiter, its capacity wait |
+//! | `retry_lookup` | Restoring | Restoring, or Waiting (`fall_back`) | its ticket |
 //! | `drop_restore` | Waiting, Restoring, Ready | (same) | its ticket or waiter, its import (drained first, O5) |
 //! | `preempt`, `preempt_for_reset` | Running | Restoring or Waiting | a loading copy, its ticket, its pages |
 //! | `cancel` | any | gone | all of the above that it holds, its ticket released once |
@@ -101,11 +102,38 @@ impl<E: Executor> Engine<E> {
         reason: FallbackReason,
         report: &mut StepReport,
     ) -> Result<()> {
+        self.release_ticket(id);
+        self.recompute(id, reason, report)
+    }
+
+    /// A restore whose ticket (if any) ends looks up again (a shorter checkpoint below `limit_tokens`) within
+    /// the lookup budget (O7), or recomputes: its copy failed, or its checkpoint was lost after the
+    /// reservation (G3).
+    pub(crate) fn retry_lookup(
+        &mut self,
+        id: RequestId,
+        limit_tokens: u32,
+        reason: FallbackReason,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        self.release_ticket(id);
+        if !self.send_lookup(id, limit_tokens)? {
+            self.recompute(id, reason, report)?;
+        }
+        Ok(())
+    }
+
+    /// What a fallback does once the ticket is released: record why, and queue it as an ordinary request.
+    fn recompute(
+        &mut self,
+        id: RequestId,
+        reason: FallbackReason,
+        report: &mut StepReport,
+    ) -> Result<()> {
         debug_assert!(
             self.restores.index.state(id).is_none(),
             "fallback of {id} with an import in the index"
         );
-        self.release_ticket(id);
         report.fallbacks.push((id, reason));
         self.enqueue_waiting(id, Some(reason))
     }
