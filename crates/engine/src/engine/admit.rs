@@ -11,7 +11,8 @@ use kv_pool::PageId;
 use kv_pool::RequestId;
 
 use super::groups::RestoreBoundary;
-use super::req::{Loading, Phase, Restore};
+use super::report::RequestPhase;
+use super::req::{Loading, Phase, Published, Restore};
 use super::step::{Plan, Work};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
@@ -145,7 +146,7 @@ impl<E: Executor> Engine<E> {
         plan: &Plan,
         report: &mut StepReport,
     ) -> Result<Candidate> {
-        if self.table.get(id)?.phase == Phase::Ready {
+        if self.table.get(id)?.phase.kind() == RequestPhase::Ready {
             return Ok(Candidate::RestoreReady);
         }
         if plan.budget == 0 {
@@ -169,12 +170,12 @@ impl<E: Executor> Engine<E> {
             && matches!(req.restore, Restore::Idle)
             && req.metrics.fallback.is_none()
             && req.lookups < checkpoint_transfer::RESTORE_LOOKUPS_MAX
-            && req.published_unowned.is_empty()
+            && req.published().is_none()
             && (cold.hits.len() as u32) < req.expected_local_blocks
         {
             self.table.get_mut(id)?.expected_local_blocks = 0;
             self.on_arrival(id)?;
-            if self.table.get(id)?.phase != Phase::Waiting {
+            if self.table.get(id)?.phase.kind() != RequestPhase::Waiting {
                 return Ok(Candidate::Withdrawn);
             }
             // Back at its place as a complete local hit: it is considered as it is now.
@@ -294,10 +295,9 @@ impl<E: Executor> Engine<E> {
     fn hybrid_cold_start(&self, id: RequestId, budget: u32) -> Result<ColdStart> {
         let req = &self.table.get(id)?;
         let hits = self.published_hits(id)?.unwrap_or_default();
-        let start = if hits.is_empty() {
-            0
-        } else {
-            req.published_tokens
+        let start = match req.published() {
+            Some(published) if !hits.is_empty() => published.tokens,
+            _ => 0,
         };
         let chunk = self.prefill_chunk(id, start, budget)?;
         // What its first allocation takes: the tables the published import gives it (or none), grown to the
@@ -329,11 +329,11 @@ impl<E: Executor> Engine<E> {
     /// one is still cached; `None` when one was evicted (or nothing was published).
     fn published_hits(&self, id: RequestId) -> Result<Option<Vec<PageId>>> {
         let req = &self.table.get(id)?;
-        if req.published_unowned.is_empty() {
+        let Some(published) = req.published() else {
             return Ok(None);
-        }
+        };
         Ok(self
-            .published_slot_keys(id)?
+            .published_slot_keys(id, published.tokens)?
             .iter()
             .map(|key| self.pool.lookup(key))
             .collect())
@@ -377,26 +377,30 @@ impl<E: Executor> Engine<E> {
         let req = self.table.get_mut(id)?;
         // Hits on the pages its pages-only import published (and not evicted since) were restored; sorted,
         // so that a long prompt's count is not its hits times its published pages.
-        let restored = if req.published_unowned.is_empty() {
-            0
-        } else {
-            let mut published = req.published_unowned.clone();
+        let published = req.take_published();
+        let was_published = published.is_some();
+        let restored = if let Some(Published {
+            pages: mut published,
+            ..
+        }) = published
+        {
             published.sort_unstable();
             hits.iter()
                 .filter(|page| published.binary_search(page).is_ok())
                 .count() as u32
+        } else {
+            0
         };
         req.record_served(
             (hits.len() as u32 - restored) * block_tokens,
             restored * block_tokens,
         );
-        if restored == 0 && !req.published_unowned.is_empty() {
+        if restored == 0 && was_published {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report
                 .fallbacks
                 .push((id, FallbackReason::EvictedBeforeAdmission));
         }
-        req.published_unowned.clear();
         req.pages = hits;
         req.pages.extend(pages);
         req.n_computed = start;
@@ -418,7 +422,7 @@ impl<E: Executor> Engine<E> {
         plan: &mut Plan,
         report: &mut StepReport,
     ) -> Result<()> {
-        self.table.move_to(id, Phase::Running)?;
+        self.table.move_to(id, RequestPhase::Running)?;
         report.admitted.push(id);
         plan.entries.push((
             id,
@@ -445,14 +449,14 @@ impl<E: Executor> Engine<E> {
     ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = self.table.get_mut(id)?;
-        if hits.is_empty() && !req.published_unowned.is_empty() {
+        let was_published = req.take_published().is_some();
+        if hits.is_empty() && was_published {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report
                 .fallbacks
                 .push((id, FallbackReason::EvictedBeforeAdmission));
         }
         req.record_served(0, start);
-        req.published_unowned.clear();
         let restored = !hits.is_empty();
         self.assign_checkpoint_pages(id, hits, start)?;
         let req = self.table.get_mut(id)?;
@@ -533,14 +537,14 @@ impl<E: Executor> Engine<E> {
         req.copy_on_write = self.groups.restores_copy_on_write();
         req.n_computed = tokens;
         req.n_registered = first_block;
-        req.loading = Some(Loading {
+        req.restore = Restore::Idle;
+        self.begin_draft_replay(id)?;
+        let loading = Some(Loading {
             import,
             first_block,
             tokens,
         });
-        req.restore = Restore::Idle;
-        self.begin_draft_replay(id)?;
-        self.table.move_to(id, Phase::Running)?;
+        self.table.move_to_phase(id, Phase::Running { loading })?;
         report.admitted.push(id);
         Ok(true)
     }
@@ -599,7 +603,7 @@ impl<E: Executor> Engine<E> {
         if restored_tokens > 0 {
             self.begin_draft_replay(id)?;
         }
-        self.table.move_to(id, Phase::Running)?;
+        self.table.move_to(id, RequestPhase::Running)?;
         report.admitted.push(id);
         if full_prompt {
             plan.entries.push((id, Work::LogitsOnly));

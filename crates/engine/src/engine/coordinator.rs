@@ -16,7 +16,8 @@ use kv_pool::{RequestId, Timestamp};
 use reservation::{ErrorKind, Preflight, RestoreSpec};
 
 use super::groups::RestoreBoundary;
-use super::req::{Phase, Refused, Req, Restore};
+use super::report::RequestPhase;
+use super::req::{CapacityWait, Phase, Published, Refused, Req, Restore};
 use super::restore_policy::{Publication, Refusal, Reservation, ReserveAsk};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
@@ -80,7 +81,7 @@ impl<E: Executor> Engine<E> {
 
     /// Sends a store lookup for `id`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
     /// (nothing changed) when it is spent. Every path that asks the store goes through here.
-    fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
+    pub(crate) fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
         let (now, latency) = (self.time.now, self.params.lookup_latency);
         let req = self.table.get_mut(id)?;
         if req.lookups >= RESTORE_LOOKUPS_MAX {
@@ -97,7 +98,7 @@ impl<E: Executor> Engine<E> {
             answer_at: now.after(latency),
             limit_tokens,
         };
-        self.table.move_to(id, Phase::Restoring)?;
+        self.table.move_to(id, RequestPhase::Restoring)?;
         Ok(true)
     }
 
@@ -315,10 +316,10 @@ impl<E: Executor> Engine<E> {
         let max_wait = self.params.restore_max_wait;
         let refresh_after = self.params.lookup_timeout / 2;
         let req = self.table.get_mut(id)?;
-        let Some(started) = req.wait_started else {
+        let Some(CapacityWait { started, logged }) = req.capacity_wait() else {
             return Ok(());
         };
-        let next_log = req.wait_logged.after(WAIT_LOG_INTERVAL);
+        let next_log = logged.after(WAIT_LOG_INTERVAL);
         let request_tokens = req.tokens.len() as u32;
         let prompt_end = req.prompt_end;
         if let Restore::Answered {
@@ -464,7 +465,6 @@ impl<E: Executor> Engine<E> {
             // reservation: no copy ever received the ticket's pages, so the release frees them at once, and
             // the request looks up again.
             tracing::debug!(request = %id, "checkpoint lost after its reservation: ticket released");
-            self.release_ticket(id);
             self.retry_lookup(id, tokens + 1, FallbackReason::NotInStore, report)?;
             return Ok(());
         };
@@ -604,7 +604,11 @@ impl<E: Executor> Engine<E> {
     /// Whether `id`'s capacity wait is over (W1): its ledger waiter expired (with the ledger's one warning),
     /// or, without a ledger (`pages-only`), it has waited `restore_max_wait` since its first refusal.
     fn wait_expired(&mut self, id: RequestId) -> bool {
-        let started = self.table.find(id).and_then(|req| req.wait_started);
+        let started = self
+            .table
+            .find(id)
+            .and_then(Req::capacity_wait)
+            .map(|wait| wait.started);
         self.policy
             .wait_expired(id, self.time.now, started, self.params.restore_max_wait)
     }
@@ -623,22 +627,28 @@ impl<E: Executor> Engine<E> {
             ErrorKind::Pressure => {
                 let max_wait = self.params.restore_max_wait;
                 let req = self.table.get_mut(id)?;
-                match req.wait_started {
+                let wait = req.capacity_wait_mut()?;
+                match *wait {
                     None => {
-                        req.wait_started = Some(now);
-                        req.wait_logged = now;
+                        *wait = Some(CapacityWait {
+                            started: now,
+                            logged: now,
+                        });
                         req.metrics.capacity_waits += 1;
                         self.tally.capacity_waits_started += 1;
                         tracing::info!(request = %id, free_pages = self.pool.n_free(), %message, "restore waits for capacity");
                     }
-                    Some(started) => {
+                    Some(CapacityWait { started, logged }) => {
                         if self.policy.own_wait_over(now.since(started), max_wait) {
                             // pages-only keeps its own bounded wait (no ledger).
                             self.fall_back(id, FallbackReason::WaitExpired, report)?;
                             return Ok(());
                         }
-                        if now.since(req.wait_logged) >= WAIT_LOG_INTERVAL {
-                            req.wait_logged = now;
+                        if now.since(logged) >= WAIT_LOG_INTERVAL {
+                            *wait = Some(CapacityWait {
+                                started,
+                                logged: now,
+                            });
                             tracing::info!(request = %id, waited_s = now.since(started).as_secs_f64(), %message, "restore still waits for capacity");
                         }
                     }
@@ -652,37 +662,6 @@ impl<E: Executor> Engine<E> {
             }
         }
         Ok(())
-    }
-
-    /// Looks up again (a shorter checkpoint below `limit_tokens`) within the lookup budget (O7), or recomputes.
-    fn retry_lookup(
-        &mut self,
-        id: RequestId,
-        limit_tokens: u32,
-        reason: FallbackReason,
-        report: &mut StepReport,
-    ) -> Result<()> {
-        if !self.send_lookup(id, limit_tokens)? {
-            self.fall_back(id, reason, report)?;
-        }
-        Ok(())
-    }
-
-    /// The restore recomputes: release what it holds, record why, and queue it as an ordinary request.
-    fn fall_back(
-        &mut self,
-        id: RequestId,
-        reason: FallbackReason,
-        report: &mut StepReport,
-    ) -> Result<()> {
-        self.end_wait(id);
-        debug_assert!(
-            self.restores.index.state(id).is_none(),
-            "fallback of {id} with an import in the index"
-        );
-        self.release_ticket(id);
-        report.fallbacks.push((id, reason));
-        self.enqueue_waiting(id, Some(reason))
     }
 
     /// Applies copy completions: publication (E3-verified), failures (retry, O7), invalidations (O2).
@@ -742,7 +721,7 @@ impl<E: Executor> Engine<E> {
     /// admitted request already holds the pages; owned: the request is ready; pages-only: evictable
     /// cached pages and the request waits again).
     fn on_published(&mut self, id: RequestId, import: checkpoint_transfer::ImportId) -> Result<()> {
-        let loading = self.table.get(id)?.loading;
+        let loading = self.table.get(id)?.loading().copied();
         let (expected, first_block, tokens) = match (&loading, &self.table.get(id)?.restore) {
             (Some(loading), _) => (loading.import, loading.first_block, loading.tokens),
             (None, &Restore::Importing { import, tokens }) => (import, 0, tokens),
@@ -760,13 +739,13 @@ impl<E: Executor> Engine<E> {
         self.verify_import(id, first_block, tokens)?;
         if loading.is_some() {
             // ordinary: the admitted request already holds the pages; the index lets go of them.
-            self.table.get_mut(id)?.loading = None;
+            self.table.get_mut(id)?.take_loading();
             let _released =
                 self.restores
                     .index
                     .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
         } else if self.policy.publish(id)? == Publication::Owned {
-            self.table.move_to(id, Phase::Ready)?;
+            self.table.move_to(id, RequestPhase::Ready)?;
         } else {
             // pages-only: no ownership once published; the pages are evictable cached pages.
             let published = self
@@ -780,15 +759,16 @@ impl<E: Executor> Engine<E> {
                 // key, as evictable as its blocks, until the request is admitted.
                 self.key_unkeyed_slots(id, &published, tokens)?;
             }
-            let req = self.table.get_mut(id)?;
-            req.published_unowned = published;
-            req.published_tokens = tokens;
-            req.restore = Restore::Idle;
+            self.table.get_mut(id)?.restore = Restore::Idle;
             let _released =
                 self.restores
                     .index
                     .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
-            self.enqueue_waiting(id, None)?;
+            let published = (!published.is_empty()).then_some(Published {
+                pages: published,
+                tokens,
+            });
+            self.table.move_to_phase(id, Phase::Waiting { published })?;
         }
         Ok(())
     }
@@ -801,7 +781,7 @@ impl<E: Executor> Engine<E> {
         let reason = FallbackReason::CopyFailed;
         let req = self.table.get_mut(id)?;
         req.copy_failed = true;
-        if let Some(loading) = req.loading.take() {
+        if let Some(loading) = req.take_loading() {
             // ordinary: recompute what the copy should have brought; the local hits before it stay.
             let hits = loading.first_block as usize;
             let mut garbage = req.pages.split_off(hits);
@@ -810,10 +790,7 @@ impl<E: Executor> Engine<E> {
                 garbage.extend(table.into_iter().filter(|page| !page.is_null()));
             }
             req.window_credit_pages.clear();
-            req.copy_on_write = false;
-            req.draft_replay_tokens = 0;
-            req.replay_page = false;
-            req.n_computed = hits as u32 * block_tokens;
+            req.forget_copy(hits as u32 * block_tokens);
             req.metrics.prompt_tokens_restored = 0;
             req.metrics.restored = false;
             req.fall_back(reason);
@@ -826,7 +803,6 @@ impl<E: Executor> Engine<E> {
                 "{id}: a failed import of no importing restore"
             )));
         };
-        self.release_ticket(id);
         self.retry_lookup(id, tokens, reason, report)?;
         Ok(())
     }

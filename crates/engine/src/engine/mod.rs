@@ -4,14 +4,15 @@
 //!
 //! What each policy does and who owns an import's pages at each stage: `restore_policy/mod.rs`.
 //!
-//! Layout: this file holds the `Engine` type and the request API (submit, cancel, resume, reset);
-//! `builder.rs` its construction (`Engine::builder`, the one way); `parts.rs` its smaller owned parts;
-//! `step.rs` the step loop; `admit.rs` admission; `coordinator.rs` the restore coordinator; `pages.rs`
-//! page-level work; `req.rs` a live request; `table.rs` the live requests and the lifecycle's edges
-//! (`RequestTable::move_to`); `report.rs` `StepReport`, `RequestView` and the read-only accessors;
-//! `invariants.rs` `check_invariants` and the leak count; `capture_link.rs` the captures on their way to the
-//! store; `clock.rs` the injected clock; `groups.rs` the cache groups' plan; `drafts.rs` what a decode with
-//! draft tokens yields; `recompute.rs` E3 verification by recompute.
+//! Layout: this file holds the `Engine` type and the request API (submit, resume, reset); `builder.rs` its
+//! construction (`Engine::builder`, the one way); `parts.rs` its smaller owned parts; `step.rs` the step loop;
+//! `admit.rs` admission; `coordinator.rs` the restore coordinator; `pages.rs` page-level work; `req.rs` a live
+//! request and its phase's data; `table.rs` the live requests and their containers (`RequestTable::move_to`);
+//! `lifecycle.rs` the lifecycle's edges (`cancel`, `finish`, `preempt`, `fall_back`, ...), each doing its side
+//! effects once; `report.rs` `StepReport`, `RequestView` and the read-only accessors; `invariants.rs`
+//! `check_invariants` and the leak count; `capture_link.rs` the captures on their way to the store; `clock.rs`
+//! the injected clock; `groups.rs` the cache groups' plan; `drafts.rs` what a decode with draft tokens yields;
+//! `recompute.rs` E3 verification by recompute.
 
 mod admit;
 mod builder;
@@ -22,6 +23,7 @@ mod drafts;
 mod groups;
 mod invariants;
 mod kv_events;
+mod lifecycle;
 mod pages;
 mod parts;
 mod recompute;
@@ -47,7 +49,7 @@ use crate::request::{FinishedRequest, KeyedRequest, RequestSpec};
 
 use self::groups::GroupCoordinator;
 use self::parts::{Ids, Restores, StepScratch, StepTime, Tally, Watchdog};
-use self::req::{Phase, Req, Restore};
+use self::req::{Req, Restore};
 use self::table::RequestTable;
 
 pub use self::builder::Builder;
@@ -208,28 +210,6 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Cancels a live request at any point: waiting, restoring (slot and credits released at once; pages of a
-    /// copying import drain first, O5), ready (ownership released, O6), running or paused.
-    pub fn cancel(&mut self, id: RequestId) -> Result<()> {
-        let Some(req) = self.table.find(id) else {
-            return Err(Error::UnknownRequest { request: id });
-        };
-        let phase = req.phase;
-        self.table.leave_container(id);
-        match phase {
-            Phase::Arriving => {}
-            Phase::Waiting | Phase::Restoring | Phase::Ready => self.drop_restore(id)?,
-            Phase::Running | Phase::Paused | Phase::Resuming => {
-                self.cancel_loading(id)?;
-                self.release_ticket(id);
-                self.free_request_pages(id)?;
-            }
-        }
-        self.end_wait(id);
-        self.retire(id, true);
-        Ok(())
-    }
-
     /// Gives a paused streaming session more input and a new output cap; it resumes ahead of the admission
     /// gate (Q7).
     pub fn resume(&mut self, id: RequestId, input: &[u32], max_output_tokens: u32) -> Result<()> {
@@ -238,7 +218,7 @@ impl<E: Executor> Engine<E> {
             .table
             .find_mut(id)
             .ok_or(Error::UnknownRequest { request: id })?;
-        if req.phase != Phase::Paused {
+        if req.phase.kind() != RequestPhase::Paused {
             return Err(Error::NotPaused { request: id });
         }
         if max_output_tokens == 0 {
@@ -254,7 +234,7 @@ impl<E: Executor> Engine<E> {
         req.answer_tokens = 0;
         req.answer_cap = max_output_tokens;
         req.stopped = false;
-        self.table.move_to(id, Phase::Resuming)
+        self.table.move_to(id, RequestPhase::Resuming)
     }
 
     /// Ends a paused streaming session: its pages are freed (cached) and it is reported finished.
@@ -263,12 +243,10 @@ impl<E: Executor> Engine<E> {
             .table
             .find(id)
             .ok_or(Error::UnknownRequest { request: id })?;
-        if req.phase != Phase::Paused {
+        if req.phase.kind() != RequestPhase::Paused {
             return Err(Error::NotPaused { request: id });
         }
-        self.free_request_pages(id)?;
-        self.retire(id, false);
-        Ok(())
+        self.finish(id)
     }
 
     /// Pages a request of `tokens` tokens (prompt, output and draft lookahead) holds on each rank at its last
@@ -340,7 +318,6 @@ impl<E: Executor> Engine<E> {
         for id in with_imports {
             let had_import = matches!(self.table.get(id)?.restore, Restore::Importing { .. });
             self.drop_restore(id)?;
-            self.end_wait(id);
             self.enqueue_waiting(id, had_import.then_some(FallbackReason::Reset))?;
             if had_import {
                 self.scratch
@@ -352,7 +329,12 @@ impl<E: Executor> Engine<E> {
         let paused: Vec<RequestId> = self
             .table
             .iter()
-            .filter(|(_, req)| matches!(req.phase, Phase::Paused | Phase::Resuming))
+            .filter(|(_, req)| {
+                matches!(
+                    req.phase.kind(),
+                    RequestPhase::Paused | RequestPhase::Resuming
+                )
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in paused {
@@ -401,7 +383,9 @@ impl<E: Executor> Engine<E> {
 
     /// Whether nothing is left to do: no live request other than paused streams and no copy in flight.
     pub fn is_idle(&self) -> bool {
-        self.table.values().all(|req| req.phase == Phase::Paused)
+        self.table
+            .values()
+            .all(|req| req.phase.kind() == RequestPhase::Paused)
             && self.restores.index.n_staged() == 0
             && self.restores.captures.len() == 0
     }
@@ -505,27 +489,6 @@ impl<E: Executor> Engine<E> {
     /// stops the run on any mismatch, generates one after submit).
     pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
         self.table.get_mut(id)?.tokens.materialize(id)
-    }
-
-    /// Takes a request out of the engine, recording its metrics. Whatever the ledger still holds for it
-    /// (a ticket whose prompt ended in the step it finished, a waiter) is released: release is idempotent.
-    fn retire(&mut self, id: RequestId, cancelled: bool) {
-        self.table.leave_container(id);
-        self.release_ticket(id);
-        self.note_progress();
-        let Some(mut req) = self.table.remove(id) else {
-            return;
-        };
-        req.metrics.finished = Some(self.time.now);
-        req.metrics.lookups = req.lookups;
-        req.metrics.cancelled = cancelled;
-        self.tally.done.push(req.metrics.clone());
-        self.tally.finished.push(FinishedRequest {
-            id,
-            output: req.output,
-            cancelled,
-            metrics: req.metrics,
-        });
     }
 }
 

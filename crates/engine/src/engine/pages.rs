@@ -8,13 +8,11 @@ use checkpoint_transfer::{
 use kv_pool::RequestId;
 use kv_pool::{BlockKey, PageId};
 
+use super::Engine;
 use super::groups::RestoreBoundary;
-use super::req::{Phase, Restore};
-use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{Executor, PageWrite};
-use crate::metrics::FallbackReason;
-use crate::params::{ClockKind, Preemption};
+use crate::params::ClockKind;
 
 /// Failed store writes per warning after the first: a full disk fails every capture, the log stays short.
 const STORE_WRITE_FAILURES_PER_WARNING: u64 = 100;
@@ -710,14 +708,14 @@ impl<E: Executor> Engine<E> {
 
     /// The keys a pages-only import published for hybrid `id` is found again under, slot by slot: a full
     /// block's own key, the slot key of every other page (`key_unkeyed_slots`).
-    pub(crate) fn published_slot_keys(&self, id: RequestId) -> Result<Vec<BlockKey>> {
+    pub(crate) fn published_slot_keys(&self, id: RequestId, tokens: u32) -> Result<Vec<BlockKey>> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.table.get(id)?;
         let boundary = self.groups.boundary(
             req.tokens.get(id)?,
             &req.keys,
             &req.spec.salt,
-            req.published_tokens,
+            tokens,
             block_tokens,
         );
         let exact = boundary.exact;
@@ -741,8 +739,7 @@ impl<E: Executor> Engine<E> {
         published: &[PageId],
         tokens: u32,
     ) -> Result<()> {
-        self.table.get_mut(id)?.published_tokens = tokens;
-        let keys = self.published_slot_keys(id)?;
+        let keys = self.published_slot_keys(id, tokens)?;
         let slots = self
             .groups
             .slots(tokens, self.params.geometry.block_tokens());
@@ -765,128 +762,9 @@ impl<E: Executor> Engine<E> {
             pages.extend(table.into_iter().filter(|page| !page.is_null()));
         }
         req.window_credit_pages.clear();
-        req.copy_on_write = false;
-        req.draft_replay_tokens = 0;
-        req.replay_page = false;
-        req.n_computed = 0;
+        req.forget_copy(0);
         req.n_registered = 0;
         self.pool.free_all(&pages)?;
-        Ok(())
-    }
-
-    /// Preempts running `id` by recompute from the running pass (Q6): its pages are freed (their blocks stay
-    /// cached), its ticket released, and it asks the store again as a newly arrived request would (its
-    /// prompt-end checkpoint may restore it; within its lookup budget, K3), at its place in the order.
-    pub(crate) fn preempt(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
-        let offloaded = self.offload(id)?;
-        let req = self.table.get_mut(id)?;
-        req.preempted_tokens += req.n_computed;
-        req.metrics.preemptions_offloaded += u32::from(offloaded);
-        self.give_up_running(id)?;
-        report.preempted.push(id);
-        self.on_arrival(id)?;
-        if offloaded {
-            // Its own capture is still on the link: the lookup answers once it is in the store.
-            let capture_arrives_at = self.restores.captures.free_at();
-            if let Restore::Lookup { answer_at, .. } = &mut self.table.get_mut(id)?.restore {
-                *answer_at = (*answer_at).max(capture_arrives_at);
-            }
-        }
-        Ok(())
-    }
-
-    /// Preemption by offload: captures what running `id` computed into the store (as a checkpoint of kind
-    /// `Preemption`) when `Preemption::Offload` is on and copying it out and back, with a lookup between,
-    /// costs less than recomputing it. `true` when the store took it. A request whose copy is still landing
-    /// has nothing valid to capture.
-    fn offload(&mut self, id: RequestId) -> Result<bool> {
-        let req = &self.table.get(id)?;
-        if self.params.preemption != Preemption::Offload || req.loading.is_some() {
-            return Ok(false);
-        }
-        let n_tokens = req.n_computed;
-        let copy = self.executor.copy_time(n_tokens);
-        let offload = copy
-            .saturating_add(copy)
-            .saturating_add(self.params.lookup_latency);
-        if n_tokens == 0 || offload >= self.executor.recompute_time(n_tokens) {
-            return Ok(false);
-        }
-        self.capture(id, CheckpointKind::Preemption)
-    }
-
-    /// Preempts running `id` for a forced reset (X1): as `preempt`, but straight back to the waiting queue,
-    /// since the reset empties the cache a lookup would read.
-    pub(crate) fn preempt_for_reset(&mut self, id: RequestId) -> Result<()> {
-        self.give_up_running(id)?;
-        self.enqueue_waiting(id, None)
-    }
-
-    /// What both preemptions do: cancel a restore at once still copying, release the ticket, free the pages,
-    /// count the preemption.
-    fn give_up_running(&mut self, id: RequestId) -> Result<()> {
-        self.cancel_loading(id)?;
-        self.release_ticket(id);
-        self.free_request_pages(id)?;
-        let req = self.table.get_mut(id)?;
-        req.metrics.preemptions += 1;
-        req.restore = Restore::Idle;
-        Ok(())
-    }
-
-    /// Cancels an `ordinary` restore still copying into `id`'s pages: they hold nothing valid yet, so they
-    /// are never registered as cached blocks; the index keeps them pinned until the copy drains (O5).
-    pub(crate) fn cancel_loading(&mut self, id: RequestId) -> Result<()> {
-        let block_tokens = self.params.geometry.block_tokens();
-        let req = self.table.get_mut(id)?;
-        if req.loading.take().is_some() {
-            // Nothing the copy brought is valid: no copy on write of it, no draft replay either.
-            req.copy_on_write = false;
-            req.draft_replay_tokens = 0;
-            req.replay_page = false;
-            req.n_computed = req.n_registered * block_tokens;
-            let _draining =
-                self.restores
-                    .index
-                    .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
-        }
-        Ok(())
-    }
-
-    /// Releases everything `id` holds in the ledger, if there is one: its waiter, or its ticket's slot, credits
-    /// and the pages it still holds. A staged import's pages are not among them: the ticket handed them to the
-    /// index, which alone pins and drains them (O5). A ticket never staged (its checkpoint was lost between
-    /// the lookup's answer and the reservation, G3) gives its pages back at once: no copy received them.
-    pub(crate) fn release_ticket(&mut self, id: RequestId) {
-        self.policy.release(id, &mut self.pool);
-    }
-
-    /// Puts `id` in the ordinary waiting queue, recording a restore fallback if given.
-    pub(crate) fn enqueue_waiting(
-        &mut self,
-        id: RequestId,
-        fallback: Option<FallbackReason>,
-    ) -> Result<()> {
-        let req = self.table.get_mut(id)?;
-        if let Some(reason) = fallback {
-            req.fall_back(reason);
-            req.restore = Restore::Idle;
-        }
-        self.table.move_to(id, Phase::Waiting)
-    }
-
-    /// Drops whatever restore `id` has in progress: its ticket or waiter (slot and credits at once), its
-    /// import (drained before its pages are released, O5; released at once when ready, O6).
-    pub(crate) fn drop_restore(&mut self, id: RequestId) -> Result<()> {
-        let req = self.table.get_mut(id)?;
-        let restore = std::mem::take(&mut req.restore);
-        self.release_ticket(id);
-        if matches!(restore, Restore::Importing { .. }) && self.restores.index.state(id).is_some() {
-            let _outcome =
-                self.restores
-                    .index
-                    .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
-        }
         Ok(())
     }
 
@@ -901,17 +779,6 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         self.groups
             .import_part(stored, first_block, tokens, block_tokens)
-    }
-
-    /// Ends `id`'s capacity wait, if any, recording its length.
-    pub(crate) fn end_wait(&mut self, id: RequestId) {
-        let now = self.time.now;
-        if let Some(req) = self.table.find_mut(id)
-            && let Some(started) = req.wait_started.take()
-        {
-            let waited_s = now.since(started).as_secs_f64();
-            req.metrics.longest_capacity_wait_s = req.metrics.longest_capacity_wait_s.max(waited_s);
-        }
     }
 }
 

@@ -178,7 +178,7 @@ impl<E: Executor> Engine<E> {
     pub fn request(&self, id: RequestId) -> Option<RequestView> {
         let req = self.table.find(id)?;
         Some(RequestView {
-            phase: req.phase,
+            phase: req.phase.kind(),
             n_computed: req.n_computed,
             n_pages: req.pages.len() as u32,
             page_table: req.pages.clone(),
@@ -192,10 +192,10 @@ impl<E: Executor> Engine<E> {
                 .policy
                 .ledger()
                 .is_some_and(|ledger| ledger.is_waiter(id))
-                || req.wait_started.is_some(),
+                || req.capacity_wait().is_some(),
             n_output: req.output.len() as u32,
             lookups: req.lookups,
-            loading: req.loading.is_some(),
+            loading: req.loading().is_some(),
         })
     }
 
@@ -221,7 +221,7 @@ impl<E: Executor> Engine<E> {
             if matches!(req.restore, super::req::Restore::Importing { .. }) {
                 gauges.importing.push(*id);
             }
-            if let Some(since) = req.wait_started {
+            if let Some(since) = req.capacity_wait().map(|wait| wait.started) {
                 gauges.waiters.push((*id, since));
             }
         }

@@ -20,9 +20,62 @@ pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
     }
 }
 
-/// Where a request is in its lifecycle: the public `RequestPhase`; each phase names the one container that
-/// holds it (`table.rs` draws the edges and maps it onto the ledger's and the index's states).
-pub(crate) use super::report::RequestPhase as Phase;
+use super::report::RequestPhase;
+
+/// Where a request is in its lifecycle, with the data that belongs to that phase alone; `kind` is the public
+/// `RequestPhase`. Each phase names the one container that holds it (`table.rs` draws the edges and maps it
+/// onto the ledger's and the index's states).
+#[derive(Debug)]
+pub(crate) enum Phase {
+    Arriving,
+    Waiting {
+        /// The pages-only import published for it (unowned), to count restored hits at admission.
+        published: Option<Published>,
+    },
+    Restoring {
+        /// Its capacity wait, from its first reservation refused for pressure until it reserves or gives up.
+        wait: Option<CapacityWait>,
+    },
+    Ready,
+    Running {
+        /// An `ordinary` restore copying into its pages: it is not scheduled until then.
+        loading: Option<Loading>,
+    },
+    Paused,
+    Resuming,
+}
+
+impl Phase {
+    /// The phase without its data, as reported and traced.
+    pub(crate) fn kind(&self) -> RequestPhase {
+        match self {
+            Phase::Arriving => RequestPhase::Arriving,
+            Phase::Waiting { .. } => RequestPhase::Waiting,
+            Phase::Restoring { .. } => RequestPhase::Restoring,
+            Phase::Ready => RequestPhase::Ready,
+            Phase::Running { .. } => RequestPhase::Running,
+            Phase::Paused => RequestPhase::Paused,
+            Phase::Resuming => RequestPhase::Resuming,
+        }
+    }
+}
+
+/// The pages a pages-only import published for a waiting request: evictable cached pages, found again at
+/// admission unless evicted first.
+#[derive(Debug)]
+pub(crate) struct Published {
+    /// The import's pages (block table, then a hybrid import's window and fixed pages).
+    pub(crate) pages: Vec<PageId>,
+    /// Tokens the import restores (a hybrid import's exact boundary).
+    pub(crate) tokens: u32,
+}
+
+/// A capacity wait (G5): when it started, and when it was last logged.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CapacityWait {
+    pub(crate) started: Timestamp,
+    pub(crate) logged: Timestamp,
+}
 
 /// What the coordinator knows about a request's restore.
 #[derive(Clone, Debug, Default)]
@@ -132,8 +185,6 @@ pub(crate) struct Req {
     /// Whether that replay still needs its replay page: a copy on write of the last full page of every
     /// attention table, which the draft model writes into.
     pub(crate) replay_page: bool,
-    /// Tokens of the pages-only import published for it (with `published_unowned`).
-    pub(crate) published_tokens: u32,
     /// Page table: page `i` holds tokens `[i * block_tokens, (i + 1) * block_tokens)`, on every rank the
     /// tokens of that block the rank holds.
     pub(crate) pages: Vec<PageId>,
@@ -158,10 +209,6 @@ pub(crate) struct Req {
     /// Tokens it had computed when last preempted, not yet accounted: its next admission says how many came
     /// back from the prefix cache, from the store, or are computed again.
     pub(crate) preempted_tokens: u32,
-    /// Pages a pages-only import published for it (unowned), to count restored hits at admission.
-    pub(crate) published_unowned: Vec<PageId>,
-    /// An `ordinary` restore copying into pages of this admitted request: it is not scheduled until then.
-    pub(crate) loading: Option<Loading>,
     /// Whether a copy of its restore failed (O7): a retry that finds nothing falls back as `copy_failed`.
     pub(crate) copy_failed: bool,
     /// Blocks found resident when the coordinator last decided no restore was needed (a complete local hit).
@@ -180,9 +227,6 @@ pub(crate) struct Req {
     /// Whether the answer stopped on the stop token.
     pub(crate) stopped: bool,
     pub(crate) metrics: RequestMetrics,
-    /// When the current capacity wait started, and when it was last logged (G5).
-    pub(crate) wait_started: Option<Timestamp>,
-    pub(crate) wait_logged: Timestamp,
 }
 
 impl Req {
@@ -211,7 +255,6 @@ impl Req {
             windows: Vec::new(),
             window_credit_pages: Vec::new(),
             copy_on_write: false,
-            published_tokens: 0,
             draft_replay_tokens: 0,
             replay_page: false,
             n_computed: 0,
@@ -226,8 +269,6 @@ impl Req {
             lookups: 0,
             admitted_once: false,
             preempted_tokens: 0,
-            published_unowned: Vec::new(),
-            loading: None,
             copy_failed: false,
             last_capture: None,
             output_token_state: None,
@@ -237,8 +278,6 @@ impl Req {
             expected_local_blocks: 0,
             stopped: false,
             metrics,
-            wait_started: None,
-            wait_logged: Timestamp::ZERO,
             spec,
         }
     }
@@ -280,6 +319,67 @@ impl Req {
         let state = output_token_state(&self.spec.salt, prompt_len, tail);
         self.output_token_state = Some(state);
         Ok(state)
+    }
+
+    /// The ordinary restore copying into its pages, while it runs.
+    pub(crate) fn loading(&self) -> Option<&Loading> {
+        match &self.phase {
+            Phase::Running { loading } => loading.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Its capacity wait, while it restores.
+    pub(crate) fn capacity_wait(&self) -> Option<CapacityWait> {
+        match &self.phase {
+            Phase::Restoring { wait } => *wait,
+            _ => None,
+        }
+    }
+
+    /// The pages-only import published for it, while it waits.
+    pub(crate) fn published(&self) -> Option<&Published> {
+        match &self.phase {
+            Phase::Waiting { published } => published.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Takes the ordinary restore copying into its pages (its copy landed, failed or was cancelled).
+    pub(crate) fn take_loading(&mut self) -> Option<Loading> {
+        let Phase::Running { loading } = &mut self.phase else {
+            return None;
+        };
+        loading.take()
+    }
+
+    /// Its capacity wait, mutably: `Error::Internal` unless it restores (only a restoring request waits).
+    pub(crate) fn capacity_wait_mut(&mut self) -> Result<&mut Option<CapacityWait>> {
+        let id = self.spec.id;
+        match &mut self.phase {
+            Phase::Restoring { wait } => Ok(wait),
+            phase => Err(Error::internal(format!(
+                "{id} waits for capacity while {:?}",
+                phase.kind()
+            ))),
+        }
+    }
+
+    /// Takes the pages-only import published for it (it is admitted).
+    pub(crate) fn take_published(&mut self) -> Option<Published> {
+        let Phase::Waiting { published } = &mut self.phase else {
+            return None;
+        };
+        published.take()
+    }
+
+    /// Forgets what a restore's copy brought into its pages (the copy failed or was cancelled, or the pages
+    /// are freed): no copy on write of them, no draft replay; it has computed `n_computed` tokens.
+    pub(crate) fn forget_copy(&mut self, n_computed: u32) {
+        self.copy_on_write = false;
+        self.draft_replay_tokens = 0;
+        self.replay_page = false;
+        self.n_computed = n_computed;
     }
 
     /// Tokens `[first_pos, first_pos + n)` (fewer if the request holds fewer).

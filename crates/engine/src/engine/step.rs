@@ -8,7 +8,8 @@ use checkpoint_transfer::CheckpointKind;
 use kv_pool::{RequestId, Timestamp};
 
 use super::pages::AllocKind;
-use super::req::{Phase, Req, Restore};
+use super::report::RequestPhase;
+use super::req::{Req, Restore};
 use super::{Engine, StepReport};
 use crate::error::{Error, Result};
 use crate::executor::{DecodeWork, Executor, PrefillWork, StepBatch};
@@ -164,7 +165,12 @@ impl<E: Executor> Engine<E> {
         let mut stuck: Vec<_> = self
             .table
             .iter()
-            .filter(|(_, req)| !matches!(req.phase, Phase::Arriving | Phase::Paused))
+            .filter(|(_, req)| {
+                !matches!(
+                    req.phase.kind(),
+                    RequestPhase::Arriving | RequestPhase::Paused
+                )
+            })
             .collect();
         stuck.sort_by_key(|(_, req)| req.order);
         let n_stuck = stuck.len();
@@ -174,7 +180,7 @@ impl<E: Executor> Engine<E> {
             .map(|(id, req)| {
                 format!(
                     "{id} ({:?}, restore {}, {} lookups, {}/{} tokens computed)",
-                    req.phase,
+                    req.phase.kind(),
                     req.restore.name(),
                     req.lookups,
                     req.n_computed,
@@ -270,7 +276,7 @@ impl<E: Executor> Engine<E> {
             if self.free_slots() == 0 {
                 break;
             }
-            self.table.move_to(id, Phase::Running)?;
+            self.table.move_to(id, RequestPhase::Running)?;
         }
         Ok(())
     }
@@ -292,7 +298,7 @@ impl<E: Executor> Engine<E> {
         while idx < self.table.running().len() {
             let id = self.table.running()[idx];
             let req = &self.table.get(id)?;
-            if req.loading.is_some() {
+            if req.loading().is_some() {
                 idx += 1;
                 continue;
             }
@@ -398,7 +404,7 @@ impl<E: Executor> Engine<E> {
             .find(|victim| {
                 self.table
                     .find(*victim)
-                    .is_some_and(|victim| victim.loading.is_none())
+                    .is_some_and(|victim| victim.loading().is_none())
                     && !self.policy.holds_admitted_ticket(*victim)
             })
     }
@@ -585,13 +591,11 @@ impl<E: Executor> Engine<E> {
         self.capture(id, CheckpointKind::Response)?;
         report.finished.push(id);
         if self.table.get(id)?.spec.streaming {
-            self.table.move_to(id, Phase::Paused)?;
+            self.table.move_to(id, RequestPhase::Paused)?;
             self.register_blocks(id)?;
             return Ok(());
         }
-        self.free_request_pages(id)?;
-        self.retire(id, false);
-        Ok(())
+        self.finish(id)
     }
 
     /// When something happens by itself next: an arrival, a copy completion, a capture reaching the store, a
@@ -619,7 +623,7 @@ impl<E: Executor> Engine<E> {
                 }
                 Restore::Answered { answered, .. } => {
                     consider(answered.after(self.params.lookup_timeout / 2));
-                    if let Some(started) = req.wait_started {
+                    if let Some(started) = req.capacity_wait().map(|wait| wait.started) {
                         consider(started.after(self.params.restore_max_wait));
                     }
                 }

@@ -3,8 +3,11 @@
 //! phase or a container's membership (the admission walk pops the heads of `waiting` and `ready` itself, then
 //! moves what it took). Together with `check_containers` (every live request is in exactly the container its
 //! phase names) this makes a forgotten container an immediate internal error instead of a stray request found
-//! many steps later. A request the engine's state names but the table does not hold is `Error::Internal`, never
-//! a panic.
+//! many steps later. A request the engine's state names but the table does not hold is `Error::Internal`,
+//! never a panic. A `Phase` carries the data of that phase alone (`req.rs`): a waiting request's published
+//! pages-only import (`published`), a restoring one's capacity wait (`wait`), a running one's loading copy
+//! (`loading`); leaving the phase drops it, a move within it (a re-queue) keeps it. The edges that release
+//! what a request holds are named functions in `lifecycle.rs`.
 //!
 //! ```text
 //!              submit
@@ -23,7 +26,7 @@
 //!  preempt      | stream answer ends                          |
 //!  (or to       '---------------------------------------> Paused
 //!  Restoring)
-//! any phase -> gone: finished, cancelled, rejected (retire)
+//! any phase -> gone: finished, cancelled (`finish`, `cancel`: lifecycle.rs)
 //! ```
 //!
 //! Glossary, the four state machines side by side:
@@ -31,12 +34,12 @@
 //! | `Phase` (`RequestPhase`) | `Restore` (engine)         | `TicketState` (ledger, `reserved`) | `ImportState` (index)   |
 //! |--------------------|----------------------------|------------------------------------|-------------------------|
 //! | Arriving           | Idle                       | none                               | none                    |
-//! | Restoring          | Lookup / Answered          | none, or a capacity waiter         | none                    |
+//! | Restoring          | Lookup / Answered          | none, or a capacity waiter (`wait`) | none                   |
 //! | Restoring          | Importing                  | Importing                          | Staged                  |
 //! | Ready              | Importing                  | Ready                              | Published               |
-//! | Waiting            | Idle (or Answered, ordinary)| none                              | none                    |
+//! | Waiting            | Idle (or Answered, ordinary); `published` (pages-only) | none | none             |
 //! | Running            | Idle                       | Admitted until the prompt is computed, then none | none (acquired) |
-//! | Running (ordinary, restore at once) | Idle (`Req::loading`) | none                 | Staged, then released   |
+//! | Running (ordinary, restore at once) | Idle (`loading`)   | none                        | Staged, then released   |
 //! | Paused / Resuming  | Idle                       | none                               | none                    |
 //! | gone (cancelled while copying) | -              | none (slot and credits released)   | Cancelled until drained |
 
@@ -46,6 +49,7 @@ use admission::WaitingQueue;
 use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
+use super::report::RequestPhase;
 use super::req::{Phase, Req, Restore};
 use crate::error::{Error, Result};
 
@@ -171,14 +175,34 @@ impl RequestTable {
     }
 
     /// Moves `id` to phase `to`: out of the container its phase names, into the one `to` names (its place
-    /// in the order for queues, the back for the running list and the resume queue). An edge the lifecycle
-    /// does not have is `Error::Internal`, and nothing changes.
-    pub(crate) fn move_to(&mut self, id: RequestId, to: Phase) -> Result<()> {
+    /// in the order for queues, the back for the running list and the resume queue). A move within a phase
+    /// (a re-queue) keeps the phase's data; a move to another phase enters it with none (`move_to_phase`
+    /// enters it with data). An edge the lifecycle does not have is `Error::Internal`, and nothing changes.
+    pub(crate) fn move_to(&mut self, id: RequestId, to: RequestPhase) -> Result<()> {
         let from = self
             .reqs
             .get(&id)
             .ok_or_else(|| Error::internal(format!("{id} moves to {to:?} but is not live")))?
-            .phase;
+            .phase
+            .kind();
+        let entered = self.requeue(id, to)?;
+        if from != to {
+            self.get_mut(id)?.phase = entered;
+        }
+        Ok(())
+    }
+
+    /// `move_to`, entering phase `to` with its data.
+    pub(crate) fn move_to_phase(&mut self, id: RequestId, to: Phase) -> Result<()> {
+        let _empty = self.requeue(id, to.kind())?;
+        self.get_mut(id)?.phase = to;
+        Ok(())
+    }
+
+    /// Takes `id` out of its container and puts it into the one phase `to` names, checking the edge: the
+    /// phase `to` with no data of its own yet, which the caller sets or drops.
+    fn requeue(&mut self, id: RequestId, to: RequestPhase) -> Result<Phase> {
+        let from = self.get(id)?.phase.kind();
         if !edge_exists(from, to) {
             return Err(Error::internal(format!(
                 "{id} cannot move from {from:?} to {to:?}"
@@ -187,29 +211,38 @@ impl RequestTable {
         self.leave_container(id);
         let req = self.get(id)?;
         let order = req.order;
-        match to {
-            Phase::Arriving => {
+        Ok(match to {
+            RequestPhase::Arriving => {
                 self.arriving.insert(req.arrival_key, id);
+                Phase::Arriving
             }
-            Phase::Waiting => {
+            RequestPhase::Waiting => {
                 self.waiting.insert(order, id);
+                Phase::Waiting { published: None }
             }
-            Phase::Restoring => {
+            RequestPhase::Restoring => {
                 self.restoring.insert(order, id);
+                Phase::Restoring { wait: None }
             }
-            Phase::Ready if whole_prompt_with_logits(req) => {
-                // Its own isolated step admits it (Q4), not the admission walk.
-                self.ready_logits.insert(order, id);
+            RequestPhase::Ready => {
+                if whole_prompt_with_logits(req) {
+                    // Its own isolated step admits it (Q4), not the admission walk.
+                    self.ready_logits.insert(order, id);
+                } else {
+                    self.ready.insert(order, id);
+                }
+                Phase::Ready
             }
-            Phase::Ready => {
-                self.ready.insert(order, id);
+            RequestPhase::Running => {
+                self.running.push(id);
+                Phase::Running { loading: None }
             }
-            Phase::Running => self.running.push(id),
-            Phase::Resuming => self.resuming.push_back(id),
-            Phase::Paused => {}
-        }
-        self.get_mut(id)?.phase = to;
-        Ok(())
+            RequestPhase::Resuming => {
+                self.resuming.push_back(id);
+                Phase::Resuming
+            }
+            RequestPhase::Paused => Phase::Paused,
+        })
     }
 
     /// Takes `id` out of whatever container its phase names (idempotent: a queue the admission walk already
@@ -219,23 +252,23 @@ impl RequestTable {
             return;
         };
         let order = req.order;
-        match req.phase {
-            Phase::Arriving => {
+        match req.phase.kind() {
+            RequestPhase::Arriving => {
                 self.arriving.remove(&req.arrival_key);
             }
-            Phase::Waiting => {
+            RequestPhase::Waiting => {
                 self.waiting.remove(&order);
             }
-            Phase::Restoring => {
+            RequestPhase::Restoring => {
                 self.restoring.remove(&order);
             }
-            Phase::Ready => {
+            RequestPhase::Ready => {
                 self.ready.remove(&order);
                 self.ready_logits.remove(&order);
             }
-            Phase::Running => self.running.retain(|running| *running != id),
-            Phase::Resuming => self.resuming.retain(|resuming| *resuming != id),
-            Phase::Paused => {}
+            RequestPhase::Running => self.running.retain(|running| *running != id),
+            RequestPhase::Resuming => self.resuming.retain(|resuming| *resuming != id),
+            RequestPhase::Paused => {}
         }
     }
 
@@ -244,12 +277,12 @@ impl RequestTable {
         let broken = |invariant: String| Err(Error::internal(invariant));
         let mut in_containers = 0usize;
         let mut expect =
-            |id: RequestId, phase: Phase, order: Option<AdmissionOrder>, what: &str| {
+            |id: RequestId, phase: RequestPhase, order: Option<AdmissionOrder>, what: &str| {
                 in_containers += 1;
                 match self.reqs.get(&id) {
-                    Some(req) if req.phase != phase => broken(format!(
+                    Some(req) if req.phase.kind() != phase => broken(format!(
                         "{id} is {:?} but in the {what} container",
-                        req.phase
+                        req.phase.kind()
                     )),
                     Some(req) if order.is_some_and(|order| order != req.order) => {
                         broken(format!("{id}'s {what} key drifted"))
@@ -259,30 +292,30 @@ impl RequestTable {
                 }
             };
         for id in self.arriving.values() {
-            expect(*id, Phase::Arriving, None, "arriving")?;
+            expect(*id, RequestPhase::Arriving, None, "arriving")?;
         }
         for (order, id) in self.waiting.iter() {
-            expect(id, Phase::Waiting, Some(order), "waiting queue")?;
+            expect(id, RequestPhase::Waiting, Some(order), "waiting queue")?;
         }
         for (order, id) in self.ready.iter() {
-            expect(id, Phase::Ready, Some(order), "ready queue")?;
+            expect(id, RequestPhase::Ready, Some(order), "ready queue")?;
         }
         for (order, id) in &self.ready_logits {
-            expect(*id, Phase::Ready, Some(*order), "ready-logits")?;
+            expect(*id, RequestPhase::Ready, Some(*order), "ready-logits")?;
         }
         for (order, id) in &self.restoring {
-            expect(*id, Phase::Restoring, Some(*order), "restoring")?;
+            expect(*id, RequestPhase::Restoring, Some(*order), "restoring")?;
         }
         for id in &self.running {
-            expect(*id, Phase::Running, None, "running")?;
+            expect(*id, RequestPhase::Running, None, "running")?;
         }
         for id in &self.resuming {
-            expect(*id, Phase::Resuming, None, "resuming")?;
+            expect(*id, RequestPhase::Resuming, None, "resuming")?;
         }
         let n_paused = self
             .reqs
             .values()
-            .filter(|req| req.phase == Phase::Paused)
+            .filter(|req| req.phase.kind() == RequestPhase::Paused)
             .count();
         if in_containers + n_paused != self.reqs.len() {
             return broken(format!(
@@ -307,8 +340,8 @@ fn whole_prompt_with_logits(req: &Req) -> bool {
 
 /// The lifecycle's edges (same-phase moves re-queue a request at its place: a retried lookup, a request
 /// the admission walk put back).
-fn edge_exists(from: Phase, to: Phase) -> bool {
-    use Phase::{Arriving, Paused, Ready, Restoring, Resuming, Running, Waiting};
+fn edge_exists(from: RequestPhase, to: RequestPhase) -> bool {
+    use RequestPhase::{Arriving, Paused, Ready, Restoring, Resuming, Running, Waiting};
     matches!(
         (from, to),
         (Arriving, Waiting | Restoring)
@@ -319,4 +352,66 @@ fn edge_exists(from: Phase, to: Phase) -> bool {
             | (Paused, Resuming)
             | (Resuming, Running)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use kv_pool::{RequestId, Timestamp};
+
+    use super::super::req::{CapacityWait, Req};
+    use super::super::tokens::Tokens;
+    use super::{RequestPhase, RequestTable};
+    use crate::error::Error;
+    use crate::request::RequestSpec;
+
+    const ID: RequestId = RequestId(1);
+
+    fn table() -> RequestTable {
+        let prompt = vec![1, 2, 3];
+        let spec = RequestSpec::new(ID.0, prompt.clone(), 1, Timestamp::ZERO);
+        let mut table = RequestTable::default();
+        table.enter(Req::new(
+            spec,
+            Vec::new(),
+            Tokens::held(prompt),
+            0,
+            Timestamp::ZERO,
+        ));
+        table
+    }
+
+    /// A re-queue within a phase (a retried lookup) keeps the phase's data; leaving the phase drops it.
+    #[test]
+    fn a_requeue_keeps_its_phase_data_and_leaving_the_phase_drops_it() -> crate::error::Result<()> {
+        let mut table = table();
+        table.move_to(ID, RequestPhase::Restoring)?;
+        *table.get_mut(ID)?.capacity_wait_mut()? = Some(CapacityWait {
+            started: Timestamp::ZERO,
+            logged: Timestamp::ZERO,
+        });
+        table.move_to(ID, RequestPhase::Restoring)?;
+        assert!(table.get(ID)?.capacity_wait().is_some());
+        table.check_containers()?;
+        table.move_to(ID, RequestPhase::Waiting)?;
+        assert!(table.get(ID)?.capacity_wait().is_none());
+        assert!(matches!(
+            table.get_mut(ID)?.capacity_wait_mut(),
+            Err(Error::Internal { .. })
+        ));
+        table.check_containers()
+    }
+
+    /// An edge the lifecycle does not have is an internal error, and the request stays where it was.
+    #[test]
+    fn an_edge_the_lifecycle_lacks_is_an_internal_error_and_changes_nothing()
+    -> crate::error::Result<()> {
+        let mut table = table();
+        table.move_to(ID, RequestPhase::Waiting)?;
+        assert!(matches!(
+            table.move_to(ID, RequestPhase::Paused),
+            Err(Error::Internal { .. })
+        ));
+        assert_eq!(table.get(ID)?.phase.kind(), RequestPhase::Waiting);
+        table.check_containers()
+    }
 }
