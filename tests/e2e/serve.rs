@@ -411,8 +411,12 @@ fn serve_disconnect_mid_restore_frees_pages_only_after_the_copy_drained() {
     drop(stream);
     let mut polls_during_copy = 0;
     while metric(addr, copies) >= 1.0 {
+        // Each scrape is a separate request and the engine steps between them: a count of free pages is
+        // judged only when a later scrape still shows the copy in flight (the engine sets the copy gauge
+        // before the pool's, and a drained copy never comes back).
+        let free_now = metric(addr, free);
         assert!(
-            metric(addr, free) <= free_at_cancel,
+            free_now <= free_at_cancel || metric(addr, copies) < 1.0,
             "{test}: pages came back while the copy into them was in flight"
         );
         polls_during_copy += 1;

@@ -305,6 +305,8 @@ impl<E: Executor> Observer<E> for EngineMetrics {
                 })
                 .inc();
         }
+        // The copy gauges first: a scrape that sees pages come back also sees the copy that held them drained.
+        self.read_gauges(engine, report.now);
         self.families
             .pool_pages
             .get_or_create(&self.state("free"))
@@ -313,7 +315,6 @@ impl<E: Executor> Observer<E> for EngineMetrics {
             .pool_pages
             .get_or_create(&self.state("credits"))
             .set(i64::from(report.credit_pages));
-        self.read_gauges(engine, report.now);
         self.count_finished(engine);
         self.families
             .capacity_wait_longest_seconds
