@@ -88,4 +88,4 @@ pub use kv_pool::{
     BlockKey, CacheGroup, Error as PoolError, Geometry, GroupKind, PageId, RequestId, Timestamp,
 };
 /// The reference model's shape, to build the `ReferenceExecutor` above.
-pub use reference_model::{LocalAttention, LocalWindow, ReferenceConfig};
+pub use reference_model::{LocalAttention, ReferenceConfig};

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use kv_pool::{PageId, PageStorage};
 
-use super::config::ReferenceConfig;
+use super::config::{ReferenceConfig, first_key};
 use super::error::{ModelError, ModelResult};
 use super::{ForwardEntry, ModelStorage};
 
@@ -168,7 +168,7 @@ fn check_entry(
     )?;
     let local = match (config.local, storage.local) {
         (Some(local), Some(local_storage)) => {
-            let local_slots = slots(local.window.first_key(first));
+            let local_slots = slots(first_key(local.window, first));
             check_table(
                 entry_idx,
                 LOCAL,

@@ -74,8 +74,10 @@ pub struct ReferenceConfig {
 pub struct LocalAttention {
     /// Local layers (at least one).
     pub n_layers: u32,
-    /// The keys a query of a local layer attends to.
-    pub window: LocalWindow,
+    /// The local group's kind, which says the keys a query of a local layer attends to:
+    /// `GroupKind::SlidingWindow` without retained tail (the query at `p` attends to `[p - window_tokens, p]`)
+    /// or `GroupKind::ChunkedLocal` (to its aligned chunk, `[p / chunk_tokens * chunk_tokens, p]`).
+    pub window: GroupKind,
 }
 
 impl LocalAttention {
@@ -89,8 +91,19 @@ impl LocalAttention {
             ));
         }
         let (name, tokens) = match local.window {
-            LocalWindow::Sliding { window_tokens } => ("local.window_tokens", window_tokens),
-            LocalWindow::Chunked { chunk_tokens } => ("local.chunk_tokens", chunk_tokens),
+            GroupKind::SlidingWindow {
+                window_tokens,
+                retained_tail_tokens: 0,
+            } => ("local.window_tokens", window_tokens),
+            GroupKind::ChunkedLocal { chunk_tokens } => ("local.chunk_tokens", chunk_tokens),
+            kind => {
+                return Err(invalid(
+                    "local.window",
+                    format!(
+                        "{kind} is not a local window; give a sliding window without retained tail or chunked local"
+                    ),
+                ));
+            }
         };
         if !(1..=WINDOW_MAX).contains(&tokens) {
             return Err(invalid(
@@ -102,43 +115,20 @@ impl LocalAttention {
     }
 }
 
-/// Which keys a query of a local layer attends to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum LocalWindow {
-    /// The query at position `p` attends to keys `[p - window_tokens, p]`: the group keeps the last
-    /// `window_tokens` tokens (`GroupKind::SlidingWindow`, no retained tail).
-    Sliding {
-        /// Tokens before the query it attends to.
-        window_tokens: u32,
-    },
-    /// The query at position `p` attends to keys `[p / chunk_tokens * chunk_tokens, p]`: its aligned chunk
-    /// (`GroupKind::ChunkedLocal`).
-    Chunked {
-        /// Tokens per aligned chunk.
-        chunk_tokens: u32,
-    },
-}
-
-impl LocalWindow {
-    /// The first key the query at `pos` attends to.
-    pub(crate) fn first_key(self, pos: usize) -> usize {
-        match self {
-            LocalWindow::Sliding { window_tokens } => pos.saturating_sub(window_tokens as usize),
-            LocalWindow::Chunked { chunk_tokens } => {
-                let chunk = chunk_tokens as usize;
-                pos / chunk * chunk
-            }
+/// The first key the query at `pos` attends to in a group of kind `kind`: 0 under full attention, the first
+/// of the window's keys under a sliding window, the start of the aligned chunk under chunked local (`pos`
+/// itself for kinds that keep no keys, which no attention layer has).
+pub(crate) fn first_key(kind: GroupKind, pos: usize) -> usize {
+    match kind {
+        GroupKind::Full => 0,
+        GroupKind::SlidingWindow { window_tokens, .. } => {
+            pos.saturating_sub(window_tokens as usize)
         }
-    }
-
-    fn group_kind(self) -> GroupKind {
-        match self {
-            LocalWindow::Sliding { window_tokens } => GroupKind::SlidingWindow {
-                window_tokens,
-                retained_tail_tokens: 0,
-            },
-            LocalWindow::Chunked { chunk_tokens } => GroupKind::ChunkedLocal { chunk_tokens },
+        GroupKind::ChunkedLocal { chunk_tokens } => {
+            let chunk = chunk_tokens.max(1) as usize;
+            pos / chunk * chunk
         }
+        GroupKind::Recurrent | GroupKind::Auxiliary { .. } => pos,
     }
 }
 
@@ -295,7 +285,7 @@ impl ReferenceConfig {
         }];
         if let Some(local) = self.local {
             groups.push(CacheGroup {
-                kind: local.window.group_kind(),
+                kind: local.window,
                 bytes_per_page: self.local_bytes_per_page() as u64,
             });
         }

@@ -4,17 +4,17 @@
 //! compute its logits. Rayon splits work across tokens and heads only; every value is computed by one fixed
 //! sequence of operations (see `kernels`).
 
-use kv_pool::{PageId, PageStorage};
+use kv_pool::{GroupKind, PageId, PageStorage};
 use rayon::prelude::*;
 
 use super::check::{Slots, Span};
-use super::config::{F32_BYTES, LocalWindow, STATE_HEADER_BYTES};
+use super::config::{F32_BYTES, STATE_HEADER_BYTES, first_key};
 use super::error::{ModelError, ModelResult};
 use super::kernels::{
     PagedKv, argmax, attend, axpy, floats_from_bytes, floats_to_bytes, rms_norm, rope, sigmoid,
     silu, vec_mat,
 };
-use super::weights::{AttentionGroup, AttentionWeights, Block, Mlp, RecurrentWeights};
+use super::weights::{AttentionWeights, Block, Mlp, RecurrentWeights};
 use super::{ForwardEntry, Logits, ModelStorage, ReferenceModel};
 
 /// The rank whose copy of a state page is read (every rank holds the same bytes).
@@ -64,18 +64,17 @@ impl ReferenceModel {
         };
         let mut states = self.load_states(storage, entry_idx, entry)?;
         let mut x = self.embed(entry.tokens);
-        let window = self.config.local.map(|local| local.window);
         for layer in &self.weights.layers {
             match &layer.block {
-                Block::Attention(w) => match (w.group, local_kv.as_mut(), window) {
-                    (AttentionGroup::Full, _, _) => {
-                        self.attention_layer(w, span, span.full, None, &mut full_kv, &mut x);
+                Block::Attention(w) => match (w.group, local_kv.as_mut()) {
+                    (GroupKind::Full, _) => {
+                        self.attention_layer(w, span, span.full, &mut full_kv, &mut x);
                     }
-                    (AttentionGroup::Local, Some((slots, kv)), Some(window)) => {
-                        self.attention_layer(w, span, *slots, Some(window), kv, &mut x);
+                    (_, Some((slots, kv))) => {
+                        self.attention_layer(w, span, *slots, kv, &mut x);
                     }
                     // `check_batch` made sure a model with local layers has its local storage.
-                    (AttentionGroup::Local, _, _) => {
+                    (_, None) => {
                         return Err(ModelError::LocalStorage {
                             has: "has",
                             reason: "no local storage was given",
@@ -97,10 +96,10 @@ impl ReferenceModel {
             span.full,
             &full_kv,
         )?;
-        if let (Some((slots, kv)), Some(local), Some(window)) =
-            (&mut local_kv, storage.local, window)
+        if let (Some((slots, kv)), Some(local), Some(attention)) =
+            (&mut local_kv, storage.local, self.config.local)
         {
-            self.forget_before_window(kv, *slots, span, window);
+            self.forget_before_window(kv, *slots, span, attention.window);
             self.store_kv(local, entry.local_pages, *slots, kv)?;
         }
         self.store_states(storage, entry.state_pages, span.end, &states)?;
@@ -262,20 +261,13 @@ impl ReferenceModel {
     /// it, with nothing live in it, holds another request's bytes before that boundary). A recompute writes
     /// the same zeros. Only a chunk that is not a multiple of the block, or a window shorter than the block,
     /// has such positions.
-    fn forget_before_window(
-        &self,
-        kv: &mut KvPages,
-        slots: Slots,
-        span: &Span,
-        window: LocalWindow,
-    ) {
+    fn forget_before_window(&self, kv: &mut KvPages, slots: Slots, span: &Span, window: GroupKind) {
         let block = self.config.block_tokens() as usize;
         let inner = self.config.inner_dim();
         for slot in slots.write_lo..slots.page_hi {
             let block_start = slot * block;
             let last = span.end.min(block_start + block) - 1;
-            let n_forgotten = window
-                .first_key(last)
+            let n_forgotten = first_key(window, last)
                 .saturating_sub(block_start)
                 .min(block);
             if n_forgotten == 0 {
@@ -375,13 +367,12 @@ impl ReferenceModel {
 
     /// An attention layer of the group whose pages `kv` holds (`slots` of its table): project and rotate the
     /// new tokens' queries and keys, store their keys and values in `kv`, attend (per token and head) over
-    /// every key before the query (`window`: its window) in position order, project back into `x`.
+    /// every key before the query in its window (`w.group`: all of them under full attention) in position order, project back into `x`.
     fn attention_layer(
         &self,
         w: &AttentionWeights,
         span: &Span,
         slots: Slots,
-        window: Option<LocalWindow>,
         kv: &mut KvPages,
         x: &mut [f32],
     ) {
@@ -430,7 +421,7 @@ impl ReferenceModel {
             .for_each_init(Vec::new, |scores, (idx, out)| {
                 let (t, head) = (idx / n_heads, idx % n_heads);
                 let pos = span.first + t;
-                let lo = window.map_or(0, |window| window.first_key(pos));
+                let lo = first_key(w.group, pos);
                 let head_kv = PagedKv {
                     floats: &kv.floats,
                     base_pos: slots.page_lo * block,

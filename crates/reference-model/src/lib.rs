@@ -30,7 +30,7 @@ mod weights;
 #[cfg(test)]
 mod tests;
 
-pub use config::{LocalAttention, LocalWindow, ReferenceConfig};
+pub use config::{LocalAttention, ReferenceConfig};
 pub use error::ModelError;
 use error::ModelResult;
 

@@ -6,12 +6,9 @@ mod invariance;
 mod kernels;
 mod props;
 
-use kv_pool::{HostStorage, PageId, PageStorage};
+use kv_pool::{GroupKind, HostStorage, PageId, PageStorage};
 
-use super::{
-    ForwardEntry, LocalAttention, LocalWindow, Logits, ModelStorage, ReferenceConfig,
-    ReferenceModel,
-};
+use super::{ForwardEntry, LocalAttention, Logits, ModelStorage, ReferenceConfig, ReferenceModel};
 
 /// Pages in each test storage, the null page included.
 const N_PAGES: u32 = 256;
@@ -40,7 +37,10 @@ fn shapes() -> Vec<(&'static str, ReferenceModel)> {
             ReferenceConfig {
                 local: Some(LocalAttention {
                     n_layers: 2,
-                    window: LocalWindow::Sliding { window_tokens: 40 },
+                    window: GroupKind::SlidingWindow {
+                        window_tokens: 40,
+                        retained_tail_tokens: 0,
+                    },
                 }),
                 ..tiny
             },
@@ -50,7 +50,7 @@ fn shapes() -> Vec<(&'static str, ReferenceModel)> {
             ReferenceConfig {
                 local: Some(LocalAttention {
                     n_layers: 1,
-                    window: LocalWindow::Chunked { chunk_tokens: 48 },
+                    window: GroupKind::ChunkedLocal { chunk_tokens: 48 },
                 }),
                 n_recurrent_layers: 0,
                 ..tiny
@@ -299,7 +299,10 @@ fn the_cache_groups_make_a_geometry_with_the_page_sizes() {
     let windowed = ReferenceConfig {
         local: Some(LocalAttention {
             n_layers: 3,
-            window: LocalWindow::Sliding { window_tokens: 64 },
+            window: GroupKind::SlidingWindow {
+                window_tokens: 64,
+                retained_tail_tokens: 0,
+            },
         }),
         n_recurrent_layers: 0,
         ..hybrid
@@ -339,7 +342,7 @@ fn the_cache_groups_make_a_geometry_with_the_page_sizes() {
     let chunked = ReferenceConfig {
         local: Some(LocalAttention {
             n_layers: 1,
-            window: LocalWindow::Chunked { chunk_tokens: 32 },
+            window: GroupKind::ChunkedLocal { chunk_tokens: 32 },
         }),
         ..hybrid
     };

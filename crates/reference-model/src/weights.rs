@@ -2,6 +2,8 @@
 //! tensor, uniform values scaled by the tensor's fan-in. Matrices are stored `[in][out]` row-major, so a
 //! vector-matrix product accumulates every output in input order.
 
+use kv_pool::GroupKind;
+
 use super::config::ReferenceConfig;
 
 /// A `[n_in][n_out]` row-major matrix.
@@ -19,20 +21,12 @@ pub(crate) struct Mlp {
     pub(crate) w2: Matrix,
 }
 
-/// Which attention group a layer keeps its keys and values in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AttentionGroup {
-    /// The full-attention group: the query attends to every key before it.
-    Full,
-    /// The local group: the query attends to its window (`ReferenceConfig::local`).
-    Local,
-}
-
 /// Projections of one attention layer.
 #[derive(Debug)]
 pub(crate) struct AttentionWeights {
-    /// The group whose pages hold the layer's keys and values.
-    pub(crate) group: AttentionGroup,
+    /// The kind of the group whose pages hold the layer's keys and values: `GroupKind::Full`, or the local
+    /// group's window (`ReferenceConfig::local`), which also says which keys a query attends to.
+    pub(crate) group: GroupKind,
     /// Index among the group's layers (its slot in the group's page).
     pub(crate) attention_idx: usize,
     pub(crate) wq: Matrix,
@@ -129,12 +123,15 @@ impl Weights {
                 let a = attention_idx;
                 attention_idx += 1;
                 let is_local = (a + 1) * n_local / n_attention > a * n_local / n_attention;
-                let (group, idx) = if is_local {
-                    local_idx += 1;
-                    (AttentionGroup::Local, local_idx - 1)
-                } else {
-                    full_idx += 1;
-                    (AttentionGroup::Full, full_idx - 1)
+                let (group, idx) = match config.local {
+                    Some(local) if is_local => {
+                        local_idx += 1;
+                        (local.window, local_idx - 1)
+                    }
+                    _ => {
+                        full_idx += 1;
+                        (GroupKind::Full, full_idx - 1)
+                    }
                 };
                 Block::Attention(AttentionWeights {
                     group,

@@ -7,9 +7,9 @@
 
 use checkpoint_transfer::Fault;
 use engine::{Engine, EngineParams, Error, Policy, ReferenceExecutor, RequestSpec};
-use kv_pool::{HostStorage, PageId, PageStorage, RequestId};
+use kv_pool::{GroupKind, HostStorage, PageId, PageStorage, RequestId};
 use reference_model::{
-    ForwardEntry, LocalAttention, LocalWindow, ModelStorage, ReferenceConfig, ReferenceModel,
+    ForwardEntry, LocalAttention, ModelStorage, ReferenceConfig, ReferenceModel,
 };
 
 use crate::agents::tokens;
@@ -63,7 +63,10 @@ fn shapes() -> [Shape; 4] {
                 n_attention_layers: 1,
                 local: Some(LocalAttention {
                     n_layers: 2,
-                    window: LocalWindow::Sliding { window_tokens: 40 },
+                    window: GroupKind::SlidingWindow {
+                        window_tokens: 40,
+                        retained_tail_tokens: 0,
+                    },
                 }),
                 n_recurrent_layers: 0,
                 ..tiny
@@ -76,7 +79,7 @@ fn shapes() -> [Shape; 4] {
                 n_attention_layers: 1,
                 local: Some(LocalAttention {
                     n_layers: 1,
-                    window: LocalWindow::Chunked { chunk_tokens: 32 },
+                    window: GroupKind::ChunkedLocal { chunk_tokens: 32 },
                 }),
                 ..tiny
             },
@@ -288,7 +291,7 @@ fn l4_a_chunked_local_block_restored_at_a_chunk_boundary_inside_it_restores_agai
             n_attention_layers: 1,
             local: Some(LocalAttention {
                 n_layers: 1,
-                window: LocalWindow::Chunked { chunk_tokens: 24 },
+                window: GroupKind::ChunkedLocal { chunk_tokens: 24 },
             }),
             n_recurrent_layers: 0,
             seed: 17,

@@ -5,7 +5,8 @@
 //! model preset, the reference model takes the preset's shape, scaled down (`reference_model`).
 
 use engine::{ClockKind, CopyEngineKind, EngineParams, Policy, ReferenceExecutor, RunMetrics};
-use reference_model::{LocalAttention, LocalWindow, ReferenceConfig};
+use kv_pool::GroupKind;
+use reference_model::{LocalAttention, ReferenceConfig};
 
 use std::time::Duration;
 
@@ -72,8 +73,9 @@ pub fn reference_model(config: &EngineConfig) -> ReferenceConfig {
             n_attention_layers: 1,
             local: Some(LocalAttention {
                 n_layers: 2,
-                window: LocalWindow::Sliding {
+                window: GroupKind::SlidingWindow {
                     window_tokens: LIVE_SLIDING_WINDOW_TOKENS,
+                    retained_tail_tokens: 0,
                 },
             }),
             n_recurrent_layers: 0,
@@ -90,8 +92,10 @@ pub(crate) fn live_pool_pages(model: &ReferenceConfig) -> u32 {
     let block_tokens = model.block_tokens().max(1);
     let tokens = LIVE_POOL_PAGES * 16;
     let window_pages = model.local.map_or(0, |local| match local.window {
-        LocalWindow::Sliding { window_tokens } => window_tokens.div_ceil(block_tokens) + 1,
-        LocalWindow::Chunked { chunk_tokens } => chunk_tokens.div_ceil(block_tokens),
+        GroupKind::SlidingWindow { window_tokens, .. } => window_tokens.div_ceil(block_tokens) + 1,
+        GroupKind::ChunkedLocal { chunk_tokens } => chunk_tokens.div_ceil(block_tokens),
+        // A validated model's local group is one of the two above.
+        GroupKind::Full | GroupKind::Recurrent | GroupKind::Auxiliary { .. } => 0,
     });
     let state_pages = model.n_state_pages() as u32;
     let extra = if model.local.is_none() && state_pages <= 1 {

@@ -1,11 +1,10 @@
 //! Every refusal of the reference model, asserted by its error value, and that a refused batch writes
 //! nothing.
 
-use kv_pool::{HostStorage, PageId, PageStorage};
+use kv_pool::{GroupKind, HostStorage, PageId, PageStorage};
 
 use super::super::{
-    ForwardEntry, LocalAttention, LocalWindow, ModelError, ModelStorage, ReferenceConfig,
-    ReferenceModel,
+    ForwardEntry, LocalAttention, ModelError, ModelStorage, ReferenceConfig, ReferenceModel,
 };
 use super::{N_PAGES, Request, Storages, prefill, tiny_model, tokens};
 
@@ -90,7 +89,10 @@ fn invalid_configs_name_their_field() {
             ReferenceConfig {
                 local: Some(LocalAttention {
                     n_layers: 1,
-                    window: LocalWindow::Sliding { window_tokens: 0 },
+                    window: GroupKind::SlidingWindow {
+                        window_tokens: 0,
+                        retained_tail_tokens: 0,
+                    },
                 }),
                 ..tiny
             },
@@ -100,7 +102,7 @@ fn invalid_configs_name_their_field() {
             ReferenceConfig {
                 local: Some(LocalAttention {
                     n_layers: 1,
-                    window: LocalWindow::Chunked { chunk_tokens: 0 },
+                    window: GroupKind::ChunkedLocal { chunk_tokens: 0 },
                 }),
                 ..tiny
             },
@@ -109,8 +111,41 @@ fn invalid_configs_name_their_field() {
         (
             ReferenceConfig {
                 local: Some(LocalAttention {
+                    n_layers: 1,
+                    window: GroupKind::SlidingWindow {
+                        window_tokens: 32,
+                        retained_tail_tokens: 16,
+                    },
+                }),
+                ..tiny
+            },
+            "local.window",
+        ),
+        (
+            ReferenceConfig {
+                local: Some(LocalAttention {
+                    n_layers: 1,
+                    window: GroupKind::Full,
+                }),
+                ..tiny
+            },
+            "local.window",
+        ),
+        (
+            ReferenceConfig {
+                local: Some(LocalAttention {
+                    n_layers: 1,
+                    window: GroupKind::Recurrent,
+                }),
+                ..tiny
+            },
+            "local.window",
+        ),
+        (
+            ReferenceConfig {
+                local: Some(LocalAttention {
                     n_layers: 0,
-                    window: LocalWindow::Chunked { chunk_tokens: 16 },
+                    window: GroupKind::ChunkedLocal { chunk_tokens: 16 },
                 }),
                 ..tiny
             },
@@ -443,7 +478,10 @@ fn local_tables_and_ranks_that_do_not_fit_the_model_are_refused() {
     let windowed = ReferenceModel::new(ReferenceConfig {
         local: Some(LocalAttention {
             n_layers: 1,
-            window: LocalWindow::Sliding { window_tokens: 8 },
+            window: GroupKind::SlidingWindow {
+                window_tokens: 8,
+                retained_tail_tokens: 0,
+            },
         }),
         ..*tiny.config()
     })

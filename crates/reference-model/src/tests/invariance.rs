@@ -1,9 +1,9 @@
 //! Chunk, batch and thread-count invariance, restore equals recompute (L4), greedy decoding and the local
 //! windows, for every shape the model runs (`shapes`).
 
-use kv_pool::{PageId, PageStorage};
+use kv_pool::{GroupKind, PageId, PageStorage};
 
-use super::super::{ForwardEntry, LocalAttention, LocalWindow, ReferenceConfig, ReferenceModel};
+use super::super::{ForwardEntry, LocalAttention, ReferenceConfig, ReferenceModel};
 use super::{Request, Storages, decode, prefill, prefill_outcome, shapes, tiny_model, tokens};
 
 #[test]
@@ -218,7 +218,7 @@ fn another_seed_gives_other_logits() {
 
 /// A local table null before the window of the last chunk's first position gives the logits of a table
 /// whose every page is there: the local layers read no page before their window.
-fn check_local_window_reads_no_page_before_it(window: LocalWindow, null_slots: usize) {
+fn check_local_window_reads_no_page_before_it(window: GroupKind, null_slots: usize) {
     let model = ReferenceModel::new(ReferenceConfig {
         local: Some(LocalAttention {
             n_layers: 1,
@@ -270,14 +270,20 @@ fn check_local_window_reads_no_page_before_it(window: LocalWindow, null_slots: u
 #[test]
 fn a_sliding_window_reads_no_page_before_it_and_chunks_change_no_bit() {
     // The last chunk [180, 200) reads from position 140 on: slots 0..8 (positions below 128) may be null.
-    check_local_window_reads_no_page_before_it(LocalWindow::Sliding { window_tokens: 40 }, 8);
+    check_local_window_reads_no_page_before_it(
+        GroupKind::SlidingWindow {
+            window_tokens: 40,
+            retained_tail_tokens: 0,
+        },
+        8,
+    );
 }
 
 #[test]
 fn a_chunked_local_layer_reads_no_chunk_before_its_own() {
     // The last chunk [180, 200) is in the aligned chunk [160, 224): slots 0..10 (positions below 160) may be
     // null.
-    check_local_window_reads_no_page_before_it(LocalWindow::Chunked { chunk_tokens: 32 }, 10);
+    check_local_window_reads_no_page_before_it(GroupKind::ChunkedLocal { chunk_tokens: 32 }, 10);
 }
 
 #[test]
