@@ -10,7 +10,10 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::limits::{self, duration_s};
 
+mod group;
 mod presets;
+
+pub use group::GroupConfig;
 
 pub use presets::MODEL_PRESETS;
 
@@ -69,51 +72,6 @@ pub struct ModelConfig {
     pub context_parallel: u32,
     /// Cache groups in order. Default: one full-attention group.
     pub groups: Vec<GroupConfig>,
-}
-
-/// One cache group. `bytes_per_page` defaults to the preset's KV bytes per token times tokens per page.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub enum GroupConfig {
-    /// Full attention.
-    Full {
-        /// Bytes of one page of this group.
-        #[serde(default)]
-        bytes_per_page: Option<u64>,
-    },
-    /// Sliding-window attention over the last `window_tokens`, plus `retained_tail_tokens` kept before them.
-    SlidingWindow {
-        /// Window in tokens.
-        window_tokens: u32,
-        /// Extra tokens kept before the window. Default 0.
-        #[serde(default)]
-        retained_tail_tokens: u32,
-        /// Bytes of one page of this group.
-        #[serde(default)]
-        bytes_per_page: Option<u64>,
-    },
-    /// Chunked-local attention within aligned chunks of `chunk_tokens`.
-    ChunkedLocal {
-        /// Chunk in tokens.
-        chunk_tokens: u32,
-        /// Bytes of one page of this group.
-        #[serde(default)]
-        bytes_per_page: Option<u64>,
-    },
-    /// Recurrent state: one page per live request and per checkpoint.
-    Recurrent {
-        /// Bytes of one state page.
-        #[serde(default)]
-        bytes_per_page: Option<u64>,
-    },
-    /// Draft / speculative / hidden-state pages: `pages` per request and per checkpoint.
-    Auxiliary {
-        /// Pages per request and per checkpoint.
-        pages: u32,
-        /// Bytes of one page of this group.
-        #[serde(default)]
-        bytes_per_page: Option<u64>,
-    },
 }
 
 /// The page pool.
@@ -228,9 +186,7 @@ impl Default for ModelConfig {
             tokens_per_page: params.geometry.tokens_per_page(),
             max_model_len: params.geometry.max_model_len(),
             context_parallel: params.geometry.context_parallel(),
-            groups: vec![GroupConfig::Full {
-                bytes_per_page: None,
-            }],
+            groups: vec![GroupConfig::new(GroupKind::Full)],
         }
     }
 }
@@ -590,36 +546,9 @@ impl EngineConfig {
             .model
             .groups
             .iter()
-            .map(|group| {
-                let (kind, bytes) = match *group {
-                    GroupConfig::Full { bytes_per_page } => (GroupKind::Full, bytes_per_page),
-                    GroupConfig::SlidingWindow {
-                        window_tokens,
-                        retained_tail_tokens,
-                        bytes_per_page,
-                    } => (
-                        GroupKind::SlidingWindow {
-                            window_tokens,
-                            retained_tail_tokens,
-                        },
-                        bytes_per_page,
-                    ),
-                    GroupConfig::ChunkedLocal {
-                        chunk_tokens,
-                        bytes_per_page,
-                    } => (GroupKind::ChunkedLocal { chunk_tokens }, bytes_per_page),
-                    GroupConfig::Recurrent { bytes_per_page } => {
-                        (GroupKind::Recurrent, bytes_per_page)
-                    }
-                    GroupConfig::Auxiliary {
-                        pages,
-                        bytes_per_page,
-                    } => (GroupKind::Auxiliary { pages }, bytes_per_page),
-                };
-                CacheGroup {
-                    kind,
-                    bytes_per_page: bytes.unwrap_or(default_bytes),
-                }
+            .map(|group| CacheGroup {
+                kind: group.kind,
+                bytes_per_page: group.bytes_per_page.unwrap_or(default_bytes),
             })
             .collect();
         Geometry::new(

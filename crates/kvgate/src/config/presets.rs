@@ -2,6 +2,8 @@
 //! name, for `--preset` and `[model] preset`. Where each number comes from is in `docs/presets.md`; the page
 //! sizes are what the layers of each group store per page, the step-time costs are the cost preset's.
 
+use kv_pool::GroupKind;
+
 use super::GroupConfig;
 
 /// A model preset: everything of `[model]` plus the draft depth and acceptance.
@@ -55,7 +57,8 @@ fn glm_mla_hybrid() -> ModelPreset {
     let tokens_per_page = 64;
     let mla_bytes_per_token = (512 + 64) * BF16 * 46;
     let state_bytes = 16 * 128 * 128 * F32 * 4;
-    let recurrent = || GroupConfig::Recurrent {
+    let recurrent = || GroupConfig {
+        kind: GroupKind::Recurrent,
         bytes_per_page: Some(state_bytes),
     };
     ModelPreset {
@@ -67,7 +70,8 @@ fn glm_mla_hybrid() -> ModelPreset {
         draft_tokens: 3,
         draft_acceptance: 0.85,
         groups: vec![
-            GroupConfig::Full {
+            GroupConfig {
+                kind: GroupKind::Full,
                 bytes_per_page: Some(mla_bytes_per_token * u64::from(tokens_per_page)),
             },
             recurrent(),
@@ -92,10 +96,12 @@ fn linear_hybrid() -> ModelPreset {
         draft_tokens: 0,
         draft_acceptance: 0.0,
         groups: vec![
-            GroupConfig::Full {
+            GroupConfig {
+                kind: GroupKind::Full,
                 bytes_per_page: Some(kv_bytes_per_token * u64::from(tokens_per_page)),
             },
-            GroupConfig::Recurrent {
+            GroupConfig {
+                kind: GroupKind::Recurrent,
                 bytes_per_page: Some(16 * 128 * 128 * F32 * 36),
             },
         ],
@@ -117,12 +123,15 @@ fn sliding_window() -> ModelPreset {
         draft_tokens: 0,
         draft_acceptance: 0.0,
         groups: vec![
-            GroupConfig::Full {
+            GroupConfig {
+                kind: GroupKind::Full,
                 bytes_per_page: Some(kv_bytes_per_token_per_layer * 8 * u64::from(tokens_per_page)),
             },
-            GroupConfig::SlidingWindow {
-                window_tokens: 1024,
-                retained_tail_tokens: 0,
+            GroupConfig {
+                kind: GroupKind::SlidingWindow {
+                    window_tokens: 1024,
+                    retained_tail_tokens: 0,
+                },
                 bytes_per_page: Some(
                     kv_bytes_per_token_per_layer * 40 * u64::from(tokens_per_page),
                 ),

@@ -39,6 +39,70 @@ fn groups_of_every_kind_parse() {
 }
 
 #[test]
+fn every_group_kind_round_trips_through_toml_with_its_page_size() {
+    let kinds = [
+        GroupKind::Full,
+        GroupKind::SlidingWindow {
+            window_tokens: 128,
+            retained_tail_tokens: 16,
+        },
+        GroupKind::ChunkedLocal { chunk_tokens: 256 },
+        GroupKind::Recurrent,
+        GroupKind::Auxiliary { pages: 2 },
+    ];
+    for (idx, kind) in kinds.into_iter().enumerate() {
+        let mut config = EngineConfig::default();
+        config.model.groups = vec![
+            GroupConfig::new(GroupKind::Full),
+            GroupConfig {
+                kind,
+                bytes_per_page: (idx % 2 == 0).then_some(4096),
+            },
+        ];
+        let text = toml::to_string(&config).unwrap();
+        assert_eq!(EngineConfig::from_toml(&text).unwrap(), config, "{text}");
+    }
+}
+
+#[test]
+fn a_group_missing_its_kinds_field_or_given_another_kinds_field_is_refused_naming_both() {
+    for (group, message) in [
+        (
+            "{ kind = \"sliding_window\" }",
+            "a group of kind `sliding_window` needs `window_tokens`",
+        ),
+        (
+            "{ kind = \"chunked_local\", window_tokens = 64 }",
+            "a group of kind `chunked_local` needs `chunk_tokens`",
+        ),
+        (
+            "{ kind = \"auxiliary\" }",
+            "a group of kind `auxiliary` needs `pages`",
+        ),
+        (
+            "{ kind = \"full\", window_tokens = 64 }",
+            "a group of kind `full` has no field `window_tokens`",
+        ),
+        (
+            "{ kind = \"recurrent\", pages = 1 }",
+            "a group of kind `recurrent` has no field `pages`",
+        ),
+        (
+            "{ kind = \"sliding_window\", window_tokens = 64, chunk_tokens = 64 }",
+            "a group of kind `sliding_window` has no field `chunk_tokens`",
+        ),
+        ("{ window_tokens = 64 }", "missing field `kind`"),
+        (
+            "{ kind = \"full\", windw_tokens = 64 }",
+            "unknown field `windw_tokens`",
+        ),
+    ] {
+        let error = err(&format!("[model]\ngroups = [{group}]"));
+        assert!(error.contains(message), "{group}: {error}");
+    }
+}
+
+#[test]
 fn a_draft_acceptance_that_is_not_a_probability_is_refused_naming_the_field() {
     for (value, shown) in [
         ("-0.1", "-0.1"),
@@ -97,9 +161,10 @@ fn unknown_fields_and_bad_syntax_are_rejected() {
         err("[pool]\npagez = 3")
     );
     assert!(err("[pool\n").starts_with("<config>: "));
-    assert!(
-        err("[model]\ngroups = [{ kind = \"quantum\" }]").contains("unknown variant `quantum`")
-    );
+    assert!(err("[model]\ngroups = [{ kind = \"quantum\" }]").contains(
+        "unknown variant `quantum`, expected one of `full`, `sliding_window`, `chunked_local`, \
+             `recurrent`, `auxiliary`"
+    ));
 }
 
 #[test]
