@@ -1,10 +1,13 @@
 //! The layering check: from `cargo metadata`, each crate depends only on the layers below it, and only the
-//! facade re-exports other workspace crates.
+//! facade re-exports other workspace crates; inside the crates `modules::ACYCLIC` names, no modules of one
+//! folder import each other in a cycle.
 
 use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
+
+mod modules;
 
 /// Each workspace library and the internal crates it may depend on (normal or dev dependencies).
 const ALLOWED: &[(&str, &[&str])] = &[
@@ -94,6 +97,9 @@ pub(crate) fn check(root: &Path) -> Result<(), String> {
             let src = Path::new(manifest).with_file_name("src");
             problems.extend(reexports(&src, name, &internal));
         }
+    }
+    for src in modules::ACYCLIC {
+        problems.extend(modules::cycles(&root.join(src)));
     }
     if problems.is_empty() {
         eprintln!("xtask: layering ok");

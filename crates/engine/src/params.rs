@@ -5,8 +5,10 @@ use std::time::Duration;
 use kv_pool::{CacheGroup, Geometry, GroupKind, HostStorage, PagePool};
 
 use crate::error::{Error, Result};
-use crate::executor::CostModel;
 use crate::policy::Policy;
+
+pub(crate) mod cost;
+pub use cost::CostModel;
 
 /// The default latency of a store lookup: 200 us, the round trip Redis's documentation gives as typical of a
 /// 1 Gbit/s network ("Diagnosing latency issues", section "Latency induced by network and communication":
@@ -355,7 +357,7 @@ impl EngineParams {
         }
         self.check_memory()?;
         self.check_drafts()?;
-        self.check_geometry_runs()?;
+        check_geometry_runs(&self.geometry)?;
         Ok(())
     }
 }
@@ -416,11 +418,33 @@ impl EngineParams {
         }
         Ok(())
     }
+}
 
-    /// H1's refusal: names the first cache group the step loop cannot run and why.
-    fn check_geometry_runs(&self) -> Result<()> {
-        crate::engine::check_geometry(&self.geometry)
+/// H1's refusal: names the first cache group the step loop cannot run and why. The step loop keeps one block
+/// table, so a geometry needs exactly one full-attention group (`GroupCoordinator::new` relies on it).
+pub(crate) fn check_geometry_runs(geometry: &Geometry) -> Result<()> {
+    let mut full = geometry
+        .groups()
+        .iter()
+        .enumerate()
+        .filter(|(_, group)| group.kind == GroupKind::Full);
+    if full.next().is_none() {
+        return Err(Error::UnsupportedGeometry {
+            reason:
+                "no cache group is full attention: the step loop needs one for the block table \
+                     (add a full-attention group)"
+                    .to_owned(),
+        });
     }
+    if let Some((idx, _)) = full.next() {
+        return Err(Error::UnsupportedGeometry {
+            reason: format!(
+                "cache group {idx} is a second full-attention group: the step loop keeps one block table; \
+                 give the layers of both one group"
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -146,7 +146,7 @@ impl<E: Executor> Engine<E> {
         plan: &Plan,
         report: &mut StepReport,
     ) -> Result<Candidate> {
-        if self.table.get(id)?.phase.kind() == RequestPhase::Ready {
+        if self.table.get(id)?.phase() == RequestPhase::Ready {
             return Ok(Candidate::RestoreReady);
         }
         if plan.budget == 0 {
@@ -175,7 +175,7 @@ impl<E: Executor> Engine<E> {
         {
             self.table.get_mut(id)?.expected_local_blocks = 0;
             self.on_arrival(id)?;
-            if self.table.get(id)?.phase.kind() != RequestPhase::Waiting {
+            if self.table.get(id)?.phase() != RequestPhase::Waiting {
                 return Ok(Candidate::Withdrawn);
             }
             // Back at its place as a complete local hit: it is considered as it is now.

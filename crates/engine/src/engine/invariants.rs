@@ -80,7 +80,7 @@ impl<E: Executor> Engine<E> {
         }) {
             return broken(format!(
                 "{id} is {:?} with {} keys and its prompt deferred, which this engine does not allow there",
-                req.phase.kind(),
+                req.phase(),
                 req.keys.len()
             ));
         }

@@ -31,7 +31,7 @@ impl<E: Executor> Engine<E> {
         let Some(req) = self.table.find(id) else {
             return Err(Error::UnknownRequest { request: id });
         };
-        let phase = req.phase.kind();
+        let phase = req.phase();
         self.table.leave_container(id);
         self.release_ticket(id);
         match phase {

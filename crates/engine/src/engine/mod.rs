@@ -6,7 +6,7 @@
 //!
 //! Layout: this file holds the `Engine` type and the request API (submit, resume, reset); `builder.rs` its
 //! construction (`Engine::builder`, the one way); `parts.rs` its smaller owned parts; `step.rs` the step loop;
-//! `admit.rs` admission; `coordinator.rs` the restore coordinator; `pages.rs` page-level work; `req.rs` a live
+//! `admit.rs` admission; `coordinator.rs` the restore coordinator; `pages.rs` page-level work; `table/req.rs` a live
 //! request and its phase's data; `table.rs` the live requests and their containers (`RequestTable::move_to`);
 //! `lifecycle.rs` the lifecycle's edges (`cancel`, `finish`, `preempt`, `fall_back`, ...), each doing its side
 //! effects once; `report.rs` `StepReport`, `RequestView` and the read-only accessors; `invariants.rs`
@@ -28,11 +28,11 @@ mod pages;
 mod parts;
 mod recompute;
 mod report;
-mod req;
 mod restore_policy;
 mod step;
 mod table;
 mod tokens;
+use table::req;
 use tokens::Tokens;
 
 use std::sync::Arc;
@@ -218,7 +218,7 @@ impl<E: Executor> Engine<E> {
             .table
             .find_mut(id)
             .ok_or(Error::UnknownRequest { request: id })?;
-        if req.phase.kind() != RequestPhase::Paused {
+        if req.phase() != RequestPhase::Paused {
             return Err(Error::NotPaused { request: id });
         }
         if max_output_tokens == 0 {
@@ -243,7 +243,7 @@ impl<E: Executor> Engine<E> {
             .table
             .find(id)
             .ok_or(Error::UnknownRequest { request: id })?;
-        if req.phase.kind() != RequestPhase::Paused {
+        if req.phase() != RequestPhase::Paused {
             return Err(Error::NotPaused { request: id });
         }
         self.finish(id)
@@ -329,12 +329,7 @@ impl<E: Executor> Engine<E> {
         let paused: Vec<RequestId> = self
             .table
             .iter()
-            .filter(|(_, req)| {
-                matches!(
-                    req.phase.kind(),
-                    RequestPhase::Paused | RequestPhase::Resuming
-                )
-            })
+            .filter(|(_, req)| matches!(req.phase(), RequestPhase::Paused | RequestPhase::Resuming))
             .map(|(id, _)| *id)
             .collect();
         for id in paused {
@@ -385,7 +380,7 @@ impl<E: Executor> Engine<E> {
     pub fn is_idle(&self) -> bool {
         self.table
             .values()
-            .all(|req| req.phase.kind() == RequestPhase::Paused)
+            .all(|req| req.phase() == RequestPhase::Paused)
             && self.restores.index.n_staged() == 0
             && self.restores.captures.len() == 0
     }
@@ -490,9 +485,4 @@ impl<E: Executor> Engine<E> {
     pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
         self.table.get_mut(id)?.tokens.materialize(id)
     }
-}
-
-/// H1: `Ok` when the step loop runs `geometry`, else `UnsupportedGeometry` naming the group and why.
-pub(crate) fn check_geometry(geometry: &kv_pool::Geometry) -> Result<()> {
-    GroupCoordinator::new(geometry).map(|_groups| ())
 }

@@ -132,27 +132,6 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Takes the pending draft replay of every request `plan` computes (H5): the tokens to charge to its
-    /// work this step, counted in its metrics. A replay whose replay page is still to come waits for it.
-    pub(crate) fn take_draft_replays(
-        &mut self,
-        plan: &super::step::Plan,
-    ) -> Result<foldhash::HashMap<RequestId, u32>> {
-        let mut replays = foldhash::HashMap::default();
-        for &(id, work) in &plan.entries {
-            if matches!(work, super::step::Work::LogitsOnly) {
-                continue;
-            }
-            let req = self.table.get_mut(id)?;
-            if req.draft_replay_tokens > 0 && !req.replay_page {
-                let tokens = std::mem::take(&mut req.draft_replay_tokens);
-                req.metrics.draft_replay_tokens += tokens;
-                replays.insert(id, tokens);
-            }
-        }
-        Ok(replays)
-    }
-
     /// Gives `id` the pages `grow_pages` allocated (`grow_need` of them): first the copies on write of its
     /// imported partial last page and fixed pages (each rank's bytes copied, the imported page released),
     /// then fixed pages it lacks, then new pages of its block table.

@@ -9,6 +9,7 @@ use kv_pool::{RequestId, Timestamp};
 use reservation::{Ledger, LedgerSnapshot};
 
 use super::Engine;
+pub use super::table::RequestPhase;
 use crate::executor::Executor;
 use crate::metrics::{FallbackReason, RequestMetrics, RunMetrics};
 
@@ -81,40 +82,6 @@ pub struct ShutdownReport {
     pub copies_drained: usize,
 }
 
-/// Where a live request is in its lifecycle (the engine's `table.rs` draws the edges).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum RequestPhase {
-    /// Submitted with a future arrival time.
-    Arriving,
-    /// In the waiting queue for ordinary admission.
-    Waiting,
-    /// With the restore coordinator: lookup pending, capacity wait or copy in flight.
-    Restoring,
-    /// A published import it owns, waiting for admission (`reserved`).
-    Ready,
-    /// Holds a running slot.
-    Running,
-    /// A streaming session between inputs.
-    Paused,
-    /// A paused session that received input, about to run again.
-    Resuming,
-}
-
-impl RequestPhase {
-    /// The phase's lower-case name, as traces print it.
-    pub fn name(self) -> &'static str {
-        match self {
-            RequestPhase::Arriving => "arriving",
-            RequestPhase::Waiting => "waiting",
-            RequestPhase::Restoring => "restoring",
-            RequestPhase::Ready => "ready",
-            RequestPhase::Running => "running",
-            RequestPhase::Paused => "paused",
-            RequestPhase::Resuming => "resuming",
-        }
-    }
-}
-
 impl std::fmt::Display for RequestPhase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
@@ -178,7 +145,7 @@ impl<E: Executor> Engine<E> {
     pub fn request(&self, id: RequestId) -> Option<RequestView> {
         let req = self.table.find(id)?;
         Some(RequestView {
-            phase: req.phase.kind(),
+            phase: req.phase(),
             n_computed: req.n_computed,
             n_pages: req.pages.len() as u32,
             page_table: req.pages.clone(),

@@ -166,10 +166,7 @@ impl<E: Executor> Engine<E> {
             .table
             .iter()
             .filter(|(_, req)| {
-                !matches!(
-                    req.phase.kind(),
-                    RequestPhase::Arriving | RequestPhase::Paused
-                )
+                !matches!(req.phase(), RequestPhase::Arriving | RequestPhase::Paused)
             })
             .collect();
         stuck.sort_by_key(|(_, req)| req.order);
@@ -180,7 +177,7 @@ impl<E: Executor> Engine<E> {
             .map(|(id, req)| {
                 format!(
                     "{id} ({:?}, restore {}, {} lookups, {}/{} tokens computed)",
-                    req.phase.kind(),
+                    req.phase(),
                     req.restore.name(),
                     req.lookups,
                     req.n_computed,
@@ -631,5 +628,23 @@ impl<E: Executor> Engine<E> {
             }
         }
         next
+    }
+
+    /// Takes the pending draft replay of every request `plan` computes (H5): the tokens to charge to its
+    /// work this step, counted in its metrics. A replay whose replay page is still to come waits for it.
+    fn take_draft_replays(&mut self, plan: &Plan) -> Result<foldhash::HashMap<RequestId, u32>> {
+        let mut replays = foldhash::HashMap::default();
+        for &(id, work) in &plan.entries {
+            if matches!(work, Work::LogitsOnly) {
+                continue;
+            }
+            let req = self.table.get_mut(id)?;
+            if req.draft_replay_tokens > 0 && !req.replay_page {
+                let tokens = std::mem::take(&mut req.draft_replay_tokens);
+                req.metrics.draft_replay_tokens += tokens;
+                replays.insert(id, tokens);
+            }
+        }
+        Ok(replays)
     }
 }

@@ -4,7 +4,7 @@
 //! moves what it took). Together with `check_containers` (every live request is in exactly the container its
 //! phase names) this makes a forgotten container an immediate internal error instead of a stray request found
 //! many steps later. A request the engine's state names but the table does not hold is `Error::Internal`,
-//! never a panic. A `Phase` carries the data of that phase alone (`req.rs`): a waiting request's published
+//! never a panic. A `Phase` carries the data of that phase alone (`table/req.rs`; its `phase` field is written here alone): a waiting request's published
 //! pages-only import (`published`), a restoring one's capacity wait (`wait`), a running one's loading copy
 //! (`loading`); leaving the phase drops it, a move within it (a re-queue) keeps it. The edges that release
 //! what a request holds are named functions in `lifecycle.rs`.
@@ -49,9 +49,44 @@ use admission::WaitingQueue;
 use foldhash::HashMap;
 use kv_pool::{AdmissionOrder, RequestId, Timestamp};
 
-use super::report::RequestPhase;
-use super::req::{Phase, Req, Restore};
+use self::req::{Phase, Req, Restore};
 use crate::error::{Error, Result};
+
+pub(crate) mod req;
+
+/// Where a live request is in its lifecycle (this module draws the edges).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RequestPhase {
+    /// Submitted with a future arrival time.
+    Arriving,
+    /// In the waiting queue for ordinary admission.
+    Waiting,
+    /// With the restore coordinator: lookup pending, capacity wait or copy in flight.
+    Restoring,
+    /// A published import it owns, waiting for admission (`reserved`).
+    Ready,
+    /// Holds a running slot.
+    Running,
+    /// A streaming session between inputs.
+    Paused,
+    /// A paused session that received input, about to run again.
+    Resuming,
+}
+
+impl RequestPhase {
+    /// The phase's lower-case name, as traces print it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RequestPhase::Arriving => "arriving",
+            RequestPhase::Waiting => "waiting",
+            RequestPhase::Restoring => "restoring",
+            RequestPhase::Ready => "ready",
+            RequestPhase::Running => "running",
+            RequestPhase::Paused => "paused",
+            RequestPhase::Resuming => "resuming",
+        }
+    }
+}
 
 /// Every live request and the containers of the lifecycle's phases.
 #[derive(Debug, Default)]

@@ -1,13 +1,12 @@
 //! The `Executor` trait (the model's work for one step) and the simulated executor, the embedded default.
 
 mod content;
-mod cost;
 mod measured;
 mod reference_executor;
 mod sim;
 
+pub use crate::params::CostModel;
 pub use content::page_content;
-pub use cost::CostModel;
 pub use measured::MeasuredCost;
 pub use reference_executor::ReferenceExecutor;
 pub use sim::SimExecutor;

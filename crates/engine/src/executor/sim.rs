@@ -4,9 +4,9 @@ use std::time::Duration;
 
 use kv_pool::PageStorage;
 
-use super::cost::seconds;
 use super::{CostModel, Executor, PageWrite, StepBatch, StepOutput, page_content};
 use crate::error::Result;
+use crate::params::cost::seconds;
 
 /// The embedded default executor. Deterministic: the same batches give the same durations and bytes.
 #[derive(Clone, Debug, Default)]
@@ -119,6 +119,6 @@ impl SimExecutor {
             }
         }
         seconds += batch.logits_only.len() as f64 * cost.decode_s_per_seq;
-        super::cost::seconds(seconds)
+        crate::params::cost::seconds(seconds)
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! A fit's coefficients are efficiencies (multipliers of datasheet peaks) and fixed times, so they price
 //! the steps of any model whose shape is known, on any GPU whose datasheet is known. A cost preset of the
-//! simulated executor names one model on one GPU (`crates/engine/src/executor/cost.rs`); this module
+//! simulated executor names one model on one GPU (`crates/engine/src/params/cost.rs`); this module
 //! gives that model's shape and GPU and prices its steps with the file's fit on every experiment
 //! ([`FIT_ALL`]). Only `small-8b-gpu` has a calibrated shape: its model (Llama-3-8B) is a dense
 //! transformer on one H100 SXM, the kind of server the calibration measured. `glm-like-moe` (a GLM

@@ -67,35 +67,23 @@ impl GroupCoordinator {
     /// The coordinator of `geometry`, or `UnsupportedGeometry` naming the first group the step loop cannot
     /// run and why (H1).
     pub(crate) fn new(geometry: &Geometry) -> Result<GroupCoordinator> {
+        crate::params::check_geometry_runs(geometry)?;
         let mut full = None;
         let mut windows = Vec::new();
         let mut fixed = Vec::new();
         for (idx, group) in geometry.groups().iter().enumerate() {
             let manager = managers::manager(idx as u32, group.kind);
             match group.kind {
-                GroupKind::Full if full.is_none() => full = Some(manager),
-                GroupKind::Full => {
-                    return Err(Error::UnsupportedGeometry {
-                        reason: format!(
-                            "cache group {idx} is a second full-attention group: the step loop keeps one \
-                             block table; give the layers of both one group"
-                        ),
-                    });
-                }
+                // `check_geometry_runs`: exactly one.
+                GroupKind::Full => full = Some(manager),
                 GroupKind::SlidingWindow { .. } | GroupKind::ChunkedLocal { .. } => {
                     windows.push(manager);
                 }
                 GroupKind::Recurrent | GroupKind::Auxiliary { .. } => fixed.push(manager),
             }
         }
-        let Some(full) = full else {
-            return Err(Error::UnsupportedGeometry {
-                reason:
-                    "no cache group is full attention: the step loop needs one for the block table \
-                         (add a full-attention group)"
-                        .to_owned(),
-            });
-        };
+        let full =
+            full.ok_or_else(|| Error::internal("a checked geometry has a full-attention group"))?;
         let n_fixed = fixed
             .iter()
             .map(|manager| manager.fixed_pages())

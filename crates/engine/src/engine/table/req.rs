@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{FallbackReason, RequestMetrics};
 use crate::request::{OUTPUT_TOKEN_TAIL, RequestSpec, output_token_state};
 
-use super::tokens::Tokens;
+use crate::engine::tokens::Tokens;
 
 /// Position of a request in the waiting order: higher `RequestSpec::priority` first, then arrival.
 pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
@@ -20,7 +20,7 @@ pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
     }
 }
 
-use super::report::RequestPhase;
+use super::RequestPhase;
 
 /// Where a request is in its lifecycle, with the data that belongs to that phase alone; `kind` is the public
 /// `RequestPhase`. Each phase names the one container that holds it (`table.rs` draws the edges and maps it
@@ -197,7 +197,9 @@ pub(crate) struct Req {
     /// Output length cap of the current answer.
     pub(crate) answer_cap: u32,
     pub(crate) output: Vec<u32>,
-    pub(crate) phase: Phase,
+    /// Its phase: written by `RequestTable::move_to` alone, with the container it names (`pub(super)`: the
+    /// table is this module's parent); read elsewhere through `phase()` and the phase data's accessors.
+    pub(super) phase: Phase,
     pub(crate) restore: Restore,
     pub(crate) order: AdmissionOrder,
     /// Its key in the arriving queue: arrival time (never before its submission) and sequence.
@@ -230,6 +232,11 @@ pub(crate) struct Req {
 }
 
 impl Req {
+    /// Its phase's kind.
+    pub(crate) fn phase(&self) -> RequestPhase {
+        self.phase.kind()
+    }
+
     /// A new request from its spec and its prompt's block keys (`RequestSpec::keyed`).
     pub(crate) fn new(
         spec: RequestSpec,
