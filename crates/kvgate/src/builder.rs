@@ -11,7 +11,7 @@ use kv_pool::CudaStorage;
 
 use crate::config::EngineConfig;
 use crate::error::Result;
-use crate::metrics::{EngineMetrics, MetricFamilies};
+use crate::prometheus::{EngineMetrics, MetricFamilies};
 
 /// Builds an [`Engine`] from a validated [`EngineConfig`] and a policy (default `reserved`).
 ///
@@ -68,7 +68,7 @@ impl EngineBuilder {
 
     /// `build`, with the engine's Prometheus metrics registered in `registry` (labelled with the policy):
     /// show the returned `EngineMetrics` every `StepReport` (`Observer::step`) and serve the registry, for
-    /// example with `metrics::serve`.
+    /// example with `prometheus::serve`.
     pub fn build_with_metrics(
         self,
         registry: &mut prometheus_client::registry::Registry,

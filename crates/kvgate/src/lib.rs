@@ -41,8 +41,8 @@
 //! assert_eq!(run.leaked_pages, 0);
 //! // The second turn's prompt came from the cache: found in the pool or restored, not recomputed.
 //! assert!(run.prompt_tokens_local_hit + run.prompt_tokens_restored >= 1_000);
-//! // What a `/metrics` endpoint serves (`metrics::serve`, or any server with `metrics::encode`).
-//! let text = kvgate::metrics::encode(&registry, kvgate::metrics::Format::Classic)?;
+//! // What a `/metrics` endpoint serves (`prometheus::serve`, or any server with `prometheus::encode`).
+//! let text = kvgate::prometheus::encode(&registry, kvgate::prometheus::Format::Classic)?;
 //! assert!(text.contains("kvgate_prompt_tokens_total{policy=\"reserved\",source=\"recomputed\"}"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -53,10 +53,10 @@ mod config;
 mod error;
 pub mod fidelity;
 pub mod limits;
-pub mod metrics;
 pub mod model;
 #[cfg(feature = "cli")]
 pub mod plot;
+pub mod prometheus;
 pub mod report;
 pub mod run;
 pub mod scenario;

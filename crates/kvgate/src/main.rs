@@ -38,7 +38,7 @@ use kvgate::plot::{self, Timeline};
 use kvgate::setup::{self, AgentsHeader, config_of, policies, ranks_suffix, stores_at_start};
 use kvgate::workload::agents::{AgentsSpec, TurnPriority};
 use kvgate::workload::mooncake::{self, generate};
-use kvgate::{EngineConfig, cluster, metrics, report, run};
+use kvgate::{EngineConfig, cluster, prometheus, report, run};
 
 /// mimalloc instead of the system allocator: a long replay frees checkpoints of every size while new ones
 /// arrive, and glibc's malloc then spends a growing share of the run sorting its free lists (see
@@ -439,7 +439,7 @@ fn agents(args: &AgentsArgs) -> kvgate::Result<()> {
     let header = AgentsHeader::new(&config, &spec, live, stores_at_start(&config, &policies)?);
     let plot = args.run.plot.is_some();
     let mut registry = prometheus_client::registry::Registry::default();
-    let families = metrics::MetricFamilies::register(&mut registry);
+    let families = prometheus::MetricFamilies::register(&mut registry);
     let server = MetricsEndpoint::start(&args.run, registry)?;
     let serving = server.is_some();
     let runs = run_policies(&policies, live, |policy, progress| {
@@ -709,7 +709,7 @@ fn agents_model(args: &AgentsArgs) -> kvgate::Result<()> {
     let policies = policies(&args.run.policy)?;
     let plot = args.run.plot.is_some();
     let mut registry = prometheus_client::registry::Registry::default();
-    let families = metrics::MetricFamilies::register(&mut registry);
+    let families = prometheus::MetricFamilies::register(&mut registry);
     let server = MetricsEndpoint::start(&args.run, registry)?;
     let serving = server.is_some();
     let runs = run_policies(&policies, true, |policy, progress| {
@@ -826,7 +826,7 @@ fn replay(args: &ReplayArgs) -> kvgate::Result<()> {
     let stores = stores_at_start(&config, &policies)?;
     let plot = args.run.plot.is_some();
     let mut registry = prometheus_client::registry::Registry::default();
-    let families = metrics::MetricFamilies::register(&mut registry);
+    let families = prometheus::MetricFamilies::register(&mut registry);
     let server = MetricsEndpoint::start(&args.run, registry)?;
     let serving = server.is_some();
     // The cache-share chart's x axis: the trace in arrival order, in 40 buckets.
@@ -1033,7 +1033,7 @@ fn replay_cluster(
 /// (`--metrics-linger`).
 #[derive(Debug)]
 struct MetricsEndpoint {
-    server: metrics::MetricsServer,
+    server: prometheus::MetricsServer,
     linger: std::time::Duration,
 }
 
@@ -1056,7 +1056,7 @@ impl MetricsEndpoint {
                 allowed,
             }
         })?;
-        let server = metrics::serve(addr, std::sync::Arc::new(registry))?;
+        let server = prometheus::serve(addr, std::sync::Arc::new(registry))?;
         errln!(
             "kvgate: serving metrics at http://{}/metrics",
             server.local_addr()

@@ -15,8 +15,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::error::ApiError;
 use super::latency::ServeMetrics;
 use crate::error::Result;
-use crate::metrics::EngineMetrics;
 use crate::model::{Sampling, SamplingTable};
+use crate::prometheus::EngineMetrics;
 use crate::run::Observer;
 
 /// Longest an idle engine thread sleeps before it looks at its channels again.

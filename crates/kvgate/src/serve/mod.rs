@@ -47,8 +47,8 @@ use self::text::TextCodec;
 use crate::builder::engine_builder;
 use crate::config::EngineConfig;
 use crate::error::{Error, Result};
-use crate::metrics::MetricFamilies;
 use crate::model::{ModelExecutor, SamplingTable, VerifyTime};
+use crate::prometheus::MetricFamilies;
 
 /// The model name requests give and `/v1/models` lists unless told otherwise.
 pub const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
@@ -315,7 +315,7 @@ impl Server {
 fn spawn_model(
     config: &EngineConfig,
     options: &ServeOptions,
-    engine_metrics: crate::metrics::EngineMetrics,
+    engine_metrics: crate::prometheus::EngineMetrics,
     metrics: &ServeMetrics,
     channels: (
         crossbeam::channel::Receiver<Submission>,
@@ -352,7 +352,7 @@ fn spawn_model(
 /// Starts the engine thread around `factory`'s engine.
 fn spawn<E: Executor + 'static>(
     factory: EngineFactory<E>,
-    engine_metrics: crate::metrics::EngineMetrics,
+    engine_metrics: crate::prometheus::EngineMetrics,
     metrics: &ServeMetrics,
     pace: bool,
     options: &ServeOptions,
