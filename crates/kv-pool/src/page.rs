@@ -75,14 +75,14 @@ impl BlockKey {
 
     /// Extends `keys`, the keys of the first `keys.len()` full blocks of `tokens`, with the keys of the full
     /// blocks after them: what `chain_all` returns, without hashing again the blocks already keyed (a request
-    /// that grows by a token a step keys each block once).
+    /// that grows by a token a step keys each block once). A `tokens_per_page` of 0 counts as 1, as in
+    /// `extend_chain_from` and `chain_all`.
     pub fn extend_chain(
         keys: &mut Vec<BlockKey>,
         tokens: &[u32],
         tokens_per_page: usize,
         salt: &[u8],
     ) {
-        assert!(tokens_per_page > 0, "tokens_per_page must be positive");
         let _all_held = BlockKey::extend_chain_from(keys, tokens, 0, tokens_per_page, salt);
     }
 

@@ -42,7 +42,9 @@ use kvgate::{EngineConfig, cluster, prometheus, report, run};
 
 /// mimalloc instead of the system allocator: a long replay frees checkpoints of every size while new ones
 /// arrive, and glibc's malloc then spends a growing share of the run sorting its free lists (see
-/// `docs/benchmarks.md`, growth).
+/// `docs/benchmarks.md`, growth). Built with `no_thp`: mimalloc otherwise asks Linux for transparent huge pages
+/// on its segments; a replay then kept whole 2 MiB pages resident (peak RSS 10-23% higher) and spent about
+/// 0.8 s more kernel time on the conversation trace (`docs/benchmarks.md`, issue 34 part 4).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -91,7 +91,9 @@ impl RequestPhase {
 /// Every live request and the containers of the lifecycle's phases.
 #[derive(Debug, Default)]
 pub(crate) struct RequestTable {
-    reqs: HashMap<RequestId, Req>,
+    /// Boxed: a `Req` is large (its spec, keys, tokens, metrics and phase), and an unboxed map moved every
+    /// request on each rehash and copied it on insert and remove; the box moves a pointer.
+    reqs: HashMap<RequestId, Box<Req>>,
     /// Submitted, by arrival time and sequence.
     arriving: BTreeMap<(Timestamp, u64), RequestId>,
     /// Requests waiting for ordinary admission, at their place (pending restores are in `restoring`).
@@ -108,22 +110,28 @@ pub(crate) struct RequestTable {
 impl RequestTable {
     /// `id`'s live request, or `Error::Internal`: the engine's state names it, so it must be live.
     pub(crate) fn get(&self, id: RequestId) -> Result<&Req> {
-        self.reqs.get(&id).ok_or_else(|| not_live(id))
+        self.reqs
+            .get(&id)
+            .map(Box::as_ref)
+            .ok_or_else(|| not_live(id))
     }
 
     /// `get`, mutably.
     pub(crate) fn get_mut(&mut self, id: RequestId) -> Result<&mut Req> {
-        self.reqs.get_mut(&id).ok_or_else(|| not_live(id))
+        self.reqs
+            .get_mut(&id)
+            .map(Box::as_mut)
+            .ok_or_else(|| not_live(id))
     }
 
     /// `id`'s live request, if it is live (a caller's id, or one a step may have retired).
     pub(crate) fn find(&self, id: RequestId) -> Option<&Req> {
-        self.reqs.get(&id)
+        self.reqs.get(&id).map(Box::as_ref)
     }
 
     /// `find`, mutably.
     pub(crate) fn find_mut(&mut self, id: RequestId) -> Option<&mut Req> {
-        self.reqs.get_mut(&id)
+        self.reqs.get_mut(&id).map(Box::as_mut)
     }
 
     pub(crate) fn contains(&self, id: RequestId) -> bool {
@@ -136,11 +144,11 @@ impl RequestTable {
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&RequestId, &Req)> {
-        self.reqs.iter()
+        self.reqs.iter().map(|(id, req)| (id, req.as_ref()))
     }
 
     pub(crate) fn values(&self) -> impl Iterator<Item = &Req> {
-        self.reqs.values()
+        self.reqs.values().map(Box::as_ref)
     }
 
     /// The running requests, in admission order.
@@ -182,7 +190,7 @@ impl RequestTable {
     pub(crate) fn enter(&mut self, req: Req) {
         let id = req.spec.id;
         self.arriving.insert(req.arrival_key, id);
-        self.reqs.insert(id, req);
+        self.reqs.insert(id, Box::new(req));
     }
 
     /// Takes out the first request arrived by `now`: it leaves the arriving queue and is moved on by its
@@ -204,7 +212,7 @@ impl RequestTable {
     }
 
     /// Takes `id` out of the table: gone (finished, cancelled, rejected).
-    pub(crate) fn remove(&mut self, id: RequestId) -> Option<Req> {
+    pub(crate) fn remove(&mut self, id: RequestId) -> Option<Box<Req>> {
         self.leave_container(id);
         self.reqs.remove(&id)
     }

@@ -182,3 +182,18 @@ fn chain_hashes_the_same_message_on_the_stack_and_on_the_heap() {
         );
     }
 }
+
+#[test]
+fn extend_chain_counts_a_block_of_zero_tokens_as_one_and_does_not_panic() {
+    let tokens = [5, 6, 7];
+    let mut zero = Vec::new();
+    BlockKey::extend_chain(&mut zero, &tokens, 0, b"t");
+    let mut one = Vec::new();
+    BlockKey::extend_chain(&mut one, &tokens, 1, b"t");
+    assert_eq!(zero.len(), 3);
+    assert_eq!(zero, one);
+    assert_eq!(zero, BlockKey::chain_all(&tokens, 0, b"t"));
+    let mut from = Vec::new();
+    assert!(BlockKey::extend_chain_from(&mut from, &tokens, 0, 0, b"t"));
+    assert_eq!(from, zero);
+}
