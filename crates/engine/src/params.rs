@@ -163,10 +163,11 @@ pub struct EngineParams {
     /// prompt end and the response end are captured always.
     pub capture_prefill_tail: bool,
     /// Pool pages the local snapshots of a hybrid model may hold (H9, H10): when a hybrid request finishes,
-    /// its pages at its exact boundary stay findable in the prefix cache (its windows' live blocks, its
-    /// partial last pages and its state), so that a later turn of the session gets a local hit; the oldest
-    /// snapshots lose their keys past this many pages. 0 turns local hybrid hits off; full attention ignores
-    /// it. At most `N_PAGES_MAX`. Default `STATE_SNAPSHOT_PAGES_DEFAULT`.
+    /// its pages at its exact boundary stay findable in the prefix cache (its windows' live blocks as cached
+    /// blocks, its partial last pages and its state as the snapshot's own), so that a later turn of the
+    /// session gets a local hit; past this many pages of their own, the oldest snapshots lose them. 0 turns
+    /// local hybrid hits off; full attention ignores it. At most `N_PAGES_MAX`. Default
+    /// `STATE_SNAPSHOT_PAGES_DEFAULT`.
     pub state_snapshot_pages: u32,
     /// The clock (L1). Default `Simulated`.
     pub clock: ClockKind,

@@ -193,8 +193,9 @@ pub struct RestoreConfig {
     /// Whether a prompt computed in several chunks publishes a checkpoint where its last chunk starts (the
     /// prefill-tail slot, H7). Default false.
     pub capture_prefill_tail: bool,
-    /// Pool pages the local snapshots of a hybrid model may keep cached for later turns' local hits (H9,
-    /// H10); 0 turns them off; full attention ignores it. Default 512; at most 4 Mi.
+    /// Pool pages of their own (partial last pages, state) the local snapshots of a hybrid model may keep
+    /// cached for later turns' local hits (H9, H10); their blocks are cached blocks like any other. 0 turns
+    /// them off; full attention ignores it. Default 512; at most 4 Mi.
     pub state_snapshot_pages: u32,
 }
 

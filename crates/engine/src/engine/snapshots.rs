@@ -6,9 +6,11 @@
 //! checkpoint) become a *snapshot*: its full-attention blocks stay cached under their block keys as always,
 //! its windows' live full blocks are cached under `window_block_key` (shared by every snapshot holding the
 //! block), and its partial last pages and its fixed pages (state, auxiliary) under the slot keys of the exact
-//! boundary (`slot_key`). No page is copied: the finished request hands its pages to the prefix cache. The
-//! snapshots keep at most `EngineParams::state_snapshot_pages` pages keyed: past it, the oldest lose their
-//! keys. Their pages are free cached pages, evicted by the pool like any other.
+//! boundary (`slot_key`). No page is copied: the finished request hands its pages to the prefix cache. Blocks
+//! of full attention and of the windows are cached blocks like any other; the pages valid at the exact
+//! boundary alone (partial last pages, state) are the snapshots' own, at most
+//! `EngineParams::state_snapshot_pages` of them keyed: past it, the oldest snapshots lose those keys. All are
+//! free cached pages, evicted by the pool like any other.
 //!
 //! A later request whose prompt starts with a snapshot's exact boundary (the exact prefix key, salt
 //! included) gets a local hit there when every page of the boundary is still cached; one page evicted and the
@@ -66,7 +68,8 @@ struct Snapshot {
     last_block: Option<BlockKey>,
     /// The key each page of the boundary is found under, in `GroupCoordinator::slots` order.
     keys: Vec<BlockKey>,
-    /// The pages it keyed itself, with their key: they lose it when it is dropped.
+    /// The pages valid at its exact boundary alone (partial last pages, state) that it keyed itself, with
+    /// their key: they lose it when it is dropped.
     owned: Vec<(PageId, BlockKey)>,
 }
 
@@ -114,23 +117,25 @@ impl<E: Executor> Engine<E> {
                     self.storage.write(rank, page, &self.scratch.page_buf)?;
                 }
             }
-            let key = match (slot.key_idx, boundary.block(slot_idx)) {
+            // A window's full block is a cached block like full attention's; the rest is the snapshot's own.
+            let (key, own) = match (slot.key_idx, boundary.block(slot_idx)) {
                 // A full-attention block: cached under its block key when computed.
                 (Some(key_idx), _) => {
                     keys.push(req.keys[key_idx as usize]);
                     continue;
                 }
-                (None, Some(block)) if slot.group != full && !boundary.is_partial(slot_idx) => {
-                    window_block_key(slot.group, req.keys[block as usize])
-                }
-                _ => slot_key(exact, slot_idx),
+                (None, Some(block)) if slot.group != full && !boundary.is_partial(slot_idx) => (
+                    window_block_key(slot.group, req.keys[block as usize]),
+                    false,
+                ),
+                _ => (slot_key(exact, slot_idx), true),
             };
             match self.pool.key_of(page)? {
                 // Cached already (a window block an earlier snapshot or publication keyed): found under that.
                 Some(held) => keys.push(held),
                 None => {
                     // `false`: another page caches the key, with the same bytes; ours is freed with the rest.
-                    if self.pool.cache_block(page, key)? {
+                    if self.pool.cache_block(page, key)? && own {
                         owned.push((page, key));
                     }
                     keys.push(key);
@@ -154,8 +159,9 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Drops the oldest snapshots until they count no more than their budget: the pages each keyed lose
-    /// their key (a page some later owner keyed again keeps it), back among the uncached free pages (H10).
+    /// Drops the oldest snapshots until they count no more than their budget: their own pages lose their key
+    /// (a page some later owner keyed again keeps it), back among the uncached free pages; their blocks stay
+    /// cached (H10).
     fn keep_snapshots_within_budget(&mut self) -> Result<()> {
         while self.snapshots.pages > self.params.state_snapshot_pages {
             let Some(oldest) = self.snapshots.held.pop_front() else {

@@ -1011,6 +1011,27 @@ fn h10_snapshots_stay_within_their_budget_and_the_oldest_lose_their_keys() {
 }
 
 #[test]
+fn h10_the_budget_counts_partial_pages_and_state_never_a_windows_blocks() {
+    // At 99 tokens a windowed snapshot owns the partial last page of the block table and of the window (2
+    // pages); the window's live full blocks are cached blocks, as full attention's, outside the budget.
+    for groups in [windowed_groups(40, 8, false), windowed_groups(64, 0, true)] {
+        let label = format!("{:?}", groups[1]);
+        let mut engine = Engine::new(geometry_params(Policy::Reserved, 257, 1, groups))
+            .expect("a windowed model runs");
+        let _output = seed_output(&mut engine, &tokens(59, 0, 0, 70));
+        assert_eq!(engine.snapshot_pages(), 2, "{label}");
+    }
+    let mut engine = Engine::new(geometry_params(Policy::Reserved, 257, 1, hybrid_groups()))
+        .expect("a hybrid model runs");
+    let _output = seed_output(&mut engine, &tokens(59, 0, 0, 70));
+    assert_eq!(
+        engine.snapshot_pages(),
+        4,
+        "the partial page, the state, two auxiliary pages"
+    );
+}
+
+#[test]
 fn h10_a_snapshot_the_pool_evicted_is_a_miss_never_a_partial_hit() {
     // Turn 1 finishes at 99 tokens on a 48-page pool; a 560-token prompt of another session (chunks of 64)
     // then needs 35 blocks, its live window or state besides: more pages than the pool holds uncached, so
