@@ -356,36 +356,48 @@ fn l1_agents_runs_live_with_the_reference_executor_and_reserved_restores_every_l
 
 #[test]
 fn l4_agents_runs_live_in_every_model_presets_shape_and_reserved_restores_every_later_turn() {
+    // With the hybrid snapshots on (the default), every later turn finds its previous turn's boundary
+    // resident, a local hit (H9) checked against a recompute like a restore; with them off
+    // (`state_snapshot_pages = 0`), every later turn restores from the store.
+    let no_snapshots = temp_file("c.toml", "[restore]\nstate_snapshot_pages = 0\n");
+    let config = no_snapshots.path().join("c.toml");
     for preset in ["glm-mla-hybrid", "linear-hybrid", "sliding-window"] {
-        let args = [
-            "agents",
-            "--executor",
-            "reference",
-            "--preset",
-            preset,
-            "--policy",
-            "reserved",
-            "--agents",
-            "2",
-            "--turns",
-            "3",
-            "--think-s",
-            "0.05",
-            "--json",
-            "--verify",
-        ];
-        let (ok, stdout, stderr) = kvgate(&args);
-        assert!(ok, "{preset}: {stderr}");
-        let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-        let run = &report["runs"][0];
-        assert_eq!(run["policy"], "reserved", "{preset}: {run}");
-        assert_eq!(run["later_turns_restored"], 4, "{preset}: {run}");
-        assert_eq!(run["leaked_pages"], 0, "{preset}: {run}");
-        assert_eq!(
-            run["rejected_requests"],
-            serde_json::json!({}),
-            "{preset}: {run}"
-        );
+        for snapshots in [true, false] {
+            let mut args = vec![
+                "agents",
+                "--executor",
+                "reference",
+                "--preset",
+                preset,
+                "--policy",
+                "reserved",
+                "--agents",
+                "2",
+                "--turns",
+                "3",
+                "--think-s",
+                "0.05",
+                "--json",
+                "--verify",
+            ];
+            if !snapshots {
+                args.extend(["--config", config.to_str().unwrap()]);
+            }
+            let (ok, stdout, stderr) = kvgate(&args);
+            assert!(ok, "{preset}: {stderr}");
+            let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            let run = &report["runs"][0];
+            assert_eq!(run["policy"], "reserved", "{preset}: {run}");
+            let (restored, local) = if snapshots { (0, 4) } else { (4, 0) };
+            assert_eq!(run["later_turns_restored"], restored, "{preset}: {run}");
+            assert_eq!(run["later_turns_local_hit"], local, "{preset}: {run}");
+            assert_eq!(run["leaked_pages"], 0, "{preset}: {run}");
+            assert_eq!(
+                run["rejected_requests"],
+                serde_json::json!({}),
+                "{preset}: {run}"
+            );
+        }
     }
 }
 

@@ -126,8 +126,11 @@ fn the_readme_preset_table_is_what_the_preset_runs_give() {
         assert_eq!(
             row[5],
             format!(
-                "{}/{}, {}",
-                reserved["later_turns_restored"], reserved["later_turns"], reserved["leaked_pages"]
+                "{}/{} / {}, {}",
+                reserved["later_turns_restored"],
+                reserved["later_turns"],
+                reserved["later_turns_local_hit"],
+                reserved["leaked_pages"]
             ),
             "{}",
             row[0]

@@ -21,7 +21,10 @@ pub use executor::{
 };
 pub use kv_events::{BlockRemoved, BlockStored, KvEvent};
 pub use metrics::{FallbackReason, RejectReason, RequestMetrics, RunMetrics};
-pub use params::{ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption};
+pub use params::{
+    ClockKind, CopyEngineKind, EngineParams, LOOKUP_LATENCY_DEFAULT, Preemption,
+    STATE_SNAPSHOT_PAGES_DEFAULT,
+};
 pub use policy::Policy;
 pub use request::{
     FinishedRequest, KeyedRequest, PromptSource, RequestSpec, STOP_TOKEN, output_token,

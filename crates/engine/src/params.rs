@@ -17,6 +17,11 @@ pub use cost::CostModel;
 /// in for one across the network.
 pub const LOOKUP_LATENCY_DEFAULT: Duration = Duration::from_micros(200);
 
+/// The default budget of local hybrid snapshots (`EngineParams::state_snapshot_pages`): 512 pages, an eighth
+/// of the default pool. Snapshot pages are free cached pages like any other, evicted as the pool needs pages:
+/// the budget bounds what snapshots keep, never what a request can allocate.
+pub const STATE_SNAPSHOT_PAGES_DEFAULT: u32 = 512;
+
 /// Which copy engine the engine opens to move a restore's pages into page storage (L1). A device's own copy
 /// engine (CUDA streams) is opened by its caller with the device storage and given to `Builder::page_storage`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -159,6 +164,13 @@ pub struct EngineParams {
     /// prefill-tail slot, H7). Default false: the instruction slot (`RequestSpec::instruction_tokens`), the
     /// prompt end and the response end are captured always.
     pub capture_prefill_tail: bool,
+    /// Pool pages the local snapshots of a hybrid model may hold (H9, H10): when a hybrid request finishes,
+    /// its pages at its exact boundary stay findable in the prefix cache (its windows' live blocks as cached
+    /// blocks, its partial last pages and its state as the snapshot's own), so that a later turn of the
+    /// session gets a local hit; past this many pages of their own, the oldest snapshots lose them. 0 turns
+    /// local hybrid hits off; full attention ignores it. At most `N_PAGES_MAX`. Default
+    /// `STATE_SNAPSHOT_PAGES_DEFAULT`.
+    pub state_snapshot_pages: u32,
     /// The clock (L1). Default `Simulated`.
     pub clock: ClockKind,
     /// What a preemption leaves behind (Q6). Default `Offload`.
@@ -205,6 +217,7 @@ impl Default for EngineParams {
             seed: 0,
             stall_timeout: Duration::from_secs(3600),
             capture_prefill_tail: false,
+            state_snapshot_pages: STATE_SNAPSHOT_PAGES_DEFAULT,
             copy_engine: CopyEngineKind::Inline,
             clock: ClockKind::Simulated,
             preemption: Preemption::Offload,
@@ -338,6 +351,16 @@ impl EngineParams {
         }
         if self.stall_timeout.is_zero() {
             return invalid("stall_timeout", "more than 0 s");
+        }
+        if self.state_snapshot_pages > Self::N_PAGES_MAX {
+            return invalid(
+                "state_snapshot_pages",
+                &format!(
+                    "{} is above the limit of {} pages",
+                    self.state_snapshot_pages,
+                    Self::N_PAGES_MAX
+                ),
+            );
         }
         if self.copy_task_limit == 0 {
             return invalid("copy_task_limit", "at least 1");

@@ -151,6 +151,10 @@ pub struct RestoreConfig {
     /// Whether a prompt computed in several chunks publishes a checkpoint where its last chunk starts (the
     /// prefill-tail slot, H7). Default false.
     pub capture_prefill_tail: bool,
+    /// Pool pages of their own (partial last pages, state) the local snapshots of a hybrid model may keep
+    /// cached for later turns' local hits (H9, H10); their blocks are cached blocks like any other. 0 turns
+    /// them off; full attention ignores it. Default 512; at most 4 Mi.
+    pub state_snapshot_pages: u32,
 }
 
 /// The external checkpoint store.
@@ -232,6 +236,7 @@ impl Default for RestoreConfig {
             copy_seed: 0,
             verify: false,
             capture_prefill_tail: params.capture_prefill_tail,
+            state_snapshot_pages: params.state_snapshot_pages,
         }
     }
 }
@@ -726,6 +731,7 @@ impl EngineConfig {
             verify_restores: self.restore.verify || cfg!(any(debug_assertions, test)),
             copy_engine: self.copy_engine_kind()?,
             capture_prefill_tail: self.restore.capture_prefill_tail,
+            state_snapshot_pages: self.restore.state_snapshot_pages,
             clock: engine::ClockKind::Simulated,
             preemption: self.preemption()?,
             seed: self.seed,

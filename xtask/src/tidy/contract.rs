@@ -4,7 +4,10 @@
 //! file. Without the shared contract (a checkout outside the project folder) only the second part runs.
 //! A behaviour not built yet has a row whose last cell starts with `open:` and names the issue that builds
 //! it; it needs no test, and tidy lists it on stderr so that it is never forgotten. An open row that a test
-//! already pins is a problem: the row must say so.
+//! already pins is a problem: the row must say so. A row may extend a family of the specification past its
+//! last id (`H9` after the specification's `H8`): a behaviour kvgate adds, held to the same rules (a test
+//! named in its row, a test function `fn <id>_...`) and listed on stderr; any other id the specification
+//! lacks is a problem.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -40,8 +43,29 @@ pub(crate) fn check(root: &Path) -> Result<Vec<String>, String> {
                     .collect();
                 let rows = row_refs(doc);
                 problems.extend(missing_rows(&closed, &rows));
+                let mut extensions = Vec::new();
                 for id in rows.keys().filter(|id| !ids.contains(id)) {
-                    problems.push(format!("{DOC}: row {id} is not a behaviour of {SPEC}"));
+                    if extends_a_family(&ids, id) {
+                        extensions.push(id.clone());
+                    } else {
+                        problems.push(format!("{DOC}: row {id} is not a behaviour of {SPEC}"));
+                    }
+                }
+                problems.extend(missing_rows(&extensions, &rows));
+                let tests = workspace_test_fns(root)?;
+                for id in &extensions {
+                    let prefix = format!("{}_", id.to_lowercase());
+                    if !tests.iter().any(|name| name.starts_with(&prefix)) {
+                        problems.push(format!(
+                            "contract {id}: no test function named `{prefix}...` under crates/ or tests/"
+                        ));
+                    }
+                }
+                if !extensions.is_empty() {
+                    eprintln!(
+                        "xtask: contract rows beyond {SPEC} (see {DOC}): {}",
+                        extensions.join(" ")
+                    );
                 }
             }
             None => problems.push(format!("{DOC} is missing")),
@@ -204,6 +228,26 @@ fn fn_name(line: &str) -> Option<&str> {
 }
 
 /// An id such as `R1` or `Q8`: upper-case letters, then digits.
+/// Whether `id` extends a family of the specification's `ids` past its last id: the same letters, a
+/// larger number (`H9` when the specification's H ids end at `H8`).
+pub(super) fn extends_a_family(ids: &[String], id: &str) -> bool {
+    let split = |id: &str| {
+        let digits = id.trim_start_matches(|c: char| c.is_ascii_uppercase());
+        let family = id[..id.len() - digits.len()].to_string();
+        (family, digits.parse::<u64>().ok())
+    };
+    let (family, Some(number)) = split(id) else {
+        return false;
+    };
+    let last = ids
+        .iter()
+        .map(|known| split(known))
+        .filter(|(known, _)| *known == family)
+        .filter_map(|(_, number)| number)
+        .max();
+    last.is_some_and(|last| number > last)
+}
+
 fn is_contract_id(text: &str) -> bool {
     let digits = text.trim_start_matches(|c: char| c.is_ascii_uppercase());
     digits.len() < text.len() && !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit())

@@ -1,7 +1,7 @@
 //! Tests of the tidy parsers: contract ids of the specification, rows and test references of
 //! `docs/contract.md`, test function names of Rust sources, and which files are integration tests.
 
-use super::contract::{TestRef, row_refs, spec_ids, test_fns, test_refs};
+use super::contract::{TestRef, extends_a_family, row_refs, spec_ids, test_fns, test_refs};
 
 fn test_ref(file: &str, test: &str) -> TestRef {
     TestRef {
@@ -24,6 +24,23 @@ Text with **X1** in the middle is no item.
 - **rx** lower case is no id
 ";
     assert_eq!(spec_ids(spec), ["R1", "R2", "R10", "Q8"]);
+}
+
+#[test]
+fn a_row_may_extend_a_family_of_the_specification_past_its_last_id() {
+    let ids: Vec<String> = ["H1", "H8", "R10", "Q8"].map(String::from).to_vec();
+    assert!(extends_a_family(&ids, "H9"));
+    assert!(extends_a_family(&ids, "R11"));
+    assert!(
+        !extends_a_family(&ids, "H8"),
+        "already an id of the specification"
+    );
+    assert!(
+        !extends_a_family(&ids, "H2"),
+        "inside the family: a typo or a stale row"
+    );
+    assert!(!extends_a_family(&ids, "Z1"), "no such family");
+    assert!(!extends_a_family(&ids, "HX"), "no number");
 }
 
 #[test]

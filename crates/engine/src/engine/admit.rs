@@ -125,6 +125,8 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
 /// Where a cold request starts: its local prefix hits, its first chunk, and the pages it needs now.
 struct ColdStart {
     hits: Vec<PageId>,
+    /// Whether `hits` are a hybrid snapshot's (H9), not a published import's.
+    snapshot: bool,
     /// First token to compute.
     start: u32,
     /// Tokens of the first chunk.
@@ -162,7 +164,6 @@ impl<E: Executor> Engine<E> {
             // answered (a lookup latency later), and only ready imports pass it.
             return Ok(Candidate::WaitsBehind);
         }
-        let block_tokens = self.params.geometry.block_tokens();
         let cold = self.cold_start(id, plan.budget)?;
         let req = &self.table.get(id)?;
         if free_slots > 0
@@ -171,9 +172,9 @@ impl<E: Executor> Engine<E> {
             && req.metrics.fallback.is_none()
             && req.lookups < checkpoint_transfer::RESTORE_LOOKUPS_MAX
             && req.published().is_none()
-            && (cold.hits.len() as u32) < req.expected_local_blocks
+            && cold.start < req.expected_local_tokens
         {
-            self.table.get_mut(id)?.expected_local_blocks = 0;
+            self.table.get_mut(id)?.expected_local_tokens = 0;
             self.on_arrival(id)?;
             if self.table.get(id)?.phase() != RequestPhase::Waiting {
                 return Ok(Candidate::Withdrawn);
@@ -194,21 +195,10 @@ impl<E: Executor> Engine<E> {
                 ..
             } = req.restore
         {
-            let n_hits = cold.hits.len() as u32;
-            if tokens > n_hits * block_tokens {
-                let start = tokens;
-                let chunk = (req.tokens.len() as u32 - start).min(self.params.chunk_tokens);
-                let held = start.div_ceil(block_tokens);
-                let chunk_pages = (start + chunk).div_ceil(block_tokens) - held;
-                let tables = self.groups.n_tables();
-                let import_pages = self.groups.restore_at_once_pages(
-                    checkpoint.pages.len() as u32,
-                    start,
-                    n_hits,
-                    block_tokens,
-                );
+            if tokens > cold.start {
+                let checkpoint_pages = checkpoint.pages.len() as u32;
                 return Ok(Candidate::RestoreAtOnce {
-                    need_pages: import_pages + chunk_pages * tables + self.cached_free(&cold.hits),
+                    need_pages: self.restore_at_once_need(id, &cold, checkpoint_pages, tokens)?,
                 });
             }
             self.table.get_mut(id)?.restore = Restore::Idle;
@@ -216,6 +206,35 @@ impl<E: Executor> Engine<E> {
         Ok(Candidate::Cold {
             need_pages: cold.need_pages,
         })
+    }
+
+    /// Pages a restore at once of `tokens` tokens from a checkpoint of `checkpoint_pages` pages takes for
+    /// waiting `id`, which starts cold at `cold`: the checkpoint's pages past the local hit (on a hybrid
+    /// model the whole checkpoint, a snapshot hit left alone: `restore_at_once`), the first chunk's pages
+    /// after it, and the hits it touches that are free now.
+    fn restore_at_once_need(
+        &self,
+        id: RequestId,
+        cold: &ColdStart,
+        checkpoint_pages: u32,
+        tokens: u32,
+    ) -> Result<u32> {
+        let block_tokens = self.params.geometry.block_tokens();
+        let exact = self.groups.restores_at_exact_boundaries();
+        let n_hits = if exact { 0 } else { cold.hits.len() as u32 };
+        let start = tokens;
+        let chunk = (self.table.get(id)?.tokens.len() as u32 - start).min(self.params.chunk_tokens);
+        let held = start.div_ceil(block_tokens);
+        let chunk_pages = (start + chunk).div_ceil(block_tokens) - held;
+        let import_pages =
+            self.groups
+                .restore_at_once_pages(checkpoint_pages, start, n_hits, block_tokens);
+        let hits_free = if exact {
+            0
+        } else {
+            self.cached_free(&cold.hits)
+        };
+        Ok(import_pages + chunk_pages * self.groups.n_tables() + hits_free)
     }
 
     /// A restore tried at admission (G1) whose pages a store on its own thread is still reading ahead, off
@@ -236,9 +255,8 @@ impl<E: Executor> Engine<E> {
         else {
             return Ok(None);
         };
-        let block_tokens = self.params.geometry.block_tokens();
         if !self.policy.restores_at_admission()
-            || tokens <= cold.hits.len() as u32 * block_tokens
+            || tokens <= cold.start
             || self.restores.store.ready(id, &checkpoint.id)
         {
             return Ok(None);
@@ -281,6 +299,7 @@ impl<E: Executor> Engine<E> {
         let need_pages = new_pages + self.cached_free(&hits);
         Ok(ColdStart {
             hits,
+            snapshot: false,
             start,
             chunk,
             new_pages,
@@ -288,16 +307,20 @@ impl<E: Executor> Engine<E> {
         })
     }
 
-    /// Where hybrid `id` starts: at 0, or at the exact boundary of the pages-only import published for it when
-    /// every one of its pages is still cached (`hits` then holds its block table, then its fixed pages). Its
-    /// first allocation takes the first chunk's pages, its fixed pages, and the copies on write of an
-    /// imported partial page and state (`grow_need`).
+    /// Where hybrid `id` starts: at the exact boundary of the pages-only import published for it when every
+    /// one of its pages is still cached, else at the longest snapshot boundary every group still holds (H9),
+    /// else at 0 (`hits` then holds its block table, its windows' live pages, then its fixed pages). Its first
+    /// allocation takes the first chunk's pages, its fixed pages, and the copies on write of an imported
+    /// partial page and state (`grow_need`).
     fn hybrid_cold_start(&self, id: RequestId, budget: u32) -> Result<ColdStart> {
         let req = &self.table.get(id)?;
         let hits = self.published_hits(id)?.unwrap_or_default();
-        let start = match req.published() {
-            Some(published) if !hits.is_empty() => published.tokens,
-            _ => 0,
+        let (hits, start, snapshot) = match req.published() {
+            Some(published) if !hits.is_empty() => (hits, published.tokens, false),
+            _ => match self.snapshot_hit(id)? {
+                Some((tokens, pages)) => (pages, tokens, true),
+                None => (Vec::new(), 0, false),
+            },
         };
         let chunk = self.prefill_chunk(id, start, budget)?;
         // What its first allocation takes: the tables the published import gives it (or none), grown to the
@@ -318,6 +341,7 @@ impl<E: Executor> Engine<E> {
         let need_pages = new_pages + self.cached_free(&hits);
         Ok(ColdStart {
             hits,
+            snapshot,
             start,
             chunk,
             new_pages,
@@ -358,6 +382,7 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let ColdStart {
             hits,
+            snapshot,
             start,
             chunk,
             new_pages,
@@ -371,7 +396,7 @@ impl<E: Executor> Engine<E> {
             self.pool.touch(page)?;
         }
         if self.groups.restore_boundary() == RestoreBoundary::Exact {
-            return self.admit_hybrid_cold(id, hits, start, chunk, plan, report);
+            return self.admit_hybrid_cold(id, (hits, snapshot), start, chunk, plan, report);
         }
         let pages = self.pool.allocate(new_pages)?;
         let req = self.table.get_mut(id)?;
@@ -435,28 +460,36 @@ impl<E: Executor> Engine<E> {
         self.register_blocks_upto(id, start + chunk)
     }
 
-    /// The rest of `admit_cold` for a hybrid request whose `hits` (a published import found again, or none)
-    /// are touched: its tables, then its first allocation (`grow_pages`: the chunk, the fixed pages and the
-    /// copies on write that `hybrid_cold_start` counted).
+    /// The rest of `admit_cold` for a hybrid request whose `hits` (a published import found again, a
+    /// snapshot's pages when `snapshot`, or none) are touched: a snapshot hit verified (E3, as a restore is),
+    /// its tables, then its first allocation (`grow_pages`: the chunk, the fixed pages and the copies on write
+    /// that `hybrid_cold_start` counted).
     fn admit_hybrid_cold(
         &mut self,
         id: RequestId,
-        hits: Vec<PageId>,
+        (hits, snapshot): (Vec<PageId>, bool),
         start: u32,
         chunk: u32,
         plan: &mut Plan,
         report: &mut StepReport,
     ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
+        if snapshot {
+            self.verify_local_hit(id, &hits, start)?;
+        }
         let req = self.table.get_mut(id)?;
         let was_published = req.take_published().is_some();
-        if hits.is_empty() && was_published {
+        if (hits.is_empty() || snapshot) && was_published {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report
                 .fallbacks
                 .push((id, FallbackReason::EvictedBeforeAdmission));
         }
-        req.record_served(0, start);
+        if snapshot {
+            req.record_served(start, 0);
+        } else {
+            req.record_served(0, start);
+        }
         let restored = !hits.is_empty();
         self.assign_checkpoint_pages(id, hits, start)?;
         let req = self.table.get_mut(id)?;

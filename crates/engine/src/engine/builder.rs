@@ -187,6 +187,7 @@ impl<E: Executor> Builder<E> {
             ids: Ids::default(),
             tally: Tally::default(),
             kv_events: None,
+            snapshots: super::snapshots::Snapshots::default(),
         })
     }
 }

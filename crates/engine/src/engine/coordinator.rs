@@ -44,20 +44,12 @@ enum StoreAnswer {
 impl<E: Executor> Engine<E> {
     /// A request arrives: it asks the store unless its local prefix already covers every restorable block.
     pub(crate) fn on_arrival(&mut self, id: RequestId) -> Result<()> {
-        let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
         let restorable = self.restorable_tokens(id)?;
-        // The groups' combined hit: none on a hybrid model, whose prefix cache keeps no state (H2).
-        let local = self
-            .groups
-            .local_hit(
-                &self.pool,
-                &req.keys[..(restorable / block_tokens) as usize],
-            )
-            .len() as u32;
-        if local * block_tokens >= restorable || restorable == 0 {
+        // The groups' combined hit: whole blocks, or on a hybrid model a snapshot's boundary (H9).
+        let local = self.local_hit_tokens(id, restorable)?;
+        if local >= restorable || restorable == 0 {
             let req = self.table.get_mut(id)?;
-            req.expected_local_blocks = local;
+            req.expected_local_tokens = local;
             req.metrics.complete_local_hit |= !req.admitted_once && restorable > 0;
             return self.enqueue_waiting(id, None);
         }
@@ -364,19 +356,14 @@ impl<E: Executor> Engine<E> {
             }
         };
         let tokens = matched_tokens.min(self.restorable_tokens(id)?);
-        let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
-        let local = self
-            .groups
-            .local_hit(&self.pool, &req.keys[..(tokens / block_tokens) as usize])
-            .len() as u32;
-        if tokens <= local * block_tokens {
+        let local = self.local_hit_tokens(id, tokens)?;
+        if tokens <= local {
             // A complete local hit: admitted without the store (G2). The lookup is over: should the local
             // pages be evicted before admission, the request asks the store again (`examine`).
             let req = self.table.get_mut(id)?;
             req.restore = Restore::Idle;
             req.metrics.complete_local_hit |= !req.admitted_once;
-            req.expected_local_blocks = local;
+            req.expected_local_tokens = local;
             self.enqueue_waiting(id, None)?;
             return Ok(true);
         }

@@ -28,11 +28,12 @@ impl<E: Executor> Engine<E> {
     /// page in use is held by a live request or import and every held page is in use (no leak, no page freed
     /// under a holder or a live copy); every request is in exactly the container its phase names; no request
     /// counts more tokens computed than it holds; slots within the limit; outstanding credits within the live
-    /// tickets' needs. A broken one is
+    /// tickets' needs; local hybrid snapshots within their budget (H10). A broken one is
     /// `Error::Internal` naming it.
     pub fn check_invariants(&self) -> Result<()> {
         let broken = |invariant: String| Err(Error::internal(invariant));
         self.pool.check_invariants()?;
+        self.check_snapshot_budget()?;
         self.restores.index.check_invariants(&self.pool)?;
         let held_by_index: HashSet<PageId> = self.restores.index.held_pages().collect();
         for page in self.restores.copies.in_flight_pages() {
@@ -200,5 +201,21 @@ impl<E: Executor> Engine<E> {
             }
         }
         owned
+    }
+
+    /// H10: the local snapshots of a hybrid model stay within their budget, and key no more pages than they
+    /// count.
+    fn check_snapshot_budget(&self) -> Result<()> {
+        let (counted, keyed) = (
+            self.snapshots.pages(),
+            self.snapshots.keyed_pages(&self.pool),
+        );
+        if counted > self.params.state_snapshot_pages || keyed > counted {
+            return Err(Error::internal(format!(
+                "local snapshots count {counted} pages and key {keyed}, over their budget of {} pages",
+                self.params.state_snapshot_pages
+            )));
+        }
+        Ok(())
     }
 }

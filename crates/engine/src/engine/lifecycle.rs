@@ -52,9 +52,10 @@ impl<E: Executor> Engine<E> {
     }
 
     /// A request's answer is over and it does not stream (or its stream is closed): its pages are freed (its
-    /// blocks stay cached), whatever the ledger still holds for it is released (a ticket whose prompt ended in
+    /// blocks stay cached; on a hybrid model its boundary stays cached as a snapshot, H9), whatever the ledger still holds for it is released (a ticket whose prompt ended in
     /// the step it finished), and it is reported finished.
     pub(crate) fn finish(&mut self, id: RequestId) -> Result<()> {
+        self.snapshot_on_finish(id)?;
         self.free_request_pages(id)?;
         self.table.leave_container(id);
         self.release_ticket(id);

@@ -12,7 +12,7 @@
 //! effects once; `report.rs` `StepReport`, `RequestView` and the read-only accessors; `invariants.rs`
 //! `check_invariants` and the leak count; `capture_link.rs` the captures on their way to the store; `clock.rs`
 //! the injected clock; `groups.rs` the cache groups' plan; `drafts.rs` what a decode with draft tokens yields;
-//! `recompute.rs` E3 verification by recompute.
+//! `recompute.rs` E3 verification by recompute; `snapshots.rs` local prefix hits of a hybrid model.
 
 mod admit;
 mod builder;
@@ -29,6 +29,7 @@ mod parts;
 mod recompute;
 mod report;
 mod restore_policy;
+mod snapshots;
 mod step;
 mod table;
 mod tokens;
@@ -83,6 +84,8 @@ pub struct Engine<E: Executor = SimExecutor> {
     scratch: StepScratch,
     /// The KV events not yet taken, once enabled (`enable_kv_events`).
     kv_events: Option<crate::kv_events::KvEventLog>,
+    /// The local snapshots of a hybrid model (H9, H10).
+    snapshots: snapshots::Snapshots,
 }
 
 impl<E: Executor> std::fmt::Debug for Engine<E> {
@@ -295,6 +298,7 @@ impl<E: Executor> Engine<E> {
             });
         }
         self.pool.reset_prefix_cache()?;
+        self.snapshots.clear();
         Ok(())
     }
 
@@ -341,6 +345,7 @@ impl<E: Executor> Engine<E> {
             .index
             .clear(&mut self.pool, &mut *self.restores.copies, true)?;
         debug_assert!(lost.is_empty(), "imports of no live request: {lost:?}");
+        self.snapshots.clear();
         if self.pool.n_in_use() == 0 {
             self.pool.reset_prefix_cache()?;
         } else {

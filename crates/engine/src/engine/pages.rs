@@ -471,7 +471,7 @@ impl<E: Executor> Engine<E> {
 
     /// `id`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupCoordinator::slots` order: the
     /// block table's, every windowed table's live ones, the fixed pages.
-    fn boundary_pages(&self, id: RequestId, n_tokens: u32) -> Result<Vec<PageId>> {
+    pub(crate) fn boundary_pages(&self, id: RequestId, n_tokens: u32) -> Result<Vec<PageId>> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.table.get(id)?;
         let n_pages = n_tokens.div_ceil(block_tokens) as usize;
@@ -626,13 +626,39 @@ impl<E: Executor> Engine<E> {
         if !self.params.verify_restores {
             return Ok(());
         }
+        let dest = self.verified_import_pages(id)?;
+        self.verify_pages(id, first_block, tokens, &dest)
+    }
+
+    /// E3 for a local hybrid hit (H9): checks that every page of the snapshot `pages` at boundary `tokens`
+    /// that `id` is admitted on holds what recomputing its prefix writes, on every rank, as a restore's.
+    pub(crate) fn verify_local_hit(
+        &mut self,
+        id: RequestId,
+        pages: &[PageId],
+        tokens: u32,
+    ) -> Result<()> {
+        if !self.params.verify_restores {
+            return Ok(());
+        }
+        self.verify_pages(id, 0, tokens, pages)
+    }
+
+    /// Checks `dest`, the pages of an import of `tokens` tokens from block `first_block` on
+    /// (`GroupCoordinator::import_slots` order), against what recompute writes.
+    fn verify_pages(
+        &mut self,
+        id: RequestId,
+        first_block: u32,
+        tokens: u32,
+        dest: &[PageId],
+    ) -> Result<()> {
         // Recompute reads the restored prefix's tokens.
         self.materialize(id)?;
         if self.executor.writes_pages() {
-            return self.verify_by_recompute(id, first_block, tokens);
+            return self.verify_by_recompute(id, first_block, tokens, dest);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let dest = self.verified_import_pages(id)?;
         let req = &self.table.get(id)?;
         let boundary = self.groups.import_boundary(
             req.tokens.get(id)?,

@@ -9,7 +9,8 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 
 impl<E: Executor> Engine<E> {
-    /// Checks every page of `id`'s published import of `tokens` tokens (`GroupCoordinator::import_slots`:
+    /// Checks every page `dest` of `id`'s import of `tokens` tokens, or of a snapshot it is admitted on
+    /// (`GroupCoordinator::import_slots`:
     /// its blocks from `first_block` on; hybrid: the whole checkpoint, its windowed groups' live pages and its
     /// fixed pages included), on every rank, against a recompute of its first `tokens` tokens.
     pub(crate) fn verify_by_recompute(
@@ -17,9 +18,9 @@ impl<E: Executor> Engine<E> {
         id: RequestId,
         first_block: u32,
         tokens: u32,
+        dest: &[PageId],
     ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let dest = self.verified_import_pages(id)?;
         let prefix = self
             .table
             .get(id)?
@@ -46,7 +47,7 @@ impl<E: Executor> Engine<E> {
             )));
         }
         let mut fixed = expected.fixed.iter();
-        for (slot_idx, ((slot, block), &page)) in slots.iter().zip(&dest).enumerate() {
+        for (slot_idx, ((slot, block), &page)) in slots.iter().zip(dest).enumerate() {
             let bytes = match block {
                 Some(block) if slot.group == self.groups.full() => {
                     expected.blocks.get(*block as usize)

@@ -234,4 +234,10 @@ impl<E: Executor> Engine<E> {
     pub fn steps(&self) -> u64 {
         self.time.steps
     }
+
+    /// Pages the local snapshots of a hybrid model hold keyed, as their budget
+    /// (`EngineParams::state_snapshot_pages`) counts them (H9, H10); 0 on a full-attention model.
+    pub fn snapshot_pages(&self) -> u32 {
+        self.snapshots.pages()
+    }
 }

@@ -842,3 +842,232 @@ fn h5_a_checkpoint_with_draft_state_resumes_drafting_without_a_replay() {
         }
     }
 }
+
+/// Cache groups of each kind a local hybrid hit must serve (H9): recurrent and auxiliary state, a sliding
+/// window (40 tokens, 8 retained) and chunked-local attention (64 tokens).
+fn local_hit_geometries() -> [Vec<CacheGroup>; 3] {
+    [
+        hybrid_groups(),
+        windowed_groups(40, 8, false),
+        windowed_groups(64, 0, true),
+    ]
+}
+
+/// Runs `engine` until idle, checking the invariants (H10's budget among them) after every step.
+fn run_checked(engine: &mut Engine) {
+    while !engine.is_idle() {
+        engine.step().expect("step");
+        engine.check_invariants().expect("invariants");
+    }
+}
+
+/// Submits request `id` with `prompt` as a later turn and runs it to the end; its metrics.
+fn later_turn(engine: &mut Engine, id: u64, prompt: Vec<u32>) -> engine::RequestMetrics {
+    let mut turn = spec(id, prompt, 4, engine.now());
+    turn.is_later_turn = true;
+    engine.submit(turn).unwrap();
+    run_checked(engine);
+    metrics_of(engine, id)
+}
+
+#[test]
+fn h9_a_later_turn_hits_the_finished_turns_boundary_locally_in_both_orders() {
+    // Turn 1: a 70-token prompt, 30 output tokens: it finishes at 99 computed tokens (the last sampled token
+    // is not computed), inside its seventh block. Once it finished, a turn extending its whole context hits
+    // exactly those 99 tokens locally, every group served (state, window, partial pages), verified like a
+    // restore: a complete local hit, though the store holds the same boundary. While it still decodes there is no such boundary yet: a turn
+    // arriving then restores the prompt-end checkpoint (H2), and a turn after the finish still hits locally.
+    for groups in local_hit_geometries() {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+            for while_running in [false, true] {
+                let label = format!("{:?}, {policy:?}, while running {while_running}", groups[1]);
+                let mut engine = Engine::new(geometry_params(policy, 257, 1, groups.clone()))
+                    .expect("a hybrid model runs");
+                let prompt = tokens(41, 0, 0, 70);
+                engine
+                    .submit(spec(1, prompt.clone(), 30, engine.now()))
+                    .unwrap();
+                if while_running {
+                    while engine.store_stats().n_checkpoints == 0 {
+                        engine.step().expect("step");
+                    }
+                    let early = [prompt.clone(), tokens(41, 2, 0, 40)].concat();
+                    let metrics = later_turn(&mut engine, 2, early);
+                    assert_eq!(metrics.prompt_tokens_local_hit, 0, "{label}: {metrics:?}");
+                    assert_eq!(metrics.prompt_tokens_restored, 70, "{label}: {metrics:?}");
+                }
+                run_checked(&mut engine);
+                assert!(engine.snapshot_pages() > 0, "{label}: no snapshot");
+                let output = engine
+                    .take_finished()
+                    .into_iter()
+                    .find(|finished| finished.id == kv_pool::RequestId(1))
+                    .expect("turn 1 finished")
+                    .output;
+                let verified = engine.pages_verified();
+                let next = [prompt, output, tokens(41, 1, 0, 13)].concat();
+                let metrics = later_turn(&mut engine, 3, next);
+                assert_eq!(metrics.prompt_tokens_local_hit, 99, "{label}: {metrics:?}");
+                assert_eq!(metrics.prompt_tokens_restored, 0, "{label}: {metrics:?}");
+                assert!(metrics.complete_local_hit, "{label}: {metrics:?}");
+                assert!(
+                    engine.pages_verified() > verified,
+                    "{label}: hit not verified"
+                );
+                assert_eq!(engine.leaked_pages(), 0);
+            }
+        }
+    }
+}
+
+#[test]
+fn h9_a_boundary_is_a_hit_only_for_a_prompt_that_holds_it_exactly() {
+    // Turn 1 finishes at 99 tokens. A prompt that leaves its context at token 97 (inside the boundary's
+    // partial block), and the same context under another salt, find no local hit: never a boundary the
+    // prompt does not hold, never blocks or a window without their state. Both restore the prompt-end
+    // checkpoint (70 tokens) when it is theirs, and nothing under another salt.
+    for groups in local_hit_geometries() {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+            let label = format!("{:?}, {policy:?}", groups[1]);
+            let mut engine = Engine::new(geometry_params(policy, 257, 1, groups.clone()))
+                .expect("a hybrid model runs");
+            let prompt = tokens(43, 0, 0, 70);
+            let output = seed_output(&mut engine, &prompt);
+            let context = [prompt, output].concat();
+            let diverged = [&context[..97], &tokens(43, 1, 0, 20)[..]].concat();
+            let metrics = later_turn(&mut engine, 2, diverged);
+            assert_eq!(metrics.prompt_tokens_local_hit, 0, "{label}: {metrics:?}");
+            assert_eq!(metrics.prompt_tokens_restored, 70, "{label}: {metrics:?}");
+            let mut salted = spec(
+                3,
+                [&context[..], &tokens(43, 2, 0, 9)].concat(),
+                4,
+                engine.now(),
+            );
+            salted.salt = b"another tenant".to_vec();
+            salted.is_later_turn = true;
+            engine.submit(salted).unwrap();
+            run_checked(&mut engine);
+            let metrics = metrics_of(&engine, 3);
+            assert_eq!(
+                metrics.prompt_tokens_local_hit + metrics.prompt_tokens_restored,
+                0,
+                "{label}: another salt was served: {metrics:?}"
+            );
+        }
+    }
+}
+
+/// Runs request 1 with `prompt` (30 output tokens) to its finish, leaving its snapshot; its output.
+fn seed_output(engine: &mut Engine, prompt: &[u32]) -> Vec<u32> {
+    engine
+        .submit(spec(1, prompt.to_vec(), 30, engine.now()))
+        .unwrap();
+    run_checked(engine);
+    engine
+        .take_finished()
+        .into_iter()
+        .find(|finished| finished.id == kv_pool::RequestId(1))
+        .expect("request 1 finished")
+        .output
+}
+
+#[test]
+fn h10_snapshots_stay_within_their_budget_and_the_oldest_lose_their_keys() {
+    // `hybrid_groups` at 99 tokens: a snapshot keys 4 pages of its own (the partial last page, the state and
+    // two auxiliary pages; its full blocks are cached as always). A budget of 4 pages keeps one session's
+    // boundary: session A's is dropped when session B's is taken, so B's next turn hits locally while A's
+    // restores its response checkpoint from the store, verified. A budget of 0 keeps none.
+    for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+        for budget in [4, 0] {
+            let label = format!("{policy:?}, budget {budget}");
+            let mut params = geometry_params(policy, 257, 1, hybrid_groups());
+            params.state_snapshot_pages = budget;
+            let mut engine = Engine::new(params).expect("a hybrid model runs");
+            let prompts = [tokens(47, 0, 0, 70), tokens(47, 1, 0, 70)];
+            let mut contexts = Vec::new();
+            for (session, prompt) in prompts.iter().enumerate() {
+                let id = 1 + session as u64;
+                engine
+                    .submit(spec(id, prompt.clone(), 30, engine.now()))
+                    .unwrap();
+                run_checked(&mut engine);
+                assert!(engine.snapshot_pages() <= budget, "{label}");
+                let output = engine.take_finished().remove(0).output;
+                contexts.push([&prompt[..], &output, &tokens(47, 2, id as u32, 13)].concat());
+            }
+            assert_eq!(engine.snapshot_pages(), budget, "{label}");
+            let b = later_turn(&mut engine, 3, contexts[1].clone());
+            let (local, restored) = if budget > 0 { (99, 0) } else { (0, 99) };
+            assert_eq!(b.prompt_tokens_local_hit, local, "{label}: {b:?}");
+            assert_eq!(b.prompt_tokens_restored, restored, "{label}: {b:?}");
+            let verified = engine.pages_verified();
+            let a = later_turn(&mut engine, 4, contexts[0].clone());
+            assert_eq!(a.prompt_tokens_local_hit, 0, "{label}: {a:?}");
+            assert_eq!(a.prompt_tokens_restored, 99, "{label}: {a:?}");
+            assert!(engine.pages_verified() > verified, "{label}");
+        }
+    }
+}
+
+#[test]
+fn h10_the_budget_counts_partial_pages_and_state_never_a_windows_blocks() {
+    // At 99 tokens a windowed snapshot owns the partial last page of the block table and of the window (2
+    // pages); the window's live full blocks are cached blocks, as full attention's, outside the budget.
+    for groups in [windowed_groups(40, 8, false), windowed_groups(64, 0, true)] {
+        let label = format!("{:?}", groups[1]);
+        let mut engine = Engine::new(geometry_params(Policy::Reserved, 257, 1, groups))
+            .expect("a windowed model runs");
+        let _output = seed_output(&mut engine, &tokens(59, 0, 0, 70));
+        assert_eq!(engine.snapshot_pages(), 2, "{label}");
+    }
+    let mut engine = Engine::new(geometry_params(Policy::Reserved, 257, 1, hybrid_groups()))
+        .expect("a hybrid model runs");
+    let _output = seed_output(&mut engine, &tokens(59, 0, 0, 70));
+    assert_eq!(
+        engine.snapshot_pages(),
+        4,
+        "the partial page, the state, two auxiliary pages"
+    );
+}
+
+#[test]
+fn h10_a_snapshot_the_pool_evicted_is_a_miss_never_a_partial_hit() {
+    // Turn 1 finishes at 99 tokens on a 48-page pool; a 560-token prompt of another session (chunks of 64)
+    // then needs 35 blocks, its live window or state besides: more pages than the pool holds uncached, so
+    // it evicts some of the snapshot's (some of its pages may stay). The next turn finds no local hit and
+    // restores the response checkpoint whole from the store, verified.
+    for groups in local_hit_geometries() {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+            let label = format!("{:?}, {policy:?}", groups[1]);
+            let mut params = geometry_params(policy, 48, 1, groups.clone());
+            params.chunk_tokens = 64;
+            let mut engine = Engine::new(params).expect("a hybrid model runs");
+            let prompt = tokens(53, 0, 0, 70);
+            let output = seed_output(&mut engine, &prompt);
+            let pages = engine.snapshot_pages();
+            assert!(pages > 0, "{label}");
+            engine
+                .submit(spec(2, tokens(53, 1, 0, 560), 8, engine.now()))
+                .unwrap();
+            run_checked(&mut engine);
+            let _other = engine.take_finished();
+            let next = [prompt, output, tokens(53, 2, 0, 13)].concat();
+            let metrics = later_turn(&mut engine, 3, next);
+            assert_eq!(metrics.prompt_tokens_local_hit, 0, "{label}: {metrics:?}");
+            assert_eq!(metrics.prompt_tokens_restored, 99, "{label}: {metrics:?}");
+            assert_eq!(engine.leaked_pages(), 0);
+        }
+    }
+}
+
+#[test]
+fn a_snapshot_budget_above_the_pool_limit_is_refused_naming_it() {
+    let mut params = geometry_params(Policy::Reserved, 257, 1, hybrid_groups());
+    params.state_snapshot_pages = EngineParams::N_PAGES_MAX + 1;
+    let error = Engine::new(params).expect_err("a budget above the pool limit");
+    assert!(
+        matches!(&error, Error::InvalidParam { name: "state_snapshot_pages", reason } if reason.contains("above the limit")),
+        "{error}"
+    );
+}

@@ -125,13 +125,17 @@ fn a_router_following_the_events_holds_the_engines_cached_blocks_after_every_ste
 #[test]
 fn a_hybrid_models_events_name_its_full_attention_group() {
     // `hybrid_groups`: recurrent, full attention (group 1), auxiliary. Pages-only keys an import's partial
-    // page and state under slot keys: no blocks of a token chain, so no events, and the router's set is then
-    // a subset of the keys the pool holds; the other policies are compared whole.
+    // page and state under slot keys, and a finished request's snapshot (H9) its partial page and state: no
+    // blocks of a token chain, so no events, and the router's set is then a subset of the keys the pool
+    // holds; without snapshots the other policies are compared whole.
     for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
-        let engine = Engine::new(geometry_params(policy, 96, 1, hybrid_groups())).unwrap();
-        let whole = policy != Policy::PagesOnly;
-        let (n_stored, _) = follow(engine, (3, 3), 1, whole);
-        assert!(n_stored > 0, "{policy}: no block stored");
+        for snapshot_pages in [0, 512] {
+            let mut params = geometry_params(policy, 96, 1, hybrid_groups());
+            params.state_snapshot_pages = snapshot_pages;
+            let whole = policy != Policy::PagesOnly && snapshot_pages == 0;
+            let (n_stored, _) = follow(Engine::new(params).unwrap(), (3, 3), 1, whole);
+            assert!(n_stored > 0, "{policy}: no block stored");
+        }
     }
 }
 

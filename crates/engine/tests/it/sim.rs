@@ -2,7 +2,8 @@
 //! chunked-local, recurrent and auxiliary groups), on one to three context-parallel ranks, with or without
 //! drafts (accepted at several rates), random requests (shared session prefixes, streams, early stops), cancellations,
 //! forced and non-forced resets, copy failures and delays on any rank, clock jumps and (every fourth seed) a store
-//! small enough to evict checkpoints under every policy, with every
+//! small enough to evict checkpoints under every policy, sessions going on from a finished turn's answer (a
+//! hybrid model's local hit, H9), with every
 //! invariant checked after every step (no leaked page, no page freed under a live copy, credits consistent
 //! with the pool, slots within the limit, FCFS among requests that own no capacity) and every request
 //! finished or cancelled at the end. The seed is printed on failure.
@@ -51,9 +52,15 @@ enum Defer {
     EvenIds,
 }
 
-/// Runs one simulation and returns what it produced: every finished request (outputs and metrics) and the
-/// engine's run metrics, printed.
-fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
+/// What one simulation produced: every finished request (outputs and metrics) and the engine's run metrics,
+/// printed; and the prompt tokens a hybrid model served as local hits (H9).
+struct Simulated {
+    outcome: String,
+    hybrid_local_hits: u64,
+}
+
+/// Runs one simulation.
+fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> Simulated {
     let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
     // One to three context-parallel ranks (H4): a block is 16 tokens on each rank. One full-attention
     // group, a hybrid model (windows, recurrent state, auxiliary pages, mixed), or the shape of a shipped model
@@ -108,6 +115,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
         defaults.geometry.max_model_len(),
     )
     .expect("a valid geometry");
+    let hybrid = geometry.groups().len() > 1;
     let block_tokens = geometry.block_tokens() as usize;
     let params = EngineParams {
         geometry,
@@ -146,6 +154,9 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
         .map(|s| tokens(seed, s, 0, 40 + rng.below(300) as u32))
         .collect();
     let mut live: BTreeMap<u64, usize> = BTreeMap::new();
+    // The prompt of every live request: a session continues from an even request's whole context, its
+    // answer included, as an agent's next turn does (a hybrid model's local hit, H9).
+    let mut prompts: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
     let mut next_id = 0u64;
     let mut outcome = String::new();
     for _ in 0..n_ops {
@@ -181,6 +192,7 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
                 spec.instruction_tokens = (rng.below(4) == 0 && spec.prompt.len() > 2)
                     .then(|| 1 + rng.below(spec.prompt.len() as u64 - 1) as u32);
                 spec.streaming = rng.below(10) == 0;
+                prompts.insert(next_id, spec.prompt.clone());
                 if defer == Defer::EvenIds && next_id.is_multiple_of(2) {
                     let source = Arc::new(HeldPrompt(std::mem::take(&mut spec.prompt)));
                     let keyed = spec
@@ -257,11 +269,16 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
             let session = live
                 .remove(&finished.id.0)
                 .expect("finished a live request");
+            let prompt = prompts.remove(&finished.id.0);
             if !finished.cancelled {
                 let spec_prompt_len = finished.metrics.prompt_tokens as usize;
                 let mut context = sessions[session].clone();
                 context.truncate(spec_prompt_len.min(context.len()));
                 sessions[session] = context;
+                // Decided by the id, outside `rng`: an even request's session goes on from its answer.
+                if let Some(prompt) = prompt.filter(|_| finished.id.0.is_multiple_of(2)) {
+                    sessions[session] = [prompt, finished.output.clone()].concat();
+                }
             }
         }
         // Paused streams: close them so every request ends.
@@ -288,7 +305,19 @@ fn simulate(policy: Policy, seed: u64, n_ops: u32, defer: Defer) -> String {
         ..engine.metrics()
     };
     outcome.push_str(&format!("{metrics:?}"));
-    outcome
+    let hybrid_local_hits = if hybrid {
+        engine
+            .request_metrics()
+            .iter()
+            .map(|m| u64::from(m.prompt_tokens_local_hit))
+            .sum()
+    } else {
+        0
+    };
+    Simulated {
+        outcome,
+        hybrid_local_hits,
+    }
 }
 
 /// Closes every paused stream among `live` and forgets the requests that ended.
@@ -326,6 +355,7 @@ fn sim_random_requests_cancellations_resets_faults_and_clock_jumps_under_every_p
     let only: Option<Policy> = std::env::var("KVGATE_SIM_POLICY")
         .ok()
         .and_then(|name| name.parse().ok());
+    let mut hybrid_local_hits = 0;
     for policy in [
         Policy::Ordinary,
         Policy::PagesOnly,
@@ -343,11 +373,15 @@ fn sim_random_requests_cancellations_resets_faults_and_clock_jumps_under_every_p
                 Defer::None
             };
             let result = std::panic::catch_unwind(|| simulate(policy, seed, 3000, defer));
-            assert!(
-                result.is_ok(),
-                "simulation failed: policy {policy}, seed {seed} (rerun with this seed)"
-            );
+            let Ok(simulated) = result else {
+                panic!("simulation failed: policy {policy}, seed {seed} (rerun with this seed)");
+            };
+            hybrid_local_hits += simulated.hybrid_local_hits;
         }
+    }
+    // The default seeds draw hybrid models whose later turns hit a finished turn's boundary locally (H9).
+    if seeds.end - seeds.start >= 12 {
+        assert!(hybrid_local_hits > 0, "no hybrid local hit was drawn");
     }
 }
 
@@ -355,7 +389,7 @@ fn sim_random_requests_cancellations_resets_faults_and_clock_jumps_under_every_p
 /// while every copy slot was busy were never polled into expiry, so the clock froze at their expiry time.
 #[test]
 fn w1_capacity_waiters_expire_while_copy_slots_are_busy_sim_seed_1441() {
-    simulate(Policy::Reserved, 1441, 3000, Defer::None);
+    let _simulated = simulate(Policy::Reserved, 1441, 3000, Defer::None);
 }
 
 /// A deferred prompt (`RequestSpec::keyed_from_source`) changes nothing the engine does: the same simulation with
@@ -375,8 +409,8 @@ fn a_deferred_prompt_changes_no_output_and_no_metric_in_the_simulation() {
         Policy::Oracle,
     ] {
         for seed in 0..seeds {
-            let held = simulate(policy, seed, 1500, Defer::None);
-            let deferred = simulate(policy, seed, 1500, Defer::EvenIds);
+            let held = simulate(policy, seed, 1500, Defer::None).outcome;
+            let deferred = simulate(policy, seed, 1500, Defer::EvenIds).outcome;
             assert!(
                 held == deferred,
                 "policy {policy}, seed {seed}: deferring prompts changed the outcome"

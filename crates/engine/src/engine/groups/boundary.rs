@@ -47,6 +47,11 @@ impl<'a> Boundary<'a> {
         self.blocks[slot_idx].is_none_or(|block| (block + 1) * self.block_tokens > self.n_tokens)
     }
 
+    /// The block page `slot_idx` holds (`None` for a fixed page).
+    pub(crate) fn block(&self, slot_idx: usize) -> Option<u32> {
+        self.blocks.get(slot_idx).copied().flatten()
+    }
+
     /// What recompute writes into page `slot_idx` on `rank` (the page being `page`): a full block what its
     /// block key says; the partial last page, the state and auxiliary pages what the exact boundary says.
     pub(crate) fn write(&self, slot_idx: usize, rank: u32, page: kv_pool::PageId) -> PageWrite {
@@ -74,7 +79,7 @@ impl<'a> Boundary<'a> {
 
 /// The key of exactly the first `n_tokens` of `tokens` (`keys` are its full blocks' keys): the block key when
 /// `n_tokens` ends a block, else the last full block's key chained with the partial block's tokens.
-fn exact_prefix_key(
+pub(crate) fn exact_prefix_key(
     tokens: &[u32],
     keys: &[BlockKey],
     n_tokens: u32,
@@ -94,4 +99,11 @@ fn exact_prefix_key(
 /// prefix cache until its consumer is admitted (its state is valid at exactly the boundary `exact` names).
 pub(crate) fn slot_key(exact: BlockKey, slot_idx: usize) -> BlockKey {
     BlockKey::chain(Some(&exact), &[slot_idx as u32], b"kvgate-checkpoint-slot")
+}
+
+/// The key under which a full block `block_key` of windowed group `group` stays findable in the prefix cache
+/// for local hybrid hits (H9): its bytes are a function of the block's prefix and the group alone (E3), like a
+/// full-attention block's, so every snapshot holding that block shares one page.
+pub(crate) fn window_block_key(group: u32, block_key: BlockKey) -> BlockKey {
+    BlockKey::chain(Some(&block_key), &[group], b"kvgate-window-block")
 }

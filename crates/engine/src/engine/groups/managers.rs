@@ -3,10 +3,10 @@
 //! serves, whether a restore resumes at the exact token boundary of its checkpoint, which tokens stay live,
 //! which pages a checkpoint of it holds and which pages a request holds whatever its length.
 //!
-//! Only the full-attention group serves local prefix hits today: a windowed group keeps only its window and a
-//! recurrent or auxiliary state is valid only at the exact boundary it was taken at, and the prefix cache
-//! keeps neither (H2). Local hits for those (a window's blocks, a state snapshot at a block boundary) are a
-//! change inside their manager's `local_hit` and `exact_boundary`.
+//! Only the full-attention group serves local prefix hits block by block: a windowed group keeps only its
+//! window and a recurrent or auxiliary state is valid only at the exact boundary it was taken at (H2). Their
+//! local hits are whole boundaries a finished request left cached, every group's pages of one exact boundary
+//! found at once (`snapshots.rs`, H9), not a block-by-block answer of their managers.
 
 use std::ops::Range;
 

@@ -4,9 +4,10 @@
 //! the window back in the pool (H3); every recurrent and auxiliary group holds fixed pages per request: one
 //! state page per recurrent group, its pages per auxiliary group. A geometry with any group beyond the full
 //! one is *hybrid*: a windowed group keeps only its window and a state is valid only at the exact token
-//! boundary it was taken at, so a hybrid request gets no local prefix hit (the prefix cache keeps attention
-//! blocks, not windows or state) and restores a whole checkpoint at its exact boundary, a partial last page
-//! included (H2, H6).
+//! boundary it was taken at, so a hybrid request gets no local prefix hit from blocks alone (the prefix cache
+//! keeps attention blocks, not windows or state) and restores a whole checkpoint at its exact boundary, a
+//! partial last page included (H2, H6). Its local hits are whole boundaries that finished requests left
+//! cached, every group's pages at once (`snapshots.rs`, H9, H10).
 //!
 //! Page contents (E3): a full block of the full or a windowed group holds what recompute writes for its block
 //! key; a partial last page, a recurrent state page and an auxiliary page hold what recompute writes at the
@@ -29,7 +30,7 @@ use crate::error::{Error, Result};
 mod boundary;
 mod managers;
 
-pub(crate) use self::boundary::{Boundary, slot_key};
+pub(crate) use self::boundary::{Boundary, exact_prefix_key, slot_key, window_block_key};
 use self::managers::GroupManager;
 
 /// Which token boundaries a restore may resume at: the combined answer of the groups' managers.
@@ -124,7 +125,8 @@ impl GroupCoordinator {
     }
 
     /// The block-table pages of the longest prefix of `keys` every group serves from the local prefix cache
-    /// (the minimum over the groups' hits). Does not touch them.
+    /// block by block (the minimum over the groups' hits; none on a hybrid model, whose local hits are whole
+    /// boundaries, `snapshots.rs`). Does not touch them.
     pub(crate) fn local_hit(&self, pool: &PagePool, keys: &[BlockKey]) -> Vec<PageId> {
         let mut limit = keys.len();
         for manager in self.windows.iter().chain(&self.fixed) {

@@ -213,8 +213,9 @@ pub(crate) struct Req {
     pub(crate) preempted_tokens: u32,
     /// Whether a copy of its restore failed (O7): a retry that finds nothing falls back as `copy_failed`.
     pub(crate) copy_failed: bool,
-    /// Blocks found resident when the coordinator last decided no restore was needed (a complete local hit).
-    pub(crate) expected_local_blocks: u32,
+    /// Tokens found resident when the coordinator last decided no restore was needed (a complete local hit):
+    /// whole blocks, or a hybrid snapshot's boundary (H9).
+    pub(crate) expected_local_tokens: u32,
     /// `request::output_token_state` of its submitted prompt, once its first output token needed it
     /// (`Req::output_token_state`).
     output_token_state: Option<u64>,
@@ -282,7 +283,7 @@ impl Req {
             prompt_captured: false,
             instruction_captured: false,
             prefill_tail_captured: false,
-            expected_local_blocks: 0,
+            expected_local_tokens: 0,
             stopped: false,
             metrics,
             spec,
