@@ -173,10 +173,13 @@ def test_a_run_releases_the_gil():
     assert len(ticks) - before >= elapsed / 0.02
 
 
-def test_a_live_run_on_the_reference_model_restores_turns_and_leaks_nothing():
+def test_a_live_run_on_the_reference_model_serves_later_turns_from_cache_and_leaks_nothing():
     report = kvgate.agents(executor="reference", agents=2, turns=2, policies="reserved", series=True)
     (run,) = report["runs"]
-    assert run["later_turns_restored"] == 2 and run["leaked_pages"] == 0
+    # The tiny model keeps recurrent state, so a resident session's next turn is a local hit (H9) where it
+    # is still cached and a restore from the store where it is not: both serve it from cache.
+    assert run["later_turns_restored"] + run["later_turns_local_hit"] == 2
+    assert run["leaked_pages"] == 0
     assert run["aggregate_decode_tok_s"] > 0
     assert len(run["series"]["requests"]["id"]) == 4
 
