@@ -348,7 +348,11 @@ fn l1_agents_runs_live_with_the_reference_executor_and_reserved_restores_every_l
         run["prompt_tokens_from_cache_pct"].as_f64().unwrap()
     };
     let reserved = runs.iter().find(|run| run["policy"] == "reserved").unwrap();
-    assert_eq!(reserved["later_turns_restored"], 6, "{reserved}");
+    // Every later turn comes from cache: restored, or a local hit (H9: the reference model keeps recurrent
+    // state) where the session's boundary is still cached when the turn arrives, which the wall clock decides.
+    let from_cache = reserved["later_turns_restored"].as_u64().unwrap()
+        + reserved["later_turns_local_hit"].as_u64().unwrap();
+    assert_eq!(from_cache, 6, "{reserved}");
     for policy in ["ordinary", "pages-only"] {
         assert!(pct("reserved") >= pct(policy), "{policy}: {stdout}");
     }
