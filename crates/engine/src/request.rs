@@ -243,22 +243,22 @@ impl SourcedPrompt {
 
     /// The prompt generated again, into a vector of `capacity`. Errors: `changed` when the source generates
     /// other tokens than it did first.
-    pub(crate) fn generate(&self, id: RequestId, capacity: usize) -> Result<Vec<u32>> {
+    pub(crate) fn generate(&self, request: RequestId, capacity: usize) -> Result<Vec<u32>> {
         let mut tokens = Vec::with_capacity(capacity);
         self.source.generate(&mut tokens);
         if tokens.len() != self.len || fingerprint(&tokens) != self.fingerprint {
-            return Err(self.changed(id, tokens.len()));
+            return Err(self.changed(request, tokens.len()));
         }
         Ok(tokens)
     }
 
     /// `InvalidParam "prompt_source"`: the source generated `n_generated` tokens that are not those it generated
     /// first.
-    pub(crate) fn changed(&self, id: RequestId, n_generated: usize) -> Error {
+    pub(crate) fn changed(&self, request: RequestId, n_generated: usize) -> Error {
         Error::InvalidParam {
             name: "prompt_source",
             reason: format!(
-                "{id}: the prompt source generated {n_generated} tokens that are not the {} it generated when \
+                "{request}: the prompt source generated {n_generated} tokens that are not the {} it generated when \
                  the prompt was deferred; a source must generate the same tokens on every call",
                 self.len
             ),

@@ -448,10 +448,10 @@ pub fn agents_pool_pages(config: &EngineConfig) -> u32 {
 }
 
 /// The (session, turn) an agents request id stands for.
-pub fn agent_turn(spec: &AgentsSpec, id: RequestId) -> (u32, u32) {
+pub fn agent_turn(spec: &AgentsSpec, request: RequestId) -> (u32, u32) {
     (
-        (id.0 / u64::from(spec.turns)) as u32,
-        (id.0 % u64::from(spec.turns)) as u32,
+        (request.0 / u64::from(spec.turns)) as u32,
+        (request.0 % u64::from(spec.turns)) as u32,
     )
 }
 

@@ -84,13 +84,14 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
         }
     }
 
-    fn examine(&mut self, id: RequestId, free_slots: u32) -> Result<Candidate> {
-        if self.report.preempted.contains(&id) {
+    fn examine(&mut self, request: RequestId, free_slots: u32) -> Result<Candidate> {
+        if self.report.preempted.contains(&request) {
             // Preempted by this step's running pass (Q6): it waits for the next step, as the head of the
             // queue, like vLLM's scheduler, which admits nothing after a preemption in the same step.
             return Ok(Candidate::WaitsBehind);
         }
-        self.engine.examine(id, free_slots, self.plan, self.report)
+        self.engine
+            .examine(request, free_slots, self.plan, self.report)
     }
 
     fn admit(&mut self, admit: Admit) -> Result<bool> {
@@ -110,15 +111,21 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
         }
     }
 
-    fn fall_back(&mut self, id: RequestId, cause: &FallbackCause) -> Result<u32> {
+    fn fall_back(&mut self, request: RequestId, cause: &FallbackCause) -> Result<u32> {
         // The engine asks for no ticket here (the coordinator reserves), so only a restore at once falls back.
         debug_assert!(
             matches!(cause, FallbackCause::NotAtOnce { .. }),
-            "{id}: {cause:?}"
+            "{request}: {cause:?}"
         );
-        self.engine
-            .give_up_restore_at_admission(id, FallbackReason::NoPagesAtOnce, self.report)?;
-        Ok(self.engine.cold_start(id, self.plan.budget)?.need_pages)
+        self.engine.give_up_restore_at_admission(
+            request,
+            FallbackReason::NoPagesAtOnce,
+            self.report,
+        )?;
+        Ok(self
+            .engine
+            .cold_start(request, self.plan.budget)?
+            .need_pages)
     }
 }
 
@@ -138,23 +145,23 @@ struct ColdStart {
 }
 
 impl<E: Executor> Engine<E> {
-    /// What waiting `id` needs now. With a free slot, a request whose local prefix (found at its lookup) was
+    /// What waiting `request` needs now. With a free slot, a request whose local prefix (found at its lookup) was
     /// evicted since asks the store again, as an engine re-queries its connector whenever it considers a
     /// request; under `ordinary` an answered restore is tried at once (G1).
     fn examine(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         free_slots: u32,
         plan: &Plan,
         report: &mut StepReport,
     ) -> Result<Candidate> {
-        if self.table.get(id)?.phase() == RequestPhase::Ready {
+        if self.table.get(request)?.phase() == RequestPhase::Ready {
             return Ok(Candidate::RestoreReady);
         }
         if plan.budget == 0 {
             return Ok(Candidate::OutOfBudget);
         }
-        let order = self.table.get(id)?.order;
+        let order = self.table.get(request)?.order;
         if self
             .restores
             .earliest_lookup
@@ -164,8 +171,8 @@ impl<E: Executor> Engine<E> {
             // answered (a lookup latency later), and only ready imports pass it.
             return Ok(Candidate::WaitsBehind);
         }
-        let cold = self.cold_start(id, plan.budget)?;
-        let req = &self.table.get(id)?;
+        let cold = self.cold_start(request, plan.budget)?;
+        let req = &self.table.get(request)?;
         if free_slots > 0
             && !self.policy.restores_at_admission()
             && matches!(req.restore, Restore::Idle)
@@ -174,9 +181,9 @@ impl<E: Executor> Engine<E> {
             && req.published().is_none()
             && cold.start < req.expected_local_tokens
         {
-            self.table.get_mut(id)?.expected_local_tokens = 0;
-            self.on_arrival(id)?;
-            if self.table.get(id)?.phase() != RequestPhase::Waiting {
+            self.table.get_mut(request)?.expected_local_tokens = 0;
+            self.on_arrival(request)?;
+            if self.table.get(request)?.phase() != RequestPhase::Waiting {
                 return Ok(Candidate::Withdrawn);
             }
             // Back at its place as a complete local hit: it is considered as it is now.
@@ -184,10 +191,10 @@ impl<E: Executor> Engine<E> {
                 need_pages: cold.need_pages,
             });
         }
-        if let Some(candidate) = self.wait_for_read_ahead(id, &cold, report)? {
+        if let Some(candidate) = self.wait_for_read_ahead(request, &cold, report)? {
             return Ok(candidate);
         }
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         if self.policy.restores_at_admission()
             && let Restore::Answered {
                 ref checkpoint,
@@ -198,10 +205,15 @@ impl<E: Executor> Engine<E> {
             if tokens > cold.start {
                 let checkpoint_pages = checkpoint.pages.len() as u32;
                 return Ok(Candidate::RestoreAtOnce {
-                    need_pages: self.restore_at_once_need(id, &cold, checkpoint_pages, tokens)?,
+                    need_pages: self.restore_at_once_need(
+                        request,
+                        &cold,
+                        checkpoint_pages,
+                        tokens,
+                    )?,
                 });
             }
-            self.table.get_mut(id)?.restore = Restore::Idle;
+            self.table.get_mut(request)?.restore = Restore::Idle;
         }
         Ok(Candidate::Cold {
             need_pages: cold.need_pages,
@@ -209,12 +221,12 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Pages a restore at once of `tokens` tokens from a checkpoint of `checkpoint_pages` pages takes for
-    /// waiting `id`, which starts cold at `cold`: the checkpoint's pages past the local hit (on a hybrid
+    /// waiting `request`, which starts cold at `cold`: the checkpoint's pages past the local hit (on a hybrid
     /// model the whole checkpoint, a snapshot hit left alone: `restore_at_once`), the first chunk's pages
     /// after it, and the hits it touches that are free now.
     fn restore_at_once_need(
         &self,
-        id: RequestId,
+        request: RequestId,
         cold: &ColdStart,
         checkpoint_pages: u32,
         tokens: u32,
@@ -223,7 +235,8 @@ impl<E: Executor> Engine<E> {
         let exact = self.groups.restores_at_exact_boundaries();
         let n_hits = if exact { 0 } else { cold.hits.len() as u32 };
         let start = tokens;
-        let chunk = (self.table.get(id)?.tokens.len() as u32 - start).min(self.params.chunk_tokens);
+        let chunk =
+            (self.table.get(request)?.tokens.len() as u32 - start).min(self.params.chunk_tokens);
         let held = start.div_ceil(block_tokens);
         let chunk_pages = (start + chunk).div_ceil(block_tokens) - held;
         let import_pages =
@@ -242,7 +255,7 @@ impl<E: Executor> Engine<E> {
     /// when that is not the case (inline stores read at once).
     fn wait_for_read_ahead(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         cold: &ColdStart,
         report: &mut StepReport,
     ) -> Result<Option<Candidate>> {
@@ -251,20 +264,20 @@ impl<E: Executor> Engine<E> {
             tokens,
             answered,
             ..
-        } = self.table.get(id)?.restore
+        } = self.table.get(request)?.restore
         else {
             return Ok(None);
         };
         if !self.policy.restores_at_admission()
             || tokens <= cold.start
-            || self.restores.store.ready(id, &checkpoint.id)
+            || self.restores.store.ready(request, &checkpoint.id)
         {
             return Ok(None);
         }
         if !self.store_answer_expired(answered) {
             return Ok(Some(Candidate::WaitsBehind));
         }
-        self.give_up_restore_at_admission(id, FallbackReason::LookupTimeout, report)?;
+        self.give_up_restore_at_admission(request, FallbackReason::LookupTimeout, report)?;
         Ok(Some(Candidate::Cold {
             need_pages: cold.need_pages,
         }))
@@ -273,28 +286,28 @@ impl<E: Executor> Engine<E> {
     /// A waiting request's restore at admission (G1) is given up for `reason`: it recomputes.
     fn give_up_restore_at_admission(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         reason: FallbackReason,
         report: &mut StepReport,
     ) -> Result<()> {
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         req.fall_back(reason);
         req.restore = Restore::Idle;
-        report.fallbacks.push((id, reason));
+        report.fallbacks.push((request, reason));
         Ok(())
     }
 
-    /// Where `id` starts as a cold request with `budget` tokens left in the step.
-    fn cold_start(&self, id: RequestId, budget: u32) -> Result<ColdStart> {
+    /// Where `request` starts as a cold request with `budget` tokens left in the step.
+    fn cold_start(&self, request: RequestId, budget: u32) -> Result<ColdStart> {
         if self.groups.restore_boundary() == RestoreBoundary::Exact {
-            return self.hybrid_cold_start(id, budget);
+            return self.hybrid_cold_start(request, budget);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
         let hits = self.pool.longest_prefix(&req.keys[..max_blocks]);
         let start = hits.len() as u32 * block_tokens;
-        let chunk = self.prefill_chunk(id, start, budget)?;
+        let chunk = self.prefill_chunk(request, start, budget)?;
         let new_pages = (start + chunk).div_ceil(block_tokens) - hits.len() as u32;
         let need_pages = new_pages + self.cached_free(&hits);
         Ok(ColdStart {
@@ -307,26 +320,26 @@ impl<E: Executor> Engine<E> {
         })
     }
 
-    /// Where hybrid `id` starts: at the exact boundary of the pages-only import published for it when every
+    /// Where hybrid `request` starts: at the exact boundary of the pages-only import published for it when every
     /// one of its pages is still cached, else at the longest snapshot boundary every group still holds (H9),
     /// else at 0 (`hits` then holds its block table, its windows' live pages, then its fixed pages). Its first
     /// allocation takes the first chunk's pages, its fixed pages, and the copies on write of an imported
     /// partial page and state (`grow_need`).
-    fn hybrid_cold_start(&self, id: RequestId, budget: u32) -> Result<ColdStart> {
-        let req = &self.table.get(id)?;
-        let hits = self.published_hits(id)?.unwrap_or_default();
+    fn hybrid_cold_start(&self, request: RequestId, budget: u32) -> Result<ColdStart> {
+        let req = &self.table.get(request)?;
+        let hits = self.published_hits(request)?.unwrap_or_default();
         let (hits, start, snapshot) = match req.published() {
             Some(published) if !hits.is_empty() => (hits, published.tokens, false),
-            _ => match self.snapshot_hit(id)? {
+            _ => match self.snapshot_hit(request)? {
                 Some((tokens, pages)) => (pages, tokens, true),
                 None => (Vec::new(), 0, false),
             },
         };
-        let chunk = self.prefill_chunk(id, start, budget)?;
+        let chunk = self.prefill_chunk(request, start, budget)?;
         // What its first allocation takes: the tables the published import gives it (or none), grown to the
         // first chunk, as `grow_pages` will count them.
         let (pages, windows, fixed) = self
-            .checkpoint_tables(id, hits.clone(), start)
+            .checkpoint_tables(request, hits.clone(), start)
             .unwrap_or_default();
         let held = super::pages::Held {
             pages: &pages,
@@ -349,15 +362,15 @@ impl<E: Executor> Engine<E> {
         })
     }
 
-    /// The pages of the pages-only import published for hybrid `id`, found again under their keys, when every
+    /// The pages of the pages-only import published for hybrid `request`, found again under their keys, when every
     /// one is still cached; `None` when one was evicted (or nothing was published).
-    fn published_hits(&self, id: RequestId) -> Result<Option<Vec<PageId>>> {
-        let req = &self.table.get(id)?;
+    fn published_hits(&self, request: RequestId) -> Result<Option<Vec<PageId>>> {
+        let req = &self.table.get(request)?;
         let Some(published) = req.published() else {
             return Ok(None);
         };
         Ok(self
-            .published_slot_keys(id, published.tokens)?
+            .published_slot_keys(request, published.tokens)?
             .iter()
             .map(|key| self.pool.lookup(key))
             .collect())
@@ -370,11 +383,11 @@ impl<E: Executor> Engine<E> {
             .count() as u32
     }
 
-    /// Admits waiting `id` as a cold request (its pages fit): takes its prefix hits, allocates its first
+    /// Admits waiting `request` as a cold request (its pages fit): takes its prefix hits, allocates its first
     /// chunk's pages and schedules the chunk.
     fn admit_cold(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         need_pages: u32,
         plan: &mut Plan,
         report: &mut StepReport,
@@ -387,19 +400,19 @@ impl<E: Executor> Engine<E> {
             chunk,
             new_pages,
             need_pages: needed,
-        } = self.cold_start(id, plan.budget)?;
+        } = self.cold_start(request, plan.budget)?;
         debug_assert_eq!(
             needed, need_pages,
-            "{id}'s need changed since it was examined"
+            "{request}'s need changed since it was examined"
         );
         for &page in &hits {
             self.pool.touch(page)?;
         }
         if self.groups.restore_boundary() == RestoreBoundary::Exact {
-            return self.admit_hybrid_cold(id, (hits, snapshot), start, chunk, plan, report);
+            return self.admit_hybrid_cold(request, (hits, snapshot), start, chunk, plan, report);
         }
         let pages = self.pool.allocate(new_pages)?;
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         // Hits on the pages its pages-only import published (and not evicted since) were restored; sorted,
         // so that a long prompt's count is not its hits times its published pages.
         let published = req.take_published();
@@ -424,7 +437,7 @@ impl<E: Executor> Engine<E> {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report
                 .fallbacks
-                .push((id, FallbackReason::EvictedBeforeAdmission));
+                .push((request, FallbackReason::EvictedBeforeAdmission));
         }
         req.pages = hits;
         req.pages.extend(pages);
@@ -432,32 +445,32 @@ impl<E: Executor> Engine<E> {
         req.n_registered = start / block_tokens;
         if restored > 0 {
             // Its replay page, if any, comes with its next allocation.
-            self.begin_draft_replay(id)?;
+            self.begin_draft_replay(request)?;
         }
-        self.run_first_chunk(id, start, chunk, plan, report)
+        self.run_first_chunk(request, start, chunk, plan, report)
     }
 
-    /// Admits `id`, whose pages for its first chunk `[start, start + chunk)` are allocated, into the running
+    /// Admits `request`, whose pages for its first chunk `[start, start + chunk)` are allocated, into the running
     /// set and schedules the chunk; its blocks are visible to requests considered later in the step.
     fn run_first_chunk(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         start: u32,
         chunk: u32,
         plan: &mut Plan,
         report: &mut StepReport,
     ) -> Result<()> {
-        self.table.move_to(id, RequestPhase::Running)?;
-        report.admitted.push(id);
+        self.table.move_to(request, RequestPhase::Running)?;
+        report.admitted.push(request);
         plan.entries.push((
-            id,
+            request,
             Work::Prefill {
                 first_pos: start,
                 n: chunk,
             },
         ));
         plan.budget -= chunk;
-        self.register_blocks_upto(id, start + chunk)
+        self.register_blocks_upto(request, start + chunk)
     }
 
     /// The rest of `admit_cold` for a hybrid request whose `hits` (a published import found again, a
@@ -466,7 +479,7 @@ impl<E: Executor> Engine<E> {
     /// that `hybrid_cold_start` counted).
     fn admit_hybrid_cold(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         (hits, snapshot): (Vec<PageId>, bool),
         start: u32,
         chunk: u32,
@@ -475,15 +488,15 @@ impl<E: Executor> Engine<E> {
     ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         if snapshot {
-            self.verify_local_hit(id, &hits, start)?;
+            self.verify_local_hit(request, &hits, start)?;
         }
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         let was_published = req.take_published().is_some();
         if (hits.is_empty() || snapshot) && was_published {
             req.fall_back(FallbackReason::EvictedBeforeAdmission);
             report
                 .fallbacks
-                .push((id, FallbackReason::EvictedBeforeAdmission));
+                .push((request, FallbackReason::EvictedBeforeAdmission));
         }
         if snapshot {
             req.record_served(start, 0);
@@ -491,42 +504,42 @@ impl<E: Executor> Engine<E> {
             req.record_served(0, start);
         }
         let restored = !hits.is_empty();
-        self.assign_checkpoint_pages(id, hits, start)?;
-        let req = self.table.get_mut(id)?;
+        self.assign_checkpoint_pages(request, hits, start)?;
+        let req = self.table.get_mut(request)?;
         req.copy_on_write = restored;
         req.n_computed = start;
         req.n_registered = start / block_tokens;
         if restored {
-            self.begin_draft_replay(id)?;
+            self.begin_draft_replay(request)?;
         }
-        if !self.grow_pages(id, start + chunk, super::pages::AllocKind::Prefill)? {
+        if !self.grow_pages(request, start + chunk, super::pages::AllocKind::Prefill)? {
             return Err(Error::internal(format!(
-                "{id}: admitted, but its first chunk's pages were not there"
+                "{request}: admitted, but its first chunk's pages were not there"
             )));
         }
-        self.run_first_chunk(id, start, chunk, plan, report)
+        self.run_first_chunk(request, start, chunk, plan, report)
     }
 
     /// `ordinary`: restores the checkpoint's missing blocks with the first chunk's pages (they fit); the
     /// request is admitted with its slot and computes once the copy lands. `false` (nothing changed) when no
     /// copy slot is free or the checkpoint is gone from the store.
-    fn restore_at_once(&mut self, id: RequestId, report: &mut StepReport) -> Result<bool> {
+    fn restore_at_once(&mut self, request: RequestId, report: &mut StepReport) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
         let Restore::Answered {
             checkpoint, tokens, ..
-        } = self.table.get(id)?.restore.clone()
+        } = self.table.get(request)?.restore.clone()
         else {
             return Err(Error::internal(format!(
-                "{id}: a restore at once without an answered lookup"
+                "{request}: a restore at once without an answered lookup"
             )));
         };
         if self.restores.index.n_staged() >= self.params.copy_task_limit as usize {
             return Ok(false);
         }
-        let Ok(stored) = self.restores.store.take(id, &checkpoint.id) else {
+        let Ok(stored) = self.restores.store.take(request, &checkpoint.id) else {
             return Ok(false);
         };
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let max_blocks = ((req.tokens.len() as u32 - 1) / block_tokens) as usize;
         // The groups' combined hit: none on a hybrid model (H2), whose restore brings the whole checkpoint.
         let hits = self.groups.local_hit(&self.pool, &req.keys[..max_blocks]);
@@ -543,7 +556,7 @@ impl<E: Executor> Engine<E> {
             &mut *self.restores.copies,
             self.time.now,
             checkpoint_transfer::StageRequest {
-                request: id,
+                request,
                 request_tokens: req.tokens.len(),
                 checkpoint: &part,
                 dependency_pages: &hits,
@@ -552,33 +565,36 @@ impl<E: Executor> Engine<E> {
         let dest_pages = self
             .restores
             .index
-            .pages(id)
-            .ok_or_else(|| Error::internal(format!("{id}: no pages for the import just staged")))?
+            .pages(request)
+            .ok_or_else(|| {
+                Error::internal(format!("{request}: no pages for the import just staged"))
+            })?
             .to_vec();
         for &page in &dest_pages {
             self.pool.touch(page)?;
         }
         let local_tokens = first_block * block_tokens;
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         req.record_served(local_tokens, tokens - local_tokens);
         let mut pages = hits;
         pages.extend(dest_pages);
         // A hybrid import's window and fixed pages come after its block table; its partial pages and state
         // are copied on write by the first allocation.
-        self.assign_checkpoint_pages(id, pages, tokens)?;
-        let req = self.table.get_mut(id)?;
+        self.assign_checkpoint_pages(request, pages, tokens)?;
+        let req = self.table.get_mut(request)?;
         req.copy_on_write = self.groups.restores_copy_on_write();
         req.n_computed = tokens;
         req.n_registered = first_block;
         req.restore = Restore::Idle;
-        self.begin_draft_replay(id)?;
+        self.begin_draft_replay(request)?;
         let loading = Some(Loading {
             import,
             first_block,
             tokens,
         });
-        self.table.move_to_phase(id, Phase::Running { loading })?;
-        report.admitted.push(id);
+        self.table
+            .move_to_phase(request, Phase::Running { loading })?;
+        report.admitted.push(request);
         Ok(true)
     }
 
@@ -587,80 +603,84 @@ impl<E: Executor> Engine<E> {
     /// its pages were lost despite ownership: it is back in the waiting queue for an ordinary lookup.
     pub(crate) fn admit_ready(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         plan: &mut Plan,
         report: &mut StepReport,
     ) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
-        let Restore::Importing { tokens, .. } = self.table.get(id)?.restore.clone() else {
+        let Restore::Importing { tokens, .. } = self.table.get(request)?.restore.clone() else {
             return Err(Error::internal(format!(
-                "{id} is ready without a published import"
+                "{request} is ready without a published import"
             )));
         };
         let dest = self
             .restores
             .index
-            .pages(id)
-            .ok_or_else(|| Error::internal(format!("{id} is ready but the index has no import")))?
+            .pages(request)
+            .ok_or_else(|| {
+                Error::internal(format!("{request} is ready but the index has no import"))
+            })?
             .to_vec();
         // Through the prefix-hit path (O4): the request takes its references, the index drops its own.
-        let acquired = self.restores.index.acquire(&mut self.pool, id);
-        self.absorb_prefix_changes(&mut [(id, 0)]);
+        let acquired = self.restores.index.acquire(&mut self.pool, request);
+        self.absorb_prefix_changes(&mut [(request, 0)]);
         let hits = match acquired {
             Ok(acquired) => acquired.pages,
             Err(checkpoint_transfer::Error::Invalidated { .. }) => {
                 // Lost despite ownership (a reset dropped the keys); the index released it: look up again as an
                 // ordinary request.
-                self.drop_restore(id)?;
-                self.enqueue_waiting(id, Some(FallbackReason::Invalid))?;
-                report.fallbacks.push((id, FallbackReason::Invalid));
+                self.drop_restore(request)?;
+                self.enqueue_waiting(request, Some(FallbackReason::Invalid))?;
+                report.fallbacks.push((request, FallbackReason::Invalid));
                 return Ok(false);
             }
             Err(error) => return Err(error.into()),
         };
         debug_assert_eq!(hits.len(), self.groups.import_len(tokens, block_tokens));
-        self.policy.admit(id, &mut self.pool)?;
+        self.policy.admit(request, &mut self.pool)?;
         // `hits` is the import's page table with each block's page, position by position.
         let restored_tokens = self
             .groups
             .restored_tokens(&hits, &dest, tokens, block_tokens);
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         req.restore = Restore::Idle;
         req.record_served(tokens - restored_tokens, restored_tokens);
-        self.assign_checkpoint_pages(id, hits, tokens)?;
-        let req = self.table.get_mut(id)?;
+        self.assign_checkpoint_pages(request, hits, tokens)?;
+        let req = self.table.get_mut(request)?;
         req.copy_on_write = self.groups.restores_copy_on_write();
         req.n_computed = tokens;
         req.n_registered = tokens / block_tokens;
         let full_prompt = req.n_computed == req.tokens.len() as u32;
         if restored_tokens > 0 {
-            self.begin_draft_replay(id)?;
+            self.begin_draft_replay(request)?;
         }
-        self.table.move_to(id, RequestPhase::Running)?;
-        report.admitted.push(id);
+        self.table.move_to(request, RequestPhase::Running)?;
+        report.admitted.push(request);
         if full_prompt {
-            plan.entries.push((id, Work::LogitsOnly));
+            plan.entries.push((request, Work::LogitsOnly));
             return Ok(true);
         }
-        self.plan_first_chunk(id, plan)?;
+        self.plan_first_chunk(request, plan)?;
         Ok(true)
     }
 
-    /// Plans the first prefill chunk of admitted request `id` after its imported prefix, within the
+    /// Plans the first prefill chunk of admitted request `request` after its imported prefix, within the
     /// step's budget and the pages it can grow.
-    fn plan_first_chunk(&mut self, id: RequestId, plan: &mut Plan) -> Result<()> {
-        let first_pos = self.table.get(id)?.n_computed;
-        let chunk = self.prefill_chunk(id, first_pos, plan.budget)?;
-        if chunk > 0 && self.grow_pages(id, first_pos + chunk, super::pages::AllocKind::Prefill)? {
+    fn plan_first_chunk(&mut self, request: RequestId, plan: &mut Plan) -> Result<()> {
+        let first_pos = self.table.get(request)?.n_computed;
+        let chunk = self.prefill_chunk(request, first_pos, plan.budget)?;
+        if chunk > 0
+            && self.grow_pages(request, first_pos + chunk, super::pages::AllocKind::Prefill)?
+        {
             plan.entries.push((
-                id,
+                request,
                 Work::Prefill {
                     first_pos,
                     n: chunk,
                 },
             ));
             plan.budget -= chunk;
-            self.register_blocks_upto(id, first_pos + chunk)?;
+            self.register_blocks_upto(request, first_pos + chunk)?;
         }
         Ok(())
     }

@@ -43,27 +43,27 @@ enum StoreAnswer {
 
 impl<E: Executor> Engine<E> {
     /// A request arrives: it asks the store unless its local prefix already covers every restorable block.
-    pub(crate) fn on_arrival(&mut self, id: RequestId) -> Result<()> {
-        let restorable = self.restorable_tokens(id)?;
+    pub(crate) fn on_arrival(&mut self, request: RequestId) -> Result<()> {
+        let restorable = self.restorable_tokens(request)?;
         // The groups' combined hit: whole blocks, or on a hybrid model a snapshot's boundary (H9).
-        let local = self.local_hit_tokens(id, restorable)?;
+        let local = self.local_hit_tokens(request, restorable)?;
         if local >= restorable || restorable == 0 {
-            let req = self.table.get_mut(id)?;
+            let req = self.table.get_mut(request)?;
             req.expected_local_tokens = local;
             req.metrics.complete_local_hit |= !req.admitted_once && restorable > 0;
-            return self.enqueue_waiting(id, None);
+            return self.enqueue_waiting(request, None);
         }
         let limit_tokens = restorable + 1;
-        if !self.send_lookup(id, limit_tokens)? {
+        if !self.send_lookup(request, limit_tokens)? {
             // K3: every path that asks the store (here: a preemption or an eviction before admission) counts
             // against the one lookup budget; once it is spent the request recomputes.
-            self.enqueue_waiting(id, Some(FallbackReason::LookupsExhausted))?;
+            self.enqueue_waiting(request, Some(FallbackReason::LookupsExhausted))?;
         }
         Ok(())
     }
-    /// Tokens of `id`'s prompt a restore may cover (`GroupCoordinator::restorable_tokens`).
-    pub(crate) fn restorable_tokens(&self, id: RequestId) -> Result<u32> {
-        let req = self.table.get(id)?;
+    /// Tokens of `request`'s prompt a restore may cover (`GroupCoordinator::restorable_tokens`).
+    pub(crate) fn restorable_tokens(&self, request: RequestId) -> Result<u32> {
+        let req = self.table.get(request)?;
         Ok(self.groups.restorable_tokens(
             req.tokens.len() as u32,
             req.spec.saved_logits,
@@ -71,11 +71,11 @@ impl<E: Executor> Engine<E> {
         ))
     }
 
-    /// Sends a store lookup for `id`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
+    /// Sends a store lookup for `request`, if its lookup budget (`RESTORE_LOOKUPS_MAX`, O7, K3) allows; `false`
     /// (nothing changed) when it is spent. Every path that asks the store goes through here.
-    pub(crate) fn send_lookup(&mut self, id: RequestId, limit_tokens: u32) -> Result<bool> {
+    pub(crate) fn send_lookup(&mut self, request: RequestId, limit_tokens: u32) -> Result<bool> {
         let (now, latency) = (self.time.now, self.params.lookup_latency);
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         if req.lookups >= RESTORE_LOOKUPS_MAX {
             return Ok(false);
         }
@@ -90,21 +90,21 @@ impl<E: Executor> Engine<E> {
             answer_at: now.after(latency),
             limit_tokens,
         };
-        self.table.move_to(id, RequestPhase::Restoring)?;
+        self.table.move_to(request, RequestPhase::Restoring)?;
         Ok(true)
     }
 
-    /// The store's answer: a checkpoint and how many of its leading tokens restore `id` (fewer than
+    /// The store's answer: a checkpoint and how many of its leading tokens restore `request` (fewer than
     /// `limit_tokens`). With one full-attention group the checkpoint sharing the most leading blocks with
-    /// `id`, even when it is longer than the match (its first blocks are a checkpoint of their own), in whole
+    /// `request`, even when it is longer than the match (its first blocks are a checkpoint of their own), in whole
     /// blocks; on a hybrid model (a window holds only its live blocks, a state is valid only at its exact
-    /// boundary, H2) the longest whole checkpoint that is a prefix of `id`, at its exact boundary (H6). A store
+    /// boundary, H2) the longest whole checkpoint that is a prefix of `request`, at its exact boundary (H6). A store
     /// on a thread of its own (wall clock) answers at a later poll: `StoreAnswer::OnItsWay` until then.
-    fn find_checkpoint(&mut self, id: RequestId, limit_tokens: u32) -> Result<StoreAnswer> {
+    fn find_checkpoint(&mut self, request: RequestId, limit_tokens: u32) -> Result<StoreAnswer> {
         let block_tokens = self.params.geometry.block_tokens();
         let limit = limit_tokens
             .saturating_sub(1)
-            .min(self.restorable_tokens(id)?);
+            .min(self.restorable_tokens(request)?);
         // An exact-boundary (hybrid) match compares the checkpoint's partial tail with the prompt's tokens,
         // which a hybrid engine holds from submit (`reads_running_tokens`); a block-prefix match reads the
         // keys alone, so a deferred prompt stays deferred.
@@ -113,15 +113,15 @@ impl<E: Executor> Engine<E> {
         } else {
             (
                 Lookup::Whole,
-                &self.table.get(id)?.tokens.get(id)?[..limit as usize],
+                &self.table.get(request)?.tokens.get(request)?[..limit as usize],
             )
         };
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let query = PrefixQuery {
             block_keys: &req.keys[..(limit / block_tokens) as usize],
             tokens,
         };
-        let Some(found) = self.restores.store.find(id, lookup, &query) else {
+        let Some(found) = self.restores.store.find(request, lookup, &query) else {
             return Ok(StoreAnswer::OnItsWay);
         };
         let Some((meta, blocks)) = found else {
@@ -145,7 +145,7 @@ impl<E: Executor> Engine<E> {
         };
         if let Err(mismatch) = checked {
             // G6: never restored; the request recomputes and the log says why.
-            tracing::warn!(request = %id, checkpoint = %meta.id, %mismatch, "checkpoint does not match: recomputing");
+            tracing::warn!(request = %request, checkpoint = %meta.id, %mismatch, "checkpoint does not match: recomputing");
             return Ok(StoreAnswer::Nothing);
         }
         Ok(StoreAnswer::Found(meta, tokens))
@@ -224,7 +224,7 @@ impl<E: Executor> Engine<E> {
     /// An answered restore's poll: the lookup's refresh when it is due (G4), then its reservation.
     fn poll_answered(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         due_refresh: bool,
         preflight: &Preflight,
         report: &mut StepReport,
@@ -232,32 +232,32 @@ impl<E: Executor> Engine<E> {
         if due_refresh {
             let Restore::Answered {
                 checkpoint, tokens, ..
-            } = self.table.get(id)?.restore.clone()
+            } = self.table.get(request)?.restore.clone()
             else {
                 return Err(Error::internal(format!(
-                    "{id}: refreshing an unanswered lookup"
+                    "{request}: refreshing an unanswered lookup"
                 )));
             };
             // G4: a non-blocking refresh keeps the checkpoint recent in the store. One on its way keeps
             // the answer it refreshes until it comes (the refresh stays due).
-            let (fresh, fresh_tokens) = match self.find_checkpoint(id, tokens + 1)? {
+            let (fresh, fresh_tokens) = match self.find_checkpoint(request, tokens + 1)? {
                 StoreAnswer::Found(fresh, fresh_tokens) => (fresh, fresh_tokens),
                 StoreAnswer::Nothing => {
-                    return self.fall_back(id, FallbackReason::NotInStore, report);
+                    return self.fall_back(request, FallbackReason::NotInStore, report);
                 }
-                StoreAnswer::OnItsWay => return self.try_reserve(id, preflight, report),
+                StoreAnswer::OnItsWay => return self.try_reserve(request, preflight, report),
             };
             let (checkpoint, tokens) = self
                 .groups
                 .refreshed((checkpoint, tokens), (fresh, fresh_tokens));
-            self.table.get_mut(id)?.restore = Restore::Answered {
+            self.table.get_mut(request)?.restore = Restore::Answered {
                 checkpoint,
                 tokens,
                 answered: self.time.now,
                 refused: None,
             };
         }
-        self.try_reserve(id, preflight, report)
+        self.try_reserve(request, preflight, report)
     }
 
     /// Whether `req`'s reservation, last refused for pressure as `refused` records, would be refused again now
@@ -284,30 +284,30 @@ impl<E: Executor> Engine<E> {
     /// poll must have changed nothing but what a refusal refreshes.
     fn check_refused_again(
         &self,
-        id: RequestId,
+        request: RequestId,
         expected: &Refused,
         fallbacks: usize,
         report: &StepReport,
     ) -> Result<()> {
         let unchanged = report.fallbacks.len() == fallbacks
             && matches!(
-                &self.table.get(id)?.restore,
+                &self.table.get(request)?.restore,
                 Restore::Answered { refused: Some(refused), .. } if refused == expected
             );
         if unchanged {
             Ok(())
         } else {
             Err(Error::internal(format!(
-                "{id}: a capacity waiter judged to be refused again ({expected:?}) was not"
+                "{request}: a capacity waiter judged to be refused again ({expected:?}) was not"
             )))
         }
     }
 
-    /// Records a refusal for pressure of `id`'s reservation, needing `need_pages`, while it still waits.
-    fn remember_refusal(&mut self, id: RequestId, need_pages: u32) -> Result<()> {
+    /// Records a refusal for pressure of `request`'s reservation, needing `need_pages`, while it still waits.
+    fn remember_refusal(&mut self, request: RequestId, need_pages: u32) -> Result<()> {
         let max_wait = self.params.restore_max_wait;
         let refresh_after = self.params.lookup_timeout / 2;
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         let Some(CapacityWait { started, logged }) = req.capacity_wait() else {
             return Ok(());
         };
@@ -331,43 +331,43 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// `id`'s lookup, due now: its answer taken (`true`), or `false` while a store on its own thread has not
+    /// `request`'s lookup, due now: its answer taken (`true`), or `false` while a store on its own thread has not
     /// answered yet (nothing changed).
     fn answer_lookup(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         limit_tokens: u32,
         preflight: &Preflight,
         report: &mut StepReport,
     ) -> Result<bool> {
-        let (checkpoint, matched_tokens) = match self.find_checkpoint(id, limit_tokens)? {
+        let (checkpoint, matched_tokens) = match self.find_checkpoint(request, limit_tokens)? {
             StoreAnswer::Found(checkpoint, matched_tokens) => (checkpoint, matched_tokens),
             StoreAnswer::OnItsWay => return Ok(false),
             StoreAnswer::Nothing => {
                 // After a failed copy the retry found nothing shorter: the copy failure is why it
                 // recomputes.
-                let reason = if self.table.get(id)?.copy_failed {
+                let reason = if self.table.get(request)?.copy_failed {
                     FallbackReason::CopyFailed
                 } else {
                     FallbackReason::NotInStore
                 };
-                self.fall_back(id, reason, report)?;
+                self.fall_back(request, reason, report)?;
                 return Ok(true);
             }
         };
-        let tokens = matched_tokens.min(self.restorable_tokens(id)?);
-        let local = self.local_hit_tokens(id, tokens)?;
+        let tokens = matched_tokens.min(self.restorable_tokens(request)?);
+        let local = self.local_hit_tokens(request, tokens)?;
         if tokens <= local {
             // A complete local hit: admitted without the store (G2). The lookup is over: should the local
             // pages be evicted before admission, the request asks the store again (`examine`).
-            let req = self.table.get_mut(id)?;
+            let req = self.table.get_mut(request)?;
             req.restore = Restore::Idle;
             req.metrics.complete_local_hit |= !req.admitted_once;
             req.expected_local_tokens = local;
-            self.enqueue_waiting(id, None)?;
+            self.enqueue_waiting(request, None)?;
             return Ok(true);
         }
-        self.table.get_mut(id)?.restore = Restore::Answered {
+        self.table.get_mut(request)?.restore = Restore::Answered {
             checkpoint,
             tokens,
             answered: self.time.now,
@@ -375,25 +375,25 @@ impl<E: Executor> Engine<E> {
         };
         if self.policy.restores_at_admission() {
             // Before the contract: the restore is tried at admission, at once or not at all (G1).
-            self.enqueue_waiting(id, None)?;
+            self.enqueue_waiting(request, None)?;
         } else {
-            self.try_reserve(id, preflight, report)?;
+            self.try_reserve(request, preflight, report)?;
         }
         Ok(true)
     }
 
-    /// The answered restore of `id` when it may reserve now: a copy slot is free and the checkpoint's pages
+    /// The answered restore of `request` when it may reserve now: a copy slot is free and the checkpoint's pages
     /// can be taken without waiting for the store. `None` while it waits for either (or once it gave up).
     fn reservable(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         report: &mut StepReport,
     ) -> Result<Option<(Arc<CheckpointMeta>, u32)>> {
         if self.restores.index.n_staged() >= self.params.copy_task_limit as usize {
             // Wait for a copy slot (G2); a capacity wait whose bound ran out meanwhile is over all the same
             // (W1), or the waiter would wait for ever behind copies that keep the slots busy.
-            if self.wait_expired(id) {
-                self.fall_back(id, FallbackReason::WaitExpired, report)?;
+            if self.wait_expired(request) {
+                self.fall_back(request, FallbackReason::WaitExpired, report)?;
             }
             return Ok(None);
         }
@@ -402,17 +402,17 @@ impl<E: Executor> Engine<E> {
             tokens,
             answered,
             ..
-        } = self.table.get(id)?.restore.clone()
+        } = self.table.get(request)?.restore.clone()
         else {
             return Err(Error::internal(format!(
-                "{id}: reserving without an answered lookup"
+                "{request}: reserving without an answered lookup"
             )));
         };
-        if !self.restores.store.ready(id, &checkpoint.id) {
+        if !self.restores.store.ready(request, &checkpoint.id) {
             // A store on its own thread reads the pages ahead, off the step: the reservation waits for them
             // up to the lookup timeout, then the restore recomputes (G2).
             if self.store_answer_expired(answered) {
-                self.fall_back(id, FallbackReason::LookupTimeout, report)?;
+                self.fall_back(request, FallbackReason::LookupTimeout, report)?;
             }
             return Ok(None);
         }
@@ -428,37 +428,37 @@ impl<E: Executor> Engine<E> {
     /// Reserves for an answered restore by the policy's mechanism and starts its copy.
     fn try_reserve(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         preflight: &Preflight,
         report: &mut StepReport,
     ) -> Result<()> {
-        let Some((checkpoint, tokens)) = self.reservable(id, report)? else {
+        let Some((checkpoint, tokens)) = self.reservable(request, report)? else {
             return Ok(());
         };
-        let reservation = match self.reserve(id, &checkpoint, tokens, preflight) {
+        let reservation = match self.reserve(request, &checkpoint, tokens, preflight) {
             Ok(reservation) => reservation,
             Err(Refusal::Internal(error)) => return Err(error),
             Err(refusal) => {
-                self.refused(id, refusal.kind(), &refusal, report)?;
+                self.refused(request, refusal.kind(), &refusal, report)?;
                 if let Some(need_pages) = refusal.pressure_need() {
-                    self.remember_refusal(id, need_pages)?;
+                    self.remember_refusal(request, need_pages)?;
                 }
                 return Ok(());
             }
         };
-        self.end_wait(id);
-        let Ok(stored) = self.restores.store.take(id, &checkpoint.id) else {
+        self.end_wait(request);
+        let Ok(stored) = self.restores.store.take(request, &checkpoint.id) else {
             // G3: the selected checkpoint was lost (evicted from the store, or the store failed) after the
             // reservation: no copy ever received the ticket's pages, so the release frees them at once, and
             // the request looks up again.
-            tracing::debug!(request = %id, "checkpoint lost after its reservation: ticket released");
-            self.retry_lookup(id, tokens + 1, FallbackReason::NotInStore, report)?;
+            tracing::debug!(request = %request, "checkpoint lost after its reservation: ticket released");
+            self.retry_lookup(request, tokens + 1, FallbackReason::NotInStore, report)?;
             return Ok(());
         };
         let part = self.checkpoint_part(&stored, 0, tokens)?;
         let stage = StageRequest {
-            request: id,
-            request_tokens: self.table.get(id)?.tokens.len(),
+            request,
+            request_tokens: self.table.get(request)?.tokens.len(),
             checkpoint: &part,
             dependency_pages: &[],
         };
@@ -473,7 +473,7 @@ impl<E: Executor> Engine<E> {
                 )?;
                 // One owner pins and drains the destination pages: the index, which took its own
                 // reference. The ticket hands its references over and keeps its slot and credits.
-                let handed = self.policy.hand_over(id)?;
+                let handed = self.policy.hand_over(request)?;
                 self.pool.free_all(&handed)?;
                 import
             }
@@ -484,19 +484,19 @@ impl<E: Executor> Engine<E> {
                 stage,
             )?,
         };
-        self.table.get_mut(id)?.restore = Restore::Importing { tokens, import };
+        self.table.get_mut(request)?.restore = Restore::Importing { tokens, import };
         Ok(())
     }
 
-    /// Asks the policy to reserve `tokens` tokens of `checkpoint` for `id`.
+    /// Asks the policy to reserve `tokens` tokens of `checkpoint` for `request`.
     fn reserve(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         checkpoint: &CheckpointMeta,
         tokens: u32,
         preflight: &Preflight,
     ) -> Result<Reservation, Refusal> {
-        let req = self.table.get(id).map_err(Refusal::Internal)?;
+        let req = self.table.get(request).map_err(Refusal::Internal)?;
         let mut spec = RestoreSpec::for_geometry(
             &self.params.geometry,
             tokens,
@@ -504,7 +504,9 @@ impl<E: Executor> Engine<E> {
             self.params.chunk_tokens,
         );
         spec.draft_lookahead_tokens = self.params.draft_tokens;
-        spec.captures = self.captures_after(id, tokens).map_err(Refusal::Internal)?;
+        spec.captures = self
+            .captures_after(request, tokens)
+            .map_err(Refusal::Internal)?;
         let import_pages = self.groups.import_pages(
             checkpoint.pages.len() as u32,
             tokens,
@@ -517,7 +519,7 @@ impl<E: Executor> Engine<E> {
             &self.admission_preflight(),
         );
         let ask = ReserveAsk {
-            request: id,
+            request,
             order: req.order,
             spec,
             preflight,
@@ -529,10 +531,10 @@ impl<E: Executor> Engine<E> {
         self.policy.reserve(&mut self.pool, &ask)
     }
 
-    /// Checkpoints `id` publishes while it computes its prompt from token `from` (H7, C2): the prompt end,
+    /// Checkpoints `request` publishes while it computes its prompt from token `from` (H7, C2): the prompt end,
     /// its instruction boundary when that is ahead, and the prefill tail when the rest takes several chunks.
-    fn captures_after(&self, id: RequestId, from: u32) -> Result<u32> {
-        let req = self.table.get(id)?;
+    fn captures_after(&self, request: RequestId, from: u32) -> Result<u32> {
+        let req = self.table.get(request)?;
         let instruction = req.spec.instruction_tokens.filter(|&at| at > from);
         let tail_from = instruction.unwrap_or(from).max(from);
         let tail = self.params.capture_prefill_tail
@@ -588,23 +590,27 @@ impl<E: Executor> Engine<E> {
             .sum()
     }
 
-    /// Whether `id`'s capacity wait is over (W1): its ledger waiter expired (with the ledger's one warning),
+    /// Whether `request`'s capacity wait is over (W1): its ledger waiter expired (with the ledger's one warning),
     /// or, without a ledger (`pages-only`), it has waited `restore_max_wait` since its first refusal.
-    fn wait_expired(&mut self, id: RequestId) -> bool {
+    fn wait_expired(&mut self, request: RequestId) -> bool {
         let started = self
             .table
-            .find(id)
+            .find(request)
             .and_then(Req::capacity_wait)
             .map(|wait| wait.started);
-        self.policy
-            .wait_expired(id, self.time.now, started, self.params.restore_max_wait)
+        self.policy.wait_expired(
+            request,
+            self.time.now,
+            started,
+            self.params.restore_max_wait,
+        )
     }
 
     /// A refused reservation: pressure starts or continues a capacity wait (logged, G5); impossible and
     /// expired recompute at once.
     fn refused(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         kind: ErrorKind,
         message: &dyn std::fmt::Display,
         report: &mut StepReport,
@@ -613,7 +619,7 @@ impl<E: Executor> Engine<E> {
         match kind {
             ErrorKind::Pressure => {
                 let max_wait = self.params.restore_max_wait;
-                let req = self.table.get_mut(id)?;
+                let req = self.table.get_mut(request)?;
                 let wait = req.capacity_wait_mut()?;
                 match *wait {
                     None => {
@@ -623,12 +629,12 @@ impl<E: Executor> Engine<E> {
                         });
                         req.metrics.capacity_waits += 1;
                         self.tally.capacity_waits_started += 1;
-                        tracing::info!(request = %id, free_pages = self.pool.n_free(), %message, "restore waits for capacity");
+                        tracing::info!(request = %request, free_pages = self.pool.n_free(), %message, "restore waits for capacity");
                     }
                     Some(CapacityWait { started, logged }) => {
                         if self.policy.own_wait_over(now.since(started), max_wait) {
                             // pages-only keeps its own bounded wait (no ledger).
-                            self.fall_back(id, FallbackReason::WaitExpired, report)?;
+                            self.fall_back(request, FallbackReason::WaitExpired, report)?;
                             return Ok(());
                         }
                         if now.since(logged) >= WAIT_LOG_INTERVAL {
@@ -636,16 +642,16 @@ impl<E: Executor> Engine<E> {
                                 started,
                                 logged: now,
                             });
-                            tracing::info!(request = %id, waited_s = now.since(started).as_secs_f64(), %message, "restore still waits for capacity");
+                            tracing::info!(request = %request, waited_s = now.since(started).as_secs_f64(), %message, "restore still waits for capacity");
                         }
                     }
                 }
             }
-            ErrorKind::Impossible => self.fall_back(id, FallbackReason::Impossible, report)?,
-            ErrorKind::Expired => self.fall_back(id, FallbackReason::WaitExpired, report)?,
+            ErrorKind::Impossible => self.fall_back(request, FallbackReason::Impossible, report)?,
+            ErrorKind::Expired => self.fall_back(request, FallbackReason::WaitExpired, report)?,
             ErrorKind::Invalid => {
-                tracing::warn!(request = %id, %message, "restore refused as invalid: recomputing");
-                self.fall_back(id, FallbackReason::Invalid, report)?;
+                tracing::warn!(request = %request, %message, "restore refused as invalid: recomputing");
+                self.fall_back(request, FallbackReason::Invalid, report)?;
             }
         }
         Ok(())
@@ -704,69 +710,76 @@ impl<E: Executor> Engine<E> {
         }
     }
 
-    /// `id`'s import `import` is published: verified, then handed over as its policy says (ordinary: the
+    /// `request`'s import `import` is published: verified, then handed over as its policy says (ordinary: the
     /// admitted request already holds the pages; owned: the request is ready; pages-only: evictable
     /// cached pages and the request waits again).
-    fn on_published(&mut self, id: RequestId, import: checkpoint_transfer::ImportId) -> Result<()> {
-        let loading = self.table.get(id)?.loading().copied();
-        let (expected, first_block, tokens) = match (&loading, &self.table.get(id)?.restore) {
+    fn on_published(
+        &mut self,
+        request: RequestId,
+        import: checkpoint_transfer::ImportId,
+    ) -> Result<()> {
+        let loading = self.table.get(request)?.loading().copied();
+        let (expected, first_block, tokens) = match (&loading, &self.table.get(request)?.restore) {
             (Some(loading), _) => (loading.import, loading.first_block, loading.tokens),
             (None, &Restore::Importing { import, tokens }) => (import, 0, tokens),
             (None, restore) => {
                 return Err(Error::internal(format!(
-                    "{id} published an import while its restore is {}",
+                    "{request} published an import while its restore is {}",
                     restore.name()
                 )));
             }
         };
         debug_assert_eq!(
             expected, import,
-            "{id} published an import it does not wait for"
+            "{request} published an import it does not wait for"
         );
-        self.verify_import(id, first_block, tokens)?;
+        self.verify_import(request, first_block, tokens)?;
         if loading.is_some() {
             // ordinary: the admitted request already holds the pages; the index lets go of them.
-            self.table.get_mut(id)?.take_loading();
+            self.table.get_mut(request)?.take_loading();
             let _released =
                 self.restores
                     .index
-                    .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
-        } else if self.policy.publish(id)? == Publication::Owned {
-            self.table.move_to(id, RequestPhase::Ready)?;
+                    .cancel(&mut self.pool, &mut *self.restores.copies, request)?;
+        } else if self.policy.publish(request)? == Publication::Owned {
+            self.table.move_to(request, RequestPhase::Ready)?;
         } else {
             // pages-only: no ownership once published; the pages are evictable cached pages.
             let published = self
                 .restores
                 .index
-                .pages(id)
-                .ok_or_else(|| Error::internal(format!("{id}: published import has no pages")))?
+                .pages(request)
+                .ok_or_else(|| {
+                    Error::internal(format!("{request}: published import has no pages"))
+                })?
                 .to_vec();
             if self.groups.imports_unkeyed_pages() {
                 // Its unkeyed pages (partial last page, state) stay findable under their slot's
                 // key, as evictable as its blocks, until the request is admitted.
-                self.key_unkeyed_slots(id, &published, tokens)?;
+                self.key_unkeyed_slots(request, &published, tokens)?;
             }
-            self.table.get_mut(id)?.restore = Restore::Idle;
+            self.table.get_mut(request)?.restore = Restore::Idle;
             let _released =
                 self.restores
                     .index
-                    .cancel(&mut self.pool, &mut *self.restores.copies, id)?;
+                    .cancel(&mut self.pool, &mut *self.restores.copies, request)?;
             let published = (!published.is_empty()).then_some(Published {
                 pages: published,
                 tokens,
             });
-            self.table.move_to_phase(id, Phase::Waiting { published })?;
+            self.table
+                .move_to_phase(request, Phase::Waiting { published })?;
         }
         Ok(())
     }
 
-    /// `id`'s import failed or was invalidated: ordinary recomputes what the copy should have brought;
+    /// `request`'s import failed or was invalidated: ordinary recomputes what the copy should have brought;
     /// a restoring request releases its ticket and looks up again.
-    fn on_import_failed(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
+    fn on_import_failed(&mut self, request: RequestId, report: &mut StepReport) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         // The index discarded the import once its copies drained.
         let reason = FallbackReason::CopyFailed;
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         req.copy_failed = true;
         if let Some(loading) = req.take_loading() {
             // ordinary: recompute what the copy should have brought; the local hits before it stay.
@@ -781,16 +794,16 @@ impl<E: Executor> Engine<E> {
             req.metrics.prompt_tokens_restored = 0;
             req.metrics.restored = false;
             req.fall_back(reason);
-            report.fallbacks.push((id, reason));
+            report.fallbacks.push((request, reason));
             self.pool.free_all(&garbage)?;
             return Ok(());
         }
         let Restore::Importing { tokens, .. } = req.restore.clone() else {
             return Err(Error::internal(format!(
-                "{id}: a failed import of no importing restore"
+                "{request}: a failed import of no importing restore"
             )));
         };
-        self.retry_lookup(id, tokens, reason, report)?;
+        self.retry_lookup(request, tokens, reason, report)?;
         Ok(())
     }
 }

@@ -37,18 +37,18 @@ fn unit_draw(seed: u64, request: RequestId, position: u32) -> f64 {
 }
 
 impl<E: Executor> Engine<E> {
-    /// Tokens `id`'s decode at position `context` yields: the token after the pending one, plus one for each
+    /// Tokens `request`'s decode at position `context` yields: the token after the pending one, plus one for each
     /// accepted draft, cut where the answer reaches its cap or its stop, so it never overshoots either; at
     /// least one. An entry whose token the executor sampled (a model, which decides its own drafts) yields
     /// that one token.
-    pub(crate) fn decode_yield(&self, id: RequestId, context: u32) -> Result<u32> {
-        let req = self.table.get(id)?;
-        let accepted = if self.scratch.model_tokens.contains_key(&id) {
+    pub(crate) fn decode_yield(&self, request: RequestId, context: u32) -> Result<u32> {
+        let req = self.table.get(request)?;
+        let accepted = if self.scratch.model_tokens.contains_key(&request) {
             0
         } else {
             accepted_drafts(
                 self.params.seed,
-                id,
+                request,
                 context,
                 self.params.draft_tokens,
                 self.params.draft_acceptance,

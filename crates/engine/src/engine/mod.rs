@@ -215,19 +215,24 @@ impl<E: Executor> Engine<E> {
 
     /// Gives a paused streaming session more input and a new output cap; it resumes ahead of the admission
     /// gate (Q7).
-    pub fn resume(&mut self, id: RequestId, input: &[u32], max_output_tokens: u32) -> Result<()> {
+    pub fn resume(
+        &mut self,
+        request: RequestId,
+        input: &[u32],
+        max_output_tokens: u32,
+    ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = self
             .table
-            .find_mut(id)
-            .ok_or(Error::UnknownRequest { request: id })?;
+            .find_mut(request)
+            .ok_or(Error::UnknownRequest { request })?;
         if req.phase() != RequestPhase::Paused {
-            return Err(Error::NotPaused { request: id });
+            return Err(Error::NotPaused { request });
         }
         if max_output_tokens == 0 {
             return Err(Error::InvalidParam {
                 name: "max_output_tokens",
-                reason: format!("{id} resumed asking for 0 output tokens; at least 1"),
+                reason: format!("{request} resumed asking for 0 output tokens; at least 1"),
             });
         }
         req.push_tokens(input, block_tokens)?;
@@ -237,19 +242,19 @@ impl<E: Executor> Engine<E> {
         req.answer_tokens = 0;
         req.answer_cap = max_output_tokens;
         req.stopped = false;
-        self.table.move_to(id, RequestPhase::Resuming)
+        self.table.move_to(request, RequestPhase::Resuming)
     }
 
     /// Ends a paused streaming session: its pages are freed (cached) and it is reported finished.
-    pub fn close_stream(&mut self, id: RequestId) -> Result<()> {
+    pub fn close_stream(&mut self, request: RequestId) -> Result<()> {
         let req = self
             .table
-            .find(id)
-            .ok_or(Error::UnknownRequest { request: id })?;
+            .find(request)
+            .ok_or(Error::UnknownRequest { request })?;
         if req.phase() != RequestPhase::Paused {
-            return Err(Error::NotPaused { request: id });
+            return Err(Error::NotPaused { request });
         }
-        self.finish(id)
+        self.finish(request)
     }
 
     /// Pages a request of `tokens` tokens (prompt, output and draft lookahead) holds on each rank at its last
@@ -484,10 +489,10 @@ impl<E: Executor> Engine<E> {
             || self.kv_events.is_some()
     }
 
-    /// Generates `id`'s deferred prompt, if it has one (`RequestSpec::keyed_from_source`); a no-op once held.
+    /// Generates `request`'s deferred prompt, if it has one (`RequestSpec::keyed_from_source`); a no-op once held.
     /// A source that changed fails the caller's step naming `prompt_source` (only a verified restore, which
     /// stops the run on any mismatch, generates one after submit).
-    pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
-        self.table.get_mut(id)?.tokens.materialize(id)
+    pub(crate) fn materialize(&mut self, request: RequestId) -> Result<()> {
+        self.table.get_mut(request)?.tokens.materialize(request)
     }
 }

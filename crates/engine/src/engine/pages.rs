@@ -32,20 +32,23 @@ impl<E: Executor> Engine<E> {
         reservation::pages_unprotected(self.pool.n_free(), self.policy.credit_pages())
     }
 
-    /// Grows `id`'s page table to hold `upto_tokens` tokens. `false` (and nothing changed) when the pages
+    /// Grows `request`'s page table to hold `upto_tokens` tokens. `false` (and nothing changed) when the pages
     /// are not there for this kind of allocation.
     pub(crate) fn grow_pages(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         upto_tokens: u32,
         kind: AllocKind,
     ) -> Result<bool> {
-        let need = self.grow_need(id, upto_tokens)?;
+        let need = self.grow_need(request, upto_tokens)?;
         if need == 0 {
             return Ok(true);
         }
-        let pages = if self.policy.holds_admitted_ticket(id) {
-            match self.policy.allocate_from_ticket(&mut self.pool, id, need)? {
+        let pages = if self.policy.holds_admitted_ticket(request) {
+            match self
+                .policy
+                .allocate_from_ticket(&mut self.pool, request, need)?
+            {
                 Some(pages) => pages,
                 None => return Ok(false),
             }
@@ -59,20 +62,20 @@ impl<E: Executor> Engine<E> {
             }
             self.pool.allocate(need)?
         };
-        self.take_new_pages(id, pages, upto_tokens)?;
+        self.take_new_pages(request, pages, upto_tokens)?;
         Ok(true)
     }
 
-    /// Pages `id` still needs to hold tokens up to `upto_tokens`: its block table's new pages, its windowed
+    /// Pages `request` still needs to hold tokens up to `upto_tokens`: its block table's new pages, its windowed
     /// tables' new pages, plus (hybrid) its fixed pages when it has none yet, the copies on write of an
     /// imported partial last page and imported fixed pages (C3, H6), and a pending replay page (H5).
-    pub(crate) fn grow_need(&self, id: RequestId, upto_tokens: u32) -> Result<u32> {
-        Ok(self.need_of(&self.held(id)?, upto_tokens))
+    pub(crate) fn grow_need(&self, request: RequestId, upto_tokens: u32) -> Result<u32> {
+        Ok(self.need_of(&self.held(request)?, upto_tokens))
     }
 
-    /// `id`'s tables as allocation sees them.
-    fn held(&self, id: RequestId) -> Result<Held<'_>> {
-        let req = self.table.get(id)?;
+    /// `request`'s tables as allocation sees them.
+    fn held(&self, request: RequestId) -> Result<Held<'_>> {
+        let req = self.table.get(request)?;
         Ok(Held {
             pages: &req.pages,
             windows: &req.windows,
@@ -118,26 +121,26 @@ impl<E: Executor> Engine<E> {
         Some((tokens, aligned))
     }
 
-    /// Starts the draft replay of `id`, restored up to its computed tokens, when drafting is on and its
+    /// Starts the draft replay of `request`, restored up to its computed tokens, when drafting is on and its
     /// checkpoint carried no draft state (H5): the draft model recomputes the last page's tokens (a whole page
     /// on a block boundary, into a replay page copied on write; the partial page, already its own, inside
     /// one).
-    pub(crate) fn begin_draft_replay(&mut self, id: RequestId) -> Result<()> {
-        let n_computed = self.table.get(id)?.n_computed;
+    pub(crate) fn begin_draft_replay(&mut self, request: RequestId) -> Result<()> {
+        let n_computed = self.table.get(request)?.n_computed;
         if let Some((tokens, page)) = self.draft_replay_after(n_computed) {
-            let req = self.table.get_mut(id)?;
+            let req = self.table.get_mut(request)?;
             req.draft_replay_tokens = tokens;
             req.replay_page = page;
         }
         Ok(())
     }
 
-    /// Gives `id` the pages `grow_pages` allocated (`grow_need` of them): first the copies on write of its
+    /// Gives `request` the pages `grow_pages` allocated (`grow_need` of them): first the copies on write of its
     /// imported partial last page and fixed pages (each rank's bytes copied, the imported page released),
     /// then fixed pages it lacks, then new pages of its block table.
     fn take_new_pages(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         pages: Vec<PageId>,
         upto_tokens: u32,
     ) -> Result<()> {
@@ -145,9 +148,9 @@ impl<E: Executor> Engine<E> {
         let n_fixed = self.groups.n_fixed() as usize;
         let mut pages = pages.into_iter();
         let mut released = Vec::new();
-        let ticket = self.policy.holds_admitted_ticket(id);
-        let copied = self.held(id)?.copied_on_write(block_tokens);
-        let req = self.table.get_mut(id)?;
+        let ticket = self.policy.holds_admitted_ticket(request);
+        let copied = self.held(request)?.copied_on_write(block_tokens);
+        let req = self.table.get_mut(request)?;
         req.copy_on_write = false;
         req.replay_page = false;
         for slot in copied {
@@ -159,10 +162,12 @@ impl<E: Executor> Engine<E> {
                     .and_then(|table| table.get_mut(block)),
                 CopySlot::Fixed(idx) => req.fixed.get_mut(idx),
             }
-            .ok_or_else(|| Error::internal(format!("{id}: no page {slot:?} to copy on write")))?;
-            let fresh = pages
-                .next()
-                .ok_or_else(|| Error::internal(format!("{id}: too few pages to copy on write")))?;
+            .ok_or_else(|| {
+                Error::internal(format!("{request}: no page {slot:?} to copy on write"))
+            })?;
+            let fresh = pages.next().ok_or_else(|| {
+                Error::internal(format!("{request}: too few pages to copy on write"))
+            })?;
             for rank in 0..self.storage.n_ranks() {
                 self.storage.copy(rank, *target, fresh)?;
             }
@@ -191,24 +196,26 @@ impl<E: Executor> Engine<E> {
             }
         }
         if pages.next().is_some() {
-            return Err(Error::internal(format!("{id}: allocated pages left over")));
+            return Err(Error::internal(format!(
+                "{request}: allocated pages left over"
+            )));
         }
         self.pool.free_all(&released)?;
         Ok(())
     }
 
-    /// Gives the pages of `id`'s windowed tables that left the window at its computed tokens back to the pool
+    /// Gives the pages of `request`'s windowed tables that left the window at its computed tokens back to the pool
     /// (null in the tables, H3); the credits of those its ticket paid for come back (C4).
-    pub(crate) fn release_left_window(&mut self, id: RequestId) -> Result<()> {
+    pub(crate) fn release_left_window(&mut self, request: RequestId) -> Result<()> {
         if self.groups.n_windows() == 0 {
             return Ok(());
         }
-        let ticket = self.policy.holds_admitted_ticket(id);
-        let n_computed = self.table.get(id)?.n_computed;
+        let ticket = self.policy.holds_admitted_ticket(request);
+        let n_computed = self.table.get(request)?.n_computed;
         let firsts: Vec<u32> = (0..self.groups.n_windows())
             .map(|window| self.groups.window_first_block(window, n_computed))
             .collect();
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         let mut released = Vec::new();
         for (table, first) in req.windows.iter_mut().zip(firsts) {
             for page in table.iter_mut().take(first as usize) {
@@ -226,19 +233,24 @@ impl<E: Executor> Engine<E> {
         let credited = (before - req.window_credit_pages.len()) as u32;
         self.pool.free_all(&released)?;
         if ticket && credited > 0 {
-            self.policy.release_window_pages(id, credited)?;
+            self.policy.release_window_pages(request, credited)?;
         }
         Ok(())
     }
 
-    /// Writes the bytes of every page that tokens `[start, end)` of `id` (now computed) fill, and registers its
+    /// Writes the bytes of every page that tokens `[start, end)` of `request` (now computed) fill, and registers its
     /// newly full blocks in the prefix index. A page still partial after `end` is written once it fills: its
     /// bytes are read by nothing until then (captures, imports and E3 verification cover full blocks only,
     /// and only full blocks are cached and shared), and a decode would otherwise rewrite the last page at
     /// every token.
-    pub(crate) fn write_computed(&mut self, id: RequestId, start: u32, end: u32) -> Result<()> {
+    pub(crate) fn write_computed(
+        &mut self,
+        request: RequestId,
+        start: u32,
+        end: u32,
+    ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         // An executor with a model wrote its pages itself (L3).
         if end > start && !self.executor.writes_pages() {
             for page_idx in start / block_tokens..end / block_tokens {
@@ -267,23 +279,27 @@ impl<E: Executor> Engine<E> {
                 }
             }
         }
-        self.register_blocks(id)?;
-        self.release_left_window(id)
+        self.register_blocks(request)?;
+        self.release_left_window(request)
     }
 
-    /// Registers `id`'s computed full blocks in the prefix index.
-    pub(crate) fn register_blocks(&mut self, id: RequestId) -> Result<()> {
-        let n_computed = self.table.get(id)?.n_computed;
-        self.register_blocks_upto(id, n_computed)
+    /// Registers `request`'s computed full blocks in the prefix index.
+    pub(crate) fn register_blocks(&mut self, request: RequestId) -> Result<()> {
+        let n_computed = self.table.get(request)?.n_computed;
+        self.register_blocks_upto(request, n_computed)
     }
 
-    /// Registers `id`'s full blocks below `upto_tokens` in the prefix index. The step registers a prefill
+    /// Registers `request`'s full blocks below `upto_tokens` in the prefix index. The step registers a prefill
     /// chunk's blocks when it schedules the chunk (same-pass visibility, as vLLM and the peer simulator do):
     /// a request considered later in the same step hits them, and the step computes them before anything
     /// reads them (preemptions come before the step's admissions, cancellations between steps).
-    pub(crate) fn register_blocks_upto(&mut self, id: RequestId, upto_tokens: u32) -> Result<()> {
+    pub(crate) fn register_blocks_upto(
+        &mut self,
+        request: RequestId,
+        upto_tokens: u32,
+    ) -> Result<()> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         let full = (upto_tokens / block_tokens).min(req.pages.len() as u32);
         let first = req.n_registered;
         for block in first..full {
@@ -293,18 +309,18 @@ impl<E: Executor> Engine<E> {
                 .cache_block(req.pages[block as usize], req.keys[block as usize])?;
         }
         req.n_registered = req.n_registered.max(full);
-        self.absorb_prefix_changes(&mut [(id, first as usize)]);
+        self.absorb_prefix_changes(&mut [(request, first as usize)]);
         Ok(())
     }
 
-    /// Captures `id`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
+    /// Captures `request`'s computed page-aligned prefix into the store (E2): at prompt end and at response end,
     /// always, whatever ended the response. `true` when it was sent to the store (`put_checkpoint`).
-    pub(crate) fn capture(&mut self, id: RequestId, kind: CheckpointKind) -> Result<bool> {
+    pub(crate) fn capture(&mut self, request: RequestId, kind: CheckpointKind) -> Result<bool> {
         if self.groups.restore_boundary() == RestoreBoundary::Exact {
-            return self.capture_hybrid(id, kind);
+            return self.capture_hybrid(request, kind);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let n_blocks = (req.n_computed / block_tokens).min(req.pages.len() as u32) as usize;
         if n_blocks == 0 {
             return Ok(false);
@@ -320,7 +336,7 @@ impl<E: Executor> Engine<E> {
             req.keys[..n_blocks].to_vec(),
             self.restores.layout.clone(),
         );
-        if self.too_large_for_the_store(id, &meta) {
+        if self.too_large_for_the_store(request, &meta) {
             return Ok(false);
         }
         // One buffer per rank, the pages read straight into it; or the pages of this request's last capture
@@ -363,10 +379,10 @@ impl<E: Executor> Engine<E> {
         }
         if extended.is_none() {
             // One buffer per rank: the next capture of this request extends it.
-            self.table.get_mut(id)?.last_capture = Some((n_blocks, ranks.clone()));
+            self.table.get_mut(request)?.last_capture = Some((n_blocks, ranks.clone()));
         }
         Ok(self.put_checkpoint(
-            id,
+            request,
             Checkpoint {
                 meta,
                 payload: CheckpointPayload { ranks },
@@ -376,13 +392,13 @@ impl<E: Executor> Engine<E> {
 
     /// Whether a checkpoint of `meta` is larger than the whole store: `put` would refuse it
     /// (`Error::TooLarge`, before it looks at the pages), so no page is read.
-    fn too_large_for_the_store(&self, id: RequestId, meta: &CheckpointMeta) -> bool {
+    fn too_large_for_the_store(&self, request: RequestId, meta: &CheckpointMeta) -> bool {
         let capacity_bytes = self.restores.store.stats().capacity_bytes;
         if meta.payload_bytes() <= capacity_bytes {
             return false;
         }
         tracing::debug!(
-            request = %id,
+            request = %request,
             bytes = meta.payload_bytes(),
             capacity_bytes,
             "checkpoint not stored: larger than the store"
@@ -390,13 +406,13 @@ impl<E: Executor> Engine<E> {
         true
     }
 
-    /// Captures hybrid `id` at exactly its computed tokens `n` (H2, H6): its block table's pages, the partial
+    /// Captures hybrid `request` at exactly its computed tokens `n` (H2, H6): its block table's pages, the partial
     /// last one included, every windowed table's live pages and its fixed pages (state, auxiliary). The
     /// partial pages and the fixed pages are written first with what recompute writes at `n` (see
     /// `groups.rs`).
-    fn capture_hybrid(&mut self, id: RequestId, kind: CheckpointKind) -> Result<bool> {
+    fn capture_hybrid(&mut self, request: RequestId, kind: CheckpointKind) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let n_tokens = req.n_computed;
         let n_pages = n_tokens.div_ceil(block_tokens) as usize;
         if n_tokens == 0
@@ -407,15 +423,15 @@ impl<E: Executor> Engine<E> {
             return Ok(false);
         }
         let n_full = (n_tokens / block_tokens) as usize;
-        let tokens = req.tokens.get(id)?;
+        let tokens = req.tokens.get(request)?;
         let boundary =
             self.groups
                 .boundary(tokens, &req.keys, &req.spec.salt, n_tokens, block_tokens);
         let exact = boundary.exact;
-        let pages = self.boundary_pages(id, n_tokens)?;
+        let pages = self.boundary_pages(request, n_tokens)?;
         if pages.len() != boundary.slots.len() {
             return Err(Error::internal(format!(
-                "{id}: {} pages for a checkpoint of {} pages at {n_tokens} tokens",
+                "{request}: {} pages for a checkpoint of {} pages at {n_tokens} tokens",
                 pages.len(),
                 boundary.slots.len()
             )));
@@ -437,7 +453,7 @@ impl<E: Executor> Engine<E> {
             layout: self.restores.layout.clone(),
             pages: boundary.slots.clone(),
         };
-        if self.too_large_for_the_store(id, &meta) {
+        if self.too_large_for_the_store(request, &meta) {
             return Ok(false);
         }
         let bytes_per_page = self.scratch.page_buf.len();
@@ -461,7 +477,7 @@ impl<E: Executor> Engine<E> {
             ranks.push(RankPages::new(bytes, bytes_per_page));
         }
         Ok(self.put_checkpoint(
-            id,
+            request,
             Checkpoint {
                 meta,
                 payload: CheckpointPayload { ranks },
@@ -469,23 +485,23 @@ impl<E: Executor> Engine<E> {
         ))
     }
 
-    /// `id`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupCoordinator::slots` order: the
+    /// `request`'s pages of a checkpoint at `n_tokens` (its computed tokens), in `GroupCoordinator::slots` order: the
     /// block table's, every windowed table's live ones, the fixed pages.
-    pub(crate) fn boundary_pages(&self, id: RequestId, n_tokens: u32) -> Result<Vec<PageId>> {
+    pub(crate) fn boundary_pages(&self, request: RequestId, n_tokens: u32) -> Result<Vec<PageId>> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let n_pages = n_tokens.div_ceil(block_tokens) as usize;
         let mut pages: Vec<PageId> = req.pages[..n_pages].to_vec();
         for (window, table) in req.windows.iter().enumerate() {
             let first = self.groups.window_checkpoint_first_block(window, n_tokens) as usize;
             let live = table.get(first..n_pages).ok_or_else(|| {
                 Error::internal(format!(
-                    "{id}: window {window} lacks blocks {first}..{n_pages}"
+                    "{request}: window {window} lacks blocks {first}..{n_pages}"
                 ))
             })?;
             if live.iter().any(|page| page.is_null()) {
                 return Err(Error::internal(format!(
-                    "{id}: window {window} released a live block of {first}..{n_pages}"
+                    "{request}: window {window} released a live block of {first}..{n_pages}"
                 )));
             }
             pages.extend_from_slice(live);
@@ -494,16 +510,16 @@ impl<E: Executor> Engine<E> {
         Ok(pages)
     }
 
-    /// Gives `id` the pages of a checkpoint at `tokens` (`GroupCoordinator::slots` order, `pages` empty for none): its
+    /// Gives `request` the pages of a checkpoint at `tokens` (`GroupCoordinator::slots` order, `pages` empty for none): its
     /// block table, every windowed table (null before the window at `tokens`) and its fixed pages.
     pub(crate) fn assign_checkpoint_pages(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         pages: Vec<PageId>,
         tokens: u32,
     ) -> Result<()> {
-        let (table, windows, fixed) = self.checkpoint_tables(id, pages, tokens)?;
-        let req = self.table.get_mut(id)?;
+        let (table, windows, fixed) = self.checkpoint_tables(request, pages, tokens)?;
+        let req = self.table.get_mut(request)?;
         req.pages = table;
         req.windows = windows;
         req.window_credit_pages.clear();
@@ -515,7 +531,7 @@ impl<E: Executor> Engine<E> {
     /// the block table, every windowed table (null before the window at `tokens`) and the fixed pages.
     pub(crate) fn checkpoint_tables(
         &self,
-        id: RequestId,
+        request: RequestId,
         pages: Vec<PageId>,
         tokens: u32,
     ) -> Result<CheckpointTables> {
@@ -543,7 +559,7 @@ impl<E: Executor> Engine<E> {
         let fixed: Vec<PageId> = pages.collect();
         if table.len() != n_pages && !table.is_empty() {
             return Err(Error::internal(format!(
-                "{id}: {} pages for a block table of {n_pages}",
+                "{request}: {} pages for a block table of {n_pages}",
                 table.len()
             )));
         }
@@ -553,15 +569,15 @@ impl<E: Executor> Engine<E> {
     /// Sends a captured checkpoint to the store: on the simulated clock over the capture link, arriving once
     /// its copy out is through (`CaptureLink`); on the wall clock at once. `true` when it is on its way (or,
     /// on the wall clock, stored).
-    fn put_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) -> bool {
+    fn put_checkpoint(&mut self, request: RequestId, checkpoint: Checkpoint) -> bool {
         if self.params.clock == ClockKind::Wall {
-            return self.store_checkpoint(id, checkpoint);
+            return self.store_checkpoint(request, checkpoint);
         }
         let n_tokens = u32::try_from(checkpoint.meta.n_tokens).unwrap_or(u32::MAX);
         let duration = self.executor.copy_time(n_tokens);
         self.restores
             .captures
-            .send(self.time.now, duration, id, checkpoint);
+            .send(self.time.now, duration, request, checkpoint);
         true
     }
 
@@ -578,18 +594,18 @@ impl<E: Executor> Engine<E> {
 
     /// Puts a captured checkpoint into the store; a store that cannot take it is counted and logged, never
     /// an error of the step. `true` when the store took it (or, on its own thread, queued it).
-    pub(crate) fn store_checkpoint(&mut self, id: RequestId, checkpoint: Checkpoint) -> bool {
-        match self.restores.store.put(id, checkpoint) {
+    pub(crate) fn store_checkpoint(&mut self, request: RequestId, checkpoint: Checkpoint) -> bool {
+        match self.restores.store.put(request, checkpoint) {
             Ok(_outcome) => true,
             Err(error) => {
-                self.log_put_failure(id, &error);
+                self.log_put_failure(request, &error);
                 false
             }
         }
     }
 
     /// Logs a put the store refused.
-    fn log_put_failure(&self, id: RequestId, error: &checkpoint_transfer::Error) {
+    fn log_put_failure(&self, request: RequestId, error: &checkpoint_transfer::Error) {
         match error {
             // The store could not write (disk full, read-only file system, permission; a Redis server
             // unreachable, slow or full; its thread gone): the engine goes on without this checkpoint;
@@ -601,7 +617,7 @@ impl<E: Executor> Engine<E> {
                 let n_failures = self.restores.store.stats().n_write_failures;
                 if n_failures <= 1 || n_failures.is_multiple_of(STORE_WRITE_FAILURES_PER_WARNING) {
                     tracing::warn!(
-                        request = %id,
+                        request = %request,
                         %error,
                         n_failures,
                         "checkpoint not stored: the store cannot write (logged for the first failure and \
@@ -610,58 +626,58 @@ impl<E: Executor> Engine<E> {
                 }
             }
             // A capture too large for the store, or an older generation: nothing to restore later.
-            _ => tracing::debug!(request = %id, %error, "checkpoint not stored"),
+            _ => tracing::debug!(request = %request, %error, "checkpoint not stored"),
         }
     }
 
-    /// E3: checks that every page of `id`'s published import of `tokens` tokens (`GroupCoordinator::
+    /// E3: checks that every page of `request`'s published import of `tokens` tokens (`GroupCoordinator::
     /// import_slots`: its blocks from `first_block` on, or at an exact boundary the whole checkpoint, partial
     /// and fixed pages included) holds what recomputing its prefix writes, on every rank.
     pub(crate) fn verify_import(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         first_block: u32,
         tokens: u32,
     ) -> Result<()> {
         if !self.params.verify_restores {
             return Ok(());
         }
-        let dest = self.verified_import_pages(id)?;
-        self.verify_pages(id, first_block, tokens, &dest)
+        let dest = self.verified_import_pages(request)?;
+        self.verify_pages(request, first_block, tokens, &dest)
     }
 
     /// E3 for a local hybrid hit (H9): checks that every page of the snapshot `pages` at boundary `tokens`
-    /// that `id` is admitted on holds what recomputing its prefix writes, on every rank, as a restore's.
+    /// that `request` is admitted on holds what recomputing its prefix writes, on every rank, as a restore's.
     pub(crate) fn verify_local_hit(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         pages: &[PageId],
         tokens: u32,
     ) -> Result<()> {
         if !self.params.verify_restores {
             return Ok(());
         }
-        self.verify_pages(id, 0, tokens, pages)
+        self.verify_pages(request, 0, tokens, pages)
     }
 
     /// Checks `dest`, the pages of an import of `tokens` tokens from block `first_block` on
     /// (`GroupCoordinator::import_slots` order), against what recompute writes.
     fn verify_pages(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         first_block: u32,
         tokens: u32,
         dest: &[PageId],
     ) -> Result<()> {
         // Recompute reads the restored prefix's tokens.
-        self.materialize(id)?;
+        self.materialize(request)?;
         if self.executor.writes_pages() {
-            return self.verify_by_recompute(id, first_block, tokens, dest);
+            return self.verify_by_recompute(request, first_block, tokens, dest);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let boundary = self.groups.import_boundary(
-            req.tokens.get(id)?,
+            req.tokens.get(request)?,
             &req.keys,
             &req.spec.salt,
             first_block,
@@ -670,7 +686,7 @@ impl<E: Executor> Engine<E> {
         );
         if boundary.slots.len() != dest.len() {
             return Err(Error::internal(format!(
-                "{id}: an import of {} pages for a boundary of {} pages",
+                "{request}: an import of {} pages for a boundary of {} pages",
                 dest.len(),
                 boundary.slots.len()
             )));
@@ -689,7 +705,7 @@ impl<E: Executor> Engine<E> {
                     .position(|(a, b)| a != b)
                 {
                     return Err(Error::RestoreMismatch {
-                        request: id,
+                        request,
                         block: first_block + slot_idx as u32,
                         rank,
                         page,
@@ -702,22 +718,28 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// The pages of `id`'s import being verified (E3), as the index holds them.
-    pub(crate) fn verified_import_pages(&self, id: RequestId) -> Result<Vec<PageId>> {
+    /// The pages of `request`'s import being verified (E3), as the index holds them.
+    pub(crate) fn verified_import_pages(&self, request: RequestId) -> Result<Vec<PageId>> {
         self.restores
             .index
-            .pages(id)
+            .pages(request)
             .map(<[PageId]>::to_vec)
-            .ok_or_else(|| Error::internal(format!("{id}: verifying an import the index lacks")))
+            .ok_or_else(|| {
+                Error::internal(format!("{request}: verifying an import the index lacks"))
+            })
     }
 
-    /// The keys a pages-only import published for hybrid `id` is found again under, slot by slot: a full
+    /// The keys a pages-only import published for hybrid `request` is found again under, slot by slot: a full
     /// block's own key, the slot key of every other page (`key_unkeyed_slots`).
-    pub(crate) fn published_slot_keys(&self, id: RequestId, tokens: u32) -> Result<Vec<BlockKey>> {
+    pub(crate) fn published_slot_keys(
+        &self,
+        request: RequestId,
+        tokens: u32,
+    ) -> Result<Vec<BlockKey>> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let boundary = self.groups.boundary(
-            req.tokens.get(id)?,
+            req.tokens.get(request)?,
             &req.keys,
             &req.spec.salt,
             tokens,
@@ -736,15 +758,15 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Registers the unkeyed pages (partial last page, state) of the pages-only import `published` of hybrid
-    /// `id` at boundary `tokens` under their slot keys, so that once the index lets go of them they are cached
+    /// `request` at boundary `tokens` under their slot keys, so that once the index lets go of them they are cached
     /// pages like its blocks: found again at admission unless evicted first.
     pub(crate) fn key_unkeyed_slots(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         published: &[PageId],
         tokens: u32,
     ) -> Result<()> {
-        let keys = self.published_slot_keys(id, tokens)?;
+        let keys = self.published_slot_keys(request, tokens)?;
         let slots = self
             .groups
             .slots(tokens, self.params.geometry.block_tokens());
@@ -757,10 +779,10 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Frees `id`'s pages (cached blocks stay findable until evicted) and resets its progress.
-    pub(crate) fn free_request_pages(&mut self, id: RequestId) -> Result<()> {
-        self.register_blocks(id)?;
-        let req = self.table.get_mut(id)?;
+    /// Frees `request`'s pages (cached blocks stay findable until evicted) and resets its progress.
+    pub(crate) fn free_request_pages(&mut self, request: RequestId) -> Result<()> {
+        self.register_blocks(request)?;
+        let req = self.table.get_mut(request)?;
         let mut pages = std::mem::take(&mut req.pages);
         pages.append(&mut req.fixed);
         for table in std::mem::take(&mut req.windows) {

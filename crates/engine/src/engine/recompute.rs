@@ -9,13 +9,13 @@ use crate::error::{Error, Result};
 use crate::executor::Executor;
 
 impl<E: Executor> Engine<E> {
-    /// Checks every page `dest` of `id`'s import of `tokens` tokens, or of a snapshot it is admitted on
+    /// Checks every page `dest` of `request`'s import of `tokens` tokens, or of a snapshot it is admitted on
     /// (`GroupCoordinator::import_slots`:
     /// its blocks from `first_block` on; hybrid: the whole checkpoint, its windowed groups' live pages and its
     /// fixed pages included), on every rank, against a recompute of its first `tokens` tokens.
     pub(crate) fn verify_by_recompute(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         first_block: u32,
         tokens: u32,
         dest: &[PageId],
@@ -23,16 +23,16 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let prefix = self
             .table
-            .get(id)?
+            .get(request)?
             .tokens
-            .get(id)?
+            .get(request)?
             .get(..tokens as usize)
-            .ok_or_else(|| Error::internal(format!("{id}: an import past its tokens")))?
+            .ok_or_else(|| Error::internal(format!("{request}: an import past its tokens")))?
             .to_vec();
         let bytes_per_page = self.storage.bytes_per_page();
         let Some(expected) = self.executor.recompute(&prefix, bytes_per_page)? else {
             return Err(Error::internal(format!(
-                "{id}: executor {} writes its pages but recomputes none",
+                "{request}: executor {} writes its pages but recomputes none",
                 self.executor.name()
             )));
         };
@@ -41,7 +41,7 @@ impl<E: Executor> Engine<E> {
         let slots = self.groups.import_slots(first_block, tokens, block_tokens);
         if slots.len() != dest.len() {
             return Err(Error::internal(format!(
-                "{id}: an import of {} pages for {} slots",
+                "{request}: an import of {} pages for {} slots",
                 dest.len(),
                 slots.len()
             )));
@@ -61,25 +61,27 @@ impl<E: Executor> Engine<E> {
             // Its block from `first_block` on; at an exact boundary (from block 0) its checkpoint slot.
             let label = first_block + slot_idx as u32;
             let bytes = bytes.ok_or_else(|| {
-                Error::internal(format!("{id}: no recomputed page for import page {label}"))
+                Error::internal(format!(
+                    "{request}: no recomputed page for import page {label}"
+                ))
             })?;
             checks.push((label, page, bytes));
         }
-        self.compare_with_recompute(id, checks)
+        self.compare_with_recompute(request, checks)
     }
 
     /// Reads each checked page on every rank and compares it with the recomputed bytes; the first
     /// difference is a [`Error::RestoreMismatch`].
     fn compare_with_recompute(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         checks: Vec<(u32, PageId, &[Vec<u8>])>,
     ) -> Result<()> {
         let n_ranks = self.storage.n_ranks();
         for (block, page, ranks) in checks {
             if ranks.len() != n_ranks as usize {
                 return Err(Error::internal(format!(
-                    "{id}: recompute gave {} ranks of page {page:?}, the storage has {n_ranks}",
+                    "{request}: recompute gave {} ranks of page {page:?}, the storage has {n_ranks}",
                     ranks.len()
                 )));
             }
@@ -93,7 +95,7 @@ impl<E: Executor> Engine<E> {
                     .position(|(a, b)| a != b)
                 {
                     return Err(Error::RestoreMismatch {
-                        request: id,
+                        request,
                         block,
                         rank,
                         page,

@@ -142,8 +142,8 @@ impl<E: Executor> Engine<E> {
     }
 
     /// Where a live request is.
-    pub fn request(&self, id: RequestId) -> Option<RequestView> {
-        let req = self.table.find(id)?;
+    pub fn request(&self, request: RequestId) -> Option<RequestView> {
+        let req = self.table.find(request)?;
         Some(RequestView {
             phase: req.phase(),
             n_computed: req.n_computed,
@@ -154,11 +154,11 @@ impl<E: Executor> Engine<E> {
             has_ticket: self
                 .policy
                 .ledger()
-                .is_some_and(|ledger| ledger.ticket_state(id).is_some()),
+                .is_some_and(|ledger| ledger.ticket_state(request).is_some()),
             is_waiter: self
                 .policy
                 .ledger()
-                .is_some_and(|ledger| ledger.is_waiter(id))
+                .is_some_and(|ledger| ledger.is_waiter(request))
                 || req.capacity_wait().is_some(),
             n_output: req.output.len() as u32,
             lookups: req.lookups,
@@ -168,8 +168,8 @@ impl<E: Executor> Engine<E> {
 
     /// The output tokens a live request has produced so far (a server streams them as they come); `None`
     /// once it finished or was cancelled (`take_finished` then has them all).
-    pub fn output_tokens(&self, id: RequestId) -> Option<&[u32]> {
-        self.table.find(id).map(|req| req.output.as_slice())
+    pub fn output_tokens(&self, request: RequestId) -> Option<&[u32]> {
+        self.table.find(request).map(|req| req.output.as_slice())
     }
 
     /// Restore gauges now: copies in flight, restores copying, capacity waiters, pages owned by ready

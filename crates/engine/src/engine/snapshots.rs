@@ -81,23 +81,23 @@ impl Snapshot {
 }
 
 impl<E: Executor> Engine<E> {
-    /// Leaves `id`'s pages at its computed tokens in the prefix cache as a snapshot (see the module), before
+    /// Leaves `request`'s pages at its computed tokens in the prefix cache as a snapshot (see the module), before
     /// its pages are freed at its finish. Nothing on a full-attention model, with a budget of 0, or when its
     /// tables do not hold the whole boundary as its own (a restored partial page or state not yet copied on
     /// write, a copy still landing).
-    pub(crate) fn snapshot_on_finish(&mut self, id: RequestId) -> Result<()> {
+    pub(crate) fn snapshot_on_finish(&mut self, request: RequestId) -> Result<()> {
         if self.params.state_snapshot_pages == 0 || !self.groups.restores_at_exact_boundaries() {
             return Ok(());
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let Some(n_tokens) = self.snapshot_boundary(id)? else {
+        let Some(n_tokens) = self.snapshot_boundary(request)? else {
             return Ok(());
         };
-        self.register_blocks(id)?;
-        let pages = self.boundary_pages(id, n_tokens)?;
-        let req = self.table.get(id)?;
+        self.register_blocks(request)?;
+        let pages = self.boundary_pages(request, n_tokens)?;
+        let req = self.table.get(request)?;
         let boundary = self.groups.boundary(
-            req.tokens.get(id)?,
+            req.tokens.get(request)?,
             &req.keys,
             &req.spec.salt,
             n_tokens,
@@ -155,7 +155,7 @@ impl<E: Executor> Engine<E> {
         self.snapshots.pages += snapshot.cost();
         self.snapshots.held.push_back(snapshot);
         self.keep_snapshots_within_budget()?;
-        self.absorb_prefix_changes(&mut [(id, 0)]);
+        self.absorb_prefix_changes(&mut [(request, 0)]);
         Ok(())
     }
 
@@ -177,11 +177,11 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// The boundary finishing `id` leaves as a snapshot, its computed tokens, when its tables hold every page
+    /// The boundary finishing `request` leaves as a snapshot, its computed tokens, when its tables hold every page
     /// of it as its own; `None` otherwise.
-    fn snapshot_boundary(&self, id: RequestId) -> Result<Option<u32>> {
+    fn snapshot_boundary(&self, request: RequestId) -> Result<Option<u32>> {
         let block_tokens = self.params.geometry.block_tokens();
-        let req = self.table.get(id)?;
+        let req = self.table.get(request)?;
         let n_tokens = req.n_computed;
         let whole = n_tokens > 0
             && !req.copy_on_write
@@ -192,19 +192,19 @@ impl<E: Executor> Engine<E> {
         Ok(whole.then_some(n_tokens))
     }
 
-    /// The longest snapshot boundary waiting hybrid `id` starts with, short of its last prompt token, whose
+    /// The longest snapshot boundary waiting hybrid `request` starts with, short of its last prompt token, whose
     /// every page is still cached: its tokens and its pages (`GroupCoordinator::slots` order). Does not touch
     /// them. `None` when there is none (H9, H10).
-    pub(crate) fn snapshot_hit(&self, id: RequestId) -> Result<Option<(u32, Vec<PageId>)>> {
+    pub(crate) fn snapshot_hit(&self, request: RequestId) -> Result<Option<(u32, Vec<PageId>)>> {
         if self.snapshots.held.is_empty() || !self.groups.restores_at_exact_boundaries() {
             return Ok(None);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = self.table.get(id)?;
+        let req = self.table.get(request)?;
         let limit = self
-            .restorable_tokens(id)?
+            .restorable_tokens(request)?
             .min((req.tokens.len() as u32).saturating_sub(1));
-        let tokens = req.tokens.get(id)?;
+        let tokens = req.tokens.get(request)?;
         let mut best: Option<(u32, Vec<PageId>)> = None;
         for snapshot in &self.snapshots.held {
             let n_tokens = snapshot.n_tokens;
@@ -233,16 +233,16 @@ impl<E: Executor> Engine<E> {
         Ok(best)
     }
 
-    /// Tokens of `id`'s restorable prefix the local prefix cache serves now: whole blocks every group holds
+    /// Tokens of `request`'s restorable prefix the local prefix cache serves now: whole blocks every group holds
     /// (full attention), or the longest snapshot boundary (hybrid, H9).
-    pub(crate) fn local_hit_tokens(&self, id: RequestId, restorable: u32) -> Result<u32> {
+    pub(crate) fn local_hit_tokens(&self, request: RequestId, restorable: u32) -> Result<u32> {
         if self.groups.restores_at_exact_boundaries() {
             return Ok(self
-                .snapshot_hit(id)?
+                .snapshot_hit(request)?
                 .map_or(0, |(tokens, _)| tokens.min(restorable)));
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = self.table.get(id)?;
+        let req = self.table.get(request)?;
         let blocks = self
             .groups
             .local_hit(

@@ -343,18 +343,18 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// The work running request `id` does next within `budget` tokens: a prefill chunk (shrunk to the
+    /// The work running request `request` does next within `budget` tokens: a prefill chunk (shrunk to the
     /// pages credits leave it, C1/C5) or a decode of one token and its drafts, with the tokens it takes,
     /// the position its pages must reach and their kind. `None`: nothing this step.
     fn next_work(
         &mut self,
-        id: RequestId,
+        request: RequestId,
         budget: u32,
     ) -> Result<Option<(Work, u32, u32, AllocKind)>> {
         let draft = self.params.draft_tokens;
-        let req = self.table.get(id)?;
+        let req = self.table.get(request)?;
         Ok(Some(if req.in_prefill() || req.n_to_compute() > 1 {
-            let n_budget = self.prefill_chunk(id, req.n_computed, budget)?;
+            let n_budget = self.prefill_chunk(request, req.n_computed, budget)?;
             if n_budget == 0 {
                 return Ok(None);
             }
@@ -362,7 +362,7 @@ impl<E: Executor> Engine<E> {
             // free but credits protect some, its chunk shrinks to the unprotected pages, or it waits when
             // there are none: credits never make anyone preempt (C5). When the pool itself lacks the
             // pages, it is ordinary pressure, handled below as without credits.
-            let n = match self.credit_blocked_prefill_tokens(id, n_budget)? {
+            let n = match self.credit_blocked_prefill_tokens(request, n_budget)? {
                 Some(0) => return Ok(None),
                 Some(n) => n,
                 None => n_budget,
@@ -406,24 +406,28 @@ impl<E: Executor> Engine<E> {
             })
     }
 
-    /// `Some(tokens)` when credits, not the pool, keep `id`'s prefill of `n_tokens` from its pages: the free
+    /// `Some(tokens)` when credits, not the pool, keep `request`'s prefill of `n_tokens` from its pages: the free
     /// pages would do, but some are protected for credit holders. It may then cover only what its pages and
     /// the unprotected ones hold. `None` when the pages are there, when the pool itself lacks them, or when
-    /// `id` draws on its own credits.
-    fn credit_blocked_prefill_tokens(&self, id: RequestId, n_tokens: u32) -> Result<Option<u32>> {
-        if self.policy.holds_admitted_ticket(id) {
+    /// `request` draws on its own credits.
+    fn credit_blocked_prefill_tokens(
+        &self,
+        request: RequestId,
+        n_tokens: u32,
+    ) -> Result<Option<u32>> {
+        if self.policy.holds_admitted_ticket(request) {
             return Ok(None);
         }
         let block_tokens = self.params.geometry.block_tokens();
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let held = req.pages.len() as u32;
-        let need = self.grow_need(id, req.n_computed + n_tokens)?;
+        let need = self.grow_need(request, req.n_computed + n_tokens)?;
         let unprotected = self.unprotected_free();
         if need <= unprotected || need > self.pool.n_free() {
             return Ok(None);
         }
         // Pages beyond the block table's (fixed pages, copies on write) come first.
-        let overhead = self.grow_need(id, 0)?;
+        let overhead = self.grow_need(request, 0)?;
         let may_hold_tokens =
             (held + unprotected.saturating_sub(overhead)).saturating_mul(block_tokens);
         Ok(Some(
@@ -470,26 +474,26 @@ impl<E: Executor> Engine<E> {
     /// After compute: when every token the ticket budgeted is computed the ticket ends (C6); the checkpoint
     /// slots the computed tokens reached are captured (H7): the instruction boundary, the prefill tail (where
     /// a prompt of several chunks starts its last one, when `capture_prefill_tail`), the prompt end (E2).
-    fn after_compute(&mut self, id: RequestId) -> Result<()> {
-        self.capture_prompt_slots(id)?;
-        let req = &self.table.get(id)?;
+    fn after_compute(&mut self, request: RequestId) -> Result<()> {
+        self.capture_prompt_slots(request)?;
+        let req = &self.table.get(request)?;
         if req.n_to_compute() == 0 {
-            self.policy.finish_prompt(id)?;
+            self.policy.finish_prompt(request)?;
         }
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         if req.n_computed < req.prompt_end || req.prompt_captured {
             return Ok(());
         }
-        self.table.get_mut(id)?.prompt_captured = true;
-        self.capture(id, CheckpointKind::Prompt)?;
+        self.table.get_mut(request)?.prompt_captured = true;
+        self.capture(request, CheckpointKind::Prompt)?;
         Ok(())
     }
 
-    /// Captures the instruction and prefill-tail slots (H7) that `id`'s computed tokens just reached.
-    fn capture_prompt_slots(&mut self, id: RequestId) -> Result<()> {
+    /// Captures the instruction and prefill-tail slots (H7) that `request`'s computed tokens just reached.
+    fn capture_prompt_slots(&mut self, request: RequestId) -> Result<()> {
         let chunk_tokens = self.params.chunk_tokens;
         let prefill_tail = self.params.capture_prefill_tail;
-        let req = &self.table.get(id)?;
+        let req = &self.table.get(request)?;
         let at_instruction =
             !req.instruction_captured && req.spec.instruction_tokens == Some(req.n_computed);
         let left = req.prompt_end.saturating_sub(req.n_computed);
@@ -502,20 +506,20 @@ impl<E: Executor> Engine<E> {
                 .instruction_tokens
                 .is_none_or(|at| req.n_computed > at);
         if at_instruction {
-            self.table.get_mut(id)?.instruction_captured = true;
-            self.capture(id, CheckpointKind::Instruction)?;
+            self.table.get_mut(request)?.instruction_captured = true;
+            self.capture(request, CheckpointKind::Instruction)?;
         }
         if at_tail {
-            self.table.get_mut(id)?.prefill_tail_captured = true;
-            self.capture(id, CheckpointKind::PrefillTail)?;
+            self.table.get_mut(request)?.prefill_tail_captured = true;
+            self.capture(request, CheckpointKind::PrefillTail)?;
         }
         Ok(())
     }
 
-    /// Tokens of `id`'s next prefill chunk from `start` within `budget` tokens: at most the chunk size, and
+    /// Tokens of `request`'s next prefill chunk from `start` within `budget` tokens: at most the chunk size, and
     /// never past its instruction boundary while that is ahead, so that a chunk ends exactly there (H7).
-    pub(crate) fn prefill_chunk(&self, id: RequestId, start: u32, budget: u32) -> Result<u32> {
-        let req = self.table.get(id)?;
+    pub(crate) fn prefill_chunk(&self, request: RequestId, start: u32, budget: u32) -> Result<u32> {
+        let req = self.table.get(request)?;
         let chunk = (req.tokens.len() as u32)
             .saturating_sub(start)
             .min(self.params.chunk_tokens)
@@ -526,32 +530,37 @@ impl<E: Executor> Engine<E> {
         })
     }
 
-    /// Applies `id`'s decode at position `context`: the pending token and the drafts accepted after it are
+    /// Applies `request`'s decode at position `context`: the pending token and the drafts accepted after it are
     /// computed (their KV written), and the tokens the step yields (`decode_yield`) are appended, the last
     /// through `sample`, which ends the answer at its cap or stop. A rejected draft's position is not
     /// computed: the token sampled in its place is the next step's pending token.
-    fn apply_decode(&mut self, id: RequestId, context: u32, report: &mut StepReport) -> Result<()> {
-        let kept = self.decode_yield(id, context)?;
+    fn apply_decode(
+        &mut self,
+        request: RequestId,
+        context: u32,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        let kept = self.decode_yield(request, context)?;
         for _ in 1..kept {
-            if self.next_token(id)? {
+            if self.next_token(request)? {
                 return Err(Error::internal(format!(
-                    "{id}: an accepted draft before the step's last token ended the answer"
+                    "{request}: an accepted draft before the step's last token ended the answer"
                 )));
             }
         }
-        self.table.get_mut(id)?.n_computed = context + kept;
-        self.write_computed(id, context, context + kept)?;
-        self.sample(id, report)
+        self.table.get_mut(request)?.n_computed = context + kept;
+        self.write_computed(request, context, context + kept)?;
+        self.sample(request, report)
     }
 
-    /// Appends `id`'s next output token: the stop token when the answer stops there, else the executor's
+    /// Appends `request`'s next output token: the stop token when the answer stops there, else the executor's
     /// token or the engine's own (`output_token_at`). Returns whether the answer stopped.
-    fn next_token(&mut self, id: RequestId) -> Result<bool> {
+    fn next_token(&mut self, request: RequestId) -> Result<bool> {
         let block_tokens = self.params.geometry.block_tokens();
         let now = self.time.now;
-        let model_token = self.scratch.model_tokens.remove(&id);
+        let model_token = self.scratch.model_tokens.remove(&request);
         let stop_token = self.params.stop_token;
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         let index = req.output.len() as u32;
         let stop_after = req
             .spec
@@ -569,7 +578,7 @@ impl<E: Executor> Engine<E> {
         req.output.push(token);
         req.push_tokens(&[token], block_tokens)?;
         self.watchdog.progress(now);
-        let req = self.table.get_mut(id)?;
+        let req = self.table.get_mut(request)?;
         req.answer_tokens += 1;
         req.stopped = stop;
         req.metrics.decode_tokens += 1;
@@ -577,22 +586,22 @@ impl<E: Executor> Engine<E> {
         Ok(stop)
     }
 
-    /// Samples `id`'s next output token (`next_token`); finishes or pauses the answer at its cap or stop
+    /// Samples `request`'s next output token (`next_token`); finishes or pauses the answer at its cap or stop
     /// token.
-    fn sample(&mut self, id: RequestId, report: &mut StepReport) -> Result<()> {
-        let stop = self.next_token(id)?;
-        let req = self.table.get(id)?;
+    fn sample(&mut self, request: RequestId, report: &mut StepReport) -> Result<()> {
+        let stop = self.next_token(request)?;
+        let req = self.table.get(request)?;
         if req.answer_tokens < req.answer_cap && !stop {
             return Ok(());
         }
-        self.capture(id, CheckpointKind::Response)?;
-        report.finished.push(id);
-        if self.table.get(id)?.spec.streaming {
-            self.table.move_to(id, RequestPhase::Paused)?;
-            self.register_blocks(id)?;
+        self.capture(request, CheckpointKind::Response)?;
+        report.finished.push(request);
+        if self.table.get(request)?.spec.streaming {
+            self.table.move_to(request, RequestPhase::Paused)?;
+            self.register_blocks(request)?;
             return Ok(());
         }
-        self.finish(id)
+        self.finish(request)
     }
 
     /// When something happens by itself next: an arrival, a copy completion, a capture reaching the store, a

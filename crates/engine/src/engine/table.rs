@@ -108,34 +108,34 @@ pub(crate) struct RequestTable {
 }
 
 impl RequestTable {
-    /// `id`'s live request, or `Error::Internal`: the engine's state names it, so it must be live.
-    pub(crate) fn get(&self, id: RequestId) -> Result<&Req> {
+    /// `request`'s live request, or `Error::Internal`: the engine's state names it, so it must be live.
+    pub(crate) fn get(&self, request: RequestId) -> Result<&Req> {
         self.reqs
-            .get(&id)
+            .get(&request)
             .map(Box::as_ref)
-            .ok_or_else(|| not_live(id))
+            .ok_or_else(|| not_live(request))
     }
 
     /// `get`, mutably.
-    pub(crate) fn get_mut(&mut self, id: RequestId) -> Result<&mut Req> {
+    pub(crate) fn get_mut(&mut self, request: RequestId) -> Result<&mut Req> {
         self.reqs
-            .get_mut(&id)
+            .get_mut(&request)
             .map(Box::as_mut)
-            .ok_or_else(|| not_live(id))
+            .ok_or_else(|| not_live(request))
     }
 
-    /// `id`'s live request, if it is live (a caller's id, or one a step may have retired).
-    pub(crate) fn find(&self, id: RequestId) -> Option<&Req> {
-        self.reqs.get(&id).map(Box::as_ref)
+    /// `request`'s live request, if it is live (a caller's id, or one a step may have retired).
+    pub(crate) fn find(&self, request: RequestId) -> Option<&Req> {
+        self.reqs.get(&request).map(Box::as_ref)
     }
 
     /// `find`, mutably.
-    pub(crate) fn find_mut(&mut self, id: RequestId) -> Option<&mut Req> {
-        self.reqs.get_mut(&id).map(Box::as_mut)
+    pub(crate) fn find_mut(&mut self, request: RequestId) -> Option<&mut Req> {
+        self.reqs.get_mut(&request).map(Box::as_mut)
     }
 
-    pub(crate) fn contains(&self, id: RequestId) -> bool {
-        self.reqs.contains_key(&id)
+    pub(crate) fn contains(&self, request: RequestId) -> bool {
+        self.reqs.contains_key(&request)
     }
 
     /// Live requests.
@@ -211,87 +211,87 @@ impl RequestTable {
             .collect()
     }
 
-    /// Takes `id` out of the table: gone (finished, cancelled, rejected).
-    pub(crate) fn remove(&mut self, id: RequestId) -> Option<Box<Req>> {
-        self.leave_container(id);
-        self.reqs.remove(&id)
+    /// Takes `request` out of the table: gone (finished, cancelled, rejected).
+    pub(crate) fn remove(&mut self, request: RequestId) -> Option<Box<Req>> {
+        self.leave_container(request);
+        self.reqs.remove(&request)
     }
 
-    /// Moves `id` to phase `to`: out of the container its phase names, into the one `to` names (its place
+    /// Moves `request` to phase `to`: out of the container its phase names, into the one `to` names (its place
     /// in the order for queues, the back for the running list and the resume queue). A move within a phase
     /// (a re-queue) keeps the phase's data; a move to another phase enters it with none (`move_to_phase`
     /// enters it with data). An edge the lifecycle does not have is `Error::Internal`, and nothing changes.
-    pub(crate) fn move_to(&mut self, id: RequestId, to: RequestPhase) -> Result<()> {
+    pub(crate) fn move_to(&mut self, request: RequestId, to: RequestPhase) -> Result<()> {
         let from = self
             .reqs
-            .get(&id)
-            .ok_or_else(|| Error::internal(format!("{id} moves to {to:?} but is not live")))?
+            .get(&request)
+            .ok_or_else(|| Error::internal(format!("{request} moves to {to:?} but is not live")))?
             .phase
             .kind();
-        let entered = self.requeue(id, to)?;
+        let entered = self.requeue(request, to)?;
         if from != to {
-            self.get_mut(id)?.phase = entered;
+            self.get_mut(request)?.phase = entered;
         }
         Ok(())
     }
 
     /// `move_to`, entering phase `to` with its data.
-    pub(crate) fn move_to_phase(&mut self, id: RequestId, to: Phase) -> Result<()> {
-        let _empty = self.requeue(id, to.kind())?;
-        self.get_mut(id)?.phase = to;
+    pub(crate) fn move_to_phase(&mut self, request: RequestId, to: Phase) -> Result<()> {
+        let _empty = self.requeue(request, to.kind())?;
+        self.get_mut(request)?.phase = to;
         Ok(())
     }
 
-    /// Takes `id` out of its container and puts it into the one phase `to` names, checking the edge: the
+    /// Takes `request` out of its container and puts it into the one phase `to` names, checking the edge: the
     /// phase `to` with no data of its own yet, which the caller sets or drops.
-    fn requeue(&mut self, id: RequestId, to: RequestPhase) -> Result<Phase> {
-        let from = self.get(id)?.phase.kind();
+    fn requeue(&mut self, request: RequestId, to: RequestPhase) -> Result<Phase> {
+        let from = self.get(request)?.phase.kind();
         if !edge_exists(from, to) {
             return Err(Error::internal(format!(
-                "{id} cannot move from {from:?} to {to:?}"
+                "{request} cannot move from {from:?} to {to:?}"
             )));
         }
-        self.leave_container(id);
-        let req = self.get(id)?;
+        self.leave_container(request);
+        let req = self.get(request)?;
         let order = req.order;
         Ok(match to {
             RequestPhase::Arriving => {
-                self.arriving.insert(req.arrival_key, id);
+                self.arriving.insert(req.arrival_key, request);
                 Phase::Arriving
             }
             RequestPhase::Waiting => {
-                self.waiting.insert(order, id);
+                self.waiting.insert(order, request);
                 Phase::Waiting { published: None }
             }
             RequestPhase::Restoring => {
-                self.restoring.insert(order, id);
+                self.restoring.insert(order, request);
                 Phase::Restoring { wait: None }
             }
             RequestPhase::Ready => {
                 if whole_prompt_with_logits(req) {
                     // Its own isolated step admits it (Q4), not the admission walk.
-                    self.ready_logits.insert(order, id);
+                    self.ready_logits.insert(order, request);
                 } else {
-                    self.ready.insert(order, id);
+                    self.ready.insert(order, request);
                 }
                 Phase::Ready
             }
             RequestPhase::Running => {
-                self.running.push(id);
+                self.running.push(request);
                 Phase::Running { loading: None }
             }
             RequestPhase::Resuming => {
-                self.resuming.push_back(id);
+                self.resuming.push_back(request);
                 Phase::Resuming
             }
             RequestPhase::Paused => Phase::Paused,
         })
     }
 
-    /// Takes `id` out of whatever container its phase names (idempotent: a queue the admission walk already
+    /// Takes `request` out of whatever container its phase names (idempotent: a queue the admission walk already
     /// took it from is left as it is).
-    pub(crate) fn leave_container(&mut self, id: RequestId) {
-        let Some(req) = self.reqs.get(&id) else {
+    pub(crate) fn leave_container(&mut self, request: RequestId) {
+        let Some(req) = self.reqs.get(&request) else {
             return;
         };
         let order = req.order;
@@ -309,8 +309,8 @@ impl RequestTable {
                 self.ready.remove(&order);
                 self.ready_logits.remove(&order);
             }
-            RequestPhase::Running => self.running.retain(|running| *running != id),
-            RequestPhase::Resuming => self.resuming.retain(|resuming| *resuming != id),
+            RequestPhase::Running => self.running.retain(|running| *running != request),
+            RequestPhase::Resuming => self.resuming.retain(|resuming| *resuming != request),
             RequestPhase::Paused => {}
         }
     }
@@ -320,18 +320,18 @@ impl RequestTable {
         let broken = |invariant: String| Err(Error::internal(invariant));
         let mut in_containers = 0usize;
         let mut expect =
-            |id: RequestId, phase: RequestPhase, order: Option<AdmissionOrder>, what: &str| {
+            |request: RequestId, phase: RequestPhase, order: Option<AdmissionOrder>, what: &str| {
                 in_containers += 1;
-                match self.reqs.get(&id) {
+                match self.reqs.get(&request) {
                     Some(req) if req.phase.kind() != phase => broken(format!(
-                        "{id} is {:?} but in the {what} container",
+                        "{request} is {:?} but in the {what} container",
                         req.phase.kind()
                     )),
                     Some(req) if order.is_some_and(|order| order != req.order) => {
-                        broken(format!("{id}'s {what} key drifted"))
+                        broken(format!("{request}'s {what} key drifted"))
                     }
                     Some(_) => Ok(()),
-                    None => broken(format!("{id} is in the {what} container but not live")),
+                    None => broken(format!("{request} is in the {what} container but not live")),
                 }
             };
         for id in self.arriving.values() {
@@ -370,8 +370,10 @@ impl RequestTable {
     }
 }
 
-fn not_live(id: RequestId) -> Error {
-    Error::internal(format!("{id} is named by the engine's state but not live"))
+fn not_live(request: RequestId) -> Error {
+    Error::internal(format!(
+        "{request} is named by the engine's state but not live"
+    ))
 }
 
 /// Whether `req`'s ready import restores its whole prompt and the request has saved logits (Q4).

@@ -52,15 +52,15 @@ impl Tokens {
     }
 
     /// Every token; an internal error while part of the prompt is deferred.
-    pub(crate) fn get(&self, id: RequestId) -> Result<&[u32]> {
-        self.suffix(id, 0)
+    pub(crate) fn get(&self, request: RequestId) -> Result<&[u32]> {
+        self.suffix(request, 0)
     }
 
     /// Tokens `[from, len)`; an internal error when some of them are deferred.
-    pub(crate) fn suffix(&self, id: RequestId, from: usize) -> Result<&[u32]> {
+    pub(crate) fn suffix(&self, request: RequestId, from: usize) -> Result<&[u32]> {
         if from < self.start {
             return Err(Error::internal(format!(
-                "{id}: token {from} of its deferred prompt was read before it was generated (tokens from {} \
+                "{request}: token {from} of its deferred prompt was read before it was generated (tokens from {} \
                  on are held)",
                 self.start
             )));
@@ -71,17 +71,17 @@ impl Tokens {
     /// Generates the deferred part of the prompt (a no-op once nothing is deferred). Errors: `InvalidParam
     /// "prompt_source"` when the source generates other tokens than it did when the prompt was deferred (it
     /// stays deferred).
-    pub(crate) fn materialize(&mut self, id: RequestId) -> Result<()> {
+    pub(crate) fn materialize(&mut self, request: RequestId) -> Result<()> {
         let Some(deferred) = &self.deferred else {
             return Ok(());
         };
-        let mut tokens = deferred.generate(id, self.start + self.held.capacity())?;
+        let mut tokens = deferred.generate(request, self.start + self.held.capacity())?;
         let held_prompt = deferred
             .len()
             .saturating_sub(self.start)
             .min(self.held.len());
         if tokens.get(self.start..) != self.held.get(..held_prompt) {
-            return Err(deferred.changed(id, tokens.len()));
+            return Err(deferred.changed(request, tokens.len()));
         }
         tokens.extend_from_slice(&self.held[held_prompt..]);
         self.held = tokens;

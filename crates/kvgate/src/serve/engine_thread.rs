@@ -178,9 +178,9 @@ impl<E: Executor> EngineLoop<E> {
         output.iter().position(|&t| t == end).map(|at| at + 1)
     }
 
-    fn forget(&self, id: RequestId) {
+    fn forget(&self, request: RequestId) {
         if let Some(sampling) = &self.sampling {
-            sampling.remove(id);
+            sampling.remove(request);
         }
     }
 

@@ -390,7 +390,7 @@ async fn not_found() -> Response {
 }
 
 /// A seed for a request that gave none: its id mixed with the wall clock's nanoseconds.
-fn unseeded(id: RequestId) -> u64 {
+fn unseeded(request: RequestId) -> u64 {
     #[allow(
         clippy::disallowed_methods,
         reason = "an unseeded request's seed comes from the wall clock"
@@ -399,7 +399,7 @@ fn unseeded(id: RequestId) -> u64 {
     let nanos = now
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.subsec_nanos());
-    id.0.rotate_left(32) ^ u64::from(nanos)
+    request.0.rotate_left(32) ^ u64::from(nanos)
 }
 
 fn unix_now() -> u64 {

@@ -63,7 +63,7 @@ pub(crate) enum Piece {
 /// Cancels its request when dropped before the request ended (the client went away).
 #[derive(Debug)]
 struct CancelGuard {
-    id: RequestId,
+    request: RequestId,
     control: Sender<Control>,
     armed: bool,
 }
@@ -72,7 +72,7 @@ impl CancelGuard {
     fn cancel(&mut self) {
         if self.armed {
             self.armed = false;
-            let _ = self.control.send(Control::Cancel(self.id));
+            let _ = self.control.send(Control::Cancel(self.request));
         }
     }
 
@@ -81,7 +81,7 @@ impl CancelGuard {
         if self.armed {
             self.armed = false;
             let _ = self.control.send(Control::Stop {
-                request: self.id,
+                request: self.request,
                 tokens,
             });
         }
@@ -108,10 +108,10 @@ pub(crate) struct Generation {
 }
 
 impl Generation {
-    /// The answer to request `id`, whose events come on `events`.
+    /// The answer to request `request`, whose events come on `events`.
     pub(crate) fn new(
         state: Arc<AppState>,
-        id: RequestId,
+        request: RequestId,
         events: UnboundedReceiver<Event>,
         stops: Vec<String>,
         in_flight: InFlight,
@@ -122,7 +122,7 @@ impl Generation {
             events,
             detokenizer: Detokenizer::new(stops),
             guard: CancelGuard {
-                id,
+                request,
                 control,
                 armed: true,
             },
