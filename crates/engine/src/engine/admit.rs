@@ -637,7 +637,9 @@ impl<E: Executor> Engine<E> {
             Err(error) => return Err(error.into()),
         };
         debug_assert_eq!(hits.len(), self.groups.import_len(tokens, block_tokens));
-        self.policy.admit(request, &mut self.pool)?;
+        if let Some(ticket) = &self.table.get(request)?.ticket {
+            self.policy.admit(ticket, &mut self.pool)?;
+        }
         // `hits` is the import's page table with each block's page, position by position.
         let restored_tokens = self
             .groups

@@ -447,6 +447,13 @@ impl<E: Executor> Engine<E> {
             }
         };
         self.end_wait(request);
+        let pages = match reservation {
+            Reservation::Ticket { ticket, pages } => {
+                self.table.get_mut(request)?.ticket = Some(ticket);
+                Some(pages)
+            }
+            Reservation::PagesFreeNow => None,
+        };
         let Ok(stored) = self.restores.store.take(request, &checkpoint.id) else {
             // G3: the selected checkpoint was lost (evicted from the store, or the store failed) after the
             // reservation: no copy ever received the ticket's pages, so the release frees them at once, and
@@ -462,8 +469,8 @@ impl<E: Executor> Engine<E> {
             checkpoint: &part,
             dependency_pages: &[],
         };
-        let import = match reservation {
-            Reservation::Ticket(pages) => {
+        let import = match pages {
+            Some(pages) => {
                 let import = self.restores.index.stage_into(
                     &mut self.pool,
                     &mut *self.restores.copies,
@@ -473,11 +480,14 @@ impl<E: Executor> Engine<E> {
                 )?;
                 // One owner pins and drains the destination pages: the index, which took its own
                 // reference. The ticket hands its references over and keeps its slot and credits.
-                let handed = self.policy.hand_over(request)?;
+                let ticket = self.table.get(request)?.ticket.as_ref();
+                let ticket =
+                    ticket.ok_or_else(|| Error::internal(format!("{request} lost its ticket")))?;
+                let handed = self.policy.hand_over(ticket)?;
                 self.pool.free_all(&handed)?;
                 import
             }
-            Reservation::PagesFreeNow => self.restores.index.stage(
+            None => self.restores.index.stage(
                 &mut self.pool,
                 &mut *self.restores.copies,
                 self.time.now,

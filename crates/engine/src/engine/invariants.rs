@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use kv_pool::PageId;
 
 use super::Engine;
+use super::restore_policy::TicketHandle;
 use crate::error::{Error, Result};
 use crate::executor::Executor;
 
@@ -113,19 +114,41 @@ impl<E: Executor> Engine<E> {
     /// ledger.
     fn check_tickets(&self) -> Result<()> {
         let broken = |invariant: String| Err(Error::internal(invariant));
+        let handles = self
+            .table
+            .values()
+            .filter(|req| req.ticket.is_some())
+            .count();
         let Some(ledger) = self.policy.ledger() else {
+            if handles > 0 {
+                return broken(format!("{handles} requests hold tickets of no ledger"));
+            }
             return Ok(());
         };
         ledger
             .check_invariants(&self.pool)
             .map_err(|error| Error::internal(format!("the ledger: {error}")))?;
+        // Each ticket is held by its request, and each handle is a ticket: none ended twice, none left behind.
+        let tickets = ledger.snapshot().tickets;
+        if tickets.len() != handles {
+            return broken(format!(
+                "the ledger holds {} tickets, requests hold {handles} handles",
+                tickets.len()
+            ));
+        }
         // O5: the index alone pins and drains an import's pages. A ticket hands its pages over when its
         // import is staged, in the call that reserved it, or is released there, so between calls no
         // importing ticket holds pages.
-        for ticket in ledger.snapshot().tickets {
+        for ticket in tickets {
             let Some(req) = self.table.find(ticket.request) else {
                 return broken(format!("a ticket of {}, which is not live", ticket.request));
             };
+            if req.ticket.as_ref().map(TicketHandle::request) != Some(ticket.request) {
+                return broken(format!(
+                    "{} does not hold its ticket's handle",
+                    ticket.request
+                ));
+            }
             if ticket.state == reservation::TicketState::Importing && !ticket.handed_over {
                 return broken(format!(
                     "{}'s importing ticket still holds {} pages no staged import owns",

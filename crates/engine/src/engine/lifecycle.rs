@@ -33,7 +33,7 @@ impl<E: Executor> Engine<E> {
         };
         let phase = req.phase();
         self.table.leave_container(request);
-        self.release_ticket(request);
+        self.release_ticket(request)?;
         match phase {
             RequestPhase::Arriving => {}
             RequestPhase::Waiting | RequestPhase::Restoring | RequestPhase::Ready => {
@@ -58,7 +58,7 @@ impl<E: Executor> Engine<E> {
         self.snapshot_on_finish(request)?;
         self.free_request_pages(request)?;
         self.table.leave_container(request);
-        self.release_ticket(request);
+        self.release_ticket(request)?;
         self.take_out(request, false);
         Ok(())
     }
@@ -103,7 +103,7 @@ impl<E: Executor> Engine<E> {
         reason: FallbackReason,
         report: &mut StepReport,
     ) -> Result<()> {
-        self.release_ticket(request);
+        self.release_ticket(request)?;
         self.recompute(request, reason, report)
     }
 
@@ -117,7 +117,7 @@ impl<E: Executor> Engine<E> {
         reason: FallbackReason,
         report: &mut StepReport,
     ) -> Result<()> {
-        self.release_ticket(request);
+        self.release_ticket(request)?;
         if !self.send_lookup(request, limit_tokens)? {
             self.recompute(request, reason, report)?;
         }
@@ -142,7 +142,7 @@ impl<E: Executor> Engine<E> {
     /// Drops whatever restore `request` has in progress: its ticket or waiter (slot and credits at once), its
     /// import (drained before its pages are released, O5; released at once when ready, O6).
     pub(crate) fn drop_restore(&mut self, request: RequestId) -> Result<()> {
-        self.release_ticket(request);
+        self.release_ticket(request)?;
         self.drop_import(request)
     }
 
@@ -214,7 +214,7 @@ impl<E: Executor> Engine<E> {
     /// count the preemption.
     fn give_up_running(&mut self, request: RequestId) -> Result<()> {
         self.cancel_loading(request)?;
-        self.release_ticket(request);
+        self.release_ticket(request)?;
         self.free_request_pages(request)?;
         let req = self.table.get_mut(request)?;
         req.metrics.preemptions += 1;
@@ -238,12 +238,19 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
-    /// Releases everything `request` holds in the ledger, if there is one: its waiter, or its ticket's slot, credits
-    /// and the pages it still holds. A staged import's pages are not among them: the ticket handed them to the
-    /// index, which alone pins and drains them (O5). A ticket never staged (its checkpoint was lost between
-    /// the lookup's answer and the reservation, G3) gives its pages back at once: no copy received them.
-    pub(crate) fn release_ticket(&mut self, request: RequestId) {
-        self.policy.release(request, &mut self.pool);
+    /// Releases everything `request` holds in the ledger, if there is one: its ticket's slot, credits and the
+    /// pages it still holds (the request gives up its handle, so no ticket ends twice), or else its capacity
+    /// waiter. A staged import's pages are not among them: the ticket handed them to the index, which alone
+    /// pins and drains them (O5). A ticket never staged (its checkpoint was lost between the lookup's answer
+    /// and the reservation, G3) gives its pages back at once: no copy received them.
+    pub(crate) fn release_ticket(&mut self, request: RequestId) -> Result<()> {
+        match self.table.get_mut(request)?.ticket.take() {
+            Some(ticket) => self.policy.release(ticket, &mut self.pool),
+            None => {
+                self.policy.forget_waiter(request);
+                Ok(())
+            }
+        }
     }
 
     /// Ends `request`'s capacity wait, if any, recording its length.

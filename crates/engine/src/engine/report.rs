@@ -151,10 +151,7 @@ impl<E: Executor> Engine<E> {
             page_table: req.pages.clone(),
             fixed_pages: req.fixed.clone(),
             window_tables: req.windows.clone(),
-            has_ticket: self
-                .policy
-                .ledger()
-                .is_some_and(|ledger| ledger.ticket_state(request).is_some()),
+            has_ticket: req.ticket.is_some(),
             is_waiter: self
                 .policy
                 .ledger()

@@ -476,9 +476,11 @@ impl<E: Executor> Engine<E> {
     /// a prompt of several chunks starts its last one, when `capture_prefill_tail`), the prompt end (E2).
     fn after_compute(&mut self, request: RequestId) -> Result<()> {
         self.capture_prompt_slots(request)?;
-        let req = &self.table.get(request)?;
-        if req.n_to_compute() == 0 {
-            self.policy.finish_prompt(request)?;
+        let req = self.table.get_mut(request)?;
+        if req.n_to_compute() == 0
+            && let Some(ticket) = req.ticket.take()
+        {
+            self.policy.finish_prompt(ticket)?;
         }
         let req = &self.table.get(request)?;
         if req.n_computed < req.prompt_end || req.prompt_captured {

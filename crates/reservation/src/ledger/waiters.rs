@@ -181,7 +181,9 @@ impl Ledger {
         Err(Error::Expired { request, waited })
     }
 
-    pub(super) fn forget_waiter(&mut self, request: RequestId) -> bool {
+    /// Forgets `request` as a capacity waiter, expired or not (its hold lifts, Q2); `false` when it was none.
+    /// Its ticket, if it holds one, is untouched: `release` ends both.
+    pub fn forget_waiter(&mut self, request: RequestId) -> bool {
         match self.waiter_orders.remove(&request) {
             Some(order) => {
                 self.touch((order, request));

@@ -60,9 +60,11 @@ pub(crate) trait RestorePolicy: fmt::Debug + Send {
         false
     }
 
-    /// The import of `request`'s ticket is staged: the ticket's page references pass to the caller (the index
-    /// took its own; the caller drops these). Only a `Reservation::Ticket` is handed over.
-    fn hand_over(&mut self, request: RequestId) -> Result<Vec<PageId>>;
+    /// The import of `ticket` is staged: the ticket's page references pass to the caller (the index took its
+    /// own; the caller drops these).
+    fn hand_over(&mut self, ticket: &TicketHandle) -> Result<Vec<PageId>> {
+        Err(no_tickets(ticket))
+    }
 
     /// `request`'s import is published (its copies landed and were verified): who owns its pages now.
     fn publish(&mut self, request: RequestId) -> Result<Publication>;
@@ -112,19 +114,23 @@ pub(crate) trait RestorePolicy: fmt::Debug + Send {
         Ok(())
     }
 
-    /// `request`'s ready import is admitted (O4): its ticket runs on.
-    fn admit(&mut self, _request: RequestId, _pool: &mut PagePool) -> Result<()> {
-        Ok(())
+    /// The ready import of `ticket` is admitted (O4): the ticket runs on, on its credits.
+    fn admit(&mut self, ticket: &TicketHandle, _pool: &mut PagePool) -> Result<()> {
+        Err(no_tickets(ticket))
     }
 
-    /// `request` computed every token its ticket budgeted: the ticket ends (C6).
-    fn finish_prompt(&mut self, _request: RequestId) -> Result<()> {
-        Ok(())
+    /// The request computed every token `ticket` budgeted: the ticket ends (C6).
+    fn finish_prompt(&mut self, ticket: TicketHandle) -> Result<()> {
+        Err(no_tickets(&ticket))
     }
 
-    /// Releases whatever the policy holds for `request` (a waiter, a ticket's slot, credits and the pages it
-    /// still holds); idempotent.
-    fn release(&mut self, _request: RequestId, _pool: &mut PagePool) {}
+    /// Ends `ticket` at once: its slot, its credits and the pages it still holds.
+    fn release(&mut self, ticket: TicketHandle, _pool: &mut PagePool) -> Result<()> {
+        Err(no_tickets(&ticket))
+    }
+
+    /// Forgets `request` as a capacity waiter, if it is one (a policy without a ledger keeps none).
+    fn forget_waiter(&mut self, _request: RequestId) {}
 
     /// The reservation ledger, where the policy keeps one: for views, invariants and the admission step.
     fn ledger(&self) -> Option<&Ledger> {
@@ -152,6 +158,38 @@ pub(crate) fn for_params(params: &EngineParams) -> Box<dyn RestorePolicy> {
     }
 }
 
+/// A ticket of the reservation ledger, held by its request (`Req::ticket`) from the reservation until it ends.
+/// Only a policy with a ledger makes one, and every step on the ticket takes it: ending the ticket (`release`,
+/// `finish_prompt`) consumes the handle, so no ticket ends twice, and the type says who owns it. It does not
+/// release itself on drop: the ledger and the pool belong to the engine, which alone knows whether a copy
+/// still writes the pages (O5). A handle dropped without ending its ticket leaves a ledger ticket that no
+/// request holds, which `Engine::check_invariants` reports.
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a ticket ends by `RestorePolicy::release` or `RestorePolicy::finish_prompt`"]
+pub(crate) struct TicketHandle {
+    request: RequestId,
+}
+
+impl TicketHandle {
+    /// The handle of `request`'s new ticket: only a policy with a ledger makes one, when it reserved.
+    fn new(request: RequestId) -> TicketHandle {
+        TicketHandle { request }
+    }
+
+    /// The request whose ticket it is.
+    pub(crate) fn request(&self) -> RequestId {
+        self.request
+    }
+}
+
+/// A ticket handed to a policy that makes none: a bug.
+fn no_tickets(ticket: &TicketHandle) -> crate::error::Error {
+    crate::error::Error::internal(format!(
+        "{}: a ticket handed to a policy without tickets",
+        ticket.request
+    ))
+}
+
 /// An answered restore's reservation request.
 #[derive(Debug)]
 pub(crate) struct ReserveAsk<'a> {
@@ -173,7 +211,10 @@ pub(crate) struct ReserveAsk<'a> {
 #[derive(Debug)]
 pub(crate) enum Reservation {
     /// A ticket holds these destination pages (with a slot and credits): the import is staged into them.
-    Ticket(Vec<PageId>),
+    Ticket {
+        ticket: TicketHandle,
+        pages: Vec<PageId>,
+    },
     /// The pages are free now; the index allocates them when it stages the import.
     PagesFreeNow,
 }
@@ -231,3 +272,6 @@ impl fmt::Display for Refusal {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use kv_pool::{PageId, PagePool, RequestId, Timestamp};
+use kv_pool::{PagePool, RequestId, Timestamp};
 
 use super::{Publication, Refusal, Reservation, ReserveAsk, RestorePolicy};
 use crate::error::{Error, Result};
@@ -26,12 +26,6 @@ impl RestorePolicy for Ordinary {
             "{}: ordinary reserves nothing before admission",
             ask.request
         ))))
-    }
-
-    fn hand_over(&mut self, request: RequestId) -> Result<Vec<PageId>> {
-        Err(Error::internal(format!(
-            "{request}: ordinary holds no ticket to hand over"
-        )))
     }
 
     fn publish(&mut self, request: RequestId) -> Result<Publication> {

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use kv_pool::{PageId, PagePool, RequestId, Timestamp};
+use kv_pool::{PagePool, RequestId, Timestamp};
 use reservation::Preflight;
 
 use super::{Publication, Refusal, Reservation, ReserveAsk, RestorePolicy};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The `pages-only` policy.
 #[derive(Debug)]
@@ -45,12 +45,6 @@ impl RestorePolicy for PagesOnly {
         need_pages: u32,
     ) -> bool {
         need_pages > admissible_pages
-    }
-
-    fn hand_over(&mut self, request: RequestId) -> Result<Vec<PageId>> {
-        Err(Error::internal(format!(
-            "{request}: pages-only holds no ticket to hand over"
-        )))
     }
 
     fn publish(&mut self, _request: RequestId) -> Result<Publication> {

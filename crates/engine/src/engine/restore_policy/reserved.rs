@@ -7,7 +7,7 @@ use std::time::Duration;
 use kv_pool::{PageId, PagePool, RequestId, Timestamp};
 use reservation::{Ledger, Preflight, TicketState};
 
-use super::{Publication, Refusal, Reservation, ReserveAsk, RestorePolicy};
+use super::{Publication, Refusal, Reservation, ReserveAsk, RestorePolicy, TicketHandle};
 use crate::error::{Error, Result};
 
 /// The `reserved` and `oracle` policies: a reservation ledger.
@@ -41,7 +41,10 @@ impl RestorePolicy for Reserved {
                 ask.preflight,
                 ask.now,
             )
-            .map(|ticket| Reservation::Ticket(ticket.import_pages))
+            .map(|ticket| Reservation::Ticket {
+                ticket: TicketHandle::new(ticket.request),
+                pages: ticket.import_pages,
+            })
             .map_err(Refusal::Ledger)
     }
 
@@ -57,7 +60,8 @@ impl RestorePolicy for Reserved {
             || need_pages > self.ledger.available_pages(pool, preflight)
     }
 
-    fn hand_over(&mut self, request: RequestId) -> Result<Vec<PageId>> {
+    fn hand_over(&mut self, ticket: &TicketHandle) -> Result<Vec<PageId>> {
+        let request = ticket.request();
         self.ledger
             .hand_over_pages(request)
             .map_err(|error| Error::internal(format!("{request}: {error}")))
@@ -121,7 +125,8 @@ impl RestorePolicy for Reserved {
             .map_err(|error| Error::internal(format!("{request}: {error}")))
     }
 
-    fn admit(&mut self, request: RequestId, pool: &mut PagePool) -> Result<()> {
+    fn admit(&mut self, ticket: &TicketHandle, pool: &mut PagePool) -> Result<()> {
+        let request = ticket.request();
         self.ledger.admit(request, pool).map_err(|error| {
             Error::internal(format!(
                 "{request}: a ready import without a ready ticket: {error}"
@@ -129,17 +134,26 @@ impl RestorePolicy for Reserved {
         })
     }
 
-    fn finish_prompt(&mut self, request: RequestId) -> Result<()> {
-        if self.ledger.ticket_state(request) != Some(TicketState::Admitted) {
-            return Ok(());
-        }
+    fn finish_prompt(&mut self, ticket: TicketHandle) -> Result<()> {
+        let request = ticket.request();
         self.ledger.finish_prompt(request).map_err(|error| {
             Error::internal(format!("{request}: ending an admitted ticket: {error}"))
         })
     }
 
-    fn release(&mut self, request: RequestId, pool: &mut PagePool) {
+    fn release(&mut self, ticket: TicketHandle, pool: &mut PagePool) -> Result<()> {
+        let request = ticket.request();
+        if self.ledger.ticket_state(request).is_none() {
+            return Err(Error::internal(format!(
+                "{request} held a handle of a ticket the ledger does not have"
+            )));
+        }
         let _released = self.ledger.release(request, pool);
+        Ok(())
+    }
+
+    fn forget_waiter(&mut self, request: RequestId) {
+        self.ledger.forget_waiter(request);
     }
 
     fn ledger(&self) -> Option<&Ledger> {

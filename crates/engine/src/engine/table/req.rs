@@ -21,6 +21,7 @@ pub(crate) fn admission_order(priority: i32, seq: u64) -> AdmissionOrder {
 }
 
 use super::RequestPhase;
+use crate::engine::restore_policy::TicketHandle;
 
 /// Where a request is in its lifecycle, with the data that belongs to that phase alone; `kind` is the public
 /// `RequestPhase`. Each phase names the one container that holds it (`table.rs` draws the edges and maps it
@@ -201,6 +202,10 @@ pub(crate) struct Req {
     /// table is this module's parent); read elsewhere through `phase()` and the phase data's accessors.
     pub(super) phase: Phase,
     pub(crate) restore: Restore,
+    /// Its reservation ticket, from the reservation until the ticket ends (released, or its prompt computed,
+    /// C6): restoring, ready, then running on its credits. Only the lifecycle's edges and `after_compute` take
+    /// it out, to end it.
+    pub(crate) ticket: Option<TicketHandle>,
     pub(crate) order: AdmissionOrder,
     /// Its key in the arriving queue: arrival time (never before its submission) and sequence.
     pub(crate) arrival_key: (Timestamp, u64),
@@ -272,6 +277,7 @@ impl Req {
             output: Vec::new(),
             phase: Phase::Arriving,
             restore: Restore::Idle,
+            ticket: None,
             order: admission_order(spec.priority, seq),
             arrival_key: (arrival, seq),
             lookups: 0,
