@@ -91,7 +91,7 @@ pub struct HostState<'a> {
     /// Ready imports: published, owning their ticket; they may pass a blocked head.
     pub ready: &'a mut WaitingQueue,
     /// The reservation ledger; `None` under policies without reservations (never called then, G1).
-    pub ledger: Option<&'a mut Ledger>,
+    pub ledger: Option<&'a Ledger>,
     /// The page pool.
     pub pool: &'a mut PagePool,
 }

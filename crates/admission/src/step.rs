@@ -218,7 +218,7 @@ impl Step<'_> {
         request: RequestId,
     ) -> Result<Candidate, H::Error> {
         self.out.examined += 1;
-        let free_slots = self.free_slots(host.state().ledger.as_deref());
+        let free_slots = self.free_slots(host.state().ledger);
         host.examine(request, free_slots)
     }
 
@@ -397,7 +397,7 @@ impl Step<'_> {
     fn gates<H: AdmissionHost>(&self, host: &mut H) -> (u32, u32) {
         let preflight = self.preflight();
         let HostState { ledger, pool, .. } = host.state();
-        let ledger = ledger.as_deref();
+
         let available_pages = match ledger {
             Some(ledger) => ledger.available_pages(pool, &preflight),
             None => reservation::pages_available_to_admit(pool.n_free(), 0, &preflight),

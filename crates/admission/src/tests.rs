@@ -69,7 +69,7 @@ impl AdmissionHost for Host {
         HostState {
             waiting: &mut self.waiting,
             ready: &mut self.ready,
-            ledger: self.ledger.as_mut(),
+            ledger: self.ledger.as_ref(),
             pool: &mut self.pool,
         }
     }

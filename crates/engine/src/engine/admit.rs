@@ -79,7 +79,7 @@ impl<E: Executor> AdmissionHost for StepHost<'_, E> {
         HostState {
             waiting: &mut engine.table.waiting,
             ready: &mut engine.table.ready,
-            ledger: engine.policy.ledger_mut(),
+            ledger: engine.policy.ledger(),
             pool: &mut engine.pool,
         }
     }

@@ -136,11 +136,6 @@ pub(crate) trait RestorePolicy: fmt::Debug + Send {
     fn ledger(&self) -> Option<&Ledger> {
         None
     }
-
-    /// The ledger, mutably (the admission step reads the capacity waiters and admits tickets through it).
-    fn ledger_mut(&mut self) -> Option<&mut Ledger> {
-        None
-    }
 }
 
 /// The policy `params` names.

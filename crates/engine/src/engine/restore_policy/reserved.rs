@@ -159,8 +159,4 @@ impl RestorePolicy for Reserved {
     fn ledger(&self) -> Option<&Ledger> {
         Some(&self.ledger)
     }
-
-    fn ledger_mut(&mut self) -> Option<&mut Ledger> {
-        Some(&mut self.ledger)
-    }
 }
