@@ -397,7 +397,6 @@ impl Step<'_> {
     fn gates<H: AdmissionHost>(&self, host: &mut H) -> (u32, u32) {
         let preflight = self.preflight();
         let HostState { ledger, pool, .. } = host.state();
-
         let available_pages = match ledger {
             Some(ledger) => ledger.available_pages(pool, &preflight),
             None => reservation::pages_available_to_admit(pool.n_free(), 0, &preflight),
