@@ -360,9 +360,9 @@ fn l1_agents_runs_live_with_the_reference_executor_and_reserved_restores_every_l
 
 #[test]
 fn l4_agents_runs_live_in_every_model_presets_shape_and_reserved_restores_every_later_turn() {
-    // With the hybrid snapshots on (the default), every later turn finds its previous turn's boundary
-    // resident, a local hit (H9) checked against a recompute like a restore; with them off
-    // (`state_snapshot_pages = 0`), every later turn restores from the store.
+    // With the hybrid snapshots on (the default), a later turn finds its previous turn's boundary resident,
+    // a local hit (H9) checked against a recompute like a restore; with them off (`state_snapshot_pages =
+    // 0`), every later turn restores from the store.
     let no_snapshots = temp_file("c.toml", "[restore]\nstate_snapshot_pages = 0\n");
     let config = no_snapshots.path().join("c.toml");
     for preset in ["glm-mla-hybrid", "linear-hybrid", "sliding-window"] {
@@ -392,9 +392,18 @@ fn l4_agents_runs_live_in_every_model_presets_shape_and_reserved_restores_every_
             let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
             let run = &report["runs"][0];
             assert_eq!(run["policy"], "reserved", "{preset}: {run}");
-            let (restored, local) = if snapshots { (0, 4) } else { (4, 0) };
-            assert_eq!(run["later_turns_restored"], restored, "{preset}: {run}");
-            assert_eq!(run["later_turns_local_hit"], local, "{preset}: {run}");
+            // Every later turn is served from cache. With snapshots, whether a turn finds its boundary
+            // resident or restores it is the wall clock's call (as in the L1 test); at least one hits.
+            let (restored, local) = (
+                run["later_turns_restored"].as_u64().unwrap(),
+                run["later_turns_local_hit"].as_u64().unwrap(),
+            );
+            assert_eq!(restored + local, 4, "{preset}: {run}");
+            if snapshots {
+                assert!(local >= 1, "{preset}: no local hit with snapshots: {run}");
+            } else {
+                assert_eq!(local, 0, "{preset}: a local hit without snapshots: {run}");
+            }
             assert_eq!(run["leaked_pages"], 0, "{preset}: {run}");
             assert_eq!(
                 run["rejected_requests"],
