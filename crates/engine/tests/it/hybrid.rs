@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use checkpoint_transfer::Fault;
 use engine::{Engine, EngineParams, Error, FallbackReason, Policy};
-use kv_pool::{CacheGroup, Geometry, GroupKind, Timestamp};
+use kv_pool::{CacheGroup, Geometry, GroupKind, RequestId, Timestamp};
 
 use crate::agents::tokens;
 use crate::contract::{metrics_of, seed_checkpoint, spec};
@@ -1070,4 +1070,65 @@ fn a_snapshot_budget_above_the_pool_limit_is_refused_naming_it() {
         matches!(&error, Error::InvalidParam { name: "state_snapshot_pages", reason } if reason.contains("above the limit")),
         "{error}"
     );
+}
+
+#[test]
+fn h10_a_snapshot_evicted_between_arrival_and_admission_is_looked_up_again_never_a_partial_hit() {
+    // Turn 1 finishes at 99 tokens on a 48-page pool with one running slot. Another session's 560-token
+    // prompt and the next turn then arrive together, the other first: the store's answer to the turn finds
+    // its boundary whole in the pool (a complete local hit: no restore), then the turn waits for the slot
+    // while the other prompt's 35 blocks evict the snapshot. At admission the hit is gone: `reserved` and `pages-only` ask the store again and
+    // restore the response checkpoint whole; `ordinary`, which does not ask again (G1), recomputes. Never a
+    // partial hit, nothing leaked, every step's invariants hold.
+    for groups in local_hit_geometries() {
+        for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
+            let label = format!("{:?}, {policy:?}", groups[1]);
+            let mut params = geometry_params(policy, 48, 1, groups.clone());
+            params.chunk_tokens = 64;
+            params.max_running = 1;
+            let mut engine = Engine::new(params).expect("a hybrid model runs");
+            let prompt = tokens(61, 0, 0, 70);
+            let output = seed_output(&mut engine, &prompt);
+            assert!(engine.snapshot_pages() > 0, "{label}");
+            let now = engine.now();
+            engine
+                .submit(spec(2, tokens(61, 1, 0, 560), 8, now))
+                .unwrap();
+            let next = [prompt, output, tokens(61, 2, 0, 13)].concat();
+            let mut turn = spec(3, next, 4, now);
+            turn.is_later_turn = true;
+            engine.submit(turn).unwrap();
+            // Precondition: the store's answer (the response checkpoint, 99 tokens) found the boundary whole in
+            // the pool, a complete local hit: the turn waits with no restore, behind the other session.
+            let view = |engine: &Engine| engine.request(RequestId(3)).expect("live");
+            while matches!(
+                view(&engine).phase,
+                engine::RequestPhase::Arriving | engine::RequestPhase::Restoring
+            ) {
+                engine.step().expect("step");
+                engine.check_invariants().expect("invariants");
+            }
+            let waiting = view(&engine);
+            assert_eq!(waiting.phase, engine::RequestPhase::Waiting, "{label}");
+            assert_eq!(waiting.lookups, 1, "{label}: {waiting:?}");
+            assert_eq!(waiting.n_computed, 0, "{label}: {waiting:?}");
+            run_checked(&mut engine);
+            let other = metrics_of(&engine, 2);
+            let turn = metrics_of(&engine, 3);
+            assert!(
+                turn.first_token > other.finished,
+                "{label}: the turn ran before the other session finished: {turn:?}"
+            );
+            assert!(turn.complete_local_hit, "{label}: {turn:?}");
+            assert_eq!(turn.prompt_tokens_local_hit, 0, "{label}: {turn:?}");
+            let restored = if policy == Policy::Ordinary { 0 } else { 99 };
+            assert_eq!(turn.prompt_tokens_restored, restored, "{label}: {turn:?}");
+            assert_eq!(
+                turn.lookups,
+                1 + u32::from(restored > 0),
+                "{label}: {turn:?}"
+            );
+            assert_eq!(engine.leaked_pages(), 0, "{label}");
+        }
+    }
 }
