@@ -34,7 +34,8 @@ use crate::params::EngineParams;
 use crate::policy::Policy;
 
 /// What a restore mechanism does at each point where the policies differ. Ledger-backed steps (credits,
-/// tickets' allocations, slots) default to "no ledger": nothing held, nothing to release.
+/// tickets' allocations, slots) default to "no ledger": nothing held, and a `TicketHandle` handed to such a
+/// policy (which never makes one) is an internal error.
 pub(crate) trait RestorePolicy: fmt::Debug + Send {
     /// G1: an answered restore is tried at admission, at once or not at all, instead of reserving now (and a
     /// request whose local prefix was evicted does not ask the store again).
