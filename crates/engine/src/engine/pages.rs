@@ -406,6 +406,16 @@ impl<E: Executor> Engine<E> {
         true
     }
 
+    /// Whether `req`'s tables hold every page of the exact boundary at its computed tokens (some computed): its
+    /// block table up to the last partial page, every windowed table and its fixed pages.
+    pub(crate) fn tables_hold_computed_boundary(&self, req: &super::req::Req) -> bool {
+        let n_pages = req.n_computed.div_ceil(self.params.geometry.block_tokens()) as usize;
+        req.n_computed > 0
+            && req.pages.len() >= n_pages
+            && req.fixed.len() == self.groups.n_fixed() as usize
+            && req.windows.len() == self.groups.n_windows()
+    }
+
     /// Captures hybrid `request` at exactly its computed tokens `n` (H2, H6): its block table's pages, the partial
     /// last one included, every windowed table's live pages and its fixed pages (state, auxiliary). The
     /// partial pages and the fixed pages are written first with what recompute writes at `n` (see
@@ -414,12 +424,7 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.table.get(request)?;
         let n_tokens = req.n_computed;
-        let n_pages = n_tokens.div_ceil(block_tokens) as usize;
-        if n_tokens == 0
-            || req.pages.len() < n_pages
-            || req.fixed.len() != self.groups.n_fixed() as usize
-            || req.windows.len() != self.groups.n_windows()
-        {
+        if !self.tables_hold_computed_boundary(req) {
             return Ok(false);
         }
         let n_full = (n_tokens / block_tokens) as usize;

@@ -180,16 +180,11 @@ impl<E: Executor> Engine<E> {
     /// The boundary finishing `request` leaves as a snapshot, its computed tokens, when its tables hold every page
     /// of it as its own; `None` otherwise.
     fn snapshot_boundary(&self, request: RequestId) -> Result<Option<u32>> {
-        let block_tokens = self.params.geometry.block_tokens();
         let req = self.table.get(request)?;
-        let n_tokens = req.n_computed;
-        let whole = n_tokens > 0
-            && !req.copy_on_write
+        let whole = !req.copy_on_write
             && req.loading().is_none()
-            && req.pages.len() >= n_tokens.div_ceil(block_tokens) as usize
-            && req.fixed.len() == self.groups.n_fixed() as usize
-            && req.windows.len() == self.groups.n_windows();
-        Ok(whole.then_some(n_tokens))
+            && self.tables_hold_computed_boundary(req);
+        Ok(whole.then_some(req.n_computed))
     }
 
     /// The longest snapshot boundary waiting hybrid `request` starts with, short of its last prompt token, whose

@@ -1077,9 +1077,9 @@ fn h10_a_snapshot_evicted_between_arrival_and_admission_is_looked_up_again_never
     // Turn 1 finishes at 99 tokens on a 48-page pool with one running slot. Another session's 560-token
     // prompt and the next turn then arrive together, the other first: the store's answer to the turn finds
     // its boundary whole in the pool (a complete local hit: no restore), then the turn waits for the slot
-    // while the other prompt's 35 blocks evict the snapshot. At admission the hit is gone: `reserved` and `pages-only` ask the store again and
-    // restore the response checkpoint whole; `ordinary`, which does not ask again (G1), recomputes. Never a
-    // partial hit, nothing leaked, every step's invariants hold.
+    // while the other prompt's 35 blocks evict the snapshot. At admission the hit is gone: `reserved` and
+    // `pages-only` ask the store again and restore the response checkpoint whole; `ordinary`, which does not
+    // ask again (G1), recomputes. Never a partial hit, nothing leaked, every step's invariants hold.
     for groups in local_hit_geometries() {
         for policy in [Policy::Ordinary, Policy::PagesOnly, Policy::Reserved] {
             let label = format!("{:?}, {policy:?}", groups[1]);
