@@ -27,7 +27,8 @@ pub use params::{
 };
 pub use policy::Policy;
 pub use request::{
-    FinishedRequest, KeyedRequest, PromptSource, RequestSpec, STOP_TOKEN, output_token,
+    FinishedRequest, KeyMemo, KeyedRequest, PromptSource, RequestSpec, STOP_TOKEN, Segments,
+    output_token,
 };
 
 #[cfg(test)]

@@ -8,6 +8,10 @@ use kv_pool::{BlockKey, RequestId, Timestamp};
 use crate::error::{Error, Result};
 use crate::metrics::RequestMetrics;
 
+mod key_memo;
+
+pub use key_memo::{KeyMemo, Segments};
+
 /// A request (one turn of a session) as submitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RequestSpec {
@@ -87,11 +91,23 @@ impl RequestSpec {
 
     /// The keys of the prompt's full blocks (with room for the output's): `keyed` without touching the prompt.
     fn keyed_as_is(self, block_tokens: u32) -> KeyedRequest {
+        self.keyed_by(block_tokens, |keys, prompt, salt| {
+            BlockKey::extend_chain(keys, prompt, block_tokens as usize, salt);
+        })
+    }
+
+    /// `keyed_as_is` with the keys of the prompt's full blocks appended by `extend` (given an empty vector
+    /// with room for the output's keys, the prompt and the salt), which must append what
+    /// [`BlockKey::extend_chain`] would.
+    fn keyed_by(
+        self,
+        block_tokens: u32,
+        extend: impl FnOnce(&mut Vec<BlockKey>, &[u32], &[u8]),
+    ) -> KeyedRequest {
         let mut keys = Vec::new();
         if block_tokens > 0 {
-            let block_tokens = block_tokens as usize;
-            keys.reserve_exact((self.prompt.len() + self.output_room()) / block_tokens);
-            BlockKey::extend_chain(&mut keys, &self.prompt, block_tokens, &self.salt);
+            keys.reserve_exact((self.prompt.len() + self.output_room()) / block_tokens as usize);
+            extend(&mut keys, &self.prompt, &self.salt);
         }
         KeyedRequest {
             spec: self,
@@ -113,17 +129,20 @@ impl RequestSpec {
         block_tokens: u32,
         source: Arc<dyn PromptSource>,
     ) -> Result<KeyedRequest> {
-        self.keyed_from_source_in(block_tokens, source, &mut Vec::new())
+        self.keyed_from_source_in(block_tokens, source, &mut Vec::new(), &mut KeyMemo::new())
     }
 
     /// [`RequestSpec::keyed_from_source`], generating the prompt into `scratch` (cleared first), which gets the
-    /// buffer back afterwards: a caller that keys many requests reuses one buffer instead of allocating a
-    /// prompt's worth of memory for each. Errors as `keyed_from_source`.
+    /// buffer back afterwards, and taking the keys of the source's segments ([`PromptSource::segments`]) from
+    /// `memo` where it remembers them: a caller that keys many requests reuses one buffer instead of allocating
+    /// a prompt's worth of memory for each, and hashes a segment its prompts share once. The keys are the same
+    /// as without the memo. Errors as `keyed_from_source`.
     pub fn keyed_from_source_in(
         mut self,
         block_tokens: u32,
         source: Arc<dyn PromptSource>,
         scratch: &mut Vec<u32>,
+        memo: &mut KeyMemo,
     ) -> Result<KeyedRequest> {
         if !self.prompt.is_empty() {
             return Err(Error::InvalidParam {
@@ -140,7 +159,10 @@ impl RequestSpec {
         std::mem::swap(&mut self.prompt, scratch);
         // The prompt goes back to `scratch` once keyed, so it gets no room for the output: the deferred tail
         // gets its own.
-        let mut keyed = self.keyed_as_is(block_tokens);
+        let segments = source.segments();
+        let mut keyed = self.keyed_by(block_tokens, |keys, prompt, salt| {
+            memo.extend(keys, prompt, segments, block_tokens, salt);
+        });
         *scratch = keyed.defer(source);
         Ok(keyed)
     }
@@ -216,6 +238,14 @@ impl KeyedRequest {
 pub trait PromptSource: Send + Sync + std::fmt::Debug {
     /// Appends the prompt's tokens to `out`: the same tokens on every call.
     fn generate(&self, out: &mut Vec<u32>);
+
+    /// The prompt as segments, when each segment's tokens are a function of its id and the offset in it
+    /// alone (a trace request's hash ids): prompts that agree up to a segment then share its block keys, which
+    /// [`KeyMemo`] hashes once. `None` (the default) when the prompt has no such structure. A source that
+    /// gives segments its tokens do not follow gets wrong keys.
+    fn segments(&self) -> Option<Segments<'_>> {
+        None
+    }
 }
 
 /// A prompt held as its source: the source, and its tokens from `tail_start` on (held, with the room the

@@ -114,6 +114,14 @@ impl engine::PromptSource for TraceRequest {
             out.extend((0..n).map(|i| token(hash_id.wrapping_add(0x5EED_0000_0000), i)));
         }
     }
+
+    /// Block `i` is a function of `hash_ids[i]` alone (and the offset in it), as `generate` makes it.
+    fn segments(&self) -> Option<engine::Segments<'_>> {
+        Some(engine::Segments {
+            ids: &self.hash_ids,
+            tokens: TRACE_BLOCK_TOKENS,
+        })
+    }
 }
 
 /// Reads a whole trace. Every malformed line is an error naming its line number; nothing panics.

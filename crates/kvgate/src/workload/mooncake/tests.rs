@@ -213,3 +213,45 @@ fn a_line_that_is_not_utf8_names_its_line() {
         "t.jsonl:2: not UTF-8 text (invalid byte at column 18); a trace is JSON lines"
     );
 }
+
+/// A trace request's segments are what `generate` makes of its hash ids: keyed through one memo (shared
+/// prefixes, later turns, a partial last block, block sizes that do and do not divide a trace block), every
+/// request gets the keys its generated prompt chains to.
+#[test]
+fn trace_segments_key_a_prompt_as_its_tokens_do() {
+    for reuse in [generate::Reuse::High, generate::Reuse::Low] {
+        let shape = generate::TraceShape {
+            n_requests: 150,
+            reuse,
+            ..generate::TraceShape::default()
+        };
+        let trace = generate::generate(&shape).unwrap();
+        for block_tokens in [16, 48] {
+            let mut memo = engine::KeyMemo::new();
+            let mut scratch = Vec::new();
+            for (idx, request) in trace.iter().enumerate() {
+                let keyed =
+                    engine::RequestSpec::new(idx as u64, Vec::new(), 1, kv_pool::Timestamp::ZERO)
+                        .keyed_from_source_in(
+                            block_tokens,
+                            std::sync::Arc::new(request.clone()),
+                            &mut scratch,
+                            &mut memo,
+                        )
+                        .unwrap();
+                let chained =
+                    kv_pool::BlockKey::chain_all(&request.prompt(), block_tokens as usize, b"");
+                assert_eq!(
+                    keyed.keys(),
+                    &chained[..],
+                    "request {idx}, blocks of {block_tokens}"
+                );
+            }
+            assert_eq!(
+                memo.is_empty(),
+                block_tokens == 48,
+                "a memo for blocks dividing 512 only"
+            );
+        }
+    }
+}
