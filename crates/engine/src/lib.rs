@@ -27,8 +27,7 @@ pub use params::{
 };
 pub use policy::Policy;
 pub use request::{
-    FinishedRequest, KeyMemo, KeyedRequest, PromptSource, RequestSpec, STOP_TOKEN, Segments,
-    output_token,
+    FinishedRequest, KeyedRequest, PromptSource, RequestSpec, STOP_TOKEN, Segments, output_token,
 };
 
 #[cfg(test)]

@@ -8,9 +8,9 @@ use kv_pool::{BlockKey, RequestId, Timestamp};
 use crate::error::{Error, Result};
 use crate::metrics::RequestMetrics;
 
-mod key_memo;
+mod segments;
 
-pub use key_memo::{KeyMemo, Segments};
+pub use segments::Segments;
 
 /// A request (one turn of a session) as submitted.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -129,20 +129,17 @@ impl RequestSpec {
         block_tokens: u32,
         source: Arc<dyn PromptSource>,
     ) -> Result<KeyedRequest> {
-        self.keyed_from_source_in(block_tokens, source, &mut Vec::new(), &mut KeyMemo::new())
+        self.keyed_from_source_in(block_tokens, source, &mut Vec::new())
     }
 
     /// [`RequestSpec::keyed_from_source`], generating the prompt into `scratch` (cleared first), which gets the
-    /// buffer back afterwards, and taking the keys of the source's segments ([`PromptSource::segments`]) from
-    /// `memo` where it remembers them: a caller that keys many requests reuses one buffer instead of allocating
-    /// a prompt's worth of memory for each, and hashes a segment its prompts share once. The keys are the same
-    /// as without the memo. Errors as `keyed_from_source`.
+    /// buffer back afterwards: a caller that keys many requests reuses one buffer instead of allocating a
+    /// prompt's worth of memory for each. Errors as `keyed_from_source`.
     pub fn keyed_from_source_in(
         mut self,
         block_tokens: u32,
         source: Arc<dyn PromptSource>,
         scratch: &mut Vec<u32>,
-        memo: &mut KeyMemo,
     ) -> Result<KeyedRequest> {
         if !self.prompt.is_empty() {
             return Err(Error::InvalidParam {
@@ -161,7 +158,7 @@ impl RequestSpec {
         // gets its own.
         let segments = source.segments();
         let mut keyed = self.keyed_by(block_tokens, |keys, prompt, salt| {
-            memo.extend(keys, prompt, segments, block_tokens, salt);
+            segments::extend_keys(keys, prompt, segments, block_tokens, salt);
         });
         *scratch = keyed.defer(source);
         Ok(keyed)
@@ -240,9 +237,10 @@ pub trait PromptSource: Send + Sync + std::fmt::Debug {
     fn generate(&self, out: &mut Vec<u32>);
 
     /// The prompt as segments, when each segment's tokens are a function of its id and the offset in it
-    /// alone (a trace request's hash ids): prompts that agree up to a segment then share its block keys, which
-    /// [`KeyMemo`] hashes once. `None` (the default) when the prompt has no such structure. A source that
-    /// gives segments its tokens do not follow gets wrong keys.
+    /// alone (a trace request's hash ids): its blocks are then keyed one segment at a time
+    /// ([`BlockKey::extend_segment`]), one hash a segment instead of one a block. `None` (the default) when
+    /// the prompt has no such structure. A source whose tokens do not follow the segments it gives gets keys
+    /// that name other prompts.
     fn segments(&self) -> Option<Segments<'_>> {
         None
     }

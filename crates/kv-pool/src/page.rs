@@ -24,7 +24,8 @@ impl PageId {
 
 /// Key of one cached block: BLAKE3 of the block's token ids keyed by the parent's key (a first block's by a key
 /// derived from the salt), so a prefix cache cannot be poisoned by crafted collisions. Different salts
-/// (tenants, cache salts) never produce the same key.
+/// (tenants, cache salts) never produce the same key. A prompt given as segments (a trace's hash ids) is keyed
+/// one segment at a time instead ([`BlockKey::extend_segment`]).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct BlockKey(pub [u8; 32]);
 
@@ -63,6 +64,41 @@ impl BlockKey {
             bytes.copy_from_slice(&token.to_le_bytes());
         }
         BlockKey(*blake3::keyed_hash(&key, message).as_bytes())
+    }
+
+    /// Extends `keys` (the keys of the blocks before it) with the keys of the first `n_blocks` blocks of a
+    /// segment named `segment`: a stretch of a prompt whose tokens are a function of the segment's name and
+    /// the offset in it alone (a trace's hash id), starting at a block boundary. Block `j` of the segment gets
+    /// the `j`-th 32 bytes of BLAKE3's extended output keyed by the parent's key (a first block's by the salt's
+    /// key, as in [`BlockKey::chain`]) over a tag and the name: one hash a segment instead of one a block.
+    /// Such a key names the same prefix as the chain's (the parent and the name fix the block's tokens and
+    /// position), but it is another key: a prompt keyed by its segments shares no block with the same tokens
+    /// keyed by [`BlockKey::chain`] (a caller keys all its prompts one way). The message is 22 bytes, and
+    /// a chain's is four bytes a token, so the two never hash the same input.
+    pub fn extend_segment(keys: &mut Vec<BlockKey>, segment: u64, n_blocks: usize, salt: &[u8]) {
+        let key = match keys.last() {
+            Some(parent) => parent.0,
+            None => blake3::derive_key(ROOT_KEY_CONTEXT, salt),
+        };
+        let mut message = [0u8; SEGMENT_TAG.len() + 8];
+        message[..SEGMENT_TAG.len()].copy_from_slice(SEGMENT_TAG);
+        message[SEGMENT_TAG.len()..].copy_from_slice(&segment.to_le_bytes());
+        let mut output = blake3::Hasher::new_keyed(&key)
+            .update(&message)
+            .finalize_xof();
+        keys.reserve(n_blocks);
+        let mut buffer = [0u8; SEGMENT_FILL_BLOCKS * 32];
+        let mut left = n_blocks;
+        while left > 0 {
+            let n = left.min(SEGMENT_FILL_BLOCKS);
+            output.fill(&mut buffer[..n * 32]);
+            keys.extend(buffer[..n * 32].chunks_exact(32).map(|bytes| {
+                let mut key = [0u8; 32];
+                key.copy_from_slice(bytes);
+                BlockKey(key)
+            }));
+            left -= n;
+        }
     }
 
     /// Keys of every full block of `tokens`, `tokens_per_page` tokens each, in order. A trailing partial
@@ -180,6 +216,14 @@ impl Hasher for BlockKeyHasher {
 
 /// Messages of [`BlockKey::chain`] up to this many bytes (blocks of up to 64 tokens) are built on the stack.
 const CHAIN_INLINE_BYTES: usize = 256;
+
+/// What a segment's message starts with ([`BlockKey::extend_segment`]); 14 bytes.
+const SEGMENT_TAG: &[u8; 14] = b"kvgate-segment";
+
+/// Blocks of a segment's keys [`BlockKey::extend_segment`] reads from BLAKE3's output at a time: 32, a trace
+/// segment of 512 tokens in blocks of 16, so one read (BLAKE3 computes up to 16 output blocks of 64 bytes
+/// together).
+const SEGMENT_FILL_BLOCKS: usize = 32;
 
 /// The `derive_key` context of a first block's key (its salt is the key material).
 const ROOT_KEY_CONTEXT: &str = "kvgate 2026-12 block key of a first block";

@@ -15,8 +15,7 @@ use crate::config::EngineConfig;
 use crate::error::{Error, Result};
 use crate::limits::ENGINES_MAX;
 use crate::run::{
-    NoObserver, Observer, Progress, TraceKeyer, keyed_trace_request, replay_arrivals,
-    submit_keyed_or_reject,
+    NoObserver, Observer, Progress, keyed_trace_request, replay_arrivals, submit_keyed_or_reject,
 };
 use crate::workload::mooncake::TraceRequest;
 
@@ -228,12 +227,12 @@ pub fn run_cluster_replay_observed(
     let mut next = 0usize;
     let mut finished = 0u64;
     // One prompt buffer for every request: each is generated into it, keyed, and dropped.
-    let mut keyer = TraceKeyer::default();
+    let mut scratch = Vec::new();
     // K3: a stalled engine stops the replay; what the cluster did until then is still reported, marked.
     let mut stopped: Option<String> = None;
     loop {
         let requests = (trace, arrivals.as_slice(), later_turn);
-        next = route_arrived(&mut fleet, requests, next, block_tokens, &mut keyer)?;
+        next = route_arrived(&mut fleet, requests, next, block_tokens, &mut scratch)?;
         let Some(index) = earliest_busy(&fleet.engines, &fleet.busy) else {
             break;
         };
@@ -340,7 +339,7 @@ fn route_arrived(
     (trace, arrivals, later_turn): (&[TraceRequest], &[Timestamp], &[bool]),
     mut next: usize,
     block_tokens: u32,
-    keyer: &mut TraceKeyer,
+    scratch: &mut Vec<u32>,
 ) -> Result<usize> {
     while next < trace.len() {
         let arrival = arrivals[next];
@@ -356,7 +355,7 @@ fn route_arrived(
             arrival,
             later_turn[next],
             block_tokens,
-            keyer,
+            scratch,
         )?;
         let target = fleet
             .router

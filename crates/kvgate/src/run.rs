@@ -6,8 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::{
-    Engine, Executor, KeyMemo, KeyedRequest, Policy, RequestSpec, RunMetrics, SimExecutor,
-    StepReport,
+    Engine, Executor, KeyedRequest, Policy, RequestSpec, RunMetrics, SimExecutor, StepReport,
 };
 use kv_pool::{RequestId, Timestamp};
 
@@ -176,8 +175,8 @@ pub fn run_replay_observed(
     );
     std::thread::scope(|scope| {
         scope.spawn(|| {
-            // One prompt buffer and key memo for every request: each is generated into it, keyed, and dropped.
-            let mut keyer = TraceKeyer::default();
+            // One prompt buffer for every request: each is generated into it, keyed, and dropped.
+            let mut scratch = Vec::new();
             for (first, chunk) in (0..)
                 .step_by(REPLAY_BUILD_BATCH)
                 .zip(trace.chunks(REPLAY_BUILD_BATCH))
@@ -194,7 +193,7 @@ pub fn run_replay_observed(
                             arrival,
                             later_turn[idx],
                             block_tokens,
-                            &mut keyer,
+                            &mut scratch,
                         )
                     })
                     .collect();
@@ -213,24 +212,15 @@ pub fn run_replay_observed(
     })
 }
 
-/// What keying trace requests one after another reuses: one prompt buffer, and the keys of the hash-id
-/// segments keyed last (a later turn repeats its session's earlier prompt, a shared system prompt recurs).
-#[derive(Debug, Default)]
-pub(crate) struct TraceKeyer {
-    scratch: Vec<u32>,
-    memo: KeyMemo,
-}
-
 /// Trace request `idx` as the engine's request `idx`, arriving at `arrival`, keyed for blocks of
-/// `block_tokens` and held as its trace record (`RequestSpec::keyed_from_source_in`, with `keyer`'s buffer
-/// and memo).
+/// `block_tokens` and held as its trace record (`RequestSpec::keyed_from_source_in`, generated into `scratch`).
 pub(crate) fn keyed_trace_request(
     idx: usize,
     request: &TraceRequest,
     arrival: Timestamp,
     is_later_turn: bool,
     block_tokens: u32,
-    keyer: &mut TraceKeyer,
+    scratch: &mut Vec<u32>,
 ) -> engine::Result<KeyedRequest> {
     let mut spec = RequestSpec::new(
         idx as u64,
@@ -239,12 +229,7 @@ pub(crate) fn keyed_trace_request(
         arrival,
     );
     spec.is_later_turn = is_later_turn;
-    spec.keyed_from_source_in(
-        block_tokens,
-        Arc::new(request.clone()),
-        &mut keyer.scratch,
-        &mut keyer.memo,
-    )
+    spec.keyed_from_source_in(block_tokens, Arc::new(request.clone()), scratch)
 }
 
 /// Requests a replay's builder puts in one hand-over, and hand-overs it builds ahead of its engine: enough to

@@ -5,9 +5,7 @@
 use std::time::Duration;
 
 use checkpoint_transfer::{Fault, RESTORE_LOOKUPS_MAX};
-use engine::{
-    Engine, EngineParams, Error, KeyMemo, Policy, PromptSource, RejectReason, RequestSpec,
-};
+use engine::{Engine, EngineParams, Error, Policy, PromptSource, RejectReason, RequestSpec};
 use kv_pool::{RequestId, Timestamp};
 use proptest::prelude::*;
 
@@ -258,7 +256,6 @@ fn a_request_keyed_in_a_reused_buffer_is_the_request_keyed_alone() {
                 block_tokens,
                 Source::new(prompt.clone(), prompt.clone(), usize::MAX),
                 &mut scratch,
-                &mut KeyMemo::new(),
             )
             .unwrap();
         assert_eq!(reused.keys(), alone.keys(), "prompt of {n_tokens}");
@@ -275,7 +272,6 @@ fn a_request_keyed_in_a_reused_buffer_is_the_request_keyed_alone() {
             block_tokens,
             Source::new(prompt.clone(), prompt, usize::MAX),
             &mut scratch,
-            &mut KeyMemo::new(),
         )
         .unwrap_err();
     assert!(

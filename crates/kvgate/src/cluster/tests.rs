@@ -460,12 +460,18 @@ fn a_cluster_of_big_pools_allocates_only_what_its_requests_touch() {
         .collect();
     let mut router = RouterState::new(Router::RoundRobin);
     let block_tokens = params.geometry.block_tokens();
-    let mut keyer = TraceKeyer::default();
+    let mut scratch = Vec::new();
     let arrivals = replay_arrivals(&trace, &later, 1.0).unwrap();
     for (i, request) in trace.iter().enumerate() {
-        let keyed =
-            keyed_trace_request(i, request, arrivals[i], later[i], block_tokens, &mut keyer)
-                .unwrap();
+        let keyed = keyed_trace_request(
+            i,
+            request,
+            arrivals[i],
+            later[i],
+            block_tokens,
+            &mut scratch,
+        )
+        .unwrap();
         let target = router.choose(&engines, &mut store, keyed.keys());
         submit_keyed_or_reject(&mut engines[target], keyed).unwrap();
     }

@@ -1,5 +1,9 @@
 //! Tests of the trace reader (every malformed line names its number) and the theoretical maximum hit.
 
+use std::sync::Arc;
+
+use kv_pool::{BlockKey, Timestamp};
+
 use super::*;
 
 fn parse(text: &str) -> Result<Vec<TraceRequest>, TraceError> {
@@ -214,44 +218,48 @@ fn a_line_that_is_not_utf8_names_its_line() {
     );
 }
 
-/// A trace request's segments are what `generate` makes of its hash ids: keyed through one memo (shared
-/// prefixes, later turns, a partial last block, block sizes that do and do not divide a trace block), every
-/// request gets the keys its generated prompt chains to.
+/// A trace request's segments are what `generate` makes of its hash ids: keyed by them, any two requests of a
+/// trace (shared prefixes, later turns, partial last blocks) share as many leading keys as their generated
+/// prompts' token chains do; with blocks that do not divide a trace block the keys are the chain's.
 #[test]
-fn trace_segments_key_a_prompt_as_its_tokens_do() {
+fn trace_segments_share_the_prefixes_the_tokens_share() {
+    let common =
+        |a: &[BlockKey], b: &[BlockKey]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
     for reuse in [generate::Reuse::High, generate::Reuse::Low] {
         let shape = generate::TraceShape {
-            n_requests: 150,
+            n_requests: 120,
             reuse,
             ..generate::TraceShape::default()
         };
         let trace = generate::generate(&shape).unwrap();
         for block_tokens in [16, 48] {
-            let mut memo = engine::KeyMemo::new();
-            let mut scratch = Vec::new();
-            for (idx, request) in trace.iter().enumerate() {
-                let keyed =
-                    engine::RequestSpec::new(idx as u64, Vec::new(), 1, kv_pool::Timestamp::ZERO)
-                        .keyed_from_source_in(
-                            block_tokens,
-                            std::sync::Arc::new(request.clone()),
-                            &mut scratch,
-                            &mut memo,
-                        )
-                        .unwrap();
-                let chained =
-                    kv_pool::BlockKey::chain_all(&request.prompt(), block_tokens as usize, b"");
+            let keyed: Vec<(Vec<BlockKey>, Vec<BlockKey>)> = trace
+                .iter()
+                .enumerate()
+                .map(|(idx, request)| {
+                    let keyed =
+                        engine::RequestSpec::new(idx as u64, Vec::new(), 1, Timestamp::ZERO)
+                            .keyed_from_source(block_tokens, Arc::new(request.clone()))
+                            .unwrap();
+                    let chained =
+                        BlockKey::chain_all(&request.prompt(), block_tokens as usize, b"");
+                    (keyed.keys().to_vec(), chained)
+                })
+                .collect();
+            let mut shared = 0;
+            for (i, a) in keyed.iter().enumerate() {
+                assert_eq!(a.0.len(), a.1.len(), "request {i}");
                 assert_eq!(
-                    keyed.keys(),
-                    &chained[..],
-                    "request {idx}, blocks of {block_tokens}"
+                    a.0 == a.1,
+                    block_tokens == 48 || a.0.is_empty(),
+                    "request {i}"
                 );
+                for b in &keyed[..i] {
+                    assert_eq!(common(&a.0, &b.0), common(&a.1, &b.1), "request {i}");
+                    shared += common(&a.0, &b.0);
+                }
             }
-            assert_eq!(
-                memo.is_empty(),
-                block_tokens == 48,
-                "a memo for blocks dividing 512 only"
-            );
+            assert!(shared > 0, "the trace shares prefixes");
         }
     }
 }
