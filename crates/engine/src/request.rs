@@ -91,23 +91,11 @@ impl RequestSpec {
 
     /// The keys of the prompt's full blocks (with room for the output's): `keyed` without touching the prompt.
     fn keyed_as_is(self, block_tokens: u32) -> KeyedRequest {
-        self.keyed_by(block_tokens, |keys, prompt, salt| {
-            BlockKey::extend_chain(keys, prompt, block_tokens as usize, salt);
-        })
-    }
-
-    /// `keyed_as_is` with the keys of the prompt's full blocks appended by `extend` (given an empty vector
-    /// with room for the output's keys, the prompt and the salt), which must append what
-    /// [`BlockKey::extend_chain`] would.
-    fn keyed_by(
-        self,
-        block_tokens: u32,
-        extend: impl FnOnce(&mut Vec<BlockKey>, &[u32], &[u8]),
-    ) -> KeyedRequest {
         let mut keys = Vec::new();
         if block_tokens > 0 {
-            keys.reserve_exact((self.prompt.len() + self.output_room()) / block_tokens as usize);
-            extend(&mut keys, &self.prompt, &self.salt);
+            let block_tokens = block_tokens as usize;
+            keys.reserve_exact((self.prompt.len() + self.output_room()) / block_tokens);
+            BlockKey::extend_chain(&mut keys, &self.prompt, block_tokens, &self.salt);
         }
         KeyedRequest {
             spec: self,
@@ -122,8 +110,12 @@ impl RequestSpec {
     /// not four bytes a token. An engine that reads whole prompts (an executor that reads tokens, a hybrid
     /// model) generates it again at submit; otherwise only a restore into it that is verified does, and the
     /// simulated executor on one full-attention group without verification never does. `source` must generate
-    /// the same tokens every time: the engine checks a fingerprint of what it generates later. Errors:
-    /// `InvalidParam "prompt"` when the spec has a prompt of its own (a source or tokens, not both).
+    /// the same tokens every time: the engine checks a fingerprint of what it generates later. A source whose
+    /// segments key the prompt's blocks ([`PromptSource::segments`]) is not generated here at all but for its
+    /// last tokens (its keys come from the segments), and what it generates later is checked against those
+    /// and its length. Errors: `InvalidParam "prompt"` when the spec has a prompt of its own (a source or
+    /// tokens, not both); `InvalidParam "prompt_source"` when a source with segments generates other than its
+    /// segments' length.
     pub fn keyed_from_source(
         self,
         block_tokens: u32,
@@ -151,18 +143,69 @@ impl RequestSpec {
                 ),
             });
         }
+        if let Some(segments) = source.segments()
+            && segments.key_blocks_of(block_tokens)
+        {
+            return self.keyed_by_segments(block_tokens, &source, segments);
+        }
         scratch.clear();
         source.generate(scratch);
         std::mem::swap(&mut self.prompt, scratch);
         // The prompt goes back to `scratch` once keyed, so it gets no room for the output: the deferred tail
         // gets its own.
-        let segments = source.segments();
-        let mut keyed = self.keyed_by(block_tokens, |keys, prompt, salt| {
-            segments::extend_keys(keys, prompt, segments, block_tokens, salt);
-        });
+        let mut keyed = self.keyed_as_is(block_tokens);
         *scratch = keyed.defer(source);
         Ok(keyed)
     }
+
+    /// `keyed_from_source` for a source whose `segments` key blocks of `block_tokens`: keys from the segments,
+    /// and only the tokens the request holds (from `DeferredPrompt::tail_start` on) generated.
+    fn keyed_by_segments(
+        self,
+        block_tokens: u32,
+        source: &Arc<dyn PromptSource>,
+        segments: Segments<'_>,
+    ) -> Result<KeyedRequest> {
+        let len = segments.len;
+        let room = (self.max_output_tokens as usize).min(len);
+        let mut keys = Vec::with_capacity((len + room) / block_tokens as usize);
+        segments.extend_keys(&mut keys, block_tokens, &self.salt);
+        let tail_start = tail_start(keys.len() * block_tokens as usize, len);
+        let mut tail = Vec::with_capacity(len - tail_start + room);
+        source.generate_from(tail_start, &mut tail);
+        if tail_start + tail.len() != len {
+            return Err(Error::InvalidParam {
+                name: "prompt_source",
+                reason: format!(
+                    "{}: the prompt source's segments give {len} tokens but it generated {} from token \
+                     {tail_start} on",
+                    self.id,
+                    tail.len()
+                ),
+            });
+        }
+        Ok(KeyedRequest {
+            spec: self,
+            block_tokens,
+            keys,
+            deferred: Some(DeferredPrompt {
+                source: SourcedPrompt {
+                    len,
+                    fingerprint: None,
+                    source: Arc::clone(source),
+                },
+                tail_start,
+                tail,
+            }),
+        })
+    }
+}
+
+/// Where a deferred prompt of `len` tokens whose full blocks end at `keyed` starts holding its tokens: the
+/// partial last block (the first output block's key hashes it) and the tokens an output token is a function
+/// of.
+fn tail_start(keyed: usize, len: usize) -> usize {
+    keyed.min(len.saturating_sub(OUTPUT_TOKEN_TAIL)).min(len)
 }
 
 /// A request with its prompt's block keys ([`RequestSpec::keyed`], [`RequestSpec::keyed_from_source`]). The
@@ -205,17 +248,13 @@ impl KeyedRequest {
         // The room `keyed` makes for the output (the generated prompt's own capacity may be larger).
         let room = self.spec.output_room();
         let prompt = std::mem::take(&mut self.spec.prompt);
-        // Kept: the partial last block (the first output block's key hashes it) and the tokens an output
-        // token is a function of.
-        let tail_start = (self.keys.len() * self.block_tokens as usize)
-            .min(prompt.len().saturating_sub(OUTPUT_TOKEN_TAIL))
-            .min(prompt.len());
+        let tail_start = tail_start(self.keys.len() * self.block_tokens as usize, prompt.len());
         let mut tail = Vec::with_capacity(prompt.len() - tail_start + room);
         tail.extend_from_slice(&prompt[tail_start..]);
         self.deferred = Some(DeferredPrompt {
             source: SourcedPrompt {
                 len: prompt.len(),
-                fingerprint: fingerprint(&prompt),
+                fingerprint: Some(fingerprint(&prompt)),
                 source,
             },
             tail_start,
@@ -236,6 +275,14 @@ pub trait PromptSource: Send + Sync + std::fmt::Debug {
     /// Appends the prompt's tokens to `out`: the same tokens on every call.
     fn generate(&self, out: &mut Vec<u32>);
 
+    /// Appends the prompt's tokens from position `start` on to `out` (none when `start` is past its end): what
+    /// `generate` appends after its first `start`. The default generates the whole prompt and copies the end.
+    fn generate_from(&self, start: usize, out: &mut Vec<u32>) {
+        let mut all = Vec::new();
+        self.generate(&mut all);
+        out.extend_from_slice(all.get(start..).unwrap_or_default());
+    }
+
     /// The prompt as segments, when each segment's tokens are a function of its id and the offset in it
     /// alone (a trace request's hash ids): its blocks are then keyed one segment at a time
     /// ([`BlockKey::extend_segment`]), one hash a segment instead of one a block. `None` (the default) when
@@ -255,12 +302,13 @@ pub(crate) struct DeferredPrompt {
     pub(crate) tail: Vec<u32>,
 }
 
-/// A prompt's source, with the length and fingerprint of the tokens it generated first.
+/// A prompt's source, with the length and fingerprint of the tokens it generated first (no fingerprint when
+/// it was keyed by its segments and never generated whole: its held tokens are then the check).
 #[derive(Clone, Debug)]
 pub(crate) struct SourcedPrompt {
     source: Arc<dyn PromptSource>,
     len: usize,
-    fingerprint: u64,
+    fingerprint: Option<u64>,
 }
 
 impl SourcedPrompt {
@@ -274,7 +322,11 @@ impl SourcedPrompt {
     pub(crate) fn generate(&self, request: RequestId, capacity: usize) -> Result<Vec<u32>> {
         let mut tokens = Vec::with_capacity(capacity);
         self.source.generate(&mut tokens);
-        if tokens.len() != self.len || fingerprint(&tokens) != self.fingerprint {
+        if tokens.len() != self.len
+            || self
+                .fingerprint
+                .is_some_and(|first| first != fingerprint(&tokens))
+        {
             return Err(self.changed(request, tokens.len()));
         }
         Ok(tokens)

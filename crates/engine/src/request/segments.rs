@@ -12,35 +12,35 @@ pub struct Segments<'a> {
     pub ids: &'a [u64],
     /// Tokens in every segment but the last.
     pub tokens: u32,
+    /// Tokens in the prompt: what the source generates.
+    pub len: usize,
 }
 
-/// Appends to `keys` (empty) the keys of every full block of `prompt`, `block_tokens` tokens each (at least
-/// 1), salted with `salt`: segment by segment where `segments` are whole numbers of blocks, then (or else)
-/// chained over the tokens ([`BlockKey::extend_chain`]) for the blocks they do not cover.
-pub(crate) fn extend_keys(
-    keys: &mut Vec<BlockKey>,
-    prompt: &[u32],
-    segments: Option<Segments<'_>>,
-    block_tokens: u32,
-    salt: &[u8],
-) {
-    let block_tokens = block_tokens.max(1);
-    if let Some(segments) = segments
-        && segments.tokens > 0
-        && segments.tokens.is_multiple_of(block_tokens)
-        && keys.is_empty()
-    {
-        let per_segment = (segments.tokens / block_tokens) as usize;
-        let full_blocks = prompt.len() / block_tokens as usize;
-        for &id in segments.ids {
-            let n = per_segment.min(full_blocks - keys.len());
+impl Segments<'_> {
+    /// Whether these segments key a prompt's blocks of `block_tokens` tokens: each segment is a whole number of
+    /// blocks, and they cover the prompt.
+    pub(crate) fn key_blocks_of(&self, block_tokens: u32) -> bool {
+        block_tokens > 0
+            && self.tokens > 0
+            && self.tokens.is_multiple_of(block_tokens)
+            && self.ids.len().saturating_mul(self.tokens as usize) >= self.len
+    }
+
+    /// Appends to `keys` (empty) the keys of every full block of the prompt, `block_tokens` tokens each
+    /// (blocks these segments key: [`Segments::key_blocks_of`]), salted with `salt`, segment by segment
+    /// ([`BlockKey::extend_segment`]).
+    pub(crate) fn extend_keys(&self, keys: &mut Vec<BlockKey>, block_tokens: u32, salt: &[u8]) {
+        debug_assert!(self.key_blocks_of(block_tokens) && keys.is_empty());
+        let per_segment = (self.tokens / block_tokens.max(1)) as usize;
+        let full_blocks = self.len / block_tokens.max(1) as usize;
+        for &id in self.ids {
+            let n = per_segment.min(full_blocks.saturating_sub(keys.len()));
             if n == 0 {
                 break;
             }
             BlockKey::extend_segment(keys, id, n, salt);
         }
     }
-    BlockKey::extend_chain(keys, prompt, block_tokens as usize, salt);
 }
 
 #[cfg(test)]

@@ -285,6 +285,159 @@ fn a_request_keyed_in_a_reused_buffer_is_the_request_keyed_alone() {
     );
 }
 
+/// `params(Reserved, 64)` for a hybrid model (a full-attention group and a recurrent one): an engine that
+/// reads a running request's whole prompt, so it generates a deferred prompt at submit.
+fn hybrid_params() -> EngineParams {
+    let mut hybrid = params(Policy::Reserved, 64);
+    let bytes_per_page = hybrid.geometry.groups()[0].bytes_per_page;
+    hybrid.geometry = kv_pool::Geometry::new(
+        vec![
+            kv_pool::CacheGroup {
+                kind: kv_pool::GroupKind::Full,
+                bytes_per_page,
+            },
+            kv_pool::CacheGroup {
+                kind: kv_pool::GroupKind::Recurrent,
+                bytes_per_page,
+            },
+        ],
+        TPP,
+        1,
+        hybrid.geometry.max_model_len(),
+    )
+    .unwrap();
+    hybrid
+}
+
+/// A prompt of `segments` segments of 2 blocks each, segment `i` named `i`: it generates `tokens` whole, and
+/// from a position on `tail` (another tail or length after `honest_calls` calls: a source that changed).
+#[derive(Debug)]
+struct SegmentSource {
+    ids: Vec<u64>,
+    tokens: Vec<u32>,
+    tail: Vec<u32>,
+    honest_calls: usize,
+    whole: std::sync::atomic::AtomicUsize,
+    from: std::sync::atomic::AtomicUsize,
+}
+
+impl SegmentSource {
+    fn new(tokens: Vec<u32>, tail: Vec<u32>, honest_calls: usize) -> std::sync::Arc<SegmentSource> {
+        std::sync::Arc::new(SegmentSource {
+            ids: (0..tokens.len().div_ceil(2 * TPP as usize) as u64).collect(),
+            tokens,
+            tail,
+            honest_calls,
+            whole: std::sync::atomic::AtomicUsize::new(0),
+            from: std::sync::atomic::AtomicUsize::new(0),
+        })
+    }
+}
+
+impl PromptSource for SegmentSource {
+    fn generate(&self, out: &mut Vec<u32>) {
+        self.whole
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.generate_from(0, out);
+    }
+
+    fn generate_from(&self, start: usize, out: &mut Vec<u32>) {
+        let call = self.from.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tokens = if call < self.honest_calls {
+            &self.tokens
+        } else {
+            &self.tail
+        };
+        out.extend_from_slice(tokens.get(start..).unwrap_or_default());
+    }
+
+    fn segments(&self) -> Option<engine::Segments<'_>> {
+        Some(engine::Segments {
+            ids: &self.ids,
+            tokens: 2 * TPP,
+            len: self.tokens.len(),
+        })
+    }
+}
+
+/// A source whose segments key its blocks is keyed without generating its prompt: it generates only the
+/// tokens the request holds (its partial last block and last few), and runs as the same prompt held does. A
+/// source that generates another length than its segments' is refused when keyed; one that generates
+/// another tail or length later is refused where the prompt is read again, naming the source.
+#[test]
+fn a_request_keyed_by_segments_generates_only_what_it_holds_and_a_source_that_changes_fails_where_read()
+ {
+    let prompt = tokens(8, 0, 0, 5 * TPP + 3);
+    let block_tokens = TPP;
+    let from_source = |source: std::sync::Arc<SegmentSource>| {
+        spec(4, Vec::new(), 4, Timestamp::ZERO).keyed_from_source(block_tokens, source)
+    };
+    let source = SegmentSource::new(prompt.clone(), prompt.clone(), usize::MAX);
+    let request = from_source(source.clone()).unwrap();
+    assert_eq!(request.prompt_len(), prompt.len());
+    assert_eq!(request.keys().len(), 5);
+    assert_ne!(
+        request.keys(),
+        spec(4, prompt.clone(), 4, Timestamp::ZERO)
+            .keyed(block_tokens)
+            .keys(),
+        "keyed by segments, not by tokens"
+    );
+    let calls = |source: &SegmentSource| {
+        (
+            source.whole.load(std::sync::atomic::Ordering::Relaxed),
+            source.from.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    };
+    assert_eq!(calls(&source), (0, 1), "only the held tail was generated");
+    let mut engine = Engine::new(params(Policy::Reserved, 64)).unwrap();
+    engine.submit_keyed(request).unwrap();
+    engine.run_until_idle(10_000).unwrap();
+    let output = engine.take_finished().pop().unwrap().output;
+    engine
+        .submit(spec(4, prompt.clone(), 4, Timestamp::ZERO))
+        .unwrap();
+    engine.run_until_idle(10_000).unwrap();
+    assert_eq!(engine.take_finished().pop().unwrap().output, output);
+    assert_eq!(
+        calls(&source),
+        (0, 1),
+        "never read again on the simulated executor"
+    );
+    // Another length than its segments': refused at once.
+    let short = SegmentSource::new(prompt.clone(), prompt[..prompt.len() - 1].to_vec(), 0);
+    let error = from_source(short).unwrap_err();
+    let Error::InvalidParam { name, reason } = &error else {
+        panic!("{error:?}");
+    };
+    assert_eq!(*name, "prompt_source");
+    assert!(reason.contains("req-4"), "{reason}");
+    // An engine that reads whole prompts generates it at submit: an honest source runs, one whose tail or
+    // length changed is refused, and nothing is taken.
+    let mut engine = Engine::new(hybrid_params()).unwrap();
+    let mut other_tail = prompt.clone();
+    *other_tail.last_mut().unwrap() ^= 1;
+    let mut longer = prompt.clone();
+    longer.push(1);
+    for changed in [other_tail, longer] {
+        let error = engine
+            .submit_keyed(from_source(SegmentSource::new(prompt.clone(), changed, 1)).unwrap())
+            .unwrap_err();
+        let Error::InvalidParam { name, .. } = &error else {
+            panic!("{error:?}");
+        };
+        assert_eq!(*name, "prompt_source");
+        assert!(engine.is_idle(), "nothing was taken");
+    }
+    let honest = SegmentSource::new(prompt.clone(), prompt.clone(), usize::MAX);
+    engine
+        .submit_keyed(from_source(honest.clone()).unwrap())
+        .unwrap();
+    engine.run_until_idle(10_000).unwrap();
+    assert_eq!(engine.take_finished().pop().unwrap().output, output);
+    assert_eq!(calls(&honest), (1, 2), "generated whole once, at submit");
+}
+
 #[test]
 fn a_request_keyed_from_a_prompt_source_is_checked_like_any_and_a_source_that_changes_fails_where_read()
  {
@@ -373,25 +526,7 @@ fn a_request_keyed_from_a_prompt_source_is_checked_like_any_and_a_source_that_ch
     assert!(reason.contains("req-4"), "{reason}");
     // An engine that reads a running request's whole prompt (here a hybrid model) generates it at submit:
     // a source that changed is refused there, naming it, and nothing is taken.
-    let mut hybrid = params(Policy::Reserved, 64);
-    let bytes_per_page = hybrid.geometry.groups()[0].bytes_per_page;
-    hybrid.geometry = kv_pool::Geometry::new(
-        vec![
-            kv_pool::CacheGroup {
-                kind: kv_pool::GroupKind::Full,
-                bytes_per_page,
-            },
-            kv_pool::CacheGroup {
-                kind: kv_pool::GroupKind::Recurrent,
-                bytes_per_page,
-            },
-        ],
-        TPP,
-        1,
-        hybrid.geometry.max_model_len(),
-    )
-    .unwrap();
-    let mut engine = Engine::new(hybrid).unwrap();
+    let mut engine = Engine::new(hybrid_params()).unwrap();
     let error = engine.submit_keyed(changing()).unwrap_err();
     let Error::InvalidParam { name, reason } = &error else {
         panic!("{error:?}");

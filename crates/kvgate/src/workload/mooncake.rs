@@ -108,10 +108,22 @@ impl TraceRequest {
 impl engine::PromptSource for TraceRequest {
     fn generate(&self, out: &mut Vec<u32>) {
         out.reserve(self.input_length as usize);
-        let end = out.len() + self.input_length as usize;
-        for &hash_id in &self.hash_ids {
-            let n = (end - out.len()).min(TRACE_BLOCK_TOKENS as usize) as u64;
-            out.extend((0..n).map(|i| token(hash_id.wrapping_add(0x5EED_0000_0000), i)));
+        self.generate_from(0, out);
+    }
+
+    /// Block `i` holds the first tokens of the stream named by `hash_ids[i]`.
+    fn generate_from(&self, start: usize, out: &mut Vec<u32>) {
+        let (len, block) = (self.input_length as usize, TRACE_BLOCK_TOKENS as usize);
+        let mut pos = start;
+        while pos < len {
+            let (idx, offset) = (pos / block, pos % block);
+            let Some(&hash_id) = self.hash_ids.get(idx) else {
+                break;
+            };
+            let end = (idx * block + block).min(len);
+            let (first, last) = (offset as u64, (end - idx * block) as u64);
+            out.extend((first..last).map(|i| token(hash_id.wrapping_add(0x5EED_0000_0000), i)));
+            pos = end;
         }
     }
 
@@ -120,6 +132,7 @@ impl engine::PromptSource for TraceRequest {
         Some(engine::Segments {
             ids: &self.hash_ids,
             tokens: TRACE_BLOCK_TOKENS,
+            len: self.input_length as usize,
         })
     }
 }

@@ -261,5 +261,27 @@ fn trace_segments_share_the_prefixes_the_tokens_share() {
             }
             assert!(shared > 0, "the trace shares prefixes");
         }
+        // What a request holds is generated from where it starts: the end of what `generate` makes.
+        for request in trace.iter().take(20) {
+            let prompt = request.prompt();
+            for start in [
+                0,
+                1,
+                511,
+                512,
+                513,
+                prompt.len() - 1,
+                prompt.len(),
+                prompt.len() + 9,
+            ] {
+                let mut from = vec![7];
+                engine::PromptSource::generate_from(request, start, &mut from);
+                assert_eq!(
+                    from[1..],
+                    *prompt.get(start..).unwrap_or_default(),
+                    "from {start}"
+                );
+            }
+        }
     }
 }
