@@ -33,6 +33,11 @@ impl HostStore {
 }
 
 impl Tier for HostStore {
+    /// Its checkpoints live in this process's memory.
+    fn outlives_the_process(&self) -> bool {
+        false
+    }
+
     fn catalog(&self) -> &Catalog {
         &self.catalog
     }

@@ -59,6 +59,13 @@ pub trait CheckpointStore: Send + std::fmt::Debug {
 
     /// What the store holds.
     fn stats(&self) -> StoreStats;
+
+    /// Whether what it holds may outlive this process (a disk or Redis store), so that another run may
+    /// restore it and check its pages' bytes. The default, `true`, is the safe answer; a store in this
+    /// process's memory says `false`.
+    fn outlives_the_process(&self) -> bool {
+        true
+    }
 }
 
 /// What a `put` changed besides storing the checkpoint.

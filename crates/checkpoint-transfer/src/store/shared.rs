@@ -64,6 +64,10 @@ impl CheckpointStore for SharedStore {
         self.lock().remove(id)
     }
 
+    fn outlives_the_process(&self) -> bool {
+        self.lock().outlives_the_process()
+    }
+
     fn stats(&self) -> StoreStats {
         self.lock().stats()
     }

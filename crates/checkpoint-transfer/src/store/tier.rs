@@ -44,6 +44,11 @@ pub(crate) trait Tier: Send + std::fmt::Debug {
 
     /// Deletes a checkpoint the catalog forgot.
     fn delete(&mut self, meta: &CheckpointMeta) -> Result<()>;
+
+    /// As [`CheckpointStore::outlives_the_process`].
+    fn outlives_the_process(&self) -> bool {
+        true
+    }
 }
 
 impl<T: Tier> CheckpointStore for T {
@@ -115,6 +120,10 @@ impl<T: Tier> CheckpointStore for T {
         };
         self.delete(&meta)?;
         Ok(true)
+    }
+
+    fn outlives_the_process(&self) -> bool {
+        Tier::outlives_the_process(self)
     }
 
     fn stats(&self) -> StoreStats {

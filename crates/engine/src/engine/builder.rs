@@ -164,6 +164,7 @@ impl<E: Executor> Builder<E> {
         };
         let store =
             store.unwrap_or_else(|| Box::new(HostStore::new(params.store_capacity_bytes())));
+        let page_content_read = params.verify_restores || store.outlives_the_process();
         let store = link_store(&params, store)?;
         let clock = clock.unwrap_or_else(|| match params.clock {
             ClockKind::Simulated => Box::new(SimClock),
@@ -181,7 +182,7 @@ impl<E: Executor> Builder<E> {
             policy,
             groups,
             table: RequestTable::default(),
-            restores: Restores::new(copies, store, layout),
+            restores: Restores::new(copies, store, layout, page_content_read),
             time: StepTime::new(clock),
             watchdog: Watchdog::default(),
             ids: Ids::default(),

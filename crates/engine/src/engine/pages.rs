@@ -238,6 +238,12 @@ impl<E: Executor> Engine<E> {
         Ok(())
     }
 
+    /// Whether the engine writes the executor's page content ([`Executor::fill_page`]): not when the executor
+    /// wrote its pages itself (L3), nor when nothing may check the bytes (`Restores::page_content_read`).
+    pub(crate) fn fills_pages(&self) -> bool {
+        !self.executor.writes_pages() && self.restores.page_content_read
+    }
+
     /// Writes the bytes of every page that tokens `[start, end)` of `request` (now computed) fill, and registers its
     /// newly full blocks in the prefix index. A page still partial after `end` is written once it fills: its
     /// bytes are read by nothing until then (captures, imports and E3 verification cover full blocks only,
@@ -252,7 +258,7 @@ impl<E: Executor> Engine<E> {
         let block_tokens = self.params.geometry.block_tokens();
         let req = &self.table.get(request)?;
         // An executor with a model wrote its pages itself (L3).
-        if end > start && !self.executor.writes_pages() {
+        if end > start && self.fills_pages() {
             for page_idx in start / block_tokens..end / block_tokens {
                 for rank in 0..self.storage.n_ranks() {
                     let write = PageWrite {
@@ -470,7 +476,7 @@ impl<E: Executor> Engine<E> {
                 .enumerate()
                 .zip(bytes.chunks_exact_mut(bytes_per_page))
             {
-                if boundary.is_partial(slot_idx) && !self.executor.writes_pages() {
+                if boundary.is_partial(slot_idx) && self.fills_pages() {
                     // The partial pages and the fixed pages hold what recompute writes at exactly `n`.
                     let write = boundary.write(slot_idx, rank, page);
                     self.executor.fill_page(&write, dst);

@@ -29,6 +29,10 @@ pub(super) struct Restores {
     pub(super) earliest_lookup: Option<AdmissionOrder>,
     /// The layout checkpoints are written for.
     pub(super) layout: LayoutDescriptor,
+    /// Whether anything may check the bytes of a page: this engine's verification (E3, L5) or another run
+    /// restoring from a store that outlives this process. When nothing may, the simulated executor's page
+    /// content is not written (the bytes copied are then whatever the pages held), which changes no figure.
+    pub(super) page_content_read: bool,
 }
 
 impl Restores {
@@ -36,6 +40,7 @@ impl Restores {
         copies: Box<dyn CopyEngine>,
         store: StoreLink,
         layout: LayoutDescriptor,
+        page_content_read: bool,
     ) -> Restores {
         Restores {
             copies,
@@ -44,6 +49,7 @@ impl Restores {
             captures: CaptureLink::default(),
             earliest_lookup: None,
             layout,
+            page_content_read,
         }
     }
 }

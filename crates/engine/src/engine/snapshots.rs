@@ -110,7 +110,7 @@ impl<E: Executor> Engine<E> {
         for (slot_idx, (slot, &page)) in boundary.slots.iter().zip(&pages).enumerate() {
             // The partial pages and the fixed pages hold what recompute writes at exactly `n` (as a capture
             // writes them); a full block was written when computed.
-            if boundary.is_partial(slot_idx) && !self.executor.writes_pages() {
+            if boundary.is_partial(slot_idx) && self.fills_pages() {
                 for rank in 0..self.storage.n_ranks() {
                     let write = boundary.write(slot_idx, rank, page);
                     self.executor.fill_page(&write, &mut self.scratch.page_buf);

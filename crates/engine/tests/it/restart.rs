@@ -194,3 +194,49 @@ fn a_store_reopened_with_a_lower_capacity_warns_what_it_evicted() {
         "{logs}"
     );
 }
+
+/// An engine that does not verify still writes the pages' content when its store outlives it: a later
+/// engine that verifies restores them byte for byte. When its store dies with it too, nothing can check the
+/// bytes and none is written (the same output either way); verifying, they are written.
+#[test]
+fn e3_an_engine_that_does_not_verify_writes_page_content_only_for_a_store_that_outlives_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = tokens(6, 0, 0, 8 * TPP + 3);
+    let unverified = EngineParams {
+        verify_restores: false,
+        ..disk_params(Policy::Reserved)
+    };
+    let output = {
+        let mut before = disk_engine(unverified.clone(), dir.path()).unwrap();
+        seed_checkpoint(&mut before, 1, &prompt, 4)
+    };
+    let mut after = disk_engine(disk_params(Policy::Reserved), dir.path()).unwrap();
+    let next_turn = [prompt.clone(), output.clone(), tokens(6, 0, 1, 20)].concat();
+    after.submit(spec(2, next_turn, 2, after.now())).unwrap();
+    let _steps = after.run_until_idle(100_000).expect("run");
+    assert!(metrics_of(&after, 2).restored);
+    assert!(after.pages_verified() >= 8, "restored pages were checked");
+    // In memory: written only when verifying.
+    for verify_restores in [false, true] {
+        let params = EngineParams {
+            verify_restores,
+            ..unverified.clone()
+        };
+        let page_bytes = params.page_bytes as usize;
+        let storage = std::sync::Arc::new(
+            kv_pool::HostStorage::new(1, params.pool_pages(), page_bytes).unwrap(),
+        );
+        let mut engine = Engine::builder(params.clone())
+            .storage(storage.clone())
+            .build()
+            .unwrap();
+        assert_eq!(seed_checkpoint(&mut engine, 1, &prompt, 4), output);
+        let mut bytes = vec![0u8; page_bytes];
+        let mut written = 0;
+        for page in 1..params.pool_pages() {
+            kv_pool::PageStorage::read(&*storage, 0, kv_pool::PageId(page), &mut bytes).unwrap();
+            written += usize::from(bytes.iter().any(|&byte| byte != 0));
+        }
+        assert_eq!(written > 0, verify_restores, "{written} pages written");
+    }
+}
