@@ -30,7 +30,6 @@ impl Segments<'_> {
     /// (blocks these segments key: [`Segments::key_blocks_of`]), salted with `salt`, segment by segment
     /// ([`BlockKey::extend_segment`]).
     pub(crate) fn extend_keys(&self, keys: &mut Vec<BlockKey>, block_tokens: u32, salt: &[u8]) {
-        debug_assert!(self.key_blocks_of(block_tokens) && keys.is_empty());
         let per_segment = (self.tokens / block_tokens.max(1)) as usize;
         let full_blocks = self.len / block_tokens.max(1) as usize;
         for &id in self.ids {
